@@ -1,0 +1,813 @@
+"""The commitlog record codec: the one module that knows RocketMQ's bytes (spec §1–§4).
+
+Everything that reads or writes a record, a message id or a tags code calls this module; nothing else
+packs or unpacks record fields. Layout of a record (big-endian, B/H = 8 or 20 for IPv4/IPv6 hosts,
+T = 1 for V1 magic, 2 for V2):
+
+    TOTALSIZE i | MAGIC i | BODYCRC i | QUEUEID i | FLAG i | QUEUEOFFSET q | PHYSICALOFFSET q |
+    SYSFLAG i | BORNTIMESTAMP q | BORNHOST B | STORETIMESTAMP q | STOREHOST H | RECONSUMETIMES i |
+    PREPAREDTXOFFSET q | BODYLEN i + body | TOPICLEN T + topic | PROPLEN h + properties
+
+A file's unused tail is preceded by a BLANK record `[int remaining][int BLANK_MAGIC_CODE]`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+from datetime import datetime
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from .message import Message, MessageExt
+
+# -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
+MESSAGE_MAGIC_CODE = -626843481  # DA A3 20 A7, V1: 1-byte topic length
+MESSAGE_MAGIC_CODE_V2 = -626843477  # DA A3 20 AB, V2: 2-byte topic length
+BLANK_MAGIC_CODE = -875286124  # CB D4 31 94, end of file
+END_FILE_MIN_BLANK_LENGTH = 8
+QUEUE_OFFSET_POSITION = 20
+PHY_POS_POSITION = 28
+SYSFLAG_POSITION = 36
+BORN_TIMESTAMP_POSITION = 40
+MAX_PROPERTIES_LENGTH = 32767  # Short.MAX_VALUE
+MAX_TOPIC_LENGTH_V1 = 127
+RECORD_HEADROOM = 64 * 1024  # MessageExtEncoder's buffer: max body + 64 KiB
+
+# sysFlag bits (C/sysflag/MessageSysFlag.java)
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_NOT_TYPE = 0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOSTADDRESS_V6_FLAG = 0x20
+NEED_UNWRAP_FLAG = 0x40
+INNER_BATCH_FLAG = 0x80
+COMPRESSION_LZ4_TYPE = 0x100
+COMPRESSION_ZSTD_TYPE = 0x200
+COMPRESSION_ZLIB_TYPE = 0x300
+COMPRESSION_TYPE_COMPARATOR = 0x700
+
+# property keys (C/message/MessageConst.java)
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_CRC32 = "__CRC32#"
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+KEY_SEPARATOR = " "
+CRC32_RESERVED_LEN = len(PROPERTY_CRC32) + 1 + 10 + 1  # 20
+
+
+def transaction_value(sys_flag: int) -> int:
+    """The transaction bits of a sysFlag (`MessageSysFlag.getTransactionValue`)."""
+    return sys_flag & TRANSACTION_ROLLBACK_TYPE
+
+
+# -- precompiled structs ----------------------------------------------------------------------------
+_INT = struct.Struct(">i")
+_SHORT = struct.Struct(">h")
+_LONG = struct.Struct(">q")
+_SIZE_MAGIC = struct.Struct(">ii")
+_QOFF_PHYS = struct.Struct(">qq")
+_BLANK = struct.Struct(">ii")
+_ID_TAIL = struct.Struct(">iq")  # port + offset in a message id
+
+
+def _header_struct(born_len: int, store_len: int) -> struct.Struct:
+    # total, magic, crc, queueId, flag, queueOffset, phys, sysFlag, bornTs, bornAddr, bornPort,
+    # storeTs, storeAddr, storePort, reconsume, preparedTx, bodyLen
+    return struct.Struct(f">iiiiiqqiq{born_len}siq{store_len}siiqi")
+
+
+# Indexed by (born is v6) * 2 + (store is v6).
+_HEADERS = tuple(_header_struct(b, s) for b in (4, 16) for s in (4, 16))
+_HEADER_SIZES = tuple(h.size for h in _HEADERS)  # 84 / 96 / 96 / 108 (up to and incl. BODYLEN)
+
+
+def _header_index(sys_flag: int) -> int:
+    return (2 if sys_flag & BORNHOST_V6_FLAG else 0) + (1 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 0)
+
+
+def store_timestamp_position(sys_flag: int) -> int:
+    """Position of STORETIMESTAMP in a record (`CommitLog.pickupStoreTimestamp`)."""
+    return 48 + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+
+
+def cal_msg_length(
+    body_length: int, topic_length: int, properties_length: int, sys_flag: int = 0, v2: bool = False
+) -> int:
+    """`MessageExtEncoder.calMsgLength`: 74 + B + H + T + body + topic + properties."""
+    b = 20 if sys_flag & BORNHOST_V6_FLAG else 8
+    h = 20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8
+    return 74 + b + h + (2 if v2 else 1) + body_length + topic_length + properties_length
+
+
+# -- CRC -------------------------------------------------------------------------------------------
+def body_crc(body: bytes | bytearray | memoryview) -> int:
+    """`UtilAll.crc32`: zlib CRC-32 masked to 31 bits (0 for an empty body)."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def crc32_property_value(crc: int) -> str:
+    """The 10 decimal digits of the `__CRC32#` trailer, least-significant first (spec §1.10)."""
+    return str(crc)[::-1].ljust(10, "0")
+
+
+def parse_crc32_property_value(value: str) -> int:
+    """Inverse of `crc32_property_value`."""
+    return int(value[::-1])
+
+
+# -- Java String.hashCode -----------------------------------------------------------------------------
+_M32 = 0xFFFFFFFF
+_POW_LEN = 512
+_POW31 = [pow(31, k, 1 << 32) for k in range(_POW_LEN)]
+_POW31_REV = _POW31[::-1]  # [31^511, ..., 31^0]
+_POW31_NP = np.array(_POW31, dtype=np.uint64)
+_UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+
+
+def _to_signed32(h: int) -> int:
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def java_string_hash(s: str) -> int:
+    """Java's `String.hashCode` (31-polynomial over UTF-16 code units, signed 32-bit)."""
+    if s.isascii():
+        units: bytes | memoryview = s.encode("ascii")
+    else:
+        units = memoryview(s.encode(_UTF16_NATIVE)).cast("H")
+    n = len(units)
+    if n <= _POW_LEN:
+        h = sum(map(int.__mul__, units, _POW31_REV[_POW_LEN - n:])) & _M32
+    else:
+        h = 0
+        for c in units:
+            h = (31 * h + c) & _M32
+    return _to_signed32(h)
+
+
+def java_string_hashes(strings: list[str]) -> np.ndarray:
+    """Java `String.hashCode` of many strings at once (vectorised; int32 array).
+
+    Each code unit contributes `c * 31^(distance to the string's end)`; sums wrap modulo 2^64, which
+    keeps the low 32 bits exact.
+    """
+    n = len(strings)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    data = "".join(strings).encode(_UTF16_NATIVE)
+    units = np.frombuffer(data, dtype=np.uint16)
+    if len(units) != sum(map(len, strings)):  # non-BMP characters: lengths in UTF-16 units differ
+        lengths = np.fromiter((len(s.encode(_UTF16_NATIVE)) // 2 for s in strings), dtype=np.int64, count=n)
+    else:
+        lengths = np.fromiter(map(len, strings), dtype=np.int64, count=n)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(n, dtype=np.int32)
+    ends = np.cumsum(lengths)
+    exps = np.repeat(ends, lengths) - 1 - np.arange(total, dtype=np.int64)
+    maxlen = int(lengths.max())
+    pows = _POW31_NP if maxlen <= _POW_LEN else np.array(
+        [pow(31, k, 1 << 32) for k in range(maxlen)], dtype=np.uint64)
+    contrib = units.astype(np.uint64) * pows[exps]
+    starts = ends - lengths
+    nonempty = lengths > 0
+    sums = np.zeros(n, dtype=np.uint64)
+    if nonempty.all():
+        sums = np.add.reduceat(contrib, starts)
+    else:
+        sums[nonempty] = np.add.reduceat(contrib, starts[nonempty])
+    return (sums & np.uint64(_M32)).astype(np.uint32).view(np.int32)
+
+
+_TAGS_CODE_CACHE: dict[str, int] = {}
+
+
+def tags_string_to_tags_code(tags: str | None) -> int:
+    """`MessageExtBrokerInner.tagsString2tagsCode`: 0 for no tags, else the tag string's hashCode."""
+    if not tags:
+        return 0
+    code = _TAGS_CODE_CACHE.get(tags)
+    if code is None:
+        code = java_string_hash(tags)
+        if len(_TAGS_CODE_CACHE) < 65536:
+            _TAGS_CODE_CACHE[tags] = code
+    return code
+
+
+def index_key_hash(key: str) -> int:
+    """`IndexFile.indexKeyHashMethod`: abs(hashCode), with Integer.MIN_VALUE mapped to 0."""
+    h = java_string_hash(key)
+    return 0 if h == -0x80000000 else abs(h)
+
+
+# -- properties --------------------------------------------------------------------------------------
+def properties_to_string(properties: dict[str, str]) -> str:
+    """`MessageDecoder.messageProperties2String` as 5.2+ writes it: `k\\x01v\\x02` per entry, None dropped."""
+    return "".join(f"{k}\x01{v}\x02" for k, v in properties.items() if v is not None)
+
+
+def string_to_properties(s: str | None) -> dict[str, str]:
+    """`MessageDecoder.string2messageProperties`: lenient, accepts a trailing separator or none."""
+    out: dict[str, str] = {}
+    if not s:
+        return out
+    for seg in s.split("\x02"):
+        i = seg.find("\x01")
+        if 0 < i < len(seg) - 1:
+            out[seg[:i]] = seg[i + 1:]
+    return out
+
+
+def delete_property(properties_string: str, name: str) -> str:
+    """Remove one property from a properties string (`MessageUtils.deleteProperty`)."""
+    props = string_to_properties(properties_string)
+    props.pop(name, None)
+    return properties_to_string(props)
+
+
+def build_properties_string(msg: Message, uniq_key: str | None = None) -> str:
+    """The properties string a producer would send for `msg` (TAGS, KEYS, UNIQ_KEY, then the rest)."""
+    if msg.properties_string is not None:
+        return msg.properties_string
+    parts = []
+    if msg.tags:
+        parts.append(f"TAGS\x01{msg.tags}\x02")
+    keys = msg.keys
+    if keys:
+        k = keys if isinstance(keys, str) else " ".join(keys)
+        if k:
+            parts.append(f"KEYS\x01{k}\x02")
+    if uniq_key:
+        parts.append(f"UNIQ_KEY\x01{uniq_key}\x02")
+    if msg.properties:
+        for k, v in msg.properties.items():
+            if v is not None and k not in ("TAGS", "KEYS", "UNIQ_KEY"):
+                parts.append(f"{k}\x01{v}\x02")
+    return "".join(parts)
+
+
+# -- hosts ------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def parse_host(host: str) -> tuple[bytes, int]:
+    """`"ip:port"` or `"[v6]:port"` → (4- or 16-byte address, port); IPv4-mapped IPv6 becomes IPv4."""
+    h = host.strip()
+    if h.startswith("["):
+        end = h.find("]")
+        if end < 0 or not h[end + 1:].startswith(":"):
+            raise ValueError(f"bad host {host!r}: expected [ipv6]:port")
+        addr_s, port_s = h[1:end], h[end + 2:]
+    else:
+        addr_s, sep, port_s = h.rpartition(":")
+        if not sep:
+            raise ValueError(f"bad host {host!r}: expected ip:port")
+    try:
+        port = int(port_s)
+        ip = ipaddress.ip_address(addr_s.split("%")[0])
+    except ValueError as e:
+        raise ValueError(f"bad host {host!r}: {e}") from None
+    if not 0 <= port <= 0xFFFFFFFF:
+        raise ValueError(f"bad host {host!r}: port out of range")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if port >= 0x80000000:
+        port -= 0x100000000
+    return ip.packed, port
+
+
+def format_host(addr: bytes, port: int) -> str:
+    """Java's text for a socket address: `a.b.c.d:port` or `[x:x:x:x:x:x:x:x]:port` (no zero compression)."""
+    if len(addr) == 4:
+        return f"{addr[0]}.{addr[1]}.{addr[2]}.{addr[3]}:{port}"
+    groups = struct.unpack(">8H", addr)
+    return "[" + ":".join(f"{g:x}" for g in groups) + f"]:{port}"
+
+
+# -- message ids ------------------------------------------------------------------------------------
+def create_message_id(store_host: bytes, port: int, commit_log_offset: int) -> str:
+    """offsetMsgId: store address + port (int) + commitlog offset (long), upper-case hex (spec §3.1)."""
+    return (store_host + _ID_TAIL.pack(port, commit_log_offset)).hex().upper()
+
+
+class MessageIdError(ValueError):
+    """A message id that is not 32 or 56 hex characters."""
+
+
+def decode_message_id(msg_id: str) -> tuple[bytes, int, int]:
+    """offsetMsgId → (store address bytes, port, commitlog offset)."""
+    s = msg_id.strip()
+    if len(s) not in (32, 56):
+        raise MessageIdError(f"message id {msg_id!r} must be 32 (IPv4) or 56 (IPv6) hex characters")
+    try:
+        raw = bytes.fromhex(s)
+    except ValueError:
+        raise MessageIdError(f"message id {msg_id!r} is not hexadecimal") from None
+    ip_len = 4 if len(s) == 32 else 16
+    port, offset = _ID_TAIL.unpack_from(raw, ip_len)
+    return raw[:ip_len], port, offset
+
+
+def _start_of_month_ms(now_ms: int) -> int:
+    dt = datetime.fromtimestamp(now_ms / 1000.0)
+    start = dt.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return int(start.timestamp() * 1000)
+
+
+def _local_ip() -> bytes:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: UDP connect only picks a route
+            return socket.inet_aton(s.getsockname()[0])
+    except OSError:
+        return socket.inet_aton("127.0.0.1")
+
+
+class UniqueIdGenerator:
+    """`MessageClientIDSetter`: UNIQ_KEY = ip(4|16) + pid(2) + random(4) + ms since month start(4) + counter(2).
+
+    The first three fields are a per-process prefix; ids are 32 upper-case hex characters for IPv4.
+    """
+
+    def __init__(self, ip: bytes | None = None, pid: int | None = None) -> None:
+        self._ip = ip if ip is not None else _local_ip()
+        self._pid = (os.getpid() if pid is None else pid) & 0xFFFF
+        self._salt = random.getrandbits(32)
+        self._prefix = (self._ip + struct.pack(">Hi", self._pid, _to_signed32(self._salt))).hex().upper()
+        self._counter = random.getrandbits(16)
+        self._lock = threading.Lock()
+        self._month_start = 0
+        self._next_month = 0
+
+    def _roll_month(self, now: int) -> None:
+        self._month_start = _start_of_month_ms(now)
+        dt = datetime.fromtimestamp(self._month_start / 1000.0)
+        nxt = dt.replace(year=dt.year + (dt.month == 12), month=dt.month % 12 + 1)
+        self._next_month = int(nxt.timestamp() * 1000)
+
+    def create(self) -> str:
+        now = int(time.time() * 1000)
+        with self._lock:
+            if now >= self._next_month or now < self._month_start:
+                self._roll_month(now)
+            self._counter = (self._counter + 1) & 0xFFFF
+            c = self._counter
+        diff = now - self._month_start
+        return f"{self._prefix}{diff & 0xFFFFFFFF:08X}{c:04X}"
+
+    def create_many(self, n: int) -> list[str]:
+        now = int(time.time() * 1000)
+        with self._lock:
+            if now >= self._next_month or now < self._month_start:
+                self._roll_month(now)
+            c0 = self._counter
+            self._counter = (c0 + n) & 0xFFFF
+        head = f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}"
+        return [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(1, n + 1)]
+
+    @staticmethod
+    def get_ip_bytes(uniq_key: str) -> bytes:
+        raw = bytes.fromhex(uniq_key)
+        return raw[: len(raw) - 12]
+
+    @staticmethod
+    def get_pid(uniq_key: str) -> int:
+        raw = bytes.fromhex(uniq_key)
+        return struct.unpack_from(">H", raw, len(raw) - 12)[0]
+
+    @staticmethod
+    def get_nearly_time_ms(uniq_key: str, now_ms: int | None = None) -> int:
+        """Born time recovered from the id: month start + the 4-byte diff (previous month if in the future)."""
+        raw = bytes.fromhex(uniq_key)
+        diff = struct.unpack_from(">I", raw, len(raw) - 6)[0]
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        start = _start_of_month_ms(now)
+        t = start + diff
+        if t > now:
+            prev = datetime.fromtimestamp(start / 1000.0)
+            prev = prev.replace(year=prev.year - (prev.month == 1), month=(prev.month - 2) % 12 + 1)
+            t = int(prev.timestamp() * 1000) + diff
+        return t
+
+
+# -- encoding --------------------------------------------------------------------------------------
+class EncodeError(ValueError):
+    """A message that cannot be encoded; `status` names RocketMQ's put status for it."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status  # "MESSAGE_ILLEGAL" or "PROPERTIES_SIZE_EXCEEDED"
+
+
+class PreparedRecord(NamedTuple):
+    """A record encoded before the put lock; queue offset, physical offset and store time are patched in."""
+
+    buf: bytearray
+    topic: str
+    queue_id: int
+    sys_flag: int
+    tags_code: int
+    keys: str | None
+    uniq_key: str | None
+    properties_string: str
+    crc_trailer: bool
+
+
+def encode_record(
+    *,
+    topic: str,
+    body: bytes,
+    properties_string: str = "",
+    queue_id: int = 0,
+    flag: int = 0,
+    queue_offset: int = 0,
+    physical_offset: int = 0,
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    born_host: tuple[bytes, int],
+    store_timestamp: int = 0,
+    store_host: tuple[bytes, int],
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+    force_v2: bool = False,
+    auto_v2: bool = True,
+    append_crc: bool = False,
+    max_message_size: int = 4 * 1024 * 1024,
+) -> bytearray:
+    """Encode one complete commitlog record exactly as RocketMQ's `MessageExtEncoder` + `doAppend` do.
+
+    The V6 host bits of `sys_flag` are set from the address lengths (as the broker sets them from the
+    socket's family); V2 magic is used when forced or, with `auto_v2`, when the topic exceeds 127 chars.
+    With `append_crc` the 5.2+ `__CRC32#` trailer is added to the properties and filled in.
+    Raises `EncodeError` for the size rules of spec §1.6.
+    """
+    born_addr, born_port = born_host
+    store_addr, store_port = store_host
+    sys_flag &= ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+    if len(born_addr) == 16:
+        sys_flag |= BORNHOST_V6_FLAG
+    if len(store_addr) == 16:
+        sys_flag |= STOREHOSTADDRESS_V6_FLAG
+    v2 = force_v2 or (auto_v2 and len(topic) > MAX_TOPIC_LENGTH_V1)
+    if body is None:
+        raise EncodeError("MESSAGE_ILLEGAL", "message body is null")
+    if len(body) > max_message_size:
+        raise EncodeError(
+            "MESSAGE_ILLEGAL", f"message body is {len(body)} bytes, more than max_message_size {max_message_size}")
+    topic_bytes = topic.encode("utf-8")
+    if not v2 and len(topic_bytes) > MAX_TOPIC_LENGTH_V1:
+        raise EncodeError("MESSAGE_ILLEGAL", f"topic is {len(topic_bytes)} bytes, V1 records hold at most 127")
+    if len(topic_bytes) > 32767:
+        raise EncodeError("MESSAGE_ILLEGAL", "topic longer than 32767 bytes")
+    if append_crc:
+        props = string_to_properties(properties_string)
+        if PROPERTY_CRC32 in props:
+            properties_string = delete_property(properties_string, PROPERTY_CRC32)
+        if properties_string and not properties_string.endswith("\x02"):
+            properties_string += "\x02"
+    props_bytes = properties_string.encode("utf-8")
+    props_len = len(props_bytes) + (CRC32_RESERVED_LEN if append_crc else 0)
+    if props_len > MAX_PROPERTIES_LENGTH:
+        raise EncodeError(
+            "PROPERTIES_SIZE_EXCEEDED", f"properties are {props_len} bytes, more than {MAX_PROPERTIES_LENGTH}")
+    header = _HEADERS[_header_index(sys_flag)]
+    total = header.size + len(body) + (2 if v2 else 1) + len(topic_bytes) + 2 + props_len
+    if total > max_message_size + RECORD_HEADROOM:
+        raise EncodeError("MESSAGE_ILLEGAL", f"record of {total} bytes exceeds the maximum record size")
+    buf = bytearray(total)
+    header.pack_into(
+        buf, 0, total, MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE, body_crc(body), queue_id,
+        flag, queue_offset, physical_offset, sys_flag, born_timestamp, born_addr, born_port,
+        store_timestamp, store_addr, store_port, reconsume_times, prepared_transaction_offset, len(body),
+    )
+    pos = header.size
+    mv = memoryview(buf)
+    mv[pos:pos + len(body)] = body
+    pos += len(body)
+    if v2:
+        _SHORT.pack_into(buf, pos, len(topic_bytes))
+        pos += 2
+    else:
+        buf[pos] = len(topic_bytes)
+        pos += 1
+    mv[pos:pos + len(topic_bytes)] = topic_bytes
+    pos += len(topic_bytes)
+    _SHORT.pack_into(buf, pos, props_len)
+    pos += 2
+    mv[pos:pos + len(props_bytes)] = props_bytes
+    if append_crc:
+        fill_crc_trailer(buf)
+    return buf
+
+
+def fill_crc_trailer(buf: bytearray | memoryview, start: int = 0) -> None:
+    """Write the `__CRC32#` trailer of the record at `start` (its last 20 bytes) from the bytes before it."""
+    total = _INT.unpack_from(buf, start)[0]
+    end = start + total - CRC32_RESERVED_LEN
+    crc = zlib.crc32(memoryview(buf)[start:end]) & 0x7FFFFFFF
+    trailer = (PROPERTY_CRC32 + "\x01" + crc32_property_value(crc) + "\x02").encode("ascii")
+    memoryview(buf)[end:end + CRC32_RESERVED_LEN] = trailer
+
+
+class RecordEncoder:
+    """Encodes `Message`s for one store: the store host, size limits and CRC trailer bound once.
+
+    `prepare` runs outside the put lock and leaves queue offset, physical offset and store time zero;
+    `patch` fills them in under the lock (as RocketMQ's encoder + `doAppend` split the work).
+    """
+
+    def __init__(
+        self, store_host: str = "127.0.0.1:10911", max_message_size: int = 4 * 1024 * 1024,
+        auto_v2: bool = True, append_crc: bool = False, uniq_ids: UniqueIdGenerator | None = None,
+    ) -> None:
+        self.store_host = parse_host(store_host)
+        self.max_message_size = max_message_size
+        self.auto_v2 = auto_v2
+        self.append_crc = append_crc
+        self.uniq_ids = uniq_ids
+
+    def prepare(self, msg: Message, auto_uniq_key: bool = False) -> PreparedRecord:
+        uniq = msg.uniq_key
+        if msg.properties_string is not None:
+            ps = msg.properties_string
+            props = None
+        else:
+            if uniq is None and auto_uniq_key and self.uniq_ids is not None:
+                uniq = self.uniq_ids.create()
+            ps = build_properties_string(msg, uniq)
+            props = True
+        born = parse_host(msg.born_host) if msg.born_host else self.store_host
+        buf = encode_record(
+            topic=msg.topic, body=msg.body, properties_string=ps, queue_id=msg.queue_id, flag=msg.flag,
+            sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp, born_host=born,
+            store_host=self.store_host, reconsume_times=msg.reconsume_times,
+            prepared_transaction_offset=msg.prepared_transaction_offset, force_v2=msg.force_v2,
+            auto_v2=self.auto_v2, append_crc=self.append_crc, max_message_size=self.max_message_size,
+        )
+        sys_flag = _INT.unpack_from(buf, SYSFLAG_POSITION)[0]
+        if props is None:  # verbatim properties: take tags/keys/uniq key from the string itself
+            p = string_to_properties(ps)
+            tags, keys, uniq = p.get("TAGS"), p.get("KEYS"), p.get("UNIQ_KEY")
+        else:
+            tags = msg.tags
+            k = msg.keys
+            keys = (k if isinstance(k, str) else " ".join(k)) if k else None
+        return PreparedRecord(buf, msg.topic, msg.queue_id, sys_flag, tags_string_to_tags_code(tags), keys,
+                              uniq, ps, self.append_crc)
+
+    @staticmethod
+    def patch(rec: PreparedRecord, queue_offset: int, physical_offset: int, store_timestamp: int,
+              born_timestamp: int | None = None) -> None:
+        buf = rec.buf
+        _QOFF_PHYS.pack_into(buf, QUEUE_OFFSET_POSITION, queue_offset, physical_offset)
+        _LONG.pack_into(buf, store_timestamp_position(rec.sys_flag), store_timestamp)
+        if born_timestamp is not None:
+            _LONG.pack_into(buf, BORN_TIMESTAMP_POSITION, born_timestamp)
+        if rec.crc_trailer:
+            fill_crc_trailer(buf)
+
+
+def encode_blank(remaining: int) -> bytes:
+    """The 8-byte BLANK header that closes a file: `[int remaining][int BLANK_MAGIC_CODE]`."""
+    return _BLANK.pack(remaining, BLANK_MAGIC_CODE)
+
+
+# -- decoding --------------------------------------------------------------------------------------
+class CorruptRecordError(ValueError):
+    """A record that fails the checks of `CommitLog.checkMessageAndReturnSize`."""
+
+    def __init__(self, offset: int, reason: str, size: int = -1) -> None:
+        super().__init__(f"corrupt record at offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+        self.size = size
+
+
+class DispatchRequest(NamedTuple):
+    """What the reput service hands to the dispatchers (`S/DispatchRequest.java`)."""
+
+    topic: str
+    queue_id: int
+    commit_log_offset: int
+    msg_size: int
+    tags_code: int
+    store_timestamp: int
+    consume_queue_offset: int
+    keys: str | None
+    uniq_key: str | None
+    sys_flag: int
+    prepared_transaction_offset: int
+    properties_string: str
+
+
+class CheckResult(NamedTuple):
+    """`checkMessageAndReturnSize`'s verdict: size 0 + success is a BLANK, -1 + failure end of data,
+    size > 0 + failure a length mismatch ("half message")."""
+
+    size: int
+    success: bool
+    request: DispatchRequest | None
+    reason: str = ""
+
+
+_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
+
+
+def read_size_magic(buf, pos: int) -> tuple[int, int]:
+    """TOTALSIZE and MAGIC of the record at `pos`."""
+    return _SIZE_MAGIC.unpack_from(buf, pos)
+
+
+def _read_tail(buf, pos: int, end_limit: int, v2: bool) -> tuple[str, str, int]:
+    """Topic and properties after the body at `pos`; returns (topic, properties, position after)."""
+    if v2:
+        tl = _SHORT.unpack_from(buf, pos)[0]
+        pos += 2
+    else:
+        tl = buf[pos]
+        if tl > 127:  # Java reads a signed byte
+            raise ValueError("V1 topic length byte is negative")
+        pos += 1
+    if tl < 0 or pos + tl + 2 > end_limit:
+        raise ValueError("topic length runs past the record")
+    topic = bytes(buf[pos:pos + tl]).decode("utf-8", "replace")
+    pos += tl
+    pl = _SHORT.unpack_from(buf, pos)[0]
+    pos += 2
+    if pl < 0 or pos + pl > end_limit:
+        raise ValueError("properties length runs past the record")
+    props = bytes(buf[pos:pos + pl]).decode("utf-8", "replace") if pl else ""
+    return topic, props, pos + pl
+
+
+def check_message_and_return_size(
+    buf, pos: int, check_crc: bool = False, limit: int | None = None, base_offset: int = 0,
+    verify_prop_crc: bool = False,
+) -> CheckResult:
+    """`CommitLog.checkMessageAndReturnSize` (spec §1.8) on the record at `buf[pos:]`, `limit` its end bound.
+
+    Never raises: zeroed space and unknown magic give (-1, False), BLANK gives (0, True), a length that
+    disagrees with the fields gives (total size, False).
+    """
+    end = len(buf) if limit is None else limit
+    try:
+        if end - pos < 8:
+            return CheckResult(-1, False, None, "no room for a record header")
+        total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic == BLANK_MAGIC_CODE:
+            return CheckResult(0, True, None)
+        if magic not in _MAGICS:
+            return CheckResult(-1, False, None, f"illegal magic code {magic & 0xFFFFFFFF:#010x}")
+        if total <= 0 or pos + total > end:
+            return CheckResult(-1, False, None, f"total size {total} runs past the readable data")
+        sys_flag = _INT.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
+        header = _HEADERS[_header_index(sys_flag)]
+        if total < header.size:
+            return CheckResult(total, False, None, "record shorter than its header")
+        (_, _, crc, queue_id, _flag, queue_offset, phys, _sf, _born_ts, _ba, _bp, store_ts, _sa, _sp,
+         _rc, prep_tx, body_len) = header.unpack_from(buf, pos)
+        rec_end = pos + total
+        bpos = pos + header.size
+        if body_len < 0 or bpos + body_len > rec_end:
+            return CheckResult(total, False, None, "body length runs past the record")
+        v2 = magic == MESSAGE_MAGIC_CODE_V2
+        topic, props, _after = _read_tail(buf, bpos + body_len, rec_end, v2)
+        tl_size = 2 if v2 else 1
+        topic_len = _SHORT.unpack_from(buf, bpos + body_len)[0] if v2 else buf[bpos + body_len]
+        prop_len = _SHORT.unpack_from(buf, bpos + body_len + tl_size + topic_len)[0]
+        expected = cal_msg_length(body_len, topic_len, prop_len, sys_flag, v2)
+        if expected != total:
+            return CheckResult(total, False, None, f"total size {total} != computed {expected}")
+        if check_crc:
+            if verify_prop_crc:
+                p = string_to_properties(props)
+                v = p.get(PROPERTY_CRC32)
+                want = zlib.crc32(memoryview(buf)[pos:rec_end - CRC32_RESERVED_LEN]) & 0x7FFFFFFF
+                if v is None or not v.isdigit() or parse_crc32_property_value(v) != want:
+                    return CheckResult(-1, False, None, "__CRC32# property missing or wrong")
+            elif body_len and (zlib.crc32(memoryview(buf)[bpos:bpos + body_len]) & 0x7FFFFFFF) != crc:
+                return CheckResult(-1, False, None, "body CRC mismatch")
+        tags = keys = uniq = None
+        if props:
+            if "TAGS\x01" in props or "KEYS\x01" in props or "UNIQ_KEY\x01" in props:
+                p = string_to_properties(props)
+                tags, keys, uniq = p.get("TAGS"), p.get("KEYS"), p.get("UNIQ_KEY")
+        req = DispatchRequest(topic, queue_id, phys, total, tags_string_to_tags_code(tags), store_ts,
+                              queue_offset, keys, uniq, sys_flag, prep_tx, props)
+        return CheckResult(total, True, req)
+    except (struct.error, ValueError, IndexError) as e:
+        return CheckResult(-1, False, None, f"unreadable record: {e}")
+
+
+def decode_message(buf, pos: int = 0, *, check_crc: bool = False, limit: int | None = None,
+                   copy_body: bool = True, decompress: bool = False) -> MessageExt:
+    """Decode the record at `buf[pos:]` into a `MessageExt`; raises `CorruptRecordError` when it is not one.
+
+    With `decompress`, a ZLIB-compressed body is inflated and the COMPRESSED bit cleared, as
+    `MessageDecoder.decode(..., deCompressBody=true)` does (other codecs are left as stored).
+    """
+    end = len(buf) if limit is None else limit
+    try:
+        total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    except struct.error:
+        raise CorruptRecordError(pos, "truncated header") from None
+    if magic == BLANK_MAGIC_CODE:
+        raise CorruptRecordError(pos, "BLANK end-of-file record, not a message", 0)
+    if magic not in _MAGICS:
+        raise CorruptRecordError(pos, f"illegal magic code {magic & 0xFFFFFFFF:#010x}")
+    if total <= 0 or pos + total > end:
+        raise CorruptRecordError(pos, f"total size {total} runs past the data")
+    sys_flag = _INT.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
+    header = _HEADERS[_header_index(sys_flag)]
+    try:
+        (_, _, crc, queue_id, flag, queue_offset, phys, _sf, born_ts, born_addr, born_port, store_ts,
+         store_addr, store_port, reconsume, prep_tx, body_len) = header.unpack_from(buf, pos)
+        bpos = pos + header.size
+        rec_end = pos + total
+        if body_len < 0 or bpos + body_len > rec_end:
+            raise ValueError("body length runs past the record")
+        topic, props, after = _read_tail(buf, bpos + body_len, rec_end, magic == MESSAGE_MAGIC_CODE_V2)
+    except (struct.error, ValueError, IndexError) as e:
+        raise CorruptRecordError(pos, str(e)) from None
+    if after != rec_end:
+        raise CorruptRecordError(pos, f"total size {total} != computed {after - pos}", total)
+    body = buf[bpos:bpos + body_len]
+    if copy_body:
+        body = bytes(body)
+    if check_crc and body_len and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        raise CorruptRecordError(pos, "body CRC mismatch")
+    if decompress and sys_flag & COMPRESSED_FLAG and (sys_flag & COMPRESSION_TYPE_COMPARATOR) in (0, 0x300):
+        try:
+            body = zlib.decompress(bytes(body))
+            sys_flag &= ~COMPRESSED_FLAG
+        except zlib.error:
+            pass
+    return MessageExt(total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
+                      born_addr, born_port, store_ts, store_addr, store_port, reconsume, prep_tx, body,
+                      topic, props)
+
+
+def iter_records(buf, start: int = 0, limit: int | None = None, check_crc: bool = False):
+    """Walk records from `start`: yields (position, CheckResult) up to a BLANK, zeroed space or damage."""
+    end = len(buf) if limit is None else limit
+    pos = start
+    while pos < end:
+        r = check_message_and_return_size(buf, pos, check_crc, end)
+        yield pos, r
+        if not r.success or r.size == 0:
+            return
+        pos += r.size
+
+
+# -- client batch body (MessageDecoder.encodeMessage / decodeMessages) -------------------------------
+_BATCH_HEAD = struct.Struct(">iiiii")
+
+
+def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
+    """A SEND_BATCH_MESSAGE body: per message `[size][magic 0][crc 0][flag][bodyLen][body][propLen][props]`."""
+    out = []
+    for body, flag, props in messages:
+        pb = props.encode("utf-8")
+        size = 20 + len(body) + 2 + len(pb)
+        out.append(_BATCH_HEAD.pack(size, 0, 0, flag, len(body)))
+        out.append(body)
+        out.append(_SHORT.pack(len(pb)))
+        out.append(pb)
+    return b"".join(out)
+
+
+def decode_batch_body(data: bytes) -> list[tuple[bytes, int, str]]:
+    """Inverse of `encode_batch_body`: [(body, flag, properties string)]; ValueError when malformed."""
+    out = []
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if n - pos < 22:
+            raise ValueError(f"batch body truncated at {pos}")
+        size, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(data, pos)
+        if size < 22 or pos + size > n or blen < 0 or 20 + blen + 2 > size:
+            raise ValueError(f"bad inner message size at {pos}")
+        body = data[pos + 20:pos + 20 + blen]
+        plen = _SHORT.unpack_from(data, pos + 20 + blen)[0]
+        if plen < 0 or 22 + blen + plen != size:
+            raise ValueError(f"bad inner properties length at {pos}")
+        props = data[pos + 22 + blen:pos + size].decode("utf-8", "replace")
+        out.append((body, flag, props))
+        pos += size
+    return out

@@ -3,12 +3,23 @@
 Byte-compatible with Apache RocketMQ 5.x (see `codec` for the record format).
 """
 
-from .codec import DispatchRequest, EncodeError, CorruptRecordError
+from .codec import CorruptRecordError, DispatchRequest, EncodeError
+from .commitlog import AppendMessageResult, PutMessageResult
 from .config import FlushDiskType, StoreConfig
 from .message import Message, MessageExt
+from .message_store import (
+    GetMessageResult,
+    MessageFilter,
+    MessageStore,
+    QueryMessageResult,
+    StoreLockedError,
+)
+from .reader import StoreReader
 from .status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 
 __all__ = [
-    "AppendMessageStatus", "CorruptRecordError", "DispatchRequest", "EncodeError", "FlushDiskType",
-    "GetMessageStatus", "Message", "MessageExt", "PutMessageStatus", "StoreConfig",
+    "AppendMessageResult", "AppendMessageStatus", "CorruptRecordError", "DispatchRequest", "EncodeError",
+    "FlushDiskType", "GetMessageResult", "GetMessageStatus", "Message", "MessageExt", "MessageFilter",
+    "MessageStore", "PutMessageResult", "PutMessageStatus", "QueryMessageResult", "StoreConfig",
+    "StoreLockedError", "StoreReader",
 ]

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import NamedTuple
@@ -74,6 +75,11 @@ KEY_SEPARATOR = " "
 CRC32_RESERVED_LEN = len(PROPERTY_CRC32) + 1 + 10 + 1  # 20
 
 
+def _java_length(s: str) -> int:
+    """Java's `String.length()`: UTF-16 code units."""
+    return len(s) if s.isascii() else len(s.encode("utf-16-le", "surrogatepass")) // 2
+
+
 def transaction_value(sys_flag: int) -> int:
     """The transaction bits of a sysFlag (`MessageSysFlag.getTransactionValue`)."""
     return sys_flag & TRANSACTION_ROLLBACK_TYPE
@@ -97,7 +103,7 @@ def _header_struct(born_len: int, store_len: int) -> struct.Struct:
 
 # Indexed by (born is v6) * 2 + (store is v6).
 _HEADERS = tuple(_header_struct(b, s) for b in (4, 16) for s in (4, 16))
-_HEADER_SIZES = tuple(h.size for h in _HEADERS)  # 84 / 96 / 96 / 108 (up to and incl. BODYLEN)
+_HEADER_SIZES = tuple(h.size for h in _HEADERS)  # 88 / 100 / 100 / 112 (up to and incl. BODYLEN)
 
 
 def _header_index(sys_flag: int) -> int:
@@ -237,10 +243,57 @@ def string_to_properties(s: str | None) -> dict[str, str]:
 
 
 def delete_property(properties_string: str, name: str) -> str:
-    """Remove one property from a properties string (`MessageUtils.deleteProperty`)."""
-    props = string_to_properties(properties_string)
-    props.pop(name, None)
-    return properties_to_string(props)
+    """Remove every `name` property from a properties string (`MessageUtils.deleteProperty`).
+
+    As in Java the string is cut in place: each `name\\x01...` segment (starting the string or following a
+    0x02) is dropped up to and including its closing 0x02 (or to the end); everything else, order,
+    duplicates and separators included, is kept verbatim.
+    """
+    if not properties_string or name not in properties_string:
+        return properties_string
+    out = []
+    lead = name + NAME_VALUE_SEPARATOR
+    for seg in properties_string.split(PROPERTY_SEPARATOR):
+        out.append(None if seg.startswith(lead) else seg)
+    # Re-join: a dropped segment takes its closing separator with it.
+    parts: list[str] = []
+    last = len(out) - 1
+    for i, seg in enumerate(out):
+        if seg is None:
+            continue
+        parts.append(seg if i == last else seg + PROPERTY_SEPARATOR)
+    return "".join(parts)
+
+
+def java_hashmap_order(keys: list[str], initial_capacity: int = 16) -> list[str]:
+    """The iteration order of a Java `HashMap<String, ?>` filled with `keys` in this order.
+
+    Default capacity 16, load factor 0.75: the table doubles whenever the size exceeds 0.75 x capacity;
+    a key's bucket is `(h ^ (h >>> 16)) & (capacity - 1)` with h = `String.hashCode`. Iteration walks the
+    buckets in order and each bucket in insertion order (a resize splits buckets preserving that order).
+    Re-putting a key keeps its first position. Not modelled: bins treeified at 8+ colliding keys once
+    the capacity reaches 64 (their order can differ).
+    """
+    seen: dict[str, None] = dict.fromkeys(keys)
+    cap = 1
+    while cap < max(initial_capacity, 1):
+        cap <<= 1
+    while len(seen) > cap * 3 // 4:
+        cap <<= 1
+    mask = cap - 1
+
+    def bucket(k: str) -> int:
+        h = java_string_hash(k) & _M32
+        return (h ^ (h >> 16)) & mask
+
+    return sorted(seen, key=bucket)  # sorted() is stable: insertion order within a bucket
+
+
+def java_properties_string(properties: dict[str, str], initial_capacity: int = 16) -> str:
+    """`messageProperties2String` of a Java `HashMap` built by putting `properties` in dict order (5.2+
+    form: every entry ends with 0x02; None values are dropped)."""
+    order = java_hashmap_order(list(properties), initial_capacity)
+    return "".join(f"{k}\x01{properties[k]}\x02" for k in order if properties[k] is not None)
 
 
 def build_properties_string(msg: Message, uniq_key: str | None = None) -> str:
@@ -292,8 +345,13 @@ def parse_host(host: str) -> tuple[bytes, int]:
     return ip.packed, port
 
 
+_V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
+
+
 def format_host(addr: bytes, port: int) -> str:
     """Java's text for a socket address: `a.b.c.d:port` or `[x:x:x:x:x:x:x:x]:port` (no zero compression)."""
+    if len(addr) == 16 and addr[:12] == _V4_MAPPED_PREFIX:
+        addr = addr[12:]  # InetAddress.getByAddress turns an IPv4-mapped IPv6 address into an Inet4Address
     if len(addr) == 4:
         return f"{addr[0]}.{addr[1]}.{addr[2]}.{addr[3]}:{port}"
     groups = struct.unpack(">8H", addr)
@@ -354,6 +412,8 @@ class UniqueIdGenerator:
         self._lock = threading.Lock()
         self._month_start = 0
         self._next_month = 0
+        self._time = 0  # ms stamped into the ids being issued; never goes backwards
+        self._time_used = 0  # ids issued with self._time (at 65536 the 16-bit counter would repeat)
 
     def _roll_month(self, now: int) -> None:
         self._month_start = _start_of_month_ms(now)
@@ -361,25 +421,39 @@ class UniqueIdGenerator:
         nxt = dt.replace(year=dt.year + (dt.month == 12), month=dt.month % 12 + 1)
         self._next_month = int(nxt.timestamp() * 1000)
 
-    def create(self) -> str:
+    def _claim(self, n: int) -> list[tuple[str, int, int]]:
+        """Claim `n` ids: runs of (hex up to the counter, first counter, count).
+
+        An id is unique by (millisecond, counter). Once 65536 ids share a millisecond, the next ones are
+        stamped with the following millisecond (a large burst borrows a few ms) rather than repeat a counter.
+        """
         now = int(time.time() * 1000)
+        runs = []
         with self._lock:
-            if now >= self._next_month or now < self._month_start:
-                self._roll_month(now)
-            self._counter = (self._counter + 1) & 0xFFFF
-            c = self._counter
-        diff = now - self._month_start
-        return f"{self._prefix}{diff & 0xFFFFFFFF:08X}{c:04X}"
+            if now > self._time:
+                self._time, self._time_used = now, 0
+            while n > 0:
+                if self._time_used >= 0x10000:
+                    self._time, self._time_used = self._time + 1, 0
+                t = self._time
+                if t >= self._next_month or t < self._month_start:
+                    self._roll_month(t)
+                k = min(n, 0x10000 - self._time_used)
+                runs.append((f"{self._prefix}{(t - self._month_start) & 0xFFFFFFFF:08X}", self._counter, k))
+                self._counter = (self._counter + k) & 0xFFFF
+                self._time_used += k
+                n -= k
+        return runs
+
+    def create(self) -> str:
+        ((head, c, _),) = self._claim(1)
+        return f"{head}{c:04X}"
 
     def create_many(self, n: int) -> list[str]:
-        now = int(time.time() * 1000)
-        with self._lock:
-            if now >= self._next_month or now < self._month_start:
-                self._roll_month(now)
-            c0 = self._counter
-            self._counter = (c0 + n) & 0xFFFF
-        head = f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}"
-        return [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(1, n + 1)]
+        out: list[str] = []
+        for head, c0, k in self._claim(n):
+            out += [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(k)]
+        return out
 
     @staticmethod
     def get_ip_bytes(uniq_key: str) -> bytes:
@@ -464,20 +538,13 @@ def encode_record(
         sys_flag |= BORNHOST_V6_FLAG
     if len(store_addr) == 16:
         sys_flag |= STOREHOSTADDRESS_V6_FLAG
-    v2 = force_v2 or (auto_v2 and len(topic) > MAX_TOPIC_LENGTH_V1)
+    # Java compares topic.length(), i.e. UTF-16 code units (a non-BMP character counts twice).
+    v2 = force_v2 or (auto_v2 and _java_length(topic) > MAX_TOPIC_LENGTH_V1)
     if body is None:
         raise EncodeError("MESSAGE_ILLEGAL", "message body is null")
-    if len(body) > max_message_size:
-        raise EncodeError(
-            "MESSAGE_ILLEGAL", f"message body is {len(body)} bytes, more than max_message_size {max_message_size}")
-    topic_bytes = topic.encode("utf-8")
-    if not v2 and len(topic_bytes) > MAX_TOPIC_LENGTH_V1:
-        raise EncodeError("MESSAGE_ILLEGAL", f"topic is {len(topic_bytes)} bytes, V1 records hold at most 127")
-    if len(topic_bytes) > 32767:
-        raise EncodeError("MESSAGE_ILLEGAL", "topic longer than 32767 bytes")
+    # Checks in MessageExtEncoder.encode's order: properties size first, then body and record size.
     if append_crc:
-        props = string_to_properties(properties_string)
-        if PROPERTY_CRC32 in props:
+        if PROPERTY_CRC32 in properties_string:
             properties_string = delete_property(properties_string, PROPERTY_CRC32)
         if properties_string and not properties_string.endswith("\x02"):
             properties_string += "\x02"
@@ -486,6 +553,14 @@ def encode_record(
     if props_len > MAX_PROPERTIES_LENGTH:
         raise EncodeError(
             "PROPERTIES_SIZE_EXCEEDED", f"properties are {props_len} bytes, more than {MAX_PROPERTIES_LENGTH}")
+    if len(body) > max_message_size:
+        raise EncodeError(
+            "MESSAGE_ILLEGAL", f"message body is {len(body)} bytes, more than max_message_size {max_message_size}")
+    topic_bytes = topic.encode("utf-8")
+    if not v2 and len(topic_bytes) > MAX_TOPIC_LENGTH_V1:
+        raise EncodeError("MESSAGE_ILLEGAL", f"topic is {len(topic_bytes)} bytes, V1 records hold at most 127")
+    if len(topic_bytes) > 32767:
+        raise EncodeError("MESSAGE_ILLEGAL", "topic longer than 32767 bytes")
     header = _HEADERS[_header_index(sys_flag)]
     total = header.size + len(body) + (2 if v2 else 1) + len(topic_bytes) + 2 + props_len
     if total > max_message_size + RECORD_HEADROOM:
@@ -514,6 +589,53 @@ def encode_record(
     if append_crc:
         fill_crc_trailer(buf)
     return buf
+
+
+def encode_client_message(
+    *,
+    topic: str,
+    body: bytes,
+    born_host: tuple[bytes, int],
+    store_host: tuple[bytes, int],
+    tags: str | None = None,
+    keys: str | Sequence[str] | None = None,
+    properties: dict[str, str] | None = None,
+    queue_id: int = 0,
+    flag: int = 0,
+    queue_offset: int = 0,
+    commit_log_offset: int = 0,
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    store_timestamp: int = 0,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> bytearray:
+    """The client library's `MessageDecoder.encode(MessageExt, false)`: the commitlog layout, always V1
+    magic with a 1-byte topic length, no size limits of the broker and no CRC trailer.
+
+    The properties are those of a Java `MessageExt` whose map received TAGS (if `tags`), KEYS (if `keys`;
+    a sequence is joined with spaces) and then `properties`, in that order; they are written in Java
+    `HashMap` iteration order (`java_hashmap_order`). The body CRC is computed from `body`; queue and
+    commit-log offsets are whatever the `MessageExt` carries (0 unless given). A topic over 127 UTF-8
+    bytes raises `EncodeError` (Java would write a truncated length byte that no reader can decode).
+    """
+    props: dict[str, str] = {}
+    if tags:
+        props[PROPERTY_TAGS] = tags
+    if keys:
+        k = keys if isinstance(keys, str) else KEY_SEPARATOR.join(keys)
+        if k:
+            props[PROPERTY_KEYS] = k
+    if properties:
+        props.update(properties)
+    return encode_record(
+        topic=topic, body=body, properties_string=java_properties_string(props), queue_id=queue_id,
+        flag=flag, queue_offset=queue_offset, physical_offset=commit_log_offset, sys_flag=sys_flag,
+        born_timestamp=born_timestamp, born_host=born_host, store_timestamp=store_timestamp,
+        store_host=store_host, reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_transaction_offset, force_v2=False, auto_v2=False,
+        max_message_size=max(len(body), 1 << 31),
+    )
 
 
 def fill_crc_trailer(buf: bytearray | memoryview, start: int = 0) -> None:
@@ -686,23 +808,24 @@ def check_message_and_return_size(
         bpos = pos + header.size
         if body_len < 0 or bpos + body_len > rec_end:
             return CheckResult(total, False, None, "body length runs past the record")
+        # Java's order: body CRC (right after reading the body), properties, __CRC32#, then the length.
+        if check_crc and not verify_prop_crc and body_len and (
+                zlib.crc32(memoryview(buf)[bpos:bpos + body_len]) & 0x7FFFFFFF) != crc:
+            return CheckResult(-1, False, None, "body CRC mismatch")
         v2 = magic == MESSAGE_MAGIC_CODE_V2
         topic, props, _after = _read_tail(buf, bpos + body_len, rec_end, v2)
         tl_size = 2 if v2 else 1
         topic_len = _SHORT.unpack_from(buf, bpos + body_len)[0] if v2 else buf[bpos + body_len]
         prop_len = _SHORT.unpack_from(buf, bpos + body_len + tl_size + topic_len)[0]
+        if check_crc and verify_prop_crc:
+            p = string_to_properties(props)
+            v = p.get(PROPERTY_CRC32)
+            want = zlib.crc32(memoryview(buf)[pos:rec_end - CRC32_RESERVED_LEN]) & 0x7FFFFFFF
+            if v is None or not v.isdigit() or parse_crc32_property_value(v) != want:
+                return CheckResult(-1, False, None, "__CRC32# property missing or wrong")
         expected = cal_msg_length(body_len, topic_len, prop_len, sys_flag, v2)
         if expected != total:
             return CheckResult(total, False, None, f"total size {total} != computed {expected}")
-        if check_crc:
-            if verify_prop_crc:
-                p = string_to_properties(props)
-                v = p.get(PROPERTY_CRC32)
-                want = zlib.crc32(memoryview(buf)[pos:rec_end - CRC32_RESERVED_LEN]) & 0x7FFFFFFF
-                if v is None or not v.isdigit() or parse_crc32_property_value(v) != want:
-                    return CheckResult(-1, False, None, "__CRC32# property missing or wrong")
-            elif body_len and (zlib.crc32(memoryview(buf)[bpos:bpos + body_len]) & 0x7FFFFFFF) != crc:
-                return CheckResult(-1, False, None, "body CRC mismatch")
         tags = keys = uniq = None
         if props:
             if "TAGS\x01" in props or "KEYS\x01" in props or "UNIQ_KEY\x01" in props:
@@ -733,9 +856,9 @@ def decode_message(buf, pos: int = 0, *, check_crc: bool = False, limit: int | N
         raise CorruptRecordError(pos, f"illegal magic code {magic & 0xFFFFFFFF:#010x}")
     if total <= 0 or pos + total > end:
         raise CorruptRecordError(pos, f"total size {total} runs past the data")
-    sys_flag = _INT.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
-    header = _HEADERS[_header_index(sys_flag)]
     try:
+        sys_flag = _INT.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
+        header = _HEADERS[_header_index(sys_flag)]
         (_, _, crc, queue_id, flag, queue_offset, phys, _sf, born_ts, born_addr, born_port, store_ts,
          store_addr, store_port, reconsume, prep_tx, body_len) = header.unpack_from(buf, pos)
         bpos = pos + header.size

@@ -113,9 +113,7 @@ class TopicValidationError(ValueError):
 def _illegal_name_message(kind: str, name: str) -> str:
     bad = sorted({ch for ch in name if not _fullmatch(ch)})
     shown = ", ".join(repr(ch) for ch in bad[:8])
-    return (
-        f"{kind} {name!r} contains illegal characters ({shown}); only ^[%|a-zA-Z0-9_-]+$ is allowed"
-    )
+    return f"{kind} {name!r} contains illegal characters ({shown}); only ^[%|a-zA-Z0-9_-]+$ is allowed"
 
 
 def validate_topic(topic: str) -> None:

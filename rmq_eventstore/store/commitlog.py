@@ -1,0 +1,374 @@
+"""CommitLog: the append-only log of every message, in RocketMQ's segment files (spec §1, §5, §9.3).
+
+Puts encode outside the put lock and, inside it, take queue offsets, the physical offset and the store
+time, patch them into the record and copy it into the current segment. A record that would end closer
+than 8 bytes to the end of a segment is not split: a BLANK record closes the segment and the record goes
+to the next one (`DefaultAppendMessageCallback`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from . import codec
+from .codec import DispatchRequest, EncodeError, PreparedRecord, RecordEncoder, UniqueIdGenerator
+from .config import FlushDiskType, StoreConfig
+from .mapped_file import MappedFile, MappedFileQueue
+from .message import Message, MessageExt
+from .status import AppendMessageStatus, PutMessageStatus
+from .topic import TopicValidationError, validate_topic
+
+log = logging.getLogger(__name__)
+
+_INT = codec._INT
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class AppendMessageResult:
+    """Where an append landed (`AppendMessageResult`): first physical offset, bytes, queue offset."""
+
+    status: AppendMessageStatus
+    wrote_offset: int = 0
+    wrote_bytes: int = 0
+    store_timestamp: int = 0
+    logics_offset: int = 0
+    msg_num: int = 1
+    page_cache_rt: int = 0
+    store_host: bytes = b""
+    store_port: int = 0
+    offsets: list[int] = field(default_factory=list)
+    uniq_keys: list[str | None] = field(default_factory=list)
+
+    @property
+    def msg_id(self) -> str:
+        """offsetMsgId of the message (comma-joined for a batch, as RocketMQ returns it)."""
+        return ",".join(self.msg_ids)
+
+    @property
+    def msg_ids(self) -> list[str]:
+        offs = self.offsets or ([self.wrote_offset] if self.status == AppendMessageStatus.PUT_OK else [])
+        return [codec.create_message_id(self.store_host, self.store_port, o) for o in offs]
+
+    def is_ok(self) -> bool:
+        return self.status == AppendMessageStatus.PUT_OK
+
+
+@dataclass
+class PutMessageResult:
+    """Outcome of a put (`PutMessageResult`): a status, and the append result when bytes were written."""
+
+    status: PutMessageStatus
+    append_result: AppendMessageResult | None = None
+    reason: str = ""
+
+    def is_ok(self) -> bool:
+        """True when the record was written (even if a later flush timed out), as RocketMQ's isOk."""
+        return self.append_result is not None and self.append_result.is_ok()
+
+    def __repr__(self) -> str:
+        a = self.append_result
+        where = f", wrote_offset={a.wrote_offset}, logics_offset={a.logics_offset}" if a else ""
+        why = f", reason={self.reason!r}" if self.reason else ""
+        return f"PutMessageResult({self.status.name}{where}{why})"
+
+
+def _illegal(reason: str, status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
+    return PutMessageResult(status, None, reason)
+
+
+class CommitLog:
+    """The commitlog directory: a MappedFileQueue, the put lock and the queue-offset table.
+
+    `on_appended` receives, under the put lock and in log order, the dispatch requests of what was just
+    written, so the reput service need not parse back records this process encoded itself.
+    """
+
+    def __init__(self, config: StoreConfig, read_only: bool = False) -> None:
+        self.config = config
+        self.read_only = read_only
+        self.mapped_file_queue = MappedFileQueue(config.commit_log_path, config.mapped_file_size_commit_log,
+                                                 read_only=read_only)
+        self.file_size = config.mapped_file_size_commit_log
+        self.uniq_ids = UniqueIdGenerator()
+        self.encoder = RecordEncoder(
+            config.store_host, config.max_message_size, config.auto_message_version_on_topic_len,
+            config.enabled_append_prop_crc, self.uniq_ids)
+        self.store_host_bytes, self.store_port = self.encoder.store_host
+        self.put_lock = threading.Lock()
+        self.flush_lock = threading.Lock()
+        # QueueOffsetOperator's topicQueueTable: "topic-queueId" -> next queue offset
+        self.topic_queue_table: dict[str, int] = {}
+        self.begin_time_in_lock = 0
+        self.confirm_offset = 0
+        self.on_appended: Callable[[list], None] | None = None
+        self.on_new_queue: Callable[[str, int], None] | None = None
+        self.writeable = True
+
+    # -- load / recovery ------------------------------------------------------------------------
+    def load(self) -> bool:
+        return self.mapped_file_queue.load()
+
+    def recover_normally(self, check_crc: bool) -> int:
+        """Find the end of valid data scanning the last three files (`recoverNormally`); truncate after it.
+
+        Returns the recovered end offset (processOffset).
+        """
+        mfq = self.mapped_file_queue
+        files = mfq.mapped_files
+        if not files:
+            mfq.flushed_where = mfq.committed_where = 0
+            return 0
+        index = max(0, len(files) - 3)
+        process_offset = files[index].file_from_offset
+        while index < len(files):
+            mf = files[index]
+            buf = mf.view
+            pos = 0
+            limit = mf.mapped_size
+            blank = False
+            while pos < limit:
+                r = codec.check_message_and_return_size(buf, pos, check_crc, limit,
+                                                        verify_prop_crc=self.config.force_verify_prop_crc)
+                if r.success and r.size > 0:
+                    pos += r.size
+                    continue
+                if r.success:  # BLANK: the rest of this file is unused
+                    blank = True
+                else:
+                    if r.size > 0:
+                        log.warning("half message at %d (%s): truncating", mf.file_from_offset + pos, r.reason)
+                break
+            process_offset = mf.file_from_offset + pos
+            if blank and index + 1 < len(files):
+                index += 1
+                process_offset = files[index].file_from_offset
+                continue
+            if pos >= limit and index + 1 < len(files):
+                index += 1
+                continue
+            break
+        mfq.flushed_where = mfq.committed_where = process_offset
+        mfq.truncate_dirty_files(process_offset)
+        self.confirm_offset = process_offset
+        return process_offset
+
+    # -- put ------------------------------------------------------------------------------------
+    def _check(self, msg: Message) -> PutMessageResult | None:
+        if not self.writeable or self.read_only:
+            return _illegal("the store is not writeable", PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        try:
+            validate_topic(msg.topic)
+        except TopicValidationError as e:
+            return _illegal(str(e))
+        if msg.body is None:
+            return _illegal("message body is null")
+        if msg.queue_id < 0:
+            return _illegal(f"queue id {msg.queue_id} is negative")
+        return None
+
+    def _prepare(self, msg: Message) -> PreparedRecord | PutMessageResult:
+        bad = self._check(msg)
+        if bad is not None:
+            return bad
+        try:
+            return self.encoder.prepare(msg, self.config.auto_create_uniq_key)
+        except EncodeError as e:
+            return _illegal(str(e), PutMessageStatus[e.status])
+        except ValueError as e:  # bad born host text
+            return _illegal(str(e))
+
+    def put_message(self, msg: Message) -> PutMessageResult:
+        rec = self._prepare(msg)
+        if isinstance(rec, PutMessageResult):
+            return rec
+        born_now = msg.born_timestamp == 0
+        return self._append([rec], born_now, msg.prepared_transaction_offset)
+
+    def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
+        """Append a batch under one lock into one file: consecutive queue offsets per queue."""
+        if not msgs:
+            return _illegal("empty batch")
+        recs = []
+        for m in msgs:
+            if codec.transaction_value(m.sys_flag) in (codec.TRANSACTION_PREPARED_TYPE,
+                                                      codec.TRANSACTION_ROLLBACK_TYPE):
+                return _illegal("a batch may not hold transactional (prepared/rollback) messages")
+            r = self._prepare(m)
+            if isinstance(r, PutMessageResult):
+                return r
+            recs.append(r)
+        total = sum(len(r.buf) for r in recs)
+        if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            return _illegal(f"batch of {total} bytes does not fit in a {self.file_size}-byte commitlog file")
+        return self._append(recs, any(m.born_timestamp == 0 for m in msgs), 0,
+                            born_flags=[m.born_timestamp == 0 for m in msgs])
+
+    def _append(self, recs: list[PreparedRecord], born_now: bool, _ptx: int,
+                born_flags: list[bool] | None = None) -> PutMessageResult:
+        total = sum(len(r.buf) for r in recs) if len(recs) > 1 else len(recs[0].buf)
+        if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            return _illegal(f"record of {total} bytes does not fit in a {self.file_size}-byte commitlog file")
+        mfq = self.mapped_file_queue
+        with self.put_lock:
+            begin = now_ms()
+            self.begin_time_in_lock = begin
+            try:
+                mf = mfq.get_last_mapped_file(0)
+            except OSError as e:
+                self.begin_time_in_lock = 0
+                return _illegal(f"cannot create a commitlog file: {e}", PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+            pos = mf.wrote_position
+            max_blank = self.file_size - pos
+            dispatched: list = []
+            if total + codec.END_FILE_MIN_BLANK_LENGTH > max_blank:
+                # END_OF_FILE: close this file with a BLANK record and retry in a new one.
+                mf.write_at(pos, codec.encode_blank(max_blank))
+                mf.wrote_position = self.file_size
+                dispatched.append(("BLANK", mf.file_from_offset + pos, max_blank))
+                try:
+                    mf = mfq.get_last_mapped_file(0)
+                except OSError as e:
+                    self.begin_time_in_lock = 0
+                    return _illegal(f"cannot create a commitlog file: {e}",
+                                    PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+                pos = mf.wrote_position
+            base = mf.file_from_offset + pos
+            table = self.topic_queue_table
+            phys = base
+            offsets = []
+            first_qoff = 0
+            patch = RecordEncoder.patch
+            for i, rec in enumerate(recs):
+                tx = rec.sys_flag & codec.TRANSACTION_ROLLBACK_TYPE
+                if tx == 0 or tx == codec.TRANSACTION_COMMIT_TYPE:
+                    key = f"{rec.topic}-{rec.queue_id}"
+                    qoff = table.get(key)
+                    if qoff is None:
+                        qoff = 0
+                        if self.on_new_queue is not None:
+                            self.on_new_queue(rec.topic, rec.queue_id)
+                    table[key] = qoff + 1
+                else:
+                    qoff = 0
+                if i == 0:
+                    first_qoff = qoff
+                bt = begin if (born_flags[i] if born_flags is not None else born_now) else None
+                patch(rec, qoff, phys, begin, bt)
+                size = len(rec.buf)
+                offsets.append(phys)
+                dispatched.append(DispatchRequest(
+                    rec.topic, rec.queue_id, phys, size, rec.tags_code, begin, qoff, rec.keys, rec.uniq_key,
+                    rec.sys_flag, 0 if tx != codec.TRANSACTION_COMMIT_TYPE else _ptx, rec.properties_string))
+                phys += size
+            data = recs[0].buf if len(recs) == 1 else b"".join(r.buf for r in recs)
+            mf.append_message(data)
+            mf.store_timestamp = begin
+            if self.on_appended is not None:
+                self.on_appended(dispatched)
+            self.begin_time_in_lock = 0
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, begin, first_qoff, len(recs), now_ms() - begin,
+            self.store_host_bytes, self.store_port, offsets, [r.uniq_key for r in recs])
+        status = PutMessageStatus.PUT_OK
+        if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
+            if not self.flush_until(base + total, self.config.sync_flush_timeout):
+                status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+        return PutMessageResult(status, result)
+
+    def flush_until(self, offset: int, timeout_ms: int) -> bool:
+        """Flush until `offset` is on disk; concurrent callers share one flush (group commit)."""
+        mfq = self.mapped_file_queue
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while mfq.flushed_where < offset:
+            if not self.flush_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+            try:
+                if mfq.flushed_where < offset:
+                    mfq.flush(0)
+                    if mfq.flushed_where < offset:
+                        mfq.flush(0)  # a batch may end in the next file
+            finally:
+                self.flush_lock.release()
+            if time.monotonic() > deadline and mfq.flushed_where < offset:
+                return False
+        return True
+
+    def flush(self, least_pages: int = 0) -> bool:
+        with self.flush_lock:
+            return self.mapped_file_queue.flush(least_pages)
+
+    def is_os_page_cache_busy(self) -> bool:
+        begin = self.begin_time_in_lock
+        return begin > 0 and now_ms() - begin > self.config.os_page_cache_busy_timeout_mills
+
+    # -- read -----------------------------------------------------------------------------------
+    def get_max_offset(self) -> int:
+        return self.mapped_file_queue.get_max_offset()
+
+    def get_min_offset(self) -> int:
+        mf = self.mapped_file_queue.get_first_mapped_file()
+        if mf is None:
+            return -1
+        return mf.file_from_offset if mf.available else self.roll_next_file(mf.file_from_offset)
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.file_size - offset % self.file_size
+
+    def find_file(self, offset: int) -> MappedFile | None:
+        return self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+
+    def get_data(self, offset: int) -> tuple[int, memoryview] | None:
+        """Bytes from `offset` to the readable end of its file (`CommitLog.getData`)."""
+        mf = self.find_file(offset)
+        if mf is None:
+            return None
+        pos = offset % self.file_size
+        view = mf.select_mapped_buffer(pos)
+        return (offset, view) if view is not None else None
+
+    def get_message(self, offset: int, size: int) -> memoryview | None:
+        """`size` bytes at `offset` when they are readable, else None."""
+        mf = self.find_file(offset)
+        if mf is None:
+            return None
+        return mf.select_mapped_buffer(offset % self.file_size, size)
+
+    def read_record(self, offset: int) -> memoryview | None:
+        """The whole record at `offset`, its size read from its first 4 bytes (`selectOneMessageByOffset`)."""
+        head = self.get_message(offset, 4)
+        if head is None:
+            return None
+        size = _INT.unpack_from(head, 0)[0]
+        if size <= 8:
+            return None
+        return self.get_message(offset, size)
+
+    def look_message_by_offset(self, offset: int, size: int | None = None) -> MessageExt | None:
+        buf = self.get_message(offset, size) if size else self.read_record(offset)
+        if buf is None:
+            return None
+        try:
+            return codec.decode_message(buf, 0)
+        except codec.CorruptRecordError:
+            return None
+
+    def pickup_store_timestamp(self, offset: int, size: int) -> int:
+        """Store time of the record at `offset` (-1 when unreadable), as `CommitLog.pickupStoreTimestamp`."""
+        if offset < self.get_min_offset():
+            return -1
+        buf = self.get_message(offset, size)
+        if buf is None or len(buf) < 64:
+            return -1
+        sys_flag = _INT.unpack_from(buf, codec.SYSFLAG_POSITION)[0]
+        return codec._LONG.unpack_from(buf, codec.store_timestamp_position(sys_flag))[0]
+
+    def shutdown(self) -> None:
+        self.mapped_file_queue.shutdown()

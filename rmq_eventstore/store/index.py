@@ -1,0 +1,746 @@
+"""IndexFile and IndexService: the `topic#key` → commitlog offset hash index (spec §7).
+
+An index file is a hash table laid out on disk (big-endian):
+
+    header (40 B): beginTimestamp q | endTimestamp q | beginPhyOffset q | endPhyOffset q |
+                   hashSlotCount i | indexCount i
+    slot table:    hashSlotNum ints, each the number of the newest entry of that slot's chain (0 = empty)
+    entries:       indexNum × [keyHash i | phyOffset q | timeDiff i (seconds from beginTimestamp) |
+                   prevIndex i]
+
+Entry 0 and slot value 0 are sentinels, so a file holds at most `indexNum - 1` entries. Files live in
+`<root>/index/` and are named after their creation time (`yyyyMMddHHmmssSSS`, local time).
+
+The index stores hashes only (`abs(String.hashCode)` of `topic#key`): a query returns every entry whose
+hash equals the key's, so callers must read the messages and compare the real keys (RocketMQ issue #3613).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+import numpy as np
+
+from .codec import (
+    KEY_SEPARATOR,
+    TRANSACTION_ROLLBACK_TYPE,
+    DispatchRequest,
+    index_key_hash,
+    java_string_hashes,
+)
+from .mapped_file import StoreLoadError
+
+log = logging.getLogger(__name__)
+
+INDEX_HEADER_SIZE = 40
+HASH_SLOT_SIZE = 4
+INDEX_SIZE = 20
+INVALID_INDEX = 0
+INT_MAX = 0x7FFFFFFF
+INDEX_FILE_NAME_DIGITS = 17
+
+# One index entry, exactly as RocketMQ lays it out (20 bytes, no padding).
+INDEX_ENTRY_DTYPE = np.dtype([("h", ">i4"), ("p", ">i8"), ("t", ">i4"), ("prev", ">i4")])
+
+_HEADER = struct.Struct(">qqqqii")
+_ENTRY = struct.Struct(">iqii")
+_INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+_BEGIN_TIMESTAMP_POS = 0
+_END_TIMESTAMP_POS = 8
+_BEGIN_PHY_OFFSET_POS = 16
+_END_PHY_OFFSET_POS = 24
+_NAME_RE = re.compile(r"^\d{17}$")
+_INT_MIN_ABS = 0x80000000
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    """`40 + hashSlotNum*4 + indexNum*20` (420,000,040 with RocketMQ's defaults)."""
+    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE
+
+
+def time_millis_to_human_string(millis: int) -> str:
+    """`UtilAll.timeMillisToHumanString`: `yyyyMMddHHmmssSSS` in the local time zone (17 digits)."""
+    dt = datetime.fromtimestamp(millis // 1000)
+    return f"{dt.strftime('%Y%m%d%H%M%S')}{millis % 1000:03d}"
+
+
+def _next_human_string(name: str) -> str:
+    """The 17-digit name one millisecond after `name` (local wall-clock arithmetic)."""
+    dt = datetime.strptime(name[:14], "%Y%m%d%H%M%S") + timedelta(milliseconds=int(name[14:]) + 1)
+    return f"{dt.strftime('%Y%m%d%H%M%S')}{dt.microsecond // 1000:03d}"
+
+
+def _wrap64(v: int) -> int:
+    """Java long arithmetic: wrap to a signed 64-bit value."""
+    return ((v + (1 << 63)) & 0xFFFFFFFFFFFFFFFF) - (1 << 63)
+
+
+def index_key_hashes(keys: list[str]) -> np.ndarray:
+    """`indexKeyHashMethod` of many keys at once: abs(hashCode), Integer.MIN_VALUE → 0 (int32 array)."""
+    h = java_string_hashes(keys).astype(np.int64)
+    np.abs(h, out=h)
+    h[h == _INT_MIN_ABS] = 0
+    return h.astype(np.int32)
+
+
+def build_key(topic: str, key: str) -> str:
+    """`IndexService.buildKey`: the indexed string `topic#key`."""
+    return f"{topic}#{key}"
+
+
+class IndexReadOnlyError(RuntimeError):
+    """A write to an index file or service opened read-only (it maps another process's files)."""
+
+
+class IndexFile:
+    """One RocketMQ index file: a header, a hash-slot table and chained 20-byte entries, memory-mapped.
+
+    Writing mirrors `IndexFile.putKey` byte for byte; `put_keys` is the vectorised equivalent used by
+    the dispatcher. A file opened `read_only` maps what exists and never writes.
+    """
+
+    def __init__(
+        self, path: str, hash_slot_num: int, index_num: int, end_phy_offset: int = 0,
+        end_timestamp: int = 0, read_only: bool = False,
+    ) -> None:
+        if hash_slot_num <= 0 or index_num <= 0:
+            raise ValueError("hash_slot_num and index_num must be positive")
+        self.path = path
+        self.file_name = os.path.basename(path)
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self.read_only = read_only
+        self._entries_base = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        self._slots: np.ndarray | None = None
+        self._entries: np.ndarray | None = None
+        self._dirty = False
+        self._begin_timestamp = 0
+        self._end_timestamp = 0
+        self._begin_phy_offset = 0
+        self._end_phy_offset = 0
+        self._hash_slot_count = 0
+        self._index_count = 1
+        self.mm: mmap.mmap | None
+        if read_only:
+            self._fd = os.open(path, os.O_RDONLY)
+            self.mapped_size = min(os.fstat(self._fd).st_size, self.file_size)
+            self.mm = mmap.mmap(self._fd, self.mapped_size, access=mmap.ACCESS_READ) if self.mapped_size else None
+            self.load()
+            return
+        existed = os.path.exists(path) and os.path.getsize(path) > 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        actual = os.fstat(self._fd).st_size
+        if actual > self.file_size:
+            os.close(self._fd)
+            raise StoreLoadError(f"{path}: size {actual} is larger than an index file of {hash_slot_num} "
+                                 f"slots and {index_num} entries ({self.file_size})")
+        if actual < self.file_size:
+            os.ftruncate(self._fd, self.file_size)  # sparse, as mapping the full size does in Java
+        self.mapped_size = self.file_size
+        self.mm = mmap.mmap(self._fd, self.file_size, access=mmap.ACCESS_WRITE)
+        self._slots = np.frombuffer(self.mm, dtype=">i4", count=hash_slot_num, offset=INDEX_HEADER_SIZE)
+        self._entries = np.frombuffer(self.mm, dtype=INDEX_ENTRY_DTYPE, count=index_num,
+                                      offset=self._entries_base)
+        if existed:
+            self.load()
+            return
+        # A new file starts where the previous one ended; only these four setters touch the disk.
+        if end_phy_offset > 0:
+            self._begin_phy_offset = self._end_phy_offset = end_phy_offset
+            _LONG.pack_into(self.mm, _BEGIN_PHY_OFFSET_POS, end_phy_offset)
+            _LONG.pack_into(self.mm, _END_PHY_OFFSET_POS, end_phy_offset)
+        if end_timestamp > 0:
+            self._begin_timestamp = self._end_timestamp = end_timestamp
+            _LONG.pack_into(self.mm, _BEGIN_TIMESTAMP_POS, end_timestamp)
+            _LONG.pack_into(self.mm, _END_TIMESTAMP_POS, end_timestamp)
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        try:
+            dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    # -- header --------------------------------------------------------------------------------
+    def load(self) -> None:
+        """`IndexHeader.load`: read the header from the file; an indexCount ≤ 0 counts as 1."""
+        if self.mm is None or self.mapped_size < INDEX_HEADER_SIZE:
+            bt = et = bp = ep = hsc = ic = 0
+        else:
+            bt, et, bp, ep, hsc, ic = _HEADER.unpack_from(self.mm, 0)
+        self._begin_timestamp, self._end_timestamp = bt, et
+        self._begin_phy_offset, self._end_phy_offset = bp, ep
+        self._hash_slot_count = hsc
+        self._index_count = ic if ic > 0 else 1
+
+    def _write_header(self) -> None:
+        # After a put every header field has been written by one of Java's setters, so writing all six
+        # gives the same bytes.
+        _HEADER.pack_into(self.mm, 0, self._begin_timestamp, self._end_timestamp, self._begin_phy_offset,
+                          self._end_phy_offset, self._hash_slot_count, self._index_count)
+
+    @property
+    def begin_timestamp(self) -> int:
+        return self._begin_timestamp
+
+    @property
+    def end_timestamp(self) -> int:
+        return self._end_timestamp
+
+    @property
+    def begin_phy_offset(self) -> int:
+        return self._begin_phy_offset
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self._end_phy_offset
+
+    @property
+    def hash_slot_count(self) -> int:
+        return self._hash_slot_count
+
+    @property
+    def index_count(self) -> int:
+        return self._index_count
+
+    @property
+    def entry_count(self) -> int:
+        """Entries stored (indexCount - 1: entry 0 is the chain terminator)."""
+        return max(self._index_count - 1, 0)
+
+    def is_write_full(self) -> bool:
+        return self._index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """`isTimeMatched`: `[begin, end]` encloses the file's time range or one of its ends falls inside it."""
+        fb, fe = self._begin_timestamp, self._end_timestamp
+        return (begin < fb and end > fe) or (fb <= begin <= fe) or (fb <= end <= fe)
+
+    # -- writing -------------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise IndexReadOnlyError(f"{self.path} is open read-only")
+        if self.mm is None or self.mm.closed:
+            raise ValueError(f"{self.path} is closed")
+
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """`IndexFile.putKey`: add one entry for `key`; False when the file is full."""
+        self._check_writable()
+        if self._index_count >= self.index_num:
+            return False
+        return self._put_hash(index_key_hash(key), phy_offset, store_timestamp)
+
+    def _put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
+        mm = self.mm
+        count = self._index_count
+        abs_slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        slot_value = _INT.unpack_from(mm, abs_slot_pos)[0]
+        if slot_value <= INVALID_INDEX or slot_value > count:
+            slot_value = INVALID_INDEX
+        begin = self._begin_timestamp
+        if begin <= 0:
+            time_diff = 0
+        else:
+            diff = _wrap64(store_timestamp - begin)
+            time_diff = 0 if diff < 0 else min(diff // 1000, INT_MAX)
+        _ENTRY.pack_into(mm, self._entries_base + count * INDEX_SIZE, key_hash, phy_offset, time_diff,
+                         slot_value)
+        _INT.pack_into(mm, abs_slot_pos, count)
+        if count <= 1:  # first entry: its timeDiff was computed against the inherited beginTimestamp
+            self._begin_phy_offset = phy_offset
+            self._begin_timestamp = store_timestamp
+        if slot_value == INVALID_INDEX:
+            self._hash_slot_count += 1
+        self._index_count = count + 1
+        self._end_phy_offset = phy_offset
+        self._end_timestamp = store_timestamp
+        self._write_header()
+        self._dirty = True
+        return True
+
+    def put_keys(self, hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray) -> int:
+        """Add entries for many key hashes (already `abs`'d, as `index_key_hashes` returns) in one go.
+
+        Inserts as many as fit and returns how many; the file's bytes are exactly those that calling
+        `put_key` once per key would leave. Entries are written with one slice assignment, the chains
+        within the batch are linked by a stable sort on the slot.
+        """
+        self._check_writable()
+        n = len(hashes)
+        if len(phy_offsets) != n or len(store_timestamps) != n:
+            raise ValueError("hashes, phy_offsets and store_timestamps must have the same length")
+        count = self._index_count
+        k = min(n, self.index_num - count)
+        if k <= 0:
+            return 0
+        h = np.asarray(hashes[:k], dtype=np.int64)
+        p = np.asarray(phy_offsets[:k], dtype=np.int64)
+        ts = np.asarray(store_timestamps[:k], dtype=np.int64)
+        idx = np.arange(count, count + k, dtype=np.int64)
+
+        # timeDiff: the first entry of a file uses the inherited beginTimestamp, later ones its own time.
+        first = count <= 1
+        begin_after = int(ts[0]) if first else self._begin_timestamp
+        begins = np.full(k, begin_after, dtype=np.int64)
+        begins[0] = self._begin_timestamp
+        with np.errstate(over="ignore"):
+            diff = ts - begins  # wraps like Java long arithmetic
+        time_diff = np.where((begins <= 0) | (diff < 0), 0, np.minimum(diff // 1000, INT_MAX))
+
+        # prevIndex: link each entry to the previous entry of its slot within the batch, or (for the
+        # first of a slot) to the slot table's value, which is invalid when ≤ 0 or > the entry's own index.
+        slots = h % self.hash_slot_num
+        order = np.argsort(slots, kind="stable")
+        s_sorted = slots[order]
+        i_sorted = idx[order]
+        group_start = np.empty(k, dtype=bool)
+        group_start[0] = True
+        np.not_equal(s_sorted[1:], s_sorted[:-1], out=group_start[1:])
+        prev_sorted = np.empty(k, dtype=np.int64)
+        prev_sorted[1:] = i_sorted[:-1]
+        starts = np.flatnonzero(group_start)
+        table = self._slots
+        current = table[s_sorted[starts]].astype(np.int64)
+        empty = (current <= INVALID_INDEX) | (current > i_sorted[starts])
+        current[empty] = INVALID_INDEX
+        prev_sorted[starts] = current
+        prev = np.empty(k, dtype=np.int64)
+        prev[order] = prev_sorted
+
+        rec = np.empty(k, dtype=INDEX_ENTRY_DTYPE)
+        rec["h"] = h
+        rec["p"] = p
+        rec["t"] = time_diff
+        rec["prev"] = prev
+        self._entries[count:count + k] = rec
+        group_end = np.empty(k, dtype=bool)
+        group_end[-1] = True
+        group_end[:-1] = group_start[1:]
+        table[s_sorted[group_end]] = i_sorted[group_end]
+
+        if first:
+            self._begin_phy_offset = int(p[0])
+            self._begin_timestamp = int(ts[0])
+        self._hash_slot_count += int(np.count_nonzero(empty))
+        self._index_count = count + k
+        self._end_phy_offset = int(p[-1])
+        self._end_timestamp = int(ts[-1])
+        self._write_header()
+        self._dirty = True
+        return k
+
+    # -- reading -------------------------------------------------------------------------------
+    def select_phy_offsets(
+        self, key: str, max_num: int, begin: int, end: int, phy_offsets: list[int] | None = None,
+    ) -> list[int]:
+        """`selectPhyOffset`: offsets of entries whose hash equals `key`'s and whose time is in `[begin, end]`.
+
+        Results are appended to `phy_offsets` (a new list by default) until it holds `max_num`. Hash
+        collisions are returned too: the caller checks the real key.
+        """
+        out = [] if phy_offsets is None else phy_offsets
+        self.select_by_hash(index_key_hash(key), max_num, begin, end, out)
+        return out
+
+    def select_by_hash(self, key_hash: int, max_num: int, begin: int, end: int, out: list[int]) -> None:
+        """The chain walk of `selectPhyOffset` for a key hash already computed (appends to `out`)."""
+        mm = self.mm
+        if mm is None:
+            return
+        count = self._index_count
+        size = self.mapped_size
+        abs_slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        try:
+            if abs_slot_pos + HASH_SLOT_SIZE > size:
+                return
+            slot_value = _INT.unpack_from(mm, abs_slot_pos)[0]
+            if slot_value <= INVALID_INDEX or slot_value > count or count <= 1:
+                return
+            base = self._entries_base
+            begin_ts = self._begin_timestamp
+            unpack = _ENTRY.unpack_from
+            nxt = slot_value
+            for _ in range(count):  # a damaged chain with a cycle cannot loop forever
+                if len(out) >= max_num:
+                    break
+                pos = base + nxt * INDEX_SIZE
+                if pos + INDEX_SIZE > size:
+                    break
+                h, phy, time_diff, prev = unpack(mm, pos)
+                if time_diff < 0:
+                    break
+                time_read = begin_ts + time_diff * 1000
+                if h == key_hash and begin <= time_read <= end:
+                    out.append(phy)
+                if prev <= INVALID_INDEX or prev > count or prev == nxt or time_read < begin:
+                    break
+                nxt = prev
+        except (ValueError, struct.error) as e:  # closed under us by a concurrent destroy
+            log.warning("select in %s stopped: %s", self.path, e)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write the whole header, then force the mapping to disk (`IndexFile.flush`)."""
+        if self.read_only or self.mm is None or self.mm.closed:
+            return
+        self._write_header()
+        self.mm.flush()
+        self._dirty = False
+
+    @property
+    def dirty(self) -> bool:
+        """True when entries were added since the last `flush`."""
+        return self._dirty
+
+    def refresh_read_only(self) -> None:
+        """Re-map a read-only file that has grown and re-read its header (another process writes it)."""
+        if not self.read_only or self._fd < 0:
+            return
+        actual = min(os.fstat(self._fd).st_size, self.file_size)
+        if actual > self.mapped_size:
+            old = self.mm
+            self.mm = mmap.mmap(self._fd, actual, access=mmap.ACCESS_READ)
+            self.mapped_size = actual
+            if old is not None:
+                try:
+                    old.close()
+                except BufferError:
+                    pass
+        self.load()
+
+    def close(self) -> None:
+        """Unmap and close the file (no flush)."""
+        self._slots = None
+        self._entries = None
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # a view is still exported; the mapping goes away with it
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def shutdown(self) -> None:
+        """`IndexFile.shutdown`: flush, then unmap."""
+        self.flush()
+        self.close()
+
+    def destroy(self) -> bool:
+        """Close and delete the file."""
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        return True
+
+    def __repr__(self) -> str:
+        return (f"IndexFile({self.file_name}, entries={self.entry_count}/{self.index_num - 1}, "
+                f"phy=[{self._begin_phy_offset}, {self._end_phy_offset}], "
+                f"time=[{self._begin_timestamp}, {self._end_timestamp}])")
+
+
+class QueryOffsetResult(NamedTuple):
+    """`QueryOffsetResult`: candidate commitlog offsets (hash matches) and the newest file's end values."""
+
+    phy_offsets: list[int]
+    index_last_update_timestamp: int
+    index_last_update_phyoffset: int
+
+
+class IndexService:
+    """`IndexService`: the ordered list of index files in `<root>/index`, fed by dispatch and queried by key.
+
+    The index holds key *hashes*: `query_offset` returns the offsets of every entry whose hash equals the
+    key's, so two different keys with equal `String.hashCode` (e.g. `AaTopic#BB` and `BBTopic#Aa`, as
+    `"Aa".hashCode() == "BB".hashCode()`) both come back. The store must read each message and keep
+    only those whose topic and key really match (RocketMQ issue #3613).
+    """
+
+    def __init__(
+        self, store_path: str, hash_slot_num: int, index_num: int, max_msgs_num_batch: int = 64,
+        read_only: bool = False, on_index_file_full: Callable[[int], None] | None = None,
+        flush_in_background: bool = True, clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.store_path = store_path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.max_msgs_num_batch = max_msgs_num_batch
+        self.read_only = read_only
+        self.on_index_file_full = on_index_file_full
+        self.flush_in_background = flush_in_background
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self._files: list[IndexFile] = []
+        self._lock = threading.RLock()
+        self._flush_threads: list[threading.Thread] = []
+
+    @property
+    def files(self) -> list[IndexFile]:
+        """The index files, oldest first (a copy of the list)."""
+        with self._lock:
+            return list(self._files)
+
+    def _list_names(self) -> list[str]:
+        try:
+            names = os.listdir(self.store_path)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in sorted(names):
+            if _NAME_RE.match(name) and os.path.isfile(os.path.join(self.store_path, name)):
+                out.append(name)
+            else:
+                log.warning("ignoring %s in %s: not an index file name", name, self.store_path)
+        return out
+
+    def load(self, last_exit_ok: bool, index_msg_timestamp: int = 0) -> bool:
+        """Open the existing files in name order; after an abnormal exit, delete every file whose
+        endTimestamp is newer than the checkpoint's indexMsgTimestamp (`IndexService.load`)."""
+        with self._lock:
+            for name in self._list_names():
+                f = IndexFile(os.path.join(self.store_path, name), self.hash_slot_num, self.index_num,
+                              read_only=self.read_only)
+                if not last_exit_ok and not self.read_only and f.end_timestamp > index_msg_timestamp:
+                    log.info("deleting index file %s: endTimestamp %d > indexMsgTimestamp %d",
+                             name, f.end_timestamp, index_msg_timestamp)
+                    f.destroy()
+                    continue
+                self._files.append(f)
+        return True
+
+    # -- writing -------------------------------------------------------------------------------
+    def _new_file_name(self) -> str:
+        name = time_millis_to_human_string(self._clock())
+        last = self._files[-1].file_name if self._files else ""
+        if name <= last:
+            name = _next_human_string(last)
+        while os.path.exists(os.path.join(self.store_path, name)):
+            name = _next_human_string(name)
+        return name
+
+    def get_and_create_last_index_file(self) -> IndexFile:
+        """The last file if it is not full, else a new file that starts at the previous file's end values.
+
+        A full previous file is flushed (in the background unless configured otherwise), then
+        `on_index_file_full(its endTimestamp)` lets the store record the checkpoint's indexMsgTimestamp.
+        """
+        if self.read_only:
+            raise IndexReadOnlyError("the index service is open read-only")
+        with self._lock:
+            prev = self._files[-1] if self._files else None
+            if prev is not None and not prev.is_write_full():
+                return prev
+            os.makedirs(self.store_path, exist_ok=True)
+            name = self._new_file_name()
+            end_phy = prev.end_phy_offset if prev is not None else 0
+            end_ts = prev.end_timestamp if prev is not None else 0
+            f = IndexFile(os.path.join(self.store_path, name), self.hash_slot_num, self.index_num,
+                          end_phy, end_ts)
+            self._files.append(f)
+        if prev is not None:
+            if self.flush_in_background:
+                t = threading.Thread(target=self._flush_full_file, args=(prev,), daemon=True,
+                                     name="FlushIndexFileThread")
+                with self._lock:
+                    self._flush_threads = [x for x in self._flush_threads if x.is_alive()]
+                    self._flush_threads.append(t)
+                t.start()
+            else:
+                self._flush_full_file(prev)
+        return f
+
+    def _flush_full_file(self, f: IndexFile) -> None:
+        index_msg_timestamp = f.end_timestamp if f.is_write_full() else 0
+        try:
+            f.flush()
+        except (ValueError, OSError) as e:
+            log.error("flush of index file %s failed: %s", f.path, e)
+            return
+        if index_msg_timestamp > 0 and self.on_index_file_full is not None:
+            self.on_index_file_full(index_msg_timestamp)
+
+    def wait_for_flushes(self) -> None:
+        """Wait for the background flushes of full files started so far."""
+        with self._lock:
+            threads, self._flush_threads = self._flush_threads, []
+        for t in threads:
+            t.join()
+
+    def build_index(self, requests: Sequence[DispatchRequest]) -> int:
+        """Index a batch of dispatched records (`IndexService.buildIndex` for each); returns entries added.
+
+        Per record: skipped when its offset is below the last file's endPhyOffset (already indexed) or
+        when it is a ROLLBACK; otherwise `topic#uniqKey`, then `topic#token` for every non-empty KEYS
+        token. All keys of the batch are hashed in one vectorised call and inserted with `put_keys`,
+        rolling to new files as they fill up.
+        """
+        if not requests:
+            return 0
+        f = self.get_and_create_last_index_file()
+        end_phy = f.end_phy_offset
+        keys: list[str] = []
+        offsets: list[int] = []
+        timestamps: list[int] = []
+        counts: list[int] = []
+        add = keys.append
+        for req in requests:
+            off = req.commit_log_offset
+            # transaction_value(sysFlag) == ROLLBACK, inlined: this loop is the dispatcher's hot path
+            if off < end_phy or (req.sys_flag & TRANSACTION_ROLLBACK_TYPE) == TRANSACTION_ROLLBACK_TYPE:
+                continue
+            topic = req.topic
+            uniq = req.uniq_key
+            msg_keys = req.keys
+            m = 0
+            if uniq is not None:
+                add(f"{topic}#{uniq}")
+                m = 1
+            if msg_keys:
+                if KEY_SEPARATOR in msg_keys:
+                    for tok in msg_keys.split(KEY_SEPARATOR):
+                        if tok:
+                            add(f"{topic}#{tok}")
+                            m += 1
+                else:
+                    add(f"{topic}#{msg_keys}")
+                    m += 1
+            if m:
+                offsets.append(off)
+                timestamps.append(req.store_timestamp)
+                counts.append(m)
+                end_phy = off
+        n = len(keys)
+        if n == 0:
+            return 0
+        hashes = index_key_hashes(keys)
+        reps = np.asarray(counts, dtype=np.int64)
+        phy = np.repeat(np.asarray(offsets, dtype=np.int64), reps)
+        ts = np.repeat(np.asarray(timestamps, dtype=np.int64), reps)
+        pos = 0
+        while pos < n:
+            done = f.put_keys(hashes[pos:], phy[pos:], ts[pos:])
+            pos += done
+            if pos < n:
+                f = self.get_and_create_last_index_file()
+        return n
+
+    # -- reading -------------------------------------------------------------------------------
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
+        """`IndexService.queryOffset`: candidate offsets of `topic#key` stored in `[begin, end]`, newest file first.
+
+        At most `min(max_num, max_msgs_num_batch)` offsets. The walk stops after a file that begins
+        before `begin`. Offsets are hash matches: they may belong to other keys (see the class docstring).
+        """
+        max_num = min(max_num, self.max_msgs_num_batch)
+        out: list[int] = []
+        last_ts = last_phy = 0
+        key_hash = index_key_hash(build_key(topic, key))
+        files = self.files
+        for i in range(len(files) - 1, -1, -1):
+            f = files[i]
+            if i == len(files) - 1:
+                last_ts = f.end_timestamp
+                last_phy = f.end_phy_offset
+            if f.is_time_matched(begin, end):
+                f.select_by_hash(key_hash, max_num, begin, end, out)
+            if f.begin_timestamp < begin:
+                break
+            if len(out) >= max_num:
+                break
+        return QueryOffsetResult(out, last_ts, last_phy)
+
+    def get_total_entries(self) -> int:
+        """Entries stored across all files."""
+        return sum(f.entry_count for f in self.files)
+
+    # -- maintenance ---------------------------------------------------------------------------
+    def delete_expired_file(self, min_offset: int) -> int:
+        """Delete the oldest files whose endPhyOffset < `min_offset`, never the last one, stopping at the
+        first file still needed (`IndexService.deleteExpiredFile`); returns how many were deleted."""
+        if self.read_only:
+            raise IndexReadOnlyError("the index service is open read-only")
+        with self._lock:
+            if not self._files or self._files[0].end_phy_offset >= min_offset:
+                return 0
+            expired = []
+            for f in self._files[:-1]:
+                if f.end_phy_offset < min_offset:
+                    expired.append(f)
+                else:
+                    break
+        if not expired:
+            return 0
+        self.wait_for_flushes()
+        with self._lock:
+            for f in expired:
+                f.destroy()
+                self._files.remove(f)
+                log.info("deleted expired index file %s", f.file_name)
+        return len(expired)
+
+    def flush(self) -> None:
+        """Flush (header + force) every file written since its last flush."""
+        self.wait_for_flushes()
+        for f in self.files:
+            if f.dirty:
+                f.flush()
+
+    def refresh_read_only(self) -> None:
+        """Pick up files another process created or deleted, and re-read the headers of the others."""
+        if not self.read_only:
+            return
+        names = self._list_names()
+        with self._lock:
+            known = {f.file_name: f for f in self._files}
+            kept: list[IndexFile] = []
+            for f in self._files:
+                if os.path.exists(f.path):
+                    kept.append(f)
+                else:
+                    f.close()
+            for name in names:
+                if name not in known:
+                    try:
+                        kept.append(IndexFile(os.path.join(self.store_path, name), self.hash_slot_num,
+                                              self.index_num, read_only=True))
+                    except FileNotFoundError:
+                        continue
+            kept.sort(key=lambda x: x.file_name)
+            for f in kept:
+                f.refresh_read_only()
+            self._files = kept
+
+    def shutdown(self) -> None:
+        """Flush and unmap every file (`IndexService.shutdown`)."""
+        self.wait_for_flushes()
+        with self._lock:
+            for f in self._files:
+                if self.read_only:
+                    f.close()
+                else:
+                    f.shutdown()
+            self._files = []
+
+    def destroy(self) -> None:
+        """Delete every index file."""
+        self.wait_for_flushes()
+        with self._lock:
+            for f in self._files:
+                f.destroy()
+            self._files = []

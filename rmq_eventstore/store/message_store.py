@@ -1,0 +1,596 @@
+"""MessageStore: the storage engine's facade, with RocketMQ's `DefaultMessageStore` methods in snake_case.
+
+One process owns a store directory (an OS lock on `<root>/lock`); any number of threads in it may put
+and read. Puts go to the commitlog; the reput thread builds consume queues and the key index from it;
+reads go through the consume queues (by queue offset) or the index (by key) back to the commitlog.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from . import codec
+from .checkpoint import StoreCheckpoint
+from .commitlog import CommitLog, PutMessageResult, now_ms
+from .config import CQ_STORE_UNIT_SIZE, FlushDiskType, StoreConfig
+from .consume_queue import ConsumeQueue
+from .index import IndexService
+from .message import Message, MessageExt
+from .reput import ReputMessageService
+from .status import GetMessageStatus, PutMessageStatus
+from .topic import is_valid_topic
+
+log = logging.getLogger(__name__)
+
+MAX_PULL_MSG_SIZE = 128 * 1024 * 1024
+BLANK_UNIT_SIZE = 0x7FFFFFFF
+
+
+class StoreLockedError(RuntimeError):
+    """Another process (or another MessageStore in this one) already owns the store directory."""
+
+
+class MessageFilter:
+    """Tag filter of a subscription (`ExpressionMessageFilter` for TAG expressions, spec §4).
+
+    `"*"` or empty matches everything; `"TagA || TagB"` matches those tags' hash codes in the consume
+    queue. Hash collisions pass the queue filter, so `is_matched_by_commit_log` re-checks the tag text.
+    """
+
+    def __init__(self, expression: str | None = None) -> None:
+        expr = (expression or "").strip()
+        self.expression = expr
+        self.match_all = expr in ("", "*")
+        self.tags = {t.strip() for t in expr.split("||") if t.strip()} if not self.match_all else set()
+        self.code_set = {codec.tags_string_to_tags_code(t) for t in self.tags}
+
+    def is_matched_by_consume_queue(self, tags_code: int) -> bool:
+        if self.match_all:
+            return True
+        if tags_code < -0x80000000 or tags_code > 0x7FFFFFFF:  # an ext address: no code to compare
+            return True
+        return tags_code in self.code_set
+
+    def is_matched_by_commit_log(self, msg: MessageExt) -> bool:
+        return self.match_all or msg.tags in self.tags
+
+
+@dataclass
+class GetMessageResult:
+    """What `get_message` found (`GetMessageResult`): status, offsets and the raw records.
+
+    `message_buffers` are the stored record bytes, ready to send as a pull body; `messages` decodes
+    them on first access.
+    """
+
+    status: GetMessageStatus
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+    message_buffers: list[bytes] = field(default_factory=list)
+    message_queue_offsets: list[int] = field(default_factory=list)
+    commit_log_offsets: list[int] = field(default_factory=list)
+    buffer_total_size: int = 0
+    suggest_pulling_from_slave: bool = False
+    _messages: list[MessageExt] | None = None
+
+    @property
+    def message_count(self) -> int:
+        return len(self.message_buffers)
+
+    @property
+    def messages(self) -> list[MessageExt]:
+        if self._messages is None:
+            self._messages = [codec.decode_message(b, 0) for b in self.message_buffers]
+        return self._messages
+
+
+@dataclass
+class QueryMessageResult:
+    """Messages found by key (`QueryMessageResult`), only those whose topic and key really match."""
+
+    messages: list[MessageExt] = field(default_factory=list)
+    index_last_update_timestamp: int = 0
+    index_last_update_phyoffset: int = 0
+
+
+class MessageStore:
+    """The RocketMQ store on one directory: commitlog, consume queues, index, checkpoint, config files.
+
+    Use `MessageStore.open(path, **config)` (load + start, a context manager), or construct with a
+    `StoreConfig` and call `load()` then `start()`; `shutdown()` flushes everything and releases the lock.
+    """
+
+    def __init__(self, config: StoreConfig | None = None, **overrides: object) -> None:
+        if config is None:
+            config = StoreConfig(**overrides)  # type: ignore[arg-type]
+        elif overrides:
+            config = config.replace(**overrides)
+        self.config = config
+        self.commit_log = CommitLog(config)
+        self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
+        self._cq_lock = threading.Lock()
+        self.index_service = IndexService(config.index_path, config.max_hash_slot_num, config.max_index_num,
+                                          config.max_msgs_num_batch)
+        self.checkpoint: StoreCheckpoint | None = None
+        self.reput_message_service = ReputMessageService(self.commit_log, self._dispatch)
+        self.commit_log.on_appended = self.reput_message_service.notify_appended
+        self._lock_fd: int | None = None
+        self._loaded = False
+        self._started = False
+        self._shutdown = False
+        self._flush_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._total_ram = _total_physical_memory()
+        self.last_exit_ok = True
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], **config: object) -> MessageStore:
+        """Open (creating if needed) the store at `path`: load, recover and start it."""
+        store = cls(StoreConfig(store_path_root_dir=os.fspath(path), **config))  # type: ignore[arg-type]
+        store.load()
+        store.start()
+        return store
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _acquire_lock(self) -> None:
+        root = self.config.store_path_root_dir
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # flock guards against our own processes and other MessageStores in this process (it is
+            # tied to this open file description); the POSIX record lock on byte 0 is the one a Java
+            # RocketMQ broker takes (FileChannel.tryLock(0, 1)), so neither opens a store the other owns.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"store {root} is already open in another process or MessageStore "
+                "(the lock file is held); one process owns a store - talk to it through its broker"
+            ) from None
+        os.pwrite(fd, b"lock", 0)
+        os.fsync(fd)
+        self._lock_fd = fd
+
+    def load(self) -> bool:
+        """Map the files and recover: find the commitlog end, trim queues past it, rebuild what is missing."""
+        if self._loaded:
+            return True
+        self._acquire_lock()
+        try:
+            self.last_exit_ok = not os.path.exists(self.config.abort_path)
+            self.commit_log.load()
+            self._load_consume_queues()
+            self.checkpoint = StoreCheckpoint(self.config.checkpoint_path)
+            self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
+            self._recover()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._loaded = True
+        return True
+
+    def _load_consume_queues(self) -> None:
+        root = self.config.consume_queue_path
+        if not os.path.isdir(root):
+            return
+        for topic in sorted(os.listdir(root)):
+            tdir = os.path.join(root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            if not is_valid_topic(topic):
+                log.warning("ignoring consume queue directory with an illegal topic name: %r", topic)
+                continue
+            for q in os.listdir(tdir):
+                if not q.isdigit():
+                    continue
+                cq = ConsumeQueue(topic, int(q), root, self.config.mapped_file_size_consume_queue)
+                cq.load()
+                self.consume_queue_table.setdefault(topic, {})[int(q)] = cq
+
+    def _all_consume_queues(self) -> Iterator[ConsumeQueue]:
+        for queues in list(self.consume_queue_table.values()):
+            yield from list(queues.values())
+
+    def _recover(self) -> None:
+        cqs = list(self._all_consume_queues())
+        for cq in cqs:
+            cq.recover()
+        max_cq_phy = max((cq.max_physic_offset for cq in cqs), default=-1)
+        end = self.commit_log.recover_normally(self.config.check_crc_on_recover)
+        if not self.commit_log.mapped_file_queue.mapped_files:
+            for cq in cqs:
+                cq.destroy()
+            self.consume_queue_table.clear()
+        elif max_cq_phy >= end:
+            for cq in cqs:
+                cq.truncate_dirty_logic_files(end)
+        # Dispatch whatever the queues and the index do not hold yet (a commitlog written elsewhere,
+        # or queues behind after an unclean stop); repeated builds are skipped by both dispatchers.
+        min_off = max(self.commit_log.get_min_offset(), 0)
+        start = max_cq_phy if max_cq_phy >= 0 else min_off
+        start = min(max(start, min_off), end)
+        self.reput_message_service.reput_from_offset = start
+        while self.reput_message_service.do_reput():
+            pass
+        self._recover_topic_queue_table()
+
+    def _recover_topic_queue_table(self) -> None:
+        table: dict[str, int] = {}
+        min_phy = self.commit_log.get_min_offset()
+        for cq in self._all_consume_queues():
+            table[f"{cq.topic}-{cq.queue_id}"] = cq.get_max_offset_in_queue()
+            cq.correct_min_offset(min_phy)
+        self.commit_log.topic_queue_table = table
+
+    def start(self) -> None:
+        """Start the reput and flush threads and mark the store running (the `abort` file)."""
+        if not self._loaded:
+            self.load()
+        if self._started:
+            return
+        with open(self.config.abort_path, "w") as f:
+            f.write(str(os.getpid()))
+        self.reput_message_service.start()
+        self._flush_thread = threading.Thread(target=self._flush_loop, name="FlushService", daemon=True)
+        self._flush_thread.start()
+        self._started = True
+
+    def _flush_loop(self) -> None:
+        cfg = self.config
+        last_thorough = time.monotonic()
+        last_cq = time.monotonic()
+        while not self._stop.wait(cfg.flush_interval_commit_log / 1000.0):
+            try:
+                now = time.monotonic()
+                thorough = (now - last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval
+                if thorough:
+                    last_thorough = now
+                if cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH or thorough:
+                    self.commit_log.flush(0 if thorough else cfg.flush_commit_log_least_pages)
+                if thorough and self.checkpoint is not None:
+                    ts = self.commit_log.mapped_file_queue.store_timestamp
+                    if ts > 0:
+                        self.checkpoint.physic_msg_timestamp = ts
+                if (now - last_cq) * 1000 >= cfg.flush_interval_consume_queue:
+                    last_cq = now
+                    for cq in self._all_consume_queues():
+                        cq.flush(cfg.flush_consume_queue_least_pages)
+                    if self.checkpoint is not None:
+                        self.checkpoint.flush()
+            except Exception:
+                log.exception("flush service error")
+
+    def shutdown(self) -> None:
+        """Catch up dispatch, flush everything, remove `abort` when clean, release the lock."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self.commit_log.writeable = False
+        self.reput_message_service.shutdown()
+        self._stop.set()
+        if self._flush_thread is not None:
+            self._flush_thread.join(timeout=5)
+        clean = self.reput_message_service.is_caught_up()
+        if self._loaded:
+            for _ in range(10):
+                if self.commit_log.flush(0):
+                    break
+            for cq in self._all_consume_queues():
+                cq.flush(0)
+                cq.shutdown()
+            self.index_service.flush()
+            self.index_service.shutdown()
+            if self.checkpoint is not None:
+                ts = self.commit_log.mapped_file_queue.store_timestamp
+                if ts > 0:
+                    self.checkpoint.physic_msg_timestamp = ts
+                self.checkpoint.flush()
+                self.checkpoint.shutdown()
+            self.commit_log.shutdown()
+            if clean and self._started:
+                try:
+                    os.unlink(self.config.abort_path)
+                except FileNotFoundError:
+                    pass
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, 0)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    # -- dispatch -----------------------------------------------------------------------------------
+    def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:
+        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch."""
+        groups: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        for r in requests:
+            tx = r.sys_flag & codec.TRANSACTION_ROLLBACK_TYPE
+            if tx == 0 or tx == codec.TRANSACTION_COMMIT_TYPE:
+                k = (r.topic, r.queue_id)
+                g = groups.get(k)
+                if g is None:
+                    g = groups[k] = []
+                g.append((r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
+        for (topic, queue_id), units in groups.items():
+            cq = self.find_consume_queue(topic, queue_id)
+            if cq is None:
+                log.error("not dispatching %d records of illegal topic %r", len(units), topic)
+                continue
+            cq.put_message_position_infos(units)
+        if self.checkpoint is not None and requests:
+            self.checkpoint.logics_msg_timestamp = requests[-1].store_timestamp
+        if self.config.message_index_enable:
+            self.index_service.build_index(requests)
+
+    def find_consume_queue(self, topic: str, queue_id: int, create: bool = True) -> ConsumeQueue | None:
+        queues = self.consume_queue_table.get(topic)
+        if queues is not None:
+            cq = queues.get(queue_id)
+            if cq is not None:
+                return cq
+        if not create or not is_valid_topic(topic) or queue_id < 0:
+            return None
+        with self._cq_lock:
+            queues = self.consume_queue_table.setdefault(topic, {})
+            cq = queues.get(queue_id)
+            if cq is None:
+                cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_path,
+                                  self.config.mapped_file_size_consume_queue)
+                cq.load()
+                queues[queue_id] = cq
+            return cq
+
+    def wait_for_dispatch(self, timeout: float = 5.0) -> bool:
+        """Block until every record written so far is in the consume queues and index."""
+        return self.reput_message_service.wait_for(None, timeout)
+
+    def dispatch_behind_bytes(self) -> int:
+        return self.reput_message_service.behind()
+
+    # -- put --------------------------------------------------------------------------------------------
+    def _check_running(self) -> PutMessageResult | None:
+        if self._shutdown or not self._started:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None,
+                                    "the store is not running (call start(), or it was shut down)")
+        if self.commit_log.is_os_page_cache_busy():
+            return PutMessageResult(PutMessageStatus.OS_PAGE_CACHE_BUSY, None, "put lock held too long")
+        return None
+
+    def put_message(self, msg: Message) -> PutMessageResult:
+        """Append one message; errors come back as a status with a reason, nothing is raised."""
+        bad = self._check_running()
+        return bad if bad is not None else self.commit_log.put_message(msg)
+
+    def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
+        """Append a batch under one lock into one file (consecutive queue offsets per queue)."""
+        bad = self._check_running()
+        return bad if bad is not None else self.commit_log.put_messages(msgs)
+
+    # -- get by queue offset ------------------------------------------------------------------------------
+    def _is_in_memory(self, max_phy: int, offset_py: int) -> bool:
+        return (max_phy - offset_py) <= self._total_ram * self.config.access_message_in_memory_max_ratio // 100
+
+    def _is_the_batch_full(self, size_py: int, max_msg_nums: int, max_total: int, bytes_so_far: int,
+                           count: int, in_memory: bool) -> bool:
+        if count == 0 or bytes_so_far == 0:
+            return False
+        if count + 1 > max_msg_nums or bytes_so_far + size_py > max_total:
+            return True
+        cfg = self.config
+        if in_memory:
+            return (bytes_so_far + size_py > cfg.max_transfer_bytes_on_message_in_memory
+                    or count > cfg.max_transfer_count_on_message_in_memory - 1)
+        return (bytes_so_far + size_py > cfg.max_transfer_bytes_on_message_in_disk
+                or count > cfg.max_transfer_count_on_message_in_disk - 1)
+
+    def get_message(
+        self, group: str, topic: str, queue_id: int, offset: int, max_msg_nums: int,
+        message_filter: MessageFilter | str | None = None, max_total_msg_size: int | None = None,
+    ) -> GetMessageResult:
+        """Read up to `max_msg_nums` messages of a queue from `offset` (`DefaultMessageStore.getMessage`).
+
+        Statuses and `next_begin_offset` follow RocketMQ (spec §12.2), including the per-call transfer
+        limits (32 messages / 256 KiB while the data is in memory).
+        """
+        if isinstance(message_filter, str):
+            message_filter = MessageFilter(message_filter)
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        min_offset = cq.get_min_offset_in_queue()
+        max_offset = cq.get_max_offset_in_queue()
+        res = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, offset, min_offset, max_offset)
+        if max_offset == 0:
+            res.next_begin_offset = 0
+            return res
+        if offset < min_offset:
+            res.status, res.next_begin_offset = GetMessageStatus.OFFSET_TOO_SMALL, min_offset
+            return res
+        if offset == max_offset:
+            res.status, res.next_begin_offset = GetMessageStatus.OFFSET_OVERFLOW_ONE, offset
+            return res
+        if offset > max_offset:
+            res.status, res.next_begin_offset = GetMessageStatus.OFFSET_OVERFLOW_BADLY, max_offset
+            return res
+        max_total = MAX_PULL_MSG_SIZE if max_total_msg_size is None else min(max(max_total_msg_size, 100),
+                                                                              MAX_PULL_MSG_SIZE)
+        max_filter_count = max(self.config.max_filter_message_size, max_msg_nums * CQ_STORE_UNIT_SIZE)
+        units = cq.get_units(offset, max_filter_count // CQ_STORE_UNIT_SIZE)
+        if not units:
+            res.status = GetMessageStatus.OFFSET_FOUND_NULL
+            res.next_begin_offset = cq.roll_next_file(offset)
+            return res
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        next_begin = offset
+        max_phy = self.commit_log.get_max_offset()
+        min_phy = self.commit_log.get_min_offset()
+        bufs = res.message_buffers
+        total_bytes = 0
+        max_pulled = -1
+        for i, (offset_py, size_py, tags_code) in enumerate(units):
+            if self._is_the_batch_full(size_py, max_msg_nums, max_total, total_bytes, len(bufs),
+                                       self._is_in_memory(max_phy, offset_py)):
+                break
+            next_begin = offset + i + 1
+            if size_py == BLANK_UNIT_SIZE or size_py <= 0:
+                continue
+            if offset_py < min_phy:
+                if not bufs:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            if message_filter is not None and not message_filter.is_matched_by_consume_queue(tags_code):
+                continue
+            data = self.commit_log.get_message(offset_py, size_py)
+            if data is None:
+                if not bufs:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            raw = bytes(data)
+            data.release()
+            if message_filter is not None and not message_filter.match_all:
+                try:
+                    m = codec.decode_message(raw, 0)
+                except codec.CorruptRecordError:
+                    continue
+                if not message_filter.is_matched_by_commit_log(m):
+                    continue
+            bufs.append(raw)
+            res.message_queue_offsets.append(offset + i)
+            res.commit_log_offsets.append(offset_py)
+            total_bytes += size_py
+            max_pulled = offset_py
+            status = GetMessageStatus.FOUND
+        res.status = status
+        res.next_begin_offset = next_begin
+        res.buffer_total_size = total_bytes
+        if max_pulled >= 0:
+            res.suggest_pulling_from_slave = (max_phy - max_pulled) > self._total_ram * \
+                self.config.access_message_in_memory_max_ratio // 100
+        return res
+
+    # -- get by key / id / offset ------------------------------------------------------------------------
+    def query_message(self, topic: str, key: str, max_num: int = 32, begin_timestamp: int = 0,
+                      end_timestamp: int | None = None) -> QueryMessageResult:
+        """Messages of `topic` whose KEYS or UNIQ_KEY equal `key`, newest first (`queryMessage`).
+
+        The index returns hash matches; every candidate is read back and kept only if its topic and key
+        really match (so `AaTopic`/`BB` never returns a message of `BBTopic`/`Aa`, RocketMQ #3613).
+        """
+        end = end_timestamp if end_timestamp is not None else 2**62
+        out = QueryMessageResult()
+        seen: set[int] = set()
+        last_query_end = end
+        for _ in range(3):
+            r = self.index_service.query_offset(topic, key, max_num, begin_timestamp, last_query_end)
+            out.index_last_update_timestamp = r.index_last_update_timestamp
+            out.index_last_update_phyoffset = r.index_last_update_phyoffset
+            offsets = sorted(set(r.phy_offsets))
+            found_any = False
+            for off in offsets:
+                if off in seen:
+                    continue
+                seen.add(off)
+                msg = self.commit_log.look_message_by_offset(off)
+                if msg is None:
+                    continue
+                if msg.topic != topic or (key not in msg.keys_list() and msg.uniq_key != key):
+                    continue
+                out.messages.append(msg)
+                found_any = True
+                if len(out.messages) >= max_num:
+                    break
+            if found_any or len(out.messages) >= max_num or not offsets:
+                break
+            first = self.commit_log.look_message_by_offset(offsets[0])
+            if first is None:
+                break
+            last_query_end = first.store_timestamp
+        out.messages.sort(key=lambda m: m.commit_log_offset)
+        return out
+
+    def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt | None:
+        """The message whose record starts at `commit_log_offset`, or None."""
+        return self.commit_log.look_message_by_offset(commit_log_offset, size)
+
+    def view_message_by_id(self, offset_msg_id: str) -> MessageExt | None:
+        """The message with this offsetMsgId (store host + port + commitlog offset)."""
+        _host, _port, offset = codec.decode_message_id(offset_msg_id)
+        return self.look_message_by_offset(offset)
+
+    def select_one_message_by_offset(self, commit_log_offset: int) -> bytes | None:
+        buf = self.commit_log.read_record(commit_log_offset)
+        return bytes(buf) if buf is not None else None
+
+    # -- offsets -----------------------------------------------------------------------------------------
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        return cq.get_max_offset_in_queue() if cq is not None else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        return cq.get_min_offset_in_queue() if cq is not None else -1
+
+    def get_commit_log_offset_in_queue(self, topic: str, queue_id: int, consume_queue_offset: int) -> int:
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        unit = cq.get_unit(consume_queue_offset) if cq is not None else None
+        return unit[0] if unit is not None else 0
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first queue offset whose store time is ≥ `timestamp` (0 for an unknown queue)."""
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        if cq is None:
+            return 0
+        return cq.get_offset_in_queue_by_time(timestamp, self.commit_log.pickup_store_timestamp)
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, consume_queue_offset: int) -> int:
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        unit = cq.get_unit(consume_queue_offset) if cq is not None else None
+        if unit is None:
+            return -1
+        return self.commit_log.pickup_store_timestamp(unit[0], unit[1])
+
+    def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
+        cq = self.find_consume_queue(topic, queue_id, create=False)
+        if cq is None:
+            return -1
+        return self.get_message_store_timestamp(topic, queue_id, cq.get_min_offset_in_queue())
+
+    def get_max_phy_offset(self) -> int:
+        return self.commit_log.get_max_offset()
+
+    def get_min_phy_offset(self) -> int:
+        return self.commit_log.get_min_offset()
+
+    def topics(self) -> list[str]:
+        return sorted(self.consume_queue_table)
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(self.consume_queue_table.get(topic, {}))
+
+    def now(self) -> int:
+        return now_ms()
+
+
+def _total_physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 1024**3

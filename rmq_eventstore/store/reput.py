@@ -1,0 +1,211 @@
+"""ReputMessageService: the thread that turns new commitlog records into consume-queue and index entries.
+
+It walks the commitlog from `reput_from_offset` (spec §10.3), hands each batch of records to the
+dispatchers (consume queues first, then the index), rolls over BLANK records, and tells arrival
+listeners (the broker's long polling) which queues grew. Records this process appended arrive already
+parsed through `notify_appended`; anything else (recovery, records written before a restart) is parsed
+back from the mapped files.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+
+from . import codec
+from .codec import DispatchRequest
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 500_000  # above this the put path stops handing over requests; reput parses instead
+MAX_BATCH = 8192
+
+
+class ReputMessageService:
+    """Dispatch loop from `reput_from_offset` to the commitlog's readable end (`ReputMessageService`)."""
+
+    def __init__(self, commit_log, dispatch: Callable[[list[DispatchRequest]], None]) -> None:
+        self.commit_log = commit_log
+        self.dispatch = dispatch
+        self.reput_from_offset = 0
+        self.listeners: list[Callable[[dict[tuple[str, int], int]], None]] = []
+        self._pending: collections.deque = collections.deque()
+        self._wakeup = threading.Event()
+        self._progress = threading.Condition()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one do_reput at a time
+        self.errors = 0
+
+    # -- hand-off from the put path ---------------------------------------------------------------
+    def notify_appended(self, requests: list) -> None:
+        """Called under the put lock with what was just written, in log order."""
+        pend = self._pending
+        if len(pend) < MAX_PENDING:
+            pend.extend(requests)
+        self._wakeup.set()
+
+    def wakeup(self) -> None:
+        self._wakeup.set()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def behind(self) -> int:
+        """Bytes written but not yet dispatched (`dispatchBehindBytes`)."""
+        return self.commit_log.get_max_offset() - self.reput_from_offset
+
+    def is_caught_up(self) -> bool:
+        return self.behind() <= 0
+
+    def _take_pending(self, limit: int) -> list[DispatchRequest]:
+        """Requests from the hand-off queue that start exactly at reput_from_offset, contiguous."""
+        pend = self._pending
+        out: list[DispatchRequest] = []
+        offset = self.reput_from_offset
+        while pend and len(out) < MAX_BATCH:
+            head = pend[0]
+            if isinstance(head, tuple) and head and head[0] == "BLANK":
+                _, off, size = head
+                if off < offset:
+                    pend.popleft()
+                    continue
+                if off != offset:
+                    break
+                pend.popleft()
+                if out:
+                    # dispatch what we have before moving to the next file
+                    pend.appendleft(head)
+                    break
+                offset = off + size
+                self.reput_from_offset = offset
+                continue
+            off = head.commit_log_offset
+            if off < offset:
+                pend.popleft()
+                continue
+            if off != offset or off + head.msg_size > limit:
+                break
+            pend.popleft()
+            out.append(head)
+            offset = off + head.msg_size
+        return out
+
+    def _parse(self, limit: int) -> list[DispatchRequest]:
+        """Parse records back from the commitlog from reput_from_offset (`doReput`'s buffer walk)."""
+        cl = self.commit_log
+        out: list[DispatchRequest] = []
+        offset = self.reput_from_offset
+        pend = self._pending
+        stop_at = limit
+        if pend:
+            head = pend[0]
+            head_off = head[1] if isinstance(head, tuple) and head and head[0] == "BLANK" else head.commit_log_offset
+            if head_off > offset:
+                stop_at = min(stop_at, head_off)
+        min_off = cl.get_min_offset()
+        if offset < min_off:
+            offset = self.reput_from_offset = min_off
+        while offset < stop_at and len(out) < MAX_BATCH:
+            data = cl.get_data(offset)
+            if data is None:
+                break
+            start, buf = data
+            pos = 0
+            n = len(buf)
+            rolled = False
+            while pos < n and start + pos < stop_at and len(out) < MAX_BATCH:
+                r = codec.check_message_and_return_size(buf, pos, False, n)
+                if r.success and r.size > 0:
+                    if start + pos + r.size > stop_at:
+                        break
+                    out.append(r.request)
+                    pos += r.size
+                elif r.success:  # BLANK
+                    offset = cl.roll_next_file(start + pos)
+                    rolled = True
+                    break
+                elif r.size > 0:
+                    log.error("[BUG] dispatch skipping a record with a bad length at %d: %s", start + pos, r.reason)
+                    self.errors += 1
+                    pos += r.size
+                else:
+                    break
+            buf.release()
+            if rolled:
+                if out:
+                    # dispatch the records of the previous file first; the roll is taken next round
+                    self.reput_from_offset = out[-1].commit_log_offset + out[-1].msg_size
+                    return out
+                self.reput_from_offset = offset
+                continue
+            offset = start + pos
+            break
+        if out:
+            last = out[-1]
+            self.reput_from_offset = last.commit_log_offset + last.msg_size
+        return out
+
+    def do_reput(self) -> int:
+        """Dispatch everything readable now; returns the number of records dispatched."""
+        total = 0
+        with self._lock:
+            while True:
+                limit = self.commit_log.get_max_offset()
+                if self.reput_from_offset >= limit:
+                    break
+                reqs = self._take_pending(limit)
+                if reqs:
+                    self.reput_from_offset = reqs[-1].commit_log_offset + reqs[-1].msg_size
+                else:
+                    before = self.reput_from_offset
+                    reqs = self._parse(limit)
+                    if not reqs and self.reput_from_offset == before:
+                        break
+                if reqs:
+                    self.dispatch(reqs)
+                    total += len(reqs)
+                    if self.listeners:
+                        grown: dict[tuple[str, int], int] = {}
+                        for r in reqs:
+                            grown[(r.topic, r.queue_id)] = r.consume_queue_offset + 1
+                        for fn in self.listeners:
+                            try:
+                                fn(grown)
+                            except Exception:  # a listener must never stop dispatch
+                                log.exception("arrival listener failed")
+                with self._progress:
+                    self._progress.notify_all()
+        return total
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._wakeup.wait(0.01)
+            self._wakeup.clear()
+            try:
+                self.do_reput()
+            except Exception:
+                self.errors += 1
+                log.exception("reput failed at %d", self.reput_from_offset)
+                self._stopped.wait(0.1)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ReputMessageService", daemon=True)
+            self._thread.start()
+
+    def wait_for(self, offset: int | None = None, timeout: float = 5.0) -> bool:
+        """Block until everything up to `offset` (default: the current end) is dispatched."""
+        target = self.commit_log.get_max_offset() if offset is None else offset
+        self._wakeup.set()
+        with self._progress:
+            return self._progress.wait_for(lambda: self.reput_from_offset >= target, timeout)
+
+    def shutdown(self, wait_seconds: float = 5.0) -> None:
+        """Stop after catching up (RocketMQ waits up to 5 s for the reput to finish)."""
+        if self._thread is not None:
+            self.wait_for(None, wait_seconds)
+            self._stopped.set()
+            self._wakeup.set()
+            self._thread.join(timeout=wait_seconds)
+            self._thread = None

@@ -568,3 +568,87 @@ def test_concurrent_readers_never_see_partial_units(tmp_path) -> None:
     assert not errors, errors[:5]
     assert cq.get_max_offset_in_queue() == total
     cq.shutdown()
+
+
+def test_read_only_reader_follows_a_live_writer(tmp_path) -> None:
+    writer = _cq(tmp_path)
+    reader = _cq(tmp_path, read_only=True)
+    total = 2000
+    done = threading.Event()
+    errors: list[str] = []
+
+    def write() -> None:
+        try:
+            for lo in range(0, total, 13):
+                units = [(1000 + i * 100, 100, i, i) for i in range(lo, min(total, lo + 13))]
+                assert writer.put_message_position_infos(units) == len(units)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=write)
+    t.start()
+    seen = 0
+    while True:
+        finished = done.is_set()
+        reader.refresh()
+        n = reader.get_max_offset_in_queue()
+        if n < seen:
+            errors.append(f"max went back from {seen} to {n}")
+        for i in range(seen, n):  # no holes: every offset below the max is readable and whole
+            if reader.get_unit(i) != (1000 + i * 100, 100, i):
+                errors.append(f"{i}: {reader.get_unit(i)}")
+                break
+        seen = n
+        if finished or errors:
+            break
+    t.join()
+    assert not errors, errors[:3]
+    assert seen == total
+    assert reader.max_physic_offset == writer.max_physic_offset
+    reader.shutdown()
+    writer.shutdown()
+
+
+def test_truncate_zeroes_the_dropped_units(tmp_path) -> None:
+    cq = _cq(tmp_path)
+    _put_range(cq, 0, 8)
+    cq.truncate_dirty_logic_files(1000 + 5 * 100)
+    cq.shutdown()
+    data = (_queue_dir(tmp_path) / offset_to_file_name(0)).read_bytes()
+    assert data[100:] == bytes(100)
+    reader = _cq(tmp_path, read_only=True)  # a reader scanning for the end stops at the truncation point
+    assert reader.get_max_offset_in_queue() == 5
+
+
+def test_correct_min_offset_with_empty_last_file(tmp_path) -> None:
+    cq = _cq(tmp_path)
+    _put_range(cq, 0, 20, base=0)
+    cq.mapped_file_queue.get_last_mapped_file(0)  # an empty third file
+    cq.correct_min_offset(10**6)
+    assert cq.get_min_offset_in_queue() == cq.get_max_offset_in_queue() == 20
+    cq.shutdown()
+
+
+def test_empty_queue_offsets(tmp_path) -> None:
+    cq = _cq(tmp_path)
+    assert cq.get_max_offset_in_queue() == 0 and cq.get_min_offset_in_queue() == 0
+    assert cq.get_last_offset() == -1 and cq.max_physic_offset == -1
+    assert cq.get_units(0, 10) == [] and cq.get_unit(0) is None
+    assert cq.flush(0) is True
+    assert cq.delete_expired_file(100) == 0
+    assert not (tmp_path / TOPIC).exists()  # nothing is created until the first put
+
+
+def test_read_only_zero_length_file_that_grows(tmp_path) -> None:
+    d = _queue_dir(tmp_path)
+    d.mkdir(parents=True)
+    path = d / offset_to_file_name(0)
+    path.write_bytes(b"")
+    reader = _cq(tmp_path, read_only=True)
+    assert reader.get_max_offset_in_queue() == 0
+    path.write_bytes(struct.pack(">qiq", 10, 20, 30) * 2 + bytes(40))
+    reader.refresh()
+    assert reader.get_max_offset_in_queue() == 2
+    assert reader.get_units(0, 5) == [(10, 20, 30), (10, 20, 30)]
+    assert reader.max_physic_offset == 30
+    reader.shutdown()

@@ -103,37 +103,52 @@ class ConsumeQueue:
         result = self.mapped_file_queue.load()
         log.info("load consume queue %s-%d %s", self._topic, self._queue_id, "OK" if result else "Failed")
         if result and self.read_only:
-            for mf in self.mapped_file_queue.mapped_files:
-                mf.set_positions(0)
-            self._scan_read_only(0)
+            self._scan_read_only()
         return result
 
     def refresh(self) -> None:
-        """Read-only mode: pick up files and units the writing process added since the last look."""
+        """Read-only mode: pick up the units and files the writing process added since the last look.
+
+        Positions only ever move forward, and a new file is published with its positions already set,
+        so reader threads never see unscanned bytes as units."""
         if not self.read_only:
             return
         mfq = self.mapped_file_queue
         files = mfq.mapped_files
-        last_name = files[-1].file_name if files else None
-        last_pos = files[-1].wrote_position if files else 0
-        mfq.refresh_read_only()
-        files = mfq.mapped_files
-        start_index = 0
-        if last_name is not None:
-            start_index = next((i for i, f in enumerate(files) if f.file_name == last_name), 0)
-            files[start_index].set_positions(last_pos)
-        self._scan_read_only(start_index)
-
-    def _scan_read_only(self, start_index: int) -> None:
-        """Set file positions to the end of their valid units: a live writer's unwritten space is zero,
-        so its size field is 0 and the unit is invalid. Files from `start_index` on are scanned onwards
-        from their current write position."""
-        files = self.mapped_file_queue.mapped_files
-        for i, mf in enumerate(files[start_index:]):
-            begin = mf.wrote_position if i == 0 else 0
-            end = self._valid_end(mf, begin, mf.mapped_size)
-            mf.set_positions(end)
+        # List first: a file the writer has rolled past is complete before the next one exists.
+        names = mfq.list_segment_files()
+        known = files[-1].file_from_offset if files else -1
+        if files:
+            last = files[-1]
+            last.refresh_read_only()
+            begin = last.wrote_position
+            end = self._valid_end(last, begin, last.mapped_size)
             if end > begin:
+                self._track_max_physic(last, end)
+                last.set_positions(end)
+        added: list[MappedFile] = []
+        for name in names:
+            if int(name) <= known:
+                continue
+            mf = MappedFile(os.path.join(mfq.store_path, name), self.mapped_file_size, read_only=True)
+            end = self._valid_end(mf, 0, mf.mapped_size)
+            mf.set_positions(end)
+            if end:
+                self._track_max_physic(mf, end)
+            added.append(mf)
+        if added:
+            mfq.mapped_files = files + added
+        if mfq.mapped_files and self._min_logic_offset < mfq.mapped_files[0].file_from_offset:
+            self._min_logic_offset = mfq.mapped_files[0].file_from_offset
+
+    def _scan_read_only(self) -> None:
+        """Set every file's positions to the end of its valid units: a live writer's unwritten space is
+        zero, so its size field is 0 and the unit is invalid."""
+        files = self.mapped_file_queue.mapped_files
+        for mf in files:
+            end = self._valid_end(mf, 0, mf.mapped_size)
+            mf.set_positions(end)
+            if end:
                 self._track_max_physic(mf, end)
         if files and self._min_logic_offset < files[0].file_from_offset:
             self._min_logic_offset = files[0].file_from_offset
@@ -226,6 +241,7 @@ class ConsumeQueue:
             return
         mfq = self.mapped_file_queue
         self._max_physic_offset = phy_offset
+        self._stop_timestamps.clear()  # the last kept file's tail changes
         size = self.mapped_file_size
         while True:
             mf = mfq.get_last_mapped_file_or_none()
@@ -237,11 +253,10 @@ class ConsumeQueue:
                 bad = (arr["o"] < 0) | (arr["s"] <= 0) | (arr["o"] >= phy_offset)
                 keep = int(np.argmax(bad)) if bad.any() else len(arr)
             finally:
-                del arr, bad
+                del arr
             if keep == 0:
                 log.info("on recover, destroy a logic mapped file %s", mf.file_name)
                 mfq.delete_last_mapped_file()
-                self._stop_timestamps.pop(mf.file_from_offset, None)
                 continue
             pos = keep * CQ_STORE_UNIT_SIZE
             mf.set_positions(pos)
@@ -262,20 +277,16 @@ class ConsumeQueue:
         if self._min_logic_offset > mfq.get_max_offset():
             log.warning("ConsumeQueue[%s-%d] contains no valid entries", self._topic, self._queue_id)
             return
-        readable = last.get_read_position()
-        if readable >= CQ_STORE_UNIT_SIZE:
-            try:
-                (last_offset,) = _LONG.unpack_from(last.view, readable - CQ_STORE_UNIT_SIZE)
-            except ValueError:  # unmapped under us
-                return
-            if last_offset < min_commit_log_offset:
-                # The queue has no live entry but keeps its max: min points at the next slot.
-                self._min_logic_offset = last.file_from_offset + readable
-                return
+        max_index = self.get_max_offset_in_queue()
+        last_unit = self._read_unit(max_index - 1)
+        if last_unit is not None and last_unit[0] < min_commit_log_offset:
+            # The queue has no live entry but keeps its max: min points at the next slot.
+            self._min_logic_offset = max_index * CQ_STORE_UNIT_SIZE
+            return
         files = mfq.mapped_files
-        for i, mf in enumerate(files):
+        for mf in files:
             start = self._min_logic_offset - mf.file_from_offset
-            intact = i == 0 and start >= 0
+            intact = start >= 0  # searching from the previous min; it may still be right
             if start < 0:
                 start = 0
             read_pos = mf.get_read_position()
@@ -376,13 +387,19 @@ class ConsumeQueue:
             current = last.file_from_offset + last.wrote_position if last is not None else -1
             fresh = last is None or (last.first_create_in_queue and last.wrote_position == 0)
             # 1. Leading repeats: nothing changes while units are skipped, so this is exact.
-            repeat = end[i:] <= self._max_physic_offset
+            built = end[i:] <= self._max_physic_offset
+            repeat = built
             if not fresh:
-                repeat |= (q[i:] != 0) & (q[i:] * CQ_STORE_UNIT_SIZE < current)
+                repeat = built | ((q[i:] != 0) & (q[i:] * CQ_STORE_UNIT_SIZE < current))
             if repeat[0]:
-                if repeat.all():
+                skipped = len(repeat) if repeat.all() else int(np.argmin(repeat))
+                if last is not None and last.is_full() and not built[:skipped].all():
+                    # A unit skipped for its queue offset has already asked for the file to write to,
+                    # which rolls a full last file (as RocketMQ's getLastMappedFile does).
+                    mfq.get_last_mapped_file(current)
+                i += skipped
+                if i == n:
                     return n
-                i += int(np.argmin(repeat))
             # 2. A unit that needs the full rules (new queue, fillPreBlank, gap) goes the slow way.
             if fresh or q[i] * CQ_STORE_UNIT_SIZE != current:
                 if not self.put_message_position_info(int(o[i]), int(s[i]), int(t[i]), int(q[i])):

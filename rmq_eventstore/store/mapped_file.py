@@ -126,7 +126,7 @@ class MappedFile:
         if self.is_able_to_flush(least_pages):
             with self._lock:
                 value = self.get_read_position()
-                start = (self.flushed_position // OS_PAGE_SIZE) * OS_PAGE_SIZE
+                start = (self.flushed_position // mmap.PAGESIZE) * mmap.PAGESIZE  # msync needs page alignment
                 if value > start:
                     try:
                         self.mm.flush(start, value - start)

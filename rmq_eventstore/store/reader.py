@@ -94,6 +94,10 @@ class StoreReader:
         """Pick up what a live writer appended since the last look."""
         self.commit_log.refresh_read_only()
         self._valid_end = None
+        for cq in self._cqs.values():
+            cq.refresh()
+        if self._index is not None:
+            self._index.refresh_read_only()
 
     def segments(self, check_crc: bool = False) -> list[SegmentInfo]:
         """Scan every segment: where its valid records end, how many, and any damage found."""

@@ -1,0 +1,103 @@
+"""Shared fixtures for the store tests: small-geometry `MessageStore`s on real files under `tmp_path`.
+
+Every store opened through `open_store` is shut down by the fixture's finalizer (shutdown is idempotent,
+so tests may also shut stores down themselves, e.g. to reopen the directory).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rmq_eventstore.store import GetMessageStatus, MessageExt, MessageStore
+from rmq_eventstore.store import commitlog as commitlog_module
+
+# Small files so that commitlog segments, consume-queue files and index files roll in every test.
+SMALL_GEOMETRY: dict[str, object] = {
+    "mapped_file_size_commit_log": 64 * 1024,
+    "mapped_file_size_consume_queue": 20 * 1000,
+    "max_hash_slot_num": 1024,
+    "max_index_num": 4096,
+}
+
+
+@pytest.fixture
+def small_geometry() -> dict[str, object]:
+    """The default test geometry (a fresh copy: tests may change it)."""
+    return dict(SMALL_GEOMETRY)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    """Root directory of the default store of a test (not created: opening the store creates it)."""
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def open_store(store_path: Path) -> Iterator[Callable[..., MessageStore]]:
+    """`open_store(path=None, **config)`: open (load + start) a store with the small geometry, overridden
+    by `config`; every store opened this way is shut down at teardown."""
+    opened: list[MessageStore] = []
+
+    def _open(path: str | os.PathLike[str] | None = None, **config: object) -> MessageStore:
+        cfg = {**SMALL_GEOMETRY, **config}
+        store = MessageStore.open(store_path if path is None else path, **cfg)
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in reversed(opened):
+        store.shutdown()
+
+
+@pytest.fixture
+def store(open_store: Callable[..., MessageStore]) -> MessageStore:
+    """A running store on `store_path` with the small geometry."""
+    return open_store()
+
+
+class FakeClock:
+    """A settable replacement for the commitlog's clock: store timestamps become `clock.now`."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> int:
+        self.now += ms
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """Pins the store time written into records (and the born time of messages without one)."""
+    clock = FakeClock(1_700_000_000_000)
+    monkeypatch.setattr(commitlog_module, "now_ms", clock)
+    return clock
+
+
+def _read_queue(store: MessageStore, topic: str, queue_id: int, start: int = 0,
+                batch: int = 32) -> list[tuple[int, MessageExt]]:
+    """Every (queue offset, message) of a queue from `start`, through `get_message` only."""
+    out: list[tuple[int, MessageExt]] = []
+    offset = start
+    while True:
+        r = store.get_message("test-group", topic, queue_id, offset, batch)
+        if r.status != GetMessageStatus.FOUND:
+            assert r.status in (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE), \
+                (topic, queue_id, offset, r.status)
+            return out
+        assert r.next_begin_offset > offset
+        out.extend(zip(r.message_queue_offsets, r.messages, strict=True))
+        offset = r.next_begin_offset
+
+
+@pytest.fixture
+def read_queue() -> Callable[..., list[tuple[int, MessageExt]]]:
+    """`read_queue(store, topic, queue_id, start=0, batch=32)`: the whole queue via `get_message`."""
+    return _read_queue

@@ -571,3 +571,29 @@ def test_batch_body_layout():
     for bad in (data[:-1], data + b"\x00", struct.pack(">iiiii", 10, 0, 0, 0, 0) + bytes(5)):
         with pytest.raises(ValueError):
             codec.decode_batch_body(bad)
+
+
+# -- the put path's split encoder (prepare outside the lock, emit inside) equals encode_record ----------
+@pytest.mark.parametrize("born_host", [None, "10.1.2.3:4000", "[2001:db8::5]:4001"])
+@pytest.mark.parametrize("store_host", ["127.0.0.1:10911", "[::1]:10911"])
+@pytest.mark.parametrize("append_crc", [False, True])
+def test_prepare_emit_equals_encode_record(born_host: str | None, store_host: str, append_crc: bool) -> None:
+    enc = codec.RecordEncoder(store_host, append_crc=append_crc)
+    msg = Message(topic="TopicTest", body=b"payload" * 7, tags="TagA", keys=["k1", "k2"], queue_id=3, flag=-2,
+                  born_host=born_host, born_timestamp=1700000000001, reconsume_times=2,
+                  properties={"a": "b"})
+    rec = enc.prepare(msg, "C0A8011400004E21000000000000000A")
+    parts: list = []
+    codec.RecordEncoder.emit(rec, 41, 123456, codec.encode_store_timestamp(1700000000999), parts)
+    got = b"".join(parts)
+    want = codec.encode_record(
+        topic="TopicTest", body=b"payload" * 7, properties_string=rec.properties_string, queue_id=3, flag=-2,
+        queue_offset=41, physical_offset=123456, born_timestamp=1700000000001,
+        born_host=codec.parse_host(born_host) if born_host else codec.parse_host(store_host),
+        store_timestamp=1700000000999, store_host=codec.parse_host(store_host), reconsume_times=2,
+        append_crc=append_crc)
+    assert got == bytes(want)
+    assert rec.total == len(want)
+    r = codec.check_message_and_return_size(got, 0, True)
+    assert r.success and r.size == len(got)
+    assert (r.request.keys, r.request.uniq_key, r.request.tags_code) == ("k1 k2", rec.uniq_key, codec.java_string_hash("TagA"))

@@ -490,9 +490,17 @@ class EncodeError(ValueError):
 
 
 class PreparedRecord(NamedTuple):
-    """A record encoded before the put lock; queue offset, physical offset and store time are patched in."""
+    """A record encoded before the put lock, waiting for its queue offset, physical offset and store time.
 
-    buf: bytearray
+    The bytes are `head` + [queue offset, physical offset] + `mid` + [store timestamp] + `tail`: under the
+    lock only the two bracketed parts are packed (`RecordEncoder.emit`). With the `__CRC32#` trailer the
+    record is instead fully encoded in `buf` and patched.
+    """
+
+    total: int
+    head: bytes  # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG
+    mid: bytes  # SYSFLAG, BORNTIMESTAMP, BORNHOST
+    tail: bytes  # STOREHOST .. BODYLEN, body, topic, properties
     topic: str
     queue_id: int
     sys_flag: int
@@ -500,7 +508,16 @@ class PreparedRecord(NamedTuple):
     keys: str | None
     uniq_key: str | None
     properties_string: str
-    crc_trailer: bool
+    prepared_transaction_offset: int
+    buf: bytearray | None
+
+
+_PREPARED_NEW = tuple.__new__
+_HEAD = struct.Struct(">iiiii")
+_MID4 = struct.Struct(">iq4si")
+_MID16 = struct.Struct(">iq16si")
+_TAIL4 = struct.Struct(">4siiqi")
+_TAIL16 = struct.Struct(">16siiqi")
 
 
 def encode_record(
@@ -650,8 +667,9 @@ def fill_crc_trailer(buf: bytearray | memoryview, start: int = 0) -> None:
 class RecordEncoder:
     """Encodes `Message`s for one store: the store host, size limits and CRC trailer bound once.
 
-    `prepare` runs outside the put lock and leaves queue offset, physical offset and store time zero;
-    `patch` fills them in under the lock (as RocketMQ's encoder + `doAppend` split the work).
+    `prepare` runs outside the put lock (CRC, properties, size rules); `emit` runs inside it and packs
+    the header with the queue offset, physical offset and store time, as RocketMQ's encoder and
+    `doAppend` split the work. Topics are validated by the caller; their encoded form is cached here.
     """
 
     def __init__(
@@ -663,46 +681,113 @@ class RecordEncoder:
         self.auto_v2 = auto_v2
         self.append_crc = append_crc
         self.uniq_ids = uniq_ids
+        self._store_v6 = STOREHOSTADDRESS_V6_FLAG if len(self.store_host[0]) == 16 else 0
+        self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length-prefixed bytes, magic)
 
-    def prepare(self, msg: Message, auto_uniq_key: bool = False) -> PreparedRecord:
-        uniq = msg.uniq_key
-        if msg.properties_string is not None:
-            ps = msg.properties_string
-            props = None
-        else:
-            if uniq is None and auto_uniq_key and self.uniq_ids is not None:
-                uniq = self.uniq_ids.create()
-            ps = build_properties_string(msg, uniq)
-            props = True
-        born = parse_host(msg.born_host) if msg.born_host else self.store_host
-        buf = encode_record(
-            topic=msg.topic, body=msg.body, properties_string=ps, queue_id=msg.queue_id, flag=msg.flag,
-            sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp, born_host=born,
-            store_host=self.store_host, reconsume_times=msg.reconsume_times,
-            prepared_transaction_offset=msg.prepared_transaction_offset, force_v2=msg.force_v2,
-            auto_v2=self.auto_v2, append_crc=self.append_crc, max_message_size=self.max_message_size,
-        )
-        sys_flag = _INT.unpack_from(buf, SYSFLAG_POSITION)[0]
-        if props is None:  # verbatim properties: take tags/keys/uniq key from the string itself
-            p = string_to_properties(ps)
+    def _topic_part(self, topic: str, force_v2: bool) -> tuple[bytes, int]:
+        tp = None if force_v2 else self._topics.get(topic)
+        if tp is None:
+            tb = topic.encode("utf-8")
+            v2 = force_v2 or (self.auto_v2 and _java_length(topic) > MAX_TOPIC_LENGTH_V1)
+            if not v2 and len(tb) > MAX_TOPIC_LENGTH_V1:
+                raise EncodeError("MESSAGE_ILLEGAL", f"topic is {len(tb)} bytes, V1 records hold at most 127")
+            if len(tb) > 32767:
+                raise EncodeError("MESSAGE_ILLEGAL", "topic longer than 32767 bytes")
+            tp = ((_SHORT.pack(len(tb)) if v2 else bytes((len(tb),))) + tb,
+                  MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE)
+            if not force_v2 and len(self._topics) < 100_000:
+                self._topics[topic] = tp
+        return tp
+
+    def prepare(self, msg: Message, uniq_key: str | None = None, born_timestamp: int = 0) -> PreparedRecord:
+        """Encode `msg` up to the fields only the put lock knows.
+
+        `uniq_key` is used when the message has none of its own; `born_timestamp` when the message's is 0
+        (the producer did not set one). Raises `EncodeError` for the size rules of spec §1.6.
+        """
+        ps = msg.properties_string
+        if ps is not None:
+            p = string_to_properties(ps) if ps else {}
             tags, keys, uniq = p.get("TAGS"), p.get("KEYS"), p.get("UNIQ_KEY")
         else:
             tags = msg.tags
             k = msg.keys
             keys = (k if isinstance(k, str) else " ".join(k)) if k else None
-        return PreparedRecord(buf, msg.topic, msg.queue_id, sys_flag, tags_string_to_tags_code(tags), keys,
-                              uniq, ps, self.append_crc)
+            uniq = msg.uniq_key or uniq_key
+            if msg.properties:
+                ps = build_properties_string(msg, uniq)
+            else:
+                ps = ((f"TAGS\x01{tags}\x02" if tags else "") + (f"KEYS\x01{keys}\x02" if keys else "")
+                      + (f"UNIQ_KEY\x01{uniq}\x02" if uniq else ""))
+        bt = msg.born_timestamp or born_timestamp or int(time.time() * 1000)
+        if self.append_crc:
+            return self._prepare_with_crc(msg, ps, tags, keys, uniq, bt)
+        pb = ps.encode("utf-8")
+        pl = len(pb)
+        if pl > MAX_PROPERTIES_LENGTH:
+            raise EncodeError("PROPERTIES_SIZE_EXCEEDED", f"properties are {pl} bytes, more than {MAX_PROPERTIES_LENGTH}")
+        body = msg.body
+        if body is None:
+            raise EncodeError("MESSAGE_ILLEGAL", "message body is null")
+        bl = len(body)
+        if bl > self.max_message_size:
+            raise EncodeError(
+                "MESSAGE_ILLEGAL", f"message body is {bl} bytes, more than max_message_size {self.max_message_size}")
+        topic_part, magic = self._topic_part(msg.topic, msg.force_v2)
+        if msg.born_host:
+            born_addr, born_port = parse_host(msg.born_host)
+        else:
+            born_addr, born_port = self.store_host
+        sys_flag = (msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) | self._store_v6
+        if len(born_addr) == 16:
+            sys_flag |= BORNHOST_V6_FLAG
+            mid = _MID16.pack(sys_flag, bt, born_addr, born_port)
+        else:
+            mid = _MID4.pack(sys_flag, bt, born_addr, born_port)
+        store_addr, store_port = self.store_host
+        ptx = msg.prepared_transaction_offset
+        tail = (_TAIL16 if self._store_v6 else _TAIL4).pack(store_addr, store_port, msg.reconsume_times, ptx, bl)
+        total = 44 + len(mid) + len(tail) + bl + len(topic_part) + 2 + pl  # head+offsets 36, store time 8
+        if total > self.max_message_size + RECORD_HEADROOM:
+            raise EncodeError("MESSAGE_ILLEGAL", f"record of {total} bytes exceeds the maximum record size")
+        return _PREPARED_NEW(PreparedRecord, (
+            total, _HEAD.pack(total, magic, zlib.crc32(body) & 0x7FFFFFFF, msg.queue_id, msg.flag), mid,
+            b"".join((tail, body, topic_part, _SHORT.pack(pl), pb)), msg.topic, msg.queue_id, sys_flag,
+            tags_string_to_tags_code(tags), keys, uniq, ps, ptx, None))
+
+    def _prepare_with_crc(self, msg: Message, ps: str, tags: str | None, keys: str | None,
+                          uniq: str | None, born_timestamp: int) -> PreparedRecord:
+        born = parse_host(msg.born_host) if msg.born_host else self.store_host
+        buf = encode_record(
+            topic=msg.topic, body=msg.body, properties_string=ps, queue_id=msg.queue_id, flag=msg.flag,
+            sys_flag=msg.sys_flag, born_timestamp=born_timestamp, born_host=born,
+            store_host=self.store_host, reconsume_times=msg.reconsume_times,
+            prepared_transaction_offset=msg.prepared_transaction_offset, force_v2=msg.force_v2,
+            auto_v2=self.auto_v2, append_crc=True, max_message_size=self.max_message_size,
+        )
+        sys_flag = _INT.unpack_from(buf, SYSFLAG_POSITION)[0]
+        return PreparedRecord(len(buf), b"", b"", b"", msg.topic, msg.queue_id, sys_flag,
+                              tags_string_to_tags_code(tags), keys, uniq, ps, msg.prepared_transaction_offset, buf)
 
     @staticmethod
-    def patch(rec: PreparedRecord, queue_offset: int, physical_offset: int, store_timestamp: int,
-              born_timestamp: int | None = None) -> None:
-        buf = rec.buf
-        _QOFF_PHYS.pack_into(buf, QUEUE_OFFSET_POSITION, queue_offset, physical_offset)
-        _LONG.pack_into(buf, store_timestamp_position(rec.sys_flag), store_timestamp)
-        if born_timestamp is not None:
-            _LONG.pack_into(buf, BORN_TIMESTAMP_POSITION, born_timestamp)
-        if rec.crc_trailer:
+    def emit(rec: PreparedRecord, queue_offset: int, physical_offset: int, store_timestamp: bytes,
+             parts: list) -> None:
+        """Append the record's final bytes to `parts` (under the put lock). `store_timestamp` is the
+        8-byte big-endian store time shared by the whole append (`encode_store_timestamp`)."""
+        if rec.buf is not None:
+            buf = rec.buf
+            _QOFF_PHYS.pack_into(buf, QUEUE_OFFSET_POSITION, queue_offset, physical_offset)
+            pos = store_timestamp_position(rec.sys_flag)
+            buf[pos:pos + 8] = store_timestamp
             fill_crc_trailer(buf)
+            parts.append(buf)
+            return
+        parts += (rec.head, _QOFF_PHYS.pack(queue_offset, physical_offset), rec.mid, store_timestamp, rec.tail)
+
+
+def encode_store_timestamp(ms: int) -> bytes:
+    """STORETIMESTAMP as stored (8 bytes, big-endian)."""
+    return _LONG.pack(ms)
 
 
 def encode_blank(remaining: int) -> bytes:

@@ -25,6 +25,7 @@ from .topic import TopicValidationError, validate_topic
 log = logging.getLogger(__name__)
 
 _INT = codec._INT
+_tuple_new = tuple.__new__
 
 
 def now_ms() -> int:
@@ -87,8 +88,9 @@ def _illegal(reason: str, status: PutMessageStatus = PutMessageStatus.MESSAGE_IL
 class CommitLog:
     """The commitlog directory: a MappedFileQueue, the put lock and the queue-offset table.
 
-    `on_appended` receives, under the put lock and in log order, the dispatch requests of what was just
-    written, so the reput service need not parse back records this process encoded itself.
+    `on_appended(start, end, requests)` receives, under the put lock and in log order, the dispatch
+    requests of what was just written, so the reput service need not parse back records this process
+    encoded itself.
     """
 
     def __init__(self, config: StoreConfig, read_only: bool = False) -> None:
@@ -108,9 +110,10 @@ class CommitLog:
         self.topic_queue_table: dict[str, int] = {}
         self.begin_time_in_lock = 0
         self.confirm_offset = 0
-        self.on_appended: Callable[[list], None] | None = None
+        self.on_appended: Callable[[int, int, list], None] | None = None
         self.on_new_queue: Callable[[str, int], None] | None = None
         self.writeable = True
+        self._valid_topics: set[str] = set()
 
     # -- load / recovery ------------------------------------------------------------------------
     def load(self) -> bool:
@@ -164,89 +167,104 @@ class CommitLog:
     def _check(self, msg: Message) -> PutMessageResult | None:
         if not self.writeable or self.read_only:
             return _illegal("the store is not writeable", PutMessageStatus.SERVICE_NOT_AVAILABLE)
-        try:
-            validate_topic(msg.topic)
-        except TopicValidationError as e:
-            return _illegal(str(e))
-        if msg.body is None:
-            return _illegal("message body is null")
+        topic = msg.topic
+        if topic not in self._valid_topics:
+            try:
+                validate_topic(topic)
+            except TopicValidationError as e:
+                return _illegal(str(e))
+            except TypeError:
+                return _illegal(f"topic must be a str, not {type(topic).__name__}")
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
         if msg.queue_id < 0:
             return _illegal(f"queue id {msg.queue_id} is negative")
         return None
 
-    def _prepare(self, msg: Message) -> PreparedRecord | PutMessageResult:
+    def _prepare(self, msg: Message, uniq_key: str | None, born: int = 0) -> PreparedRecord | PutMessageResult:
         bad = self._check(msg)
         if bad is not None:
             return bad
         try:
-            return self.encoder.prepare(msg, self.config.auto_create_uniq_key)
+            return self.encoder.prepare(msg, uniq_key, born)
         except EncodeError as e:
             return _illegal(str(e), PutMessageStatus[e.status])
-        except ValueError as e:  # bad born host text
-            return _illegal(str(e))
+        except (ValueError, TypeError) as e:  # bad born host text, a body that is not bytes
+            return _illegal(f"cannot encode message: {e}")
+
+    def _uniq_keys(self, msgs: Sequence[Message]) -> list[str | None] | None:
+        if not self.config.auto_create_uniq_key:
+            return None
+        need = sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
+        if not need:
+            return None
+        ids = iter(self.uniq_ids.create_many(need))
+        return [next(ids) if m.uniq_key is None and m.properties_string is None else None for m in msgs]
 
     def put_message(self, msg: Message) -> PutMessageResult:
-        rec = self._prepare(msg)
+        uniq = None
+        if self.config.auto_create_uniq_key and msg.uniq_key is None and msg.properties_string is None:
+            uniq = self.uniq_ids.create()
+        rec = self._prepare(msg, uniq)
         if isinstance(rec, PutMessageResult):
             return rec
-        born_now = msg.born_timestamp == 0
-        return self._append([rec], born_now, msg.prepared_transaction_offset)
+        return self._append([rec], rec.total)
 
     def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
         """Append a batch under one lock into one file: consecutive queue offsets per queue."""
         if not msgs:
             return _illegal("empty batch")
+        uniq = self._uniq_keys(msgs)
         recs = []
-        for m in msgs:
-            if codec.transaction_value(m.sys_flag) in (codec.TRANSACTION_PREPARED_TYPE,
-                                                      codec.TRANSACTION_ROLLBACK_TYPE):
+        prepare = self._prepare
+        total = 0
+        born = now_ms()
+        for i, m in enumerate(msgs):
+            if m.sys_flag & codec.TRANSACTION_PREPARED_TYPE:  # PREPARED or ROLLBACK
                 return _illegal("a batch may not hold transactional (prepared/rollback) messages")
-            r = self._prepare(m)
+            r = prepare(m, uniq[i] if uniq is not None else None, born)
             if isinstance(r, PutMessageResult):
+                if len(msgs) > 1:
+                    r.reason = f"message {i} of the batch: {r.reason}"
                 return r
             recs.append(r)
-        total = sum(len(r.buf) for r in recs)
-        if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
-            return _illegal(f"batch of {total} bytes does not fit in a {self.file_size}-byte commitlog file")
-        return self._append(recs, any(m.born_timestamp == 0 for m in msgs), 0,
-                            born_flags=[m.born_timestamp == 0 for m in msgs])
+            total += r.total
+        return self._append(recs, total)
 
-    def _append(self, recs: list[PreparedRecord], born_now: bool, _ptx: int,
-                born_flags: list[bool] | None = None) -> PutMessageResult:
-        total = sum(len(r.buf) for r in recs) if len(recs) > 1 else len(recs[0].buf)
+    def _append(self, recs: list[PreparedRecord], total: int) -> PutMessageResult:
         if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
-            return _illegal(f"record of {total} bytes does not fit in a {self.file_size}-byte commitlog file")
+            return _illegal(f"{total} bytes do not fit in a {self.file_size}-byte commitlog file")
         mfq = self.mapped_file_queue
+        emit = RecordEncoder.emit
         with self.put_lock:
             begin = now_ms()
             self.begin_time_in_lock = begin
             try:
                 mf = mfq.get_last_mapped_file(0)
+                pos = mf.wrote_position
+                max_blank = self.file_size - pos
+                dispatched: list = []
+                if total + codec.END_FILE_MIN_BLANK_LENGTH > max_blank:
+                    # END_OF_FILE: close this file with a BLANK record and retry in a new one.
+                    mf.write_at(pos, codec.encode_blank(max_blank))
+                    mf.wrote_position = self.file_size
+                    blank_at = mf.file_from_offset + pos
+                    if self.on_appended is not None:
+                        self.on_appended(blank_at, blank_at + max_blank, [])
+                    mf = mfq.get_last_mapped_file(0)
+                    pos = mf.wrote_position
             except OSError as e:
                 self.begin_time_in_lock = 0
                 return _illegal(f"cannot create a commitlog file: {e}", PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
-            pos = mf.wrote_position
-            max_blank = self.file_size - pos
-            dispatched: list = []
-            if total + codec.END_FILE_MIN_BLANK_LENGTH > max_blank:
-                # END_OF_FILE: close this file with a BLANK record and retry in a new one.
-                mf.write_at(pos, codec.encode_blank(max_blank))
-                mf.wrote_position = self.file_size
-                dispatched.append(("BLANK", mf.file_from_offset + pos, max_blank))
-                try:
-                    mf = mfq.get_last_mapped_file(0)
-                except OSError as e:
-                    self.begin_time_in_lock = 0
-                    return _illegal(f"cannot create a commitlog file: {e}",
-                                    PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
-                pos = mf.wrote_position
             base = mf.file_from_offset + pos
             table = self.topic_queue_table
             phys = base
             offsets = []
-            first_qoff = 0
-            patch = RecordEncoder.patch
-            for i, rec in enumerate(recs):
+            parts: list = []
+            first_qoff = -1
+            ts_bytes = codec.encode_store_timestamp(begin)
+            new_request = _tuple_new
+            for rec in recs:
                 tx = rec.sys_flag & codec.TRANSACTION_ROLLBACK_TYPE
                 if tx == 0 or tx == codec.TRANSACTION_COMMIT_TYPE:
                     key = f"{rec.topic}-{rec.queue_id}"
@@ -258,21 +276,18 @@ class CommitLog:
                     table[key] = qoff + 1
                 else:
                     qoff = 0
-                if i == 0:
+                if first_qoff < 0:
                     first_qoff = qoff
-                bt = begin if (born_flags[i] if born_flags is not None else born_now) else None
-                patch(rec, qoff, phys, begin, bt)
-                size = len(rec.buf)
+                emit(rec, qoff, phys, ts_bytes, parts)
                 offsets.append(phys)
-                dispatched.append(DispatchRequest(
-                    rec.topic, rec.queue_id, phys, size, rec.tags_code, begin, qoff, rec.keys, rec.uniq_key,
-                    rec.sys_flag, 0 if tx != codec.TRANSACTION_COMMIT_TYPE else _ptx, rec.properties_string))
-                phys += size
-            data = recs[0].buf if len(recs) == 1 else b"".join(r.buf for r in recs)
-            mf.append_message(data)
+                dispatched.append(new_request(DispatchRequest, (
+                    rec.topic, rec.queue_id, phys, rec.total, rec.tags_code, begin, qoff, rec.keys, rec.uniq_key,
+                    rec.sys_flag, rec.prepared_transaction_offset, rec.properties_string)))
+                phys += rec.total
+            mf.append_message(b"".join(parts))
             mf.store_timestamp = begin
             if self.on_appended is not None:
-                self.on_appended(dispatched)
+                self.on_appended(base, phys, dispatched)
             self.begin_time_in_lock = 0
         result = AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, begin, first_qoff, len(recs), now_ms() - begin,

@@ -126,10 +126,11 @@ class MappedFile:
         if self.is_able_to_flush(least_pages):
             with self._lock:
                 value = self.get_read_position()
-                start = (self.flushed_position // mmap.PAGESIZE) * mmap.PAGESIZE  # msync needs page alignment
-                if value > start:
+                if value > self.flushed_position:
                     try:
-                        self.mm.flush(start, value - start)
+                        # fdatasync, not msync: it writes back the file's dirty pages (mmap writes
+                        # included) and, unlike mmap.flush, releases the GIL while the disk works.
+                        os.fdatasync(self._fd)
                     except (ValueError, OSError) as e:  # closed under us during destroy
                         log.error("flush of %s failed: %s", self.path, e)
                         return self.flushed_position

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from . import codec
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 500_000  # above this the put path stops handing over requests; reput parses instead
 MAX_BATCH = 8192
+REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep arriving
 
 
 class ReputMessageService:
@@ -32,6 +34,7 @@ class ReputMessageService:
         self.reput_from_offset = 0
         self.listeners: list[Callable[[dict[tuple[str, int], int]], None]] = []
         self._pending: collections.deque = collections.deque()
+        self._pending_count = 0
         self._wakeup = threading.Event()
         self._progress = threading.Condition()
         self._stopped = threading.Event()
@@ -40,12 +43,18 @@ class ReputMessageService:
         self.errors = 0
 
     # -- hand-off from the put path ---------------------------------------------------------------
-    def notify_appended(self, requests: list) -> None:
-        """Called under the put lock with what was just written, in log order."""
+    def notify_appended(self, start: int, end: int, requests: list) -> None:
+        """Called under the put lock with what was just written to `[start, end)`, in log order.
+
+        A BLANK end-of-file record arrives as a chunk with no requests. Chunks are kept whole so that
+        taking them costs nothing per message.
+        """
         pend = self._pending
-        if len(pend) < MAX_PENDING:
-            pend.extend(requests)
-        self._wakeup.set()
+        if self._pending_count < MAX_PENDING:
+            pend.append((start, end, requests))
+            self._pending_count += len(requests)
+        if not self._wakeup.is_set():
+            self._wakeup.set()
 
     def wakeup(self) -> None:
         self._wakeup.set()
@@ -59,36 +68,23 @@ class ReputMessageService:
         return self.behind() <= 0
 
     def _take_pending(self, limit: int) -> list[DispatchRequest]:
-        """Requests from the hand-off queue that start exactly at reput_from_offset, contiguous."""
+        """Whole hand-off chunks that start exactly at reput_from_offset (BLANK chunks just move it)."""
         pend = self._pending
         out: list[DispatchRequest] = []
         offset = self.reput_from_offset
         while pend and len(out) < MAX_BATCH:
-            head = pend[0]
-            if isinstance(head, tuple) and head and head[0] == "BLANK":
-                _, off, size = head
-                if off < offset:
-                    pend.popleft()
-                    continue
-                if off != offset:
-                    break
+            start, end, reqs = pend[0]
+            if end <= offset:  # already dispatched by a parse
                 pend.popleft()
-                if out:
-                    # dispatch what we have before moving to the next file
-                    pend.appendleft(head)
-                    break
-                offset = off + size
-                self.reput_from_offset = offset
+                self._pending_count -= len(reqs)
                 continue
-            off = head.commit_log_offset
-            if off < offset:
-                pend.popleft()
-                continue
-            if off != offset or off + head.msg_size > limit:
+            if start != offset or end > limit:
                 break
             pend.popleft()
-            out.append(head)
-            offset = off + head.msg_size
+            self._pending_count -= len(reqs)
+            out.extend(reqs)
+            offset = end
+        self.reput_from_offset = offset
         return out
 
     def _parse(self, limit: int) -> list[DispatchRequest]:
@@ -98,11 +94,8 @@ class ReputMessageService:
         offset = self.reput_from_offset
         pend = self._pending
         stop_at = limit
-        if pend:
-            head = pend[0]
-            head_off = head[1] if isinstance(head, tuple) and head and head[0] == "BLANK" else head.commit_log_offset
-            if head_off > offset:
-                stop_at = min(stop_at, head_off)
+        if pend and pend[0][0] > offset:
+            stop_at = min(stop_at, pend[0][0])
         min_off = cl.get_min_offset()
         if offset < min_off:
             offset = self.reput_from_offset = min_off
@@ -154,11 +147,9 @@ class ReputMessageService:
                 limit = self.commit_log.get_max_offset()
                 if self.reput_from_offset >= limit:
                     break
+                before = self.reput_from_offset
                 reqs = self._take_pending(limit)
-                if reqs:
-                    self.reput_from_offset = reqs[-1].commit_log_offset + reqs[-1].msg_size
-                else:
-                    before = self.reput_from_offset
+                if not reqs and self.reput_from_offset == before:
                     reqs = self._parse(limit)
                     if not reqs and self.reput_from_offset == before:
                         break
@@ -183,7 +174,10 @@ class ReputMessageService:
             self._wakeup.wait(0.01)
             self._wakeup.clear()
             try:
-                self.do_reput()
+                if self.do_reput():
+                    # Like RocketMQ's 1 ms reput loop: let puts accumulate into the next batch instead of
+                    # waking (and taking the GIL) once per message.
+                    time.sleep(REPUT_INTERVAL)
             except Exception:
                 self.errors += 1
                 log.exception("reput failed at %d", self.reput_from_offset)

@@ -21,7 +21,7 @@ test: $(VENV)/.installed lint
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check rmq_eventstore tests examples benchmarks
+	$(VENV)/bin/ruff check .
 
 ## bench: benchmarks side by side with their peers (writes benchmarks/results/)
 bench: $(VENV)/.installed

@@ -332,15 +332,6 @@ def test_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], tmp_path
         assert "Traceback" not in err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_segment_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    d = tmp_path / "cl"
-    shutil.copytree(GOLDEN_2K, d)
-    (d / "00000000000000002048").chmod(0)
-    code, _, err = run(capsys, "inspect", d)
-    assert code == 2 and "Permission denied" in err and len(err.strip().splitlines()) == 1
-
-
 def test_unreadable_file_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                 closed_store: tuple[Path, dict[int, int]]) -> None:
     """An unreadable segment (simulated: this may run as root, who reads any file) → one line, exit 2."""

@@ -117,7 +117,7 @@ class MessageStore:
         self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
         self._cq_lock = threading.Lock()
         self.index_service = IndexService(config.index_path, config.max_hash_slot_num, config.max_index_num,
-                                          config.max_msgs_num_batch)
+                                          config.max_msgs_num_batch, on_index_file_full=self._on_index_file_full)
         self.checkpoint: StoreCheckpoint | None = None
         self.reput_message_service = ReputMessageService(self.commit_log, self._dispatch)
         self.commit_log.on_appended = self.reput_message_service.notify_appended
@@ -183,6 +183,11 @@ class MessageStore:
         self._loaded = True
         return True
 
+    def _on_index_file_full(self, end_timestamp: int) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.index_msg_timestamp = end_timestamp
+            self.checkpoint.flush()
+
     def _load_consume_queues(self) -> None:
         root = self.config.consume_queue_path
         if not os.path.isdir(root):
@@ -222,6 +227,12 @@ class MessageStore:
         # or queues behind after an unclean stop); repeated builds are skipped by both dispatchers.
         min_off = max(self.commit_log.get_min_offset(), 0)
         start = max_cq_phy if max_cq_phy >= 0 else min_off
+        if self.config.message_index_enable:
+            files = self.index_service.files
+            if not files:
+                start = min_off  # no index at all (deleted, or a commitlog copied in): build it
+            elif files[-1].entry_count > 0:
+                start = min(start, files[-1].end_phy_offset)
         start = min(max(start, min_off), end)
         self.reput_message_service.reput_from_offset = start
         while self.reput_message_service.do_reput():

@@ -19,6 +19,13 @@ from . import codec
 from .checkpoint import StoreCheckpoint
 from .commitlog import CommitLog, PutMessageResult, now_ms
 from .config import CQ_STORE_UNIT_SIZE, FlushDiskType, StoreConfig
+from .config_files import (
+    ConsumerOffsetManager,
+    DelayOffsetManager,
+    SubscriptionGroupManager,
+    TopicConfig,
+    TopicConfigManager,
+)
 from .consume_queue import ConsumeQueue
 from .index import IndexService
 from .message import Message, MessageExt
@@ -30,6 +37,7 @@ log = logging.getLogger(__name__)
 
 MAX_PULL_MSG_SIZE = 128 * 1024 * 1024
 BLANK_UNIT_SIZE = 0x7FFFFFFF
+DEFAULT_TOPIC_QUEUE_NUMS = 4  # queues recorded in topics.json for a topic created by its first put
 
 
 class StoreLockedError(RuntimeError):
@@ -129,6 +137,12 @@ class MessageStore:
         self._stop = threading.Event()
         self._total_ram = _total_physical_memory()
         self.last_exit_ok = True
+        # The broker's config files (<root>/config/*.json, each with a .bak), loaded with the store.
+        self.topic_config_manager = TopicConfigManager(config.config_path)
+        self.consumer_offset_manager = ConsumerOffsetManager(config.config_path)
+        self.subscription_group_manager = SubscriptionGroupManager(config.config_path)
+        self.delay_offset_manager = DelayOffsetManager(config.config_path)
+        self.commit_log.on_new_queue = self._on_new_queue
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @classmethod
@@ -172,6 +186,9 @@ class MessageStore:
         self._acquire_lock()
         try:
             self.last_exit_ok = not os.path.exists(self.config.abort_path)
+            for manager in (self.topic_config_manager, self.consumer_offset_manager,
+                            self.subscription_group_manager, self.delay_offset_manager):
+                manager.load()
             self.commit_log.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(self.config.checkpoint_path)
@@ -182,6 +199,18 @@ class MessageStore:
             raise
         self._loaded = True
         return True
+
+    def _on_new_queue(self, topic: str, queue_id: int) -> None:
+        """First message of a topic-queue: make sure topics.json knows the topic and enough queues."""
+        tc = self.topic_config_manager.get(topic)
+        if tc is None or tc.write_queue_nums <= queue_id or tc.read_queue_nums <= queue_id:
+            n = max(queue_id + 1, tc.write_queue_nums if tc else 0, DEFAULT_TOPIC_QUEUE_NUMS)
+            new = tc.copy() if tc is not None else TopicConfig(topic)
+            new.read_queue_nums = new.write_queue_nums = n
+            try:
+                self.topic_config_manager.put(new)
+            except Exception:  # a config file problem must not fail the put itself
+                log.exception("could not record topic %r in topics.json", topic)
 
     def _on_index_file_full(self, end_timestamp: int) -> None:
         if self.checkpoint is not None:
@@ -311,6 +340,11 @@ class MessageStore:
                     self.checkpoint.physic_msg_timestamp = ts
                 self.checkpoint.flush()
                 self.checkpoint.shutdown()
+            for manager in (self.consumer_offset_manager, self.delay_offset_manager):
+                try:
+                    manager.persist()
+                except Exception:
+                    log.exception("could not persist %s", manager.config_file_path())
             self.commit_log.shutdown()
             if clean and self._started:
                 try:

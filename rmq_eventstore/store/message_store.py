@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 MAX_PULL_MSG_SIZE = 128 * 1024 * 1024
 BLANK_UNIT_SIZE = 0x7FFFFFFF
+_OWNED: set[tuple[int, int]] = set()  # (device, inode) of the lock files this process holds
+_OWNED_LOCK = threading.Lock()
 DEFAULT_TOPIC_QUEUE_NUMS = 4  # queues recorded in topics.json for a topic created by its first put
 
 
@@ -130,6 +132,7 @@ class MessageStore:
         self.reput_message_service = ReputMessageService(self.commit_log, self._dispatch)
         self.commit_log.on_appended = self.reput_message_service.notify_appended
         self._lock_fd: int | None = None
+        self._lock_key = (0, 0)
         self._loaded = False
         self._started = False
         self._shutdown = False
@@ -159,9 +162,23 @@ class MessageStore:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    def _refuse(self) -> StoreLockedError:
+        return StoreLockedError(
+            f"store {self.config.store_path_root_dir} is already open in another process or MessageStore "
+            "(the lock file is held); one process owns a store - talk to it through its broker")
+
     def _acquire_lock(self) -> None:
         root = self.config.store_path_root_dir
         os.makedirs(root, exist_ok=True)
+        # A store this process already owns is refused before opening the lock file again: closing any
+        # descriptor of that file would drop the owner's POSIX lock (fcntl semantics).
+        try:
+            st = os.stat(self.config.lock_path)
+            with _OWNED_LOCK:
+                if (st.st_dev, st.st_ino) in _OWNED:
+                    raise self._refuse()
+        except FileNotFoundError:
+            pass
         fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             # flock guards against our own processes and other MessageStores in this process (it is
@@ -171,12 +188,13 @@ class MessageStore:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
         except OSError:
             os.close(fd)
-            raise StoreLockedError(
-                f"store {root} is already open in another process or MessageStore "
-                "(the lock file is held); one process owns a store - talk to it through its broker"
-            ) from None
+            raise self._refuse() from None
         os.pwrite(fd, b"lock", 0)
         os.fsync(fd)
+        st = os.fstat(fd)
+        with _OWNED_LOCK:
+            _OWNED.add((st.st_dev, st.st_ino))
+        self._lock_key = (st.st_dev, st.st_ino)
         self._lock_fd = fd
 
     def load(self) -> bool:
@@ -263,7 +281,8 @@ class MessageStore:
             elif files[-1].entry_count > 0:
                 start = min(start, files[-1].end_phy_offset)
         start = min(max(start, min_off), end)
-        self.reput_message_service.reput_from_offset = start
+        rs = self.reput_message_service
+        rs.reput_from_offset = rs.dispatched_offset = start
         while self.reput_message_service.do_reput():
             pass
         self._recover_topic_queue_table()
@@ -361,6 +380,8 @@ class MessageStore:
             finally:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+                with _OWNED_LOCK:
+                    _OWNED.discard(self._lock_key)
 
     # -- dispatch -----------------------------------------------------------------------------------
     def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:

@@ -31,7 +31,8 @@ class ReputMessageService:
     def __init__(self, commit_log, dispatch: Callable[[list[DispatchRequest]], None]) -> None:
         self.commit_log = commit_log
         self.dispatch = dispatch
-        self.reput_from_offset = 0
+        self.reput_from_offset = 0  # next record to take
+        self.dispatched_offset = 0  # everything before it is in the consume queues and index
         self.listeners: list[Callable[[dict[tuple[str, int], int]], None]] = []
         self._pending: collections.deque = collections.deque()
         self._pending_count = 0
@@ -62,7 +63,7 @@ class ReputMessageService:
     # -- the loop ---------------------------------------------------------------------------------
     def behind(self) -> int:
         """Bytes written but not yet dispatched (`dispatchBehindBytes`)."""
-        return self.commit_log.get_max_offset() - self.reput_from_offset
+        return self.commit_log.get_max_offset() - self.dispatched_offset
 
     def is_caught_up(self) -> bool:
         return self.behind() <= 0
@@ -154,7 +155,17 @@ class ReputMessageService:
                     if not reqs and self.reput_from_offset == before:
                         break
                 if reqs:
-                    self.dispatch(reqs)
+                    try:
+                        self.dispatch(reqs)
+                    except BaseException:
+                        # Not dispatched: take these records again (parsed back from the commitlog);
+                        # the dispatchers skip whatever part of them they already hold.
+                        self.reput_from_offset = self.dispatched_offset
+                        raise
+                # reput_from_offset moves when records are taken; dispatched_offset once they are in
+                # the queues and the index, which is what waiters and shutdown care about.
+                self.dispatched_offset = self.reput_from_offset
+                if reqs:
                     total += len(reqs)
                     if self.listeners:
                         grown: dict[tuple[str, int], int] = {}
@@ -193,7 +204,7 @@ class ReputMessageService:
         target = self.commit_log.get_max_offset() if offset is None else offset
         self._wakeup.set()
         with self._progress:
-            return self._progress.wait_for(lambda: self.reput_from_offset >= target, timeout)
+            return self._progress.wait_for(lambda: self.dispatched_offset >= target, timeout)
 
     def shutdown(self, wait_seconds: float = 5.0) -> None:
         """Stop after catching up (RocketMQ waits up to 5 s for the reput to finish)."""

@@ -424,6 +424,14 @@ class MessageStore:
                 queues[queue_id] = cq
             return cq
 
+    def add_message_arriving_listener(self, listener) -> None:
+        """Call `listener({(topic, queue_id): new max queue offset, ...})` after each dispatched batch.
+
+        This is RocketMQ's `MessageArrivingListener` hook, batched: a broker's long polling wakes the
+        pulls waiting on those queues. It runs on the reput thread and must not block.
+        """
+        self.reput_message_service.listeners.append(listener)
+
     def wait_for_dispatch(self, timeout: float = 5.0) -> bool:
         """Block until every record written so far is in the consume queues and index."""
         return self.reput_message_service.wait_for(None, timeout)

@@ -37,6 +37,8 @@ from typing import Any
 
 from rmq_eventstore.store.topic import validate_group, validate_topic
 
+from .fsutil import fsync_directory
+
 __all__ = [
     "CONSUMER_OFFSET_FILE",
     "DELAY_OFFSET_FILE",
@@ -440,17 +442,7 @@ def _lock_for(path: str) -> threading.Lock:
         return lock
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return  # not supported (e.g. Windows)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = fsync_directory
 
 
 def _write_durably(target: str, data: bytes) -> None:

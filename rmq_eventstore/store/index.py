@@ -37,6 +37,7 @@ from .codec import (
     index_key_hash,
     java_string_hashes,
 )
+from .fsutil import fsync_directory
 from .mapped_file import StoreLoadError
 
 log = logging.getLogger(__name__)
@@ -167,14 +168,7 @@ class IndexFile:
         self._fsync_dir()
 
     def _fsync_dir(self) -> None:
-        try:
-            dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+        fsync_directory(os.path.dirname(self.path))
 
     # -- header --------------------------------------------------------------------------------
     def load(self) -> None:

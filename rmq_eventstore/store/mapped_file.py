@@ -13,6 +13,8 @@ import os
 import threading
 import time
 
+from .fsutil import fsync_directory
+
 log = logging.getLogger(__name__)
 
 OS_PAGE_SIZE = 4096
@@ -73,14 +75,7 @@ class MappedFile:
         self.flushed_position = 0
 
     def _fsync_dir(self) -> None:
-        try:
-            dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+        fsync_directory(os.path.dirname(self.path))
 
     # -- positions -----------------------------------------------------------------------------
     def get_read_position(self) -> int:

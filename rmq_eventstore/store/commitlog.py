@@ -9,6 +9,7 @@ to the next one (`DefaultAppendMessageCallback`).
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,27 @@ class PutMessageResult:
         where = f", wrote_offset={a.wrote_offset}, logics_offset={a.logics_offset}" if a else ""
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"PutMessageResult({self.status.name}{where}{why})"
+
+
+_INT32_FIELDS = ("queue_id", "flag", "sys_flag", "reconsume_times")
+_INT64_FIELDS = ("born_timestamp", "prepared_transaction_offset")
+
+
+def _diagnose(msg: Message) -> str:
+    """Which field of a message cannot be stored (for a clear MESSAGE_ILLEGAL reason)."""
+    for name, bits in [(f, 32) for f in _INT32_FIELDS] + [(f, 64) for f in _INT64_FIELDS]:
+        v = getattr(msg, name)
+        if not isinstance(v, int):
+            return f"{name} must be an int, not {type(v).__name__}"
+        if not -(1 << (bits - 1)) <= v < (1 << (bits - 1)):
+            return f"{name}={v} does not fit a signed {bits}-bit field"
+    if not isinstance(msg.body, (bytes, bytearray, memoryview)):
+        return f"body must be bytes, not {type(msg.body).__name__}"
+    for name in ("tags", "properties_string", "uniq_key", "born_host"):
+        v = getattr(msg, name)
+        if v is not None and not isinstance(v, str):
+            return f"{name} must be a str, not {type(v).__name__}"
+    return ""
 
 
 def _illegal(reason: str, status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
@@ -163,6 +185,27 @@ class CommitLog:
         self.confirm_offset = process_offset
         return process_offset
 
+    def abnormal_recover_start_offset(self, min_timestamp: int) -> int:
+        """Where abnormal recovery re-dispatches from (`isMappedFileMatchedRecover`, spec §9.4).
+
+        The newest file whose first record is a message stored at or before `min_timestamp` (the
+        checkpoint's proof that everything up to then reached the queues and index); the first file when
+        none qualifies.
+        """
+        files = self.mapped_file_queue.mapped_files
+        for mf in reversed(files):
+            buf = mf.view
+            if mf.mapped_size < 64:
+                continue
+            magic = _INT.unpack_from(buf, 4)[0]
+            if magic not in (codec.MESSAGE_MAGIC_CODE, codec.MESSAGE_MAGIC_CODE_V2):
+                continue
+            sys_flag = _INT.unpack_from(buf, codec.SYSFLAG_POSITION)[0]
+            ts = codec._LONG.unpack_from(buf, codec.store_timestamp_position(sys_flag))[0]
+            if ts != 0 and ts <= min_timestamp:
+                return mf.file_from_offset
+        return files[0].file_from_offset if files else 0
+
     # -- put ------------------------------------------------------------------------------------
     def _check(self, msg: Message) -> PutMessageResult | None:
         if not self.writeable or self.read_only:
@@ -189,8 +232,9 @@ class CommitLog:
             return self.encoder.prepare(msg, uniq_key, born)
         except EncodeError as e:
             return _illegal(str(e), PutMessageStatus[e.status])
-        except (ValueError, TypeError) as e:  # bad born host text, a body that is not bytes
-            return _illegal(f"cannot encode message: {e}")
+        except (ValueError, TypeError, AttributeError, struct.error) as e:
+            # a field out of its int32/int64 range, bad born host text, a body that is not bytes
+            return _illegal(f"cannot encode message: {_diagnose(msg) or e}")
 
     def _uniq_keys(self, msgs: Sequence[Message]) -> list[str | None] | None:
         if not self.config.auto_create_uniq_key:

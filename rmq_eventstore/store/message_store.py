@@ -280,6 +280,15 @@ class MessageStore:
                 start = min_off  # no index at all (deleted, or a commitlog copied in): build it
             elif files[-1].entry_count > 0:
                 start = min(start, files[-1].end_phy_offset)
+        if not self.last_exit_ok and self.checkpoint is not None:
+            # Abnormal exit: the queues or index may have lost unflushed tails while other queues kept
+            # theirs, so re-dispatch from the file the checkpoint vouches for (RocketMQ's
+            # recoverAbnormally); records the dispatchers already hold are skipped.
+            cp = self.checkpoint
+            min_ts = (cp.get_min_timestamp_index()
+                      if self.config.message_index_enable and self.config.message_index_safe
+                      else cp.get_min_timestamp())
+            start = min(start, self.commit_log.abnormal_recover_start_offset(min_ts))
         start = min(max(start, min_off), end)
         rs = self.reput_message_service
         rs.reput_from_offset = rs.dispatched_offset = start
@@ -309,29 +318,42 @@ class MessageStore:
         self._started = True
 
     def _flush_loop(self) -> None:
+        """FlushRealTimeService + FlushConsumeQueueService + the 1 s checkpoint task, in one thread.
+
+        Every `flush_interval_consume_queue` the commitlog and then the consume queues are flushed in
+        full, and only then are their store times written to the checkpoint: everything stored at or
+        before min(physicMsgTimestamp, logicsMsgTimestamp) is on disk in both, which is what abnormal
+        recovery relies on to choose where to re-dispatch from.
+        """
         cfg = self.config
-        last_thorough = time.monotonic()
-        last_cq = time.monotonic()
+        last_round = time.monotonic()
         while not self._stop.wait(cfg.flush_interval_commit_log / 1000.0):
             try:
+                if cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH:
+                    self.commit_log.flush(cfg.flush_commit_log_least_pages)
                 now = time.monotonic()
-                thorough = (now - last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval
-                if thorough:
-                    last_thorough = now
-                if cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH or thorough:
-                    self.commit_log.flush(0 if thorough else cfg.flush_commit_log_least_pages)
-                if thorough and self.checkpoint is not None:
-                    ts = self.commit_log.mapped_file_queue.store_timestamp
-                    if ts > 0:
-                        self.checkpoint.physic_msg_timestamp = ts
-                if (now - last_cq) * 1000 >= cfg.flush_interval_consume_queue:
-                    last_cq = now
-                    for cq in self._all_consume_queues():
-                        cq.flush(cfg.flush_consume_queue_least_pages)
-                    if self.checkpoint is not None:
-                        self.checkpoint.flush()
+                if (now - last_round) * 1000 >= cfg.flush_interval_consume_queue:
+                    last_round = now
+                    self.flush_and_checkpoint()
             except Exception:
                 log.exception("flush service error")
+
+    def flush_and_checkpoint(self) -> None:
+        """Flush the commitlog, then every consume queue, then record their store times in the checkpoint."""
+        cp = self.checkpoint
+        physic_ts = self.commit_log.mapped_file_queue.get_last_mapped_file_or_none()
+        physic_ts = physic_ts.store_timestamp if physic_ts is not None else 0
+        for _ in range(3):
+            if self.commit_log.flush(0):
+                break
+        logics_ts = cp.logics_msg_timestamp if cp is not None else 0
+        for cq in self._all_consume_queues():
+            cq.flush(0)
+        if cp is not None:
+            if physic_ts > 0:
+                cp.physic_msg_timestamp = physic_ts
+            cp.logics_msg_timestamp = logics_ts
+            cp.flush()
 
     def shutdown(self) -> None:
         """Catch up dispatch, flush everything, remove `abort` when clean, release the lock."""
@@ -345,19 +367,12 @@ class MessageStore:
             self._flush_thread.join(timeout=5)
         clean = self.reput_message_service.is_caught_up()
         if self._loaded:
-            for _ in range(10):
-                if self.commit_log.flush(0):
-                    break
+            self.flush_and_checkpoint()
             for cq in self._all_consume_queues():
-                cq.flush(0)
                 cq.shutdown()
             self.index_service.flush()
             self.index_service.shutdown()
             if self.checkpoint is not None:
-                ts = self.commit_log.mapped_file_queue.store_timestamp
-                if ts > 0:
-                    self.checkpoint.physic_msg_timestamp = ts
-                self.checkpoint.flush()
                 self.checkpoint.shutdown()
             for manager in (self.consumer_offset_manager, self.delay_offset_manager):
                 try:
@@ -402,6 +417,7 @@ class MessageStore:
                 continue
             cq.put_message_position_infos(units)
         if self.checkpoint is not None and requests:
+            # in memory only; flush_and_checkpoint makes it durable after the queues are flushed
             self.checkpoint.logics_msg_timestamp = requests[-1].store_timestamp
         if self.config.message_index_enable:
             self.index_service.build_index(requests)
@@ -478,12 +494,24 @@ class MessageStore:
     def get_message(
         self, group: str, topic: str, queue_id: int, offset: int, max_msg_nums: int,
         message_filter: MessageFilter | str | None = None, max_total_msg_size: int | None = None,
-    ) -> GetMessageResult:
+    ) -> GetMessageResult | None:
         """Read up to `max_msg_nums` messages of a queue from `offset` (`DefaultMessageStore.getMessage`).
 
         Statuses and `next_begin_offset` follow RocketMQ (spec §12.2), including the per-call transfer
-        limits (32 messages / 256 KiB while the data is in memory).
+        limits (32 messages / 256 KiB while the data is in memory). None once the store is shut down.
         """
+        if self._shutdown or not self._loaded:
+            return None  # as RocketMQ: no result (and no new offset for the consumer) from a stopped store
+        try:
+            return self._get_message(topic, queue_id, offset, max_msg_nums, message_filter, max_total_msg_size)
+        except ValueError:
+            if self._shutdown:  # the files were unmapped under this read
+                return None
+            raise
+
+    def _get_message(self, topic: str, queue_id: int, offset: int, max_msg_nums: int,
+                     message_filter: MessageFilter | str | None,
+                     max_total_msg_size: int | None) -> GetMessageResult:
         if isinstance(message_filter, str):
             message_filter = MessageFilter(message_filter)
         cq = self.find_consume_queue(topic, queue_id, create=False)
@@ -506,8 +534,11 @@ class MessageStore:
             return res
         max_total = MAX_PULL_MSG_SIZE if max_total_msg_size is None else min(max(max_total_msg_size, 100),
                                                                               MAX_PULL_MSG_SIZE)
-        max_filter_count = max(self.config.max_filter_message_size, max_msg_nums * CQ_STORE_UNIT_SIZE)
-        units = cq.get_units(offset, max_filter_count // CQ_STORE_UNIT_SIZE)
+        if message_filter is None or message_filter.match_all:
+            window = max_msg_nums  # nothing is skipped: no need to read the filter window
+        else:
+            window = max(self.config.max_filter_message_size, max_msg_nums * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
+        units = cq.get_units(offset, window)
         if not units:
             res.status = GetMessageStatus.OFFSET_FOUND_NULL
             res.next_begin_offset = cq.roll_next_file(offset)
@@ -600,9 +631,20 @@ class MessageStore:
         out.messages.sort(key=lambda m: m.commit_log_offset)
         return out
 
+    def _read(self, fn, *args):
+        """Run a commitlog read; None when the store is shut down (or shuts down under the read)."""
+        if self._shutdown or not self._loaded:
+            return None
+        try:
+            return fn(*args)
+        except ValueError:
+            if self._shutdown:
+                return None
+            raise
+
     def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt | None:
         """The message whose record starts at `commit_log_offset`, or None."""
-        return self.commit_log.look_message_by_offset(commit_log_offset, size)
+        return self._read(self.commit_log.look_message_by_offset, commit_log_offset, size)
 
     def view_message_by_id(self, offset_msg_id: str) -> MessageExt | None:
         """The message with this offsetMsgId (store host + port + commitlog offset)."""
@@ -610,7 +652,7 @@ class MessageStore:
         return self.look_message_by_offset(offset)
 
     def select_one_message_by_offset(self, commit_log_offset: int) -> bytes | None:
-        buf = self.commit_log.read_record(commit_log_offset)
+        buf = self._read(self.commit_log.read_record, commit_log_offset)
         return bytes(buf) if buf is not None else None
 
     # -- offsets -----------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ from .store.index import HASH_SLOT_SIZE, INDEX_HEADER_SIZE, INDEX_SIZE, IndexRea
 from .store.mapped_file import MappedFile, StoreLoadError
 from .store.message import MessageExt
 from .store.reader import SegmentInfo, StoreReader
+from .store.reader import is_zero as _is_zero
+from .store.reader import scan_segment as reader_scan_segment
 
 try:  # a declared dependency; the tool still works (without progress bars) if it is missing
     from tqdm import tqdm as _tqdm
@@ -143,11 +145,6 @@ def sys_flag_names(sys_flag: int) -> list[str]:
 def _is_dispatched(sys_flag: int) -> bool:
     """True for records a consume queue holds (not transaction PREPARED or ROLLBACK), as dispatch decides."""
     return codec.transaction_value(sys_flag) in (codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_COMMIT_TYPE)
-
-
-def _is_zero(view: memoryview, pos: int) -> bool:
-    """True when the bytes at `pos` look like never-written space (zeroed TOTALSIZE and MAGIC)."""
-    return not bytes(view[pos:pos + 8]).strip(b"\x00")
 
 
 def _describe_os_error(e: OSError) -> str:
@@ -377,40 +374,26 @@ class CommitLogScan:
 
 def scan_segment(mf: MappedFile, check_crc: bool, progress: Progress,
                  queues: dict[tuple[str, int], QueueStats]) -> SegmentInfo:
-    """Walk one segment's records (like `StoreReader.segments`), counting queue offsets on the way."""
-    pos = records = 0
-    blank = False
-    damage = ""
-    reported = 0
-    for p, r in codec.iter_records(mf.view, 0, mf.mapped_size, check_crc):
-        if r.success and r.size > 0:
-            records += 1
-            pos = p + r.size
-            req = r.request
-            if req is not None and _is_dispatched(req.sys_flag):
-                key = (req.topic, req.queue_id)
-                qs = queues.get(key)
-                qo = req.consume_queue_offset
-                if qs is None:
-                    queues[key] = QueueStats(qo, qo + 1)
-                else:
-                    qs.count += 1
-                    if qo < qs.min_offset:
-                        qs.min_offset = qo
-                    if qo >= qs.max_offset:
-                        qs.max_offset = qo + 1
-            progress.advance(pos - reported)
-            reported = pos
-        elif r.success:
-            blank = True
-            pos = p
+    """`StoreReader`'s segment walk, counting queue offsets on the way (for stores without queues)."""
+
+    def count(req: codec.DispatchRequest) -> None:
+        if req is None or not _is_dispatched(req.sys_flag):
+            return
+        key = (req.topic, req.queue_id)
+        qs = queues.get(key)
+        qo = req.consume_queue_offset
+        if qs is None:
+            queues[key] = QueueStats(qo, qo + 1)
         else:
-            pos = p
-            if not _is_zero(mf.view, p):
-                damage = r.reason or "unreadable record"
-    progress.advance(mf.mapped_size - reported)
-    return SegmentInfo(mf.file_name, mf.file_from_offset, mf.mapped_size, mf.file_from_offset + pos, records,
-                       blank, damage)
+            qs.count += 1
+            if qo < qs.min_offset:
+                qs.min_offset = qo
+            if qo >= qs.max_offset:
+                qs.max_offset = qo + 1
+
+    info = reader_scan_segment(mf, check_crc, count, progress.advance)
+    return SegmentInfo(info.name, info.from_offset, mf.mapped_size, info.valid_end, info.records,
+                       info.ends_with_blank, info.damage)
 
 
 def scan_commit_log(reader: StoreReader, check_crc: bool, progress_enabled: bool) -> CommitLogScan:

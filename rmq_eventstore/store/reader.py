@@ -9,7 +9,7 @@ operator can inspect, query and dump a broker's store without starting one.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import codec
@@ -17,7 +17,7 @@ from .checkpoint import StoreCheckpoint
 from .config import CQ_STORE_UNIT_SIZE
 from .consume_queue import ConsumeQueue
 from .index import IndexService
-from .mapped_file import MappedFileQueue
+from .mapped_file import MappedFile, MappedFileQueue
 from .message import MessageExt
 from .topic import is_valid_topic
 
@@ -101,25 +101,7 @@ class StoreReader:
 
     def segments(self, check_crc: bool = False) -> list[SegmentInfo]:
         """Scan every segment: where its valid records end, how many, and any damage found."""
-        out = []
-        for mf in self.commit_log.mapped_files:
-            pos = records = 0
-            blank = False
-            damage = ""
-            for pos_, r in codec.iter_records(mf.view, 0, mf.mapped_size, check_crc):
-                if r.success and r.size > 0:
-                    records += 1
-                    pos = pos_ + r.size
-                elif r.success:
-                    blank = True
-                    pos = pos_
-                else:
-                    pos = pos_
-                    if not _is_zero(mf.view, pos_):
-                        damage = r.reason or "unreadable record"
-            out.append(SegmentInfo(mf.file_name, mf.file_from_offset, mf.file_size, mf.file_from_offset + pos,
-                                   records, blank, damage))
-        return out
+        return [scan_segment(mf, check_crc) for mf in self.commit_log.mapped_files]
 
     def min_offset(self) -> int:
         mf = self.commit_log.get_first_mapped_file()
@@ -159,7 +141,7 @@ class StoreReader:
                     rolled = True
                     break
                 else:
-                    if not _is_zero(mf.view, p):
+                    if not is_zero(mf.view, p):
                         yield abs_off, r
                     return
             if not rolled:
@@ -304,6 +286,39 @@ class StoreReader:
         self.close()
 
 
+def scan_segment(mf: MappedFile, check_crc: bool = False,
+                 on_record: Callable[[codec.DispatchRequest], None] | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> SegmentInfo:
+    """Walk one segment's records: where the valid ones end, how many, a BLANK, damage.
+
+    `on_record` sees each valid record's dispatch request; `on_progress(n)` is told how many more bytes
+    were scanned (for progress bars). Zeroed space after the last record is not damage.
+    """
+    pos = records = reported = 0
+    blank = False
+    damage = ""
+    for p, r in codec.iter_records(mf.view, 0, mf.mapped_size, check_crc):
+        if r.success and r.size > 0:
+            records += 1
+            pos = p + r.size
+            if on_record is not None:
+                on_record(r.request)
+            if on_progress is not None and pos - reported >= 1 << 20:
+                on_progress(pos - reported)
+                reported = pos
+        elif r.success:
+            blank = True
+            pos = p
+        else:
+            pos = p
+            if not is_zero(mf.view, p):
+                damage = r.reason or "unreadable record"
+    if on_progress is not None:
+        on_progress(mf.mapped_size - reported)
+    return SegmentInfo(mf.file_name, mf.file_from_offset, mf.file_size, mf.file_from_offset + pos, records,
+                       blank, damage)
+
+
 def infer_index_geometry(index_dir: str) -> tuple[int, int]:
     """(hash slots, index entries) of the index files in `index_dir`, from their size.
 
@@ -324,7 +339,7 @@ def infer_index_geometry(index_dir: str) -> tuple[int, int]:
         "pass the store's max_hash_slot_num and max_index_num")
 
 
-def _is_zero(view: memoryview, pos: int) -> bool:
+def is_zero(view: memoryview, pos: int) -> bool:
     """True when the bytes at `pos` look like never-written space (zeroed TOTALSIZE and MAGIC)."""
     chunk = bytes(view[pos:pos + 8])
     return not chunk.strip(b"\x00")

@@ -22,14 +22,16 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 
 from .message import Message, MessageExt
+
+Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read from (mmap views included)
 
 # -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
 MESSAGE_MAGIC_CODE = -626843481  # DA A3 20 A7, V1: 1-byte topic length
@@ -836,12 +838,12 @@ class CheckResult(NamedTuple):
 _MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 
 
-def read_size_magic(buf, pos: int) -> tuple[int, int]:
+def read_size_magic(buf: Buffer, pos: int) -> tuple[int, int]:
     """TOTALSIZE and MAGIC of the record at `pos`."""
     return _SIZE_MAGIC.unpack_from(buf, pos)
 
 
-def _read_tail(buf, pos: int, end_limit: int, v2: bool) -> tuple[str, str, int]:
+def _read_tail(buf: Buffer, pos: int, end_limit: int, v2: bool) -> tuple[str, str, int]:
     """Topic and properties after the body at `pos`; returns (topic, properties, position after)."""
     if v2:
         tl = _SHORT.unpack_from(buf, pos)[0]
@@ -923,7 +925,7 @@ def check_message_and_return_size(
         return CheckResult(-1, False, None, f"unreadable record: {e}")
 
 
-def decode_message(buf, pos: int = 0, *, check_crc: bool = False, limit: int | None = None,
+def decode_message(buf: Buffer, pos: int = 0, *, check_crc: bool = False, limit: int | None = None,
                    copy_body: bool = True, decompress: bool = False) -> MessageExt:
     """Decode the record at `buf[pos:]` into a `MessageExt`; raises `CorruptRecordError` when it is not one.
 
@@ -971,7 +973,8 @@ def decode_message(buf, pos: int = 0, *, check_crc: bool = False, limit: int | N
                       topic, props)
 
 
-def iter_records(buf, start: int = 0, limit: int | None = None, check_crc: bool = False):
+def iter_records(buf: Buffer, start: int = 0, limit: int | None = None,
+                 check_crc: bool = False) -> Iterator[tuple[int, CheckResult]]:
     """Walk records from `start`: yields (position, CheckResult) up to a BLANK, zeroed space or damage."""
     end = len(buf) if limit is None else limit
     pos = start

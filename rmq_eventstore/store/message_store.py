@@ -12,8 +12,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import codec
 from .checkpoint import StoreCheckpoint
@@ -440,7 +441,7 @@ class MessageStore:
                 queues[queue_id] = cq
             return cq
 
-    def add_message_arriving_listener(self, listener) -> None:
+    def add_message_arriving_listener(self, listener: Callable[[dict[tuple[str, int], int]], None]) -> None:
         """Call `listener({(topic, queue_id): new max queue offset, ...})` after each dispatched batch.
 
         This is RocketMQ's `MessageArrivingListener` hook, batched: a broker's long polling wakes the
@@ -631,7 +632,7 @@ class MessageStore:
         out.messages.sort(key=lambda m: m.commit_log_offset)
         return out
 
-    def _read(self, fn, *args):
+    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a commitlog read; None when the store is shut down (or shuts down under the read)."""
         if self._shutdown or not self._loaded:
             return None

@@ -14,9 +14,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import codec
 from .codec import DispatchRequest
+
+if TYPE_CHECKING:
+    from .commitlog import CommitLog
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep a
 class ReputMessageService:
     """Dispatch loop from `reput_from_offset` to the commitlog's readable end (`ReputMessageService`)."""
 
-    def __init__(self, commit_log, dispatch: Callable[[list[DispatchRequest]], None]) -> None:
+    def __init__(self, commit_log: CommitLog, dispatch: Callable[[list[DispatchRequest]], None]) -> None:
         self.commit_log = commit_log
         self.dispatch = dispatch
         self.reput_from_offset = 0  # next record to take

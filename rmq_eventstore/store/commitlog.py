@@ -258,21 +258,32 @@ class CommitLog:
         """Append a batch under one lock into one file: consecutive queue offsets per queue."""
         if not msgs:
             return _illegal("empty batch")
+        if not self.writeable or self.read_only:
+            return _illegal("the store is not writeable", PutMessageStatus.SERVICE_NOT_AVAILABLE)
         uniq = self._uniq_keys(msgs)
+        prepare = self.encoder.prepare
+        valid = self._valid_topics
         recs = []
-        prepare = self._prepare
         total = 0
         born = now_ms()
-        for i, m in enumerate(msgs):
-            if m.sys_flag & codec.TRANSACTION_PREPARED_TYPE:  # PREPARED or ROLLBACK
-                return _illegal("a batch may not hold transactional (prepared/rollback) messages")
-            r = prepare(m, uniq[i] if uniq is not None else None, born)
-            if isinstance(r, PutMessageResult):
-                if len(msgs) > 1:
-                    r.reason = f"message {i} of the batch: {r.reason}"
-                return r
-            recs.append(r)
-            total += r.total
+        i = 0
+        try:
+            for i, m in enumerate(msgs):
+                if m.topic not in valid or m.queue_id < 0 or m.sys_flag & codec.TRANSACTION_PREPARED_TYPE:
+                    if m.sys_flag & codec.TRANSACTION_PREPARED_TYPE:  # PREPARED or ROLLBACK
+                        return _illegal(f"message {i} of the batch: a batch may not hold transactional "
+                                        "(prepared/rollback) messages")
+                    bad = self._check(m)
+                    if bad is not None:
+                        bad.reason = f"message {i} of the batch: {bad.reason}"
+                        return bad
+                r = prepare(m, uniq[i] if uniq is not None else None, born)
+                recs.append(r)
+                total += r.total
+        except EncodeError as e:
+            return _illegal(f"message {i} of the batch: {e}", PutMessageStatus[e.status])
+        except (ValueError, TypeError, AttributeError, struct.error) as e:
+            return _illegal(f"message {i} of the batch: cannot encode message: {_diagnose(msgs[i]) or e}")
         return self._append(recs, total)
 
     def _append(self, recs: list[PreparedRecord], total: int) -> PutMessageResult:

@@ -403,14 +403,17 @@ class MessageStore:
     def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:
         """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch."""
         groups: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-        for r in requests:
-            tx = r.sys_flag & codec.TRANSACTION_ROLLBACK_TYPE
-            if tx == 0 or tx == codec.TRANSACTION_COMMIT_TYPE:
-                k = (r.topic, r.queue_id)
-                g = groups.get(k)
+        last_key: tuple[str, int] | None = None
+        g: list[tuple[int, int, int, int]] = []
+        for topic, queue_id, offset, size, tags_code, _ts, cq_offset, _k, _u, sys_flag, _p, _s in requests:
+            if sys_flag & codec.TRANSACTION_PREPARED_TYPE:  # PREPARED (0x4) or ROLLBACK (0xC): no queue
+                continue
+            if last_key is None or last_key[0] != topic or last_key[1] != queue_id:
+                last_key = (topic, queue_id)
+                g = groups.get(last_key)
                 if g is None:
-                    g = groups[k] = []
-                g.append((r.commit_log_offset, r.msg_size, r.tags_code, r.consume_queue_offset))
+                    g = groups[last_key] = []
+            g.append((offset, size, tags_code, cq_offset))
         for (topic, queue_id), units in groups.items():
             cq = self.find_consume_queue(topic, queue_id)
             if cq is None:

@@ -17,7 +17,9 @@ import pytest
 from rmq_eventstore.store import codec
 from rmq_eventstore.store.message import Message
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "golden"
+SHARED_DIR = Path(__file__).resolve().parent.parent.parent / "shared"  # beside the repository
+GOLDEN_DIR = SHARED_DIR / "golden"
+SPEC_DIR = SHARED_DIR / "spec"
 COMMITLOG_2K_FILE_SIZE = 2048
 
 # Placeholder parameter used when the golden data cannot be read at collection time: the test that

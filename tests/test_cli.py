@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from golden import GOLDEN_DIR
 
 from rmq_eventstore import cli
 from rmq_eventstore.cli import CliError, infer_index_geometry, main
@@ -29,7 +30,6 @@ from rmq_eventstore.store.config_files import ConsumerOffsetManager, TopicConfig
 from rmq_eventstore.store.message_store import MessageStore
 
 REPO = Path(__file__).resolve().parent.parent
-GOLDEN_DIR = REPO.parent / "shared" / "golden"
 GOLDEN_2K = GOLDEN_DIR / "commitlog-2k"
 
 STORE_CONFIG = dict(mapped_file_size_commit_log=64 * 1024, mapped_file_size_consume_queue=20 * 100,

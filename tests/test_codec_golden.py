@@ -8,43 +8,24 @@ Decoding: every field of every line of the `*.decoded.jsonl` files and `store.cl
 from __future__ import annotations
 
 import pytest
+from golden import (
+    COMMITLOG_2K_FILE_SIZE,
+    MISSING,
+    build_mapped_files,
+    build_store,
+    case_body,
+    case_properties_string,
+    decoded_view,
+    diff_fields,
+    golden_path,
+    line,
+    params,
+    read_bytes,
+    read_jsonl,
+    walk_file,
+)
 
 from rmq_eventstore.store import codec
-
-try:
-    from golden import (
-        COMMITLOG_2K_FILE_SIZE,
-        MISSING,
-        build_mapped_files,
-        build_store,
-        case_body,
-        case_properties_string,
-        decoded_view,
-        diff_fields,
-        golden_path,
-        line,
-        params,
-        read_bytes,
-        read_jsonl,
-        walk_file,
-    )
-except ImportError:  # tests/ imported as a package
-    from tests.golden import (
-        COMMITLOG_2K_FILE_SIZE,
-        MISSING,
-        build_mapped_files,
-        build_store,
-        case_body,
-        case_properties_string,
-        decoded_view,
-        diff_fields,
-        golden_path,
-        line,
-        params,
-        read_bytes,
-        read_jsonl,
-        walk_file,
-    )
 
 N_CASES = 15
 N_CASES_V1 = 13

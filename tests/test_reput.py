@@ -15,12 +15,9 @@ import time
 import zlib
 from pathlib import Path
 
-from rmq_eventstore.store import GetMessageStatus, Message, PutMessageStatus, codec
+from golden import golden_path, read_jsonl
 
-try:
-    from golden import golden_path, read_jsonl
-except ImportError:  # tests/ imported as a package
-    from tests.golden import golden_path, read_jsonl
+from rmq_eventstore.store import GetMessageStatus, Message, PutMessageStatus, codec
 
 GEOMETRY = {
     "mapped_file_size_commit_log": 4096,

@@ -33,6 +33,7 @@ from rmq_eventstore.store.index import (
     index_key_hashes,
     time_millis_to_human_string,
 )
+from rmq_eventstore.store.mapped_file import StoreLoadError
 
 HEADER = struct.Struct(">qqqqii")
 ENTRY = struct.Struct(">iqii")
@@ -160,9 +161,17 @@ def test_time_diff_caps_and_loader_index_count(tmp_path):
     q = str(tmp_path / "g")
     with open(q, "wb") as fh:
         fh.write(HEADER.pack(1, 2, 3, 4, 0, -5))
+        fh.truncate(index_file_size(8, 8))
     g = IndexFile(q, 8, 8)
     assert g.index_count == 1 and g.begin_timestamp == 1 and os.path.getsize(q) == index_file_size(8, 8)
     g.close()
+    # A file of another size (another geometry, or damage) is refused, never extended or reinterpreted.
+    short = str(tmp_path / "short")
+    with open(short, "wb") as fh:
+        fh.write(HEADER.pack(1, 2, 3, 4, 0, -5))
+    with pytest.raises(StoreLoadError, match="written with"):
+        IndexFile(short, 8, 8)
+    assert os.path.getsize(short) == HEADER.size
 
 
 def test_slot_value_beyond_index_count_is_ignored(tmp_path):

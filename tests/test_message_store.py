@@ -29,6 +29,7 @@ from rmq_eventstore.store import (
     StoreLockedError,
     codec,
 )
+from rmq_eventstore.store.mapped_file import StoreLoadError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "FooBar"
@@ -822,3 +823,35 @@ class StoreMachine(RuleBasedStateMachine):
 TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- a store reopened with another geometry is refused and left untouched ------------------------------------
+@pytest.mark.parametrize("change", [
+    {"mapped_file_size_commit_log": 128 * 1024},
+    {"mapped_file_size_consume_queue": 40_000},
+    {"max_hash_slot_num": 2048, "max_index_num": 8192},
+    {"max_hash_slot_num": 512, "max_index_num": 2048},
+], ids=["commitlog-size", "consume-queue-size", "bigger-index", "smaller-index"])
+def test_reopen_with_other_geometry_is_refused_and_changes_nothing(store_path, small_geometry, change):
+    """Segment and index file sizes are not recorded anywhere but in the files: opening with other sizes
+    must fail with a clear error before anything is written (extending an index file of another
+    geometry would silently corrupt every key lookup)."""
+    store = MessageStore.open(store_path, **small_geometry)
+    for i in range(20):
+        ok(store.put_message(Message(topic=TOPIC, body=b"g%d" % i, keys=[f"g{i}"], queue_id=i % 2)))
+    assert store.wait_for_dispatch()
+    store.shutdown()
+
+    def snapshot() -> dict[str, bytes]:
+        return {str(p.relative_to(store_path)): p.read_bytes() for p in sorted(store_path.rglob("*"))
+                if p.is_file() and p.name not in ("lock", "checkpoint")}
+
+    before = snapshot()
+    with pytest.raises(StoreLoadError, match="written with"):
+        MessageStore.open(store_path, **{**small_geometry, **change})
+    assert snapshot() == before
+    store = MessageStore.open(store_path, **small_geometry)
+    try:
+        assert [len(store.query_message(TOPIC, f"g{i}").messages) for i in range(20)] == [1] * 20
+    finally:
+        store.shutdown()

@@ -6,6 +6,7 @@ Byte-compatible with Apache RocketMQ 5.x (see `codec` for the record format).
 from .codec import CorruptRecordError, DispatchRequest, EncodeError
 from .commitlog import AppendMessageResult, PutMessageResult
 from .config import FlushDiskType, StoreConfig
+from .mapped_file import StoreLoadError
 from .message import Message, MessageExt
 from .message_store import (
     GetMessageResult,
@@ -21,5 +22,5 @@ __all__ = [
     "AppendMessageResult", "AppendMessageStatus", "CorruptRecordError", "DispatchRequest", "EncodeError",
     "FlushDiskType", "GetMessageResult", "GetMessageStatus", "Message", "MessageExt", "MessageFilter",
     "MessageStore", "PutMessageResult", "PutMessageStatus", "QueryMessageResult", "StoreConfig",
-    "StoreLockedError", "StoreReader",
+    "StoreLoadError", "StoreLockedError", "StoreReader",
 ]

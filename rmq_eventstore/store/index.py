@@ -142,10 +142,13 @@ class IndexFile:
         existed = os.path.exists(path) and os.path.getsize(path) > 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         actual = os.fstat(self._fd).st_size
-        if actual > self.file_size:
+        if actual != self.file_size and actual > 0:
+            # Another geometry wrote this file: extending or reinterpreting it would corrupt the index.
             os.close(self._fd)
-            raise StoreLoadError(f"{path}: size {actual} is larger than an index file of {hash_slot_num} "
-                                 f"slots and {index_num} entries ({self.file_size})")
+            raise StoreLoadError(
+                f"{path} is {actual} bytes but an index file of {hash_slot_num} slots and {index_num} "
+                f"entries is {self.file_size}; open the store with the max_hash_slot_num / max_index_num "
+                "it was written with")
         if actual < self.file_size:
             os.ftruncate(self._fd, self.file_size)  # sparse, as mapping the full size does in Java
         self.mapped_size = self.file_size

@@ -59,12 +59,13 @@ class MappedFile:
             existed = os.path.exists(path)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             actual = os.fstat(self._fd).st_size
-            if actual < file_size:
+            if actual == 0:
                 # Sparse extension: RocketMQ maps the full size, which extends the file with zeros.
                 os.ftruncate(self._fd, file_size)
-            elif actual > file_size:
+            elif actual != file_size:
                 os.close(self._fd)
-                raise StoreLoadError(f"{path}: size {actual} is larger than the configured {file_size}")
+                raise StoreLoadError(f"{path} is {actual} bytes but the configured file size is {file_size}; "
+                                     "open the store with the file size it was written with")
             self.mapped_size = file_size
             self.mm = mmap.mmap(self._fd, file_size, access=mmap.ACCESS_WRITE)
             if not existed:

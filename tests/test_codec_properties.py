@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rmq_eventstore.store import codec
+from rmq_eventstore.store.message import Message
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -320,3 +321,62 @@ def test_batch_body_round_trip(msgs):
             pass
         else:
             raise AssertionError("a truncated batch body must not decode")
+
+
+# -- the batch put's fast path writes exactly what prepare + emit write --------------------------------------
+_plain_messages = st.lists(
+    st.builds(
+        Message,
+        topic=st.sampled_from(["TopicA", "%RETRY%g", "t-1"]),
+        body=st.binary(max_size=300),
+        tags=st.none() | st.text(alphabet="abcXYZ_|é", min_size=1, max_size=8),
+        keys=st.none() | st.lists(st.text(alphabet="k0123-", min_size=1, max_size=6), max_size=3),
+        queue_id=st.integers(0, 3),
+        flag=st.integers(-(2**31), 2**31 - 1),
+        uniq_key=st.none() | st.just("0A0B0C0D0E0F00000000000000000001"),
+    ),
+    min_size=1, max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(msgs=_plain_messages, store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
+       base=st.integers(0, 2**40))
+def test_encode_plain_batch_equals_prepare_and_emit(msgs, store_host, base):
+    enc = codec.RecordEncoder(store_host)
+    for t in ("TopicA", "%RETRY%g", "t-1"):
+        enc._topic_part(t, False)  # topics are cached once validated by the put path
+    now = 1_700_000_000_123
+    uniq = [f"{i:032X}" for i in range(len(msgs))]
+    table = {"TopicA-1": 7}
+    batch = enc.encode_plain_batch(msgs, uniq, table, base, now)
+    assert batch is not None and table == {"TopicA-1": 7}  # the caller applies the new offsets
+    parts: list = []
+    queue = dict(table)
+    phys = base
+    for m, u in zip(msgs, uniq, strict=True):
+        rec = enc.prepare(m, u, now)
+        key = f"{m.topic}-{m.queue_id}"
+        q = queue.get(key, 0)
+        queue[key] = q + 1
+        codec.RecordEncoder.emit(rec, q, phys, codec.encode_store_timestamp(now), parts)
+        phys += rec.total
+    assert batch.data == b"".join(bytes(p) for p in parts)
+    assert {k: v for k, v in queue.items() if k in batch.queue_offsets} == batch.queue_offsets
+    # and the dispatch requests are what the reput would parse back from those bytes
+    pos = 0
+    for req in batch.requests:
+        r = codec.check_message_and_return_size(batch.data, pos, True)
+        assert r.success and r.request._replace(commit_log_offset=r.request.commit_log_offset) == req
+        pos += r.size
+
+
+def test_encode_plain_batch_declines_what_is_not_plain():
+    enc = codec.RecordEncoder()
+    enc._topic_part("T", False)
+    for m in (Message(topic="T", body=b"x", properties={"a": "b"}), Message(topic="T", body=b"x", born_host="1.2.3.4:5"),
+              Message(topic="T", body=b"x", sys_flag=8), Message(topic="new", body=b"x"),
+              Message(topic="T", body=b"x", properties_string="a\x01b"), Message(topic="T", body=b"x" * (4 * 2**20 + 1))):
+        table: dict[str, int] = {}
+        assert enc.encode_plain_batch([Message(topic="T", body=b"ok"), m], None, table, 0, 1) is None
+        assert table == {}

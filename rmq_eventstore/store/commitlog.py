@@ -249,6 +249,10 @@ class CommitLog:
         uniq = None
         if self.config.auto_create_uniq_key and msg.uniq_key is None and msg.properties_string is None:
             uniq = self.uniq_ids.create()
+        if self.writeable and not self.read_only:
+            fast = self._append_plain((msg,), (uniq,))
+            if fast is not None:
+                return fast
         rec = self._prepare(msg, uniq)
         if isinstance(rec, PutMessageResult):
             return rec
@@ -261,6 +265,9 @@ class CommitLog:
         if not self.writeable or self.read_only:
             return _illegal("the store is not writeable", PutMessageStatus.SERVICE_NOT_AVAILABLE)
         uniq = self._uniq_keys(msgs)
+        fast = self._append_plain(msgs, uniq)
+        if fast is not None:
+            return fast
         prepare = self.encoder.prepare
         valid = self._valid_topics
         recs = []
@@ -286,28 +293,82 @@ class CommitLog:
             return _illegal(f"message {i} of the batch: cannot encode message: {_diagnose(msgs[i]) or e}")
         return self._append(recs, total)
 
+    def _file_for(self, total: int) -> tuple[MappedFile, int]:
+        """Under the put lock: the file and position `total` bytes go to. When they would end closer than
+        8 bytes to the end of the current file, a BLANK record closes it (END_OF_FILE) and a new file
+        is started. Raises OSError when no file can be created."""
+        mfq = self.mapped_file_queue
+        mf = mfq.get_last_mapped_file(0)
+        pos = mf.wrote_position
+        max_blank = self.file_size - pos
+        if total + codec.END_FILE_MIN_BLANK_LENGTH > max_blank:
+            mf.write_at(pos, codec.encode_blank(max_blank))
+            mf.wrote_position = self.file_size
+            blank_at = mf.file_from_offset + pos
+            if self.on_appended is not None:
+                self.on_appended(blank_at, blank_at + max_blank, [])
+            mf = mfq.get_last_mapped_file(0)
+            pos = mf.wrote_position
+        return mf, pos
+
+    def _finish(self, result: AppendMessageResult) -> PutMessageResult:
+        """After the lock: under SYNC_FLUSH wait until the appended bytes are on disk."""
+        status = PutMessageStatus.PUT_OK
+        if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
+            if not self.flush_until(result.wrote_offset + result.wrote_bytes, self.config.sync_flush_timeout):
+                status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+        return PutMessageResult(status, result)
+
+    def _append_plain(self, msgs: Sequence[Message], uniq: list[str | None] | None) -> PutMessageResult | None:
+        """The batch fast path (`RecordEncoder.encode_plain_batch`): encoded under the lock in one pass,
+        as the offsets are only known there. None when the batch needs the general path."""
+        with self.put_lock:
+            begin = now_ms()
+            self.begin_time_in_lock = begin
+            try:
+                mf = self.mapped_file_queue.get_last_mapped_file(0)
+                table = self.topic_queue_table
+                base = mf.file_from_offset + mf.wrote_position
+                try:
+                    batch = self.encoder.encode_plain_batch(msgs, uniq, table, base, begin)
+                except (struct.error, TypeError, AttributeError, ValueError):
+                    batch = None  # a field out of range, a wrong type: the general path explains it
+                if batch is None:
+                    return None
+                total = len(batch.data)
+                if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                    return None  # the general path reports it
+                mf, pos = self._file_for(total)
+                if mf.file_from_offset + pos != base:  # rolled to a new file: encode for where it lands
+                    base = mf.file_from_offset + pos
+                    batch = self.encoder.encode_plain_batch(msgs, uniq, table, base, begin)
+                    assert batch is not None
+            except OSError as e:
+                return _illegal(f"cannot create a commitlog file: {e}", PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+            finally:
+                self.begin_time_in_lock = 0
+            mf.append_message(batch.data)
+            mf.store_timestamp = begin
+            for key, nxt in batch.queue_offsets.items():
+                if key not in table and self.on_new_queue is not None:
+                    topic, _, qid = key.rpartition("-")
+                    self.on_new_queue(topic, int(qid))
+                table[key] = nxt
+            if self.on_appended is not None:
+                self.on_appended(base, base + total, batch.requests)
+        return self._finish(AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, begin, batch.first_queue_offset, len(msgs),
+            now_ms() - begin, self.store_host_bytes, self.store_port, batch.offsets, batch.uniq_keys))
+
     def _append(self, recs: list[PreparedRecord], total: int) -> PutMessageResult:
         if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
             return _illegal(f"{total} bytes do not fit in a {self.file_size}-byte commitlog file")
-        mfq = self.mapped_file_queue
         emit = RecordEncoder.emit
         with self.put_lock:
             begin = now_ms()
             self.begin_time_in_lock = begin
             try:
-                mf = mfq.get_last_mapped_file(0)
-                pos = mf.wrote_position
-                max_blank = self.file_size - pos
-                dispatched: list = []
-                if total + codec.END_FILE_MIN_BLANK_LENGTH > max_blank:
-                    # END_OF_FILE: close this file with a BLANK record and retry in a new one.
-                    mf.write_at(pos, codec.encode_blank(max_blank))
-                    mf.wrote_position = self.file_size
-                    blank_at = mf.file_from_offset + pos
-                    if self.on_appended is not None:
-                        self.on_appended(blank_at, blank_at + max_blank, [])
-                    mf = mfq.get_last_mapped_file(0)
-                    pos = mf.wrote_position
+                mf, pos = self._file_for(total)
             except OSError as e:
                 self.begin_time_in_lock = 0
                 return _illegal(f"cannot create a commitlog file: {e}", PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
@@ -316,6 +377,7 @@ class CommitLog:
             phys = base
             offsets = []
             parts: list = []
+            dispatched: list = []
             first_qoff = -1
             ts_bytes = codec.encode_store_timestamp(begin)
             new_request = _tuple_new
@@ -344,14 +406,9 @@ class CommitLog:
             if self.on_appended is not None:
                 self.on_appended(base, phys, dispatched)
             self.begin_time_in_lock = 0
-        result = AppendMessageResult(
+        return self._finish(AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, begin, first_qoff, len(recs), now_ms() - begin,
-            self.store_host_bytes, self.store_port, offsets, [r.uniq_key for r in recs])
-        status = PutMessageStatus.PUT_OK
-        if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
-            if not self.flush_until(base + total, self.config.sync_flush_timeout):
-                status = PutMessageStatus.FLUSH_DISK_TIMEOUT
-        return PutMessageResult(status, result)
+            self.store_host_bytes, self.store_port, offsets, [r.uniq_key for r in recs]))
 
     def flush_until(self, offset: int, timeout_ms: int) -> bool:
         """Flush until `offset` is on disk; concurrent callers share one flush (group commit)."""

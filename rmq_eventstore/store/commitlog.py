@@ -326,9 +326,15 @@ class CommitLog:
             begin = now_ms()
             self.begin_time_in_lock = begin
             try:
-                mf = self.mapped_file_queue.get_last_mapped_file(0)
+                # Where the batch would land, without creating a file yet (a refused batch creates nothing).
+                last = self.mapped_file_queue.get_last_mapped_file_or_none()
+                if last is None:
+                    base = 0
+                elif last.is_full():
+                    base = last.file_from_offset + self.file_size
+                else:
+                    base = last.file_from_offset + last.wrote_position
                 table = self.topic_queue_table
-                base = mf.file_from_offset + mf.wrote_position
                 try:
                     batch = self.encoder.encode_plain_batch(msgs, uniq, table, base, begin)
                 except (struct.error, TypeError, AttributeError, ValueError):

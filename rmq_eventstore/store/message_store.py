@@ -279,7 +279,8 @@ class MessageStore:
             files = self.index_service.files
             if not files:
                 start = min_off  # no index at all (deleted, or a commitlog copied in): build it
-            elif files[-1].entry_count > 0:
+            elif files[-1].entry_count > 0 or files[-1].end_phy_offset > 0:
+                # (a file just rolled to is empty but starts where the previous one ended)
                 start = min(start, files[-1].end_phy_offset)
         if not self.last_exit_ok and self.checkpoint is not None:
             # Abnormal exit: the queues or index may have lost unflushed tails while other queues kept

@@ -927,6 +927,19 @@ class CheckResult(NamedTuple):
 
 
 _MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
+_new_tuple = tuple.__new__
+
+
+def _property(framed: str, marker: str) -> str | None:
+    """One property's value from `"\x02" + properties`, as `string_to_properties` would give it: the
+    last occurrence wins (Java's HashMap keeps the last put) and an empty value counts as absent."""
+    i = framed.rfind(marker)
+    if i < 0:
+        return None
+    i += len(marker)
+    j = framed.find("\x02", i)
+    value = framed[i:] if j < 0 else framed[i:j]
+    return value or None
 
 
 def read_size_magic(buf: Buffer, pos: int) -> tuple[int, int]:
@@ -991,10 +1004,25 @@ def check_message_and_return_size(
                 zlib.crc32(memoryview(buf)[bpos:bpos + body_len]) & 0x7FFFFFFF) != crc:
             return CheckResult(-1, False, None, "body CRC mismatch")
         v2 = magic == MESSAGE_MAGIC_CODE_V2
-        topic, props, _after = _read_tail(buf, bpos + body_len, rec_end, v2)
-        tl_size = 2 if v2 else 1
-        topic_len = _SHORT.unpack_from(buf, bpos + body_len)[0] if v2 else buf[bpos + body_len]
-        prop_len = _SHORT.unpack_from(buf, bpos + body_len + tl_size + topic_len)[0]
+        tpos = bpos + body_len
+        if v2:
+            topic_len = _SHORT.unpack_from(buf, tpos)[0]
+            tpos += 2
+        else:
+            topic_len = buf[tpos]
+            if topic_len > 127:  # Java reads a signed byte
+                raise ValueError("V1 topic length byte is negative")
+            tpos += 1
+        ppos = tpos + topic_len
+        if topic_len < 0 or ppos + 2 > rec_end:
+            raise ValueError("topic length runs past the record")
+        prop_len = _SHORT.unpack_from(buf, ppos)[0]
+        ppos += 2
+        if prop_len < 0 or ppos + prop_len > rec_end:
+            raise ValueError("properties length runs past the record")
+        mv = memoryview(buf)
+        topic = str(mv[tpos:tpos + topic_len], "utf-8", "replace")
+        props = str(mv[ppos:ppos + prop_len], "utf-8", "replace") if prop_len else ""
         if check_crc and verify_prop_crc:
             p = string_to_properties(props)
             v = p.get(PROPERTY_CRC32)
@@ -1004,14 +1032,18 @@ def check_message_and_return_size(
         expected = cal_msg_length(body_len, topic_len, prop_len, sys_flag, v2)
         if expected != total:
             return CheckResult(total, False, None, f"total size {total} != computed {expected}")
-        tags = keys = uniq = None
         if props:
-            if "TAGS\x01" in props or "KEYS\x01" in props or "UNIQ_KEY\x01" in props:
-                p = string_to_properties(props)
-                tags, keys, uniq = p.get("TAGS"), p.get("KEYS"), p.get("UNIQ_KEY")
-        req = DispatchRequest(topic, queue_id, phys, total, tags_string_to_tags_code(tags), store_ts,
-                              queue_offset, keys, uniq, sys_flag, prep_tx, props)
-        return CheckResult(total, True, req)
+            framed = "\x02" + props
+            tags = _property(framed, "\x02TAGS\x01")
+            keys = _property(framed, "\x02KEYS\x01")
+            uniq = _property(framed, "\x02UNIQ_KEY\x01")
+            code = (_TAGS_CODE_CACHE.get(tags) or tags_string_to_tags_code(tags)) if tags else 0
+        else:
+            tags = keys = uniq = None
+            code = 0
+        return _new_tuple(CheckResult, (total, True, _new_tuple(DispatchRequest, (
+            topic, queue_id, phys, total, code, store_ts, queue_offset, keys, uniq, sys_flag, prep_tx, props)),
+            ""))
     except (struct.error, ValueError, IndexError) as e:
         return CheckResult(-1, False, None, f"unreadable record: {e}")
 

@@ -107,6 +107,30 @@ def lat_stats(ns: list[int]) -> dict:
 
 
 # -- machine -------------------------------------------------------------------------------------------
+def timed_lookups(lookup: Callable[[str], object], is_right: Callable[[str, object], bool], keys: list[str],
+                  passes: int, rr: random.Random, dl: Deadline) -> dict:
+    """Latency of `lookup(key)` over `passes` shuffled passes of `keys`, and how many results `is_right`
+    rejects (checked outside the timed region)."""
+    lat: list[int] = []
+    per_pass = []
+    wrong = 0
+    for _ in range(passes):
+        order = keys[:]
+        rr.shuffle(order)
+        pl: list[int] = []
+        for i, key in enumerate(order):
+            t = time.perf_counter_ns()
+            result = lookup(key)
+            pl.append(time.perf_counter_ns() - t)
+            if not is_right(key, result):
+                wrong += 1
+            if not i & 255:
+                dl.check()
+        per_pass.append(lat_stats(pl))
+        lat += pl
+    return {"all": lat_stats(lat), "passes": per_pass, "wrong_results": wrong, "keys": len(keys)}
+
+
 def _cpu_times() -> list[int]:
     with open("/proc/stat") as f:
         return [int(x) for x in f.readline().split()[1:]]
@@ -613,25 +637,11 @@ def phase_query(root: Path, cfg: dict, dl: Deadline, with_redis: bool) -> dict:
             f"{out['index_entries']:,} index entries")
 
         def run_queries(keys: list[str], expect: int, check_key: bool) -> dict:
-            lat: list[int] = []
-            per_pass = []
-            wrong = 0
-            for _ in range(passes):
-                order = keys[:]
-                rr.shuffle(order)
-                pl: list[int] = []
-                for i, key in enumerate(order):
-                    t = time.perf_counter_ns()
-                    res = store.query_message(TOPIC, key)
-                    pl.append(time.perf_counter_ns() - t)
-                    msgs = res.messages
-                    if len(msgs) != expect or (check_key and expect and key not in (msgs[0].keys, msgs[0].uniq_key)):
-                        wrong += 1
-                    if not i & 255:
-                        dl.check()
-                per_pass.append(lat_stats(pl))
-                lat += pl
-            return {"all": lat_stats(lat), "passes": per_pass, "wrong_results": wrong, "keys": len(keys)}
+            def right(key: str, res: object) -> bool:
+                msgs = res.messages  # type: ignore[attr-defined]
+                return len(msgs) == expect and not (check_key and expect
+                                                    and key not in (msgs[0].keys, msgs[0].uniq_key))
+            return timed_lookups(lambda key: store.query_message(TOPIC, key), right, keys, passes, rr, dl)
 
         user_keys = [f"k00-{i:010d}" for i in rr.sample(range(n), min(nk, n))]
         missing = [f"nokey-{rr.getrandbits(48):012x}" for _ in range(nk)]
@@ -668,25 +678,10 @@ def phase_query(root: Path, cfg: dict, dl: Deadline, with_redis: bool) -> dict:
             hget, xrange = r.hget, r.xrange
 
             def lookups(keys: list[str], expect: int) -> dict:
-                lat: list[int] = []
-                per_pass = []
-                wrong = 0
-                for _ in range(passes):
-                    order = keys[:]
-                    rr.shuffle(order)
-                    pl: list[int] = []
-                    for i, key in enumerate(order):
-                        t = time.perf_counter_ns()
-                        eid = hget(idx, key)
-                        entries = xrange(stream, eid, eid) if eid is not None else []
-                        pl.append(time.perf_counter_ns() - t)
-                        if len(entries) != expect:
-                            wrong += 1
-                        if not i & 255:
-                            dl.check()
-                    per_pass.append(lat_stats(pl))
-                    lat += pl
-                return {"all": lat_stats(lat), "passes": per_pass, "wrong_results": wrong, "keys": len(keys)}
+                def lookup(key: str) -> list:
+                    eid = hget(idx, key)
+                    return xrange(stream, eid, eid) if eid is not None else []
+                return timed_lookups(lookup, lambda _k, entries: len(entries) == expect, keys, passes, rr, dl)
 
             rkeys = [f"k00-{i:010d}" for i in rr.sample(range(rn), min(nk, rn))]
             out["redis_lookup_key"] = lookups(rkeys, 1)

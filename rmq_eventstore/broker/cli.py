@@ -1,0 +1,65 @@
+"""`rmq-eventstore serve --store PATH`: run the broker and its name server in the foreground.
+
+Listens on 127.0.0.1 by default (name server 9876, broker 10911, RocketMQ's ports). SIGTERM or SIGINT
+is a clean shutdown: connections are closed, consumer and delay offsets persisted, the store flushed
+and its `abort` file removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from ..cli import EXIT_ERROR, EXIT_OK, CliError, Command, register
+from ..store import StoreLockedError
+
+
+def configure_serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default="var/store", metavar="PATH", help="store directory (default: ./var/store)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default: 9876)")
+    p.add_argument("--broker-port", type=int, default=10911, help="broker port (default: 10911)")
+    p.add_argument("--flush-disk-type", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default="ASYNC_FLUSH",
+                   help="SYNC_FLUSH answers a send only after its bytes are fsynced")
+    p.add_argument("--no-auto-create-topic", action="store_true",
+                   help="refuse sends to topics not created first (UPDATE_AND_CREATE_TOPIC)")
+    p.add_argument("--message-delay-level", default=None, metavar="LEVELS",
+                   help='delay levels, default "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"')
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from .server import serve_in_thread
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config: dict[str, object] = {"flush_disk_type": args.flush_disk_type,
+                                 "auto_create_topic_enable": not args.no_auto_create_topic}
+    if args.message_delay_level:
+        config["message_delay_level"] = args.message_delay_level
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            running = serve_in_thread(args.store, args.host, args.namesrv_port, args.broker_port, **config)
+        except StoreLockedError as e:
+            raise CliError(str(e), EXIT_ERROR) from None
+        except OSError as e:
+            raise CliError(f"cannot listen on {args.host}: {e.strerror or e}", EXIT_ERROR) from None
+        with running:
+            print(f"broker {running.broker_address} serving {args.store}; name server {running.namesrv_address}",
+                  flush=True)
+            while not stop.wait(0.5):
+                pass
+            print("shutting down", flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return EXIT_OK
+
+
+register(Command("serve", "run the broker (remoting protocol) and its name server on a store",
+                 configure_serve, run_serve, __doc__.split("\n\n")[0] if __doc__ else "", takes_path=False))

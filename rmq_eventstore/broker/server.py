@@ -1,0 +1,353 @@
+"""The broker's network face: an asyncio server speaking RocketMQ's remoting protocol on two ports, the
+broker port (default 10911) and the name-server port (default 9876, routes for this single broker).
+
+Requests on one connection are served concurrently, as Netty's broker does: a pull that found nothing
+is parked (`PullHold`) as a task woken by the store's dispatcher, so a send behind it on the same
+connection is answered at once. Quick requests run inline on the event loop (an ASYNC_FLUSH put is a
+memory copy); with SYNC_FLUSH, sends run in a thread pool so that the fsync wait never stalls the loop.
+A frame that cannot be decoded closes its connection with one warning line; other connections go on.
+Responses are written in the order they complete; backpressure: when a client does not read its
+responses, reading from it pauses.
+
+`serve_in_thread(path, ...)` opens the store, starts a `Broker` and the server on a background thread
+and returns a `RunningBroker` (ports 0 = pick free ones); `close()` shuts everything down cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from ..remoting import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, RemotingCommand, RequestCode
+from ..store import FlushDiskType, MessageStore, StoreConfig
+from .broker import Broker, BrokerConfig, PullHold
+
+log = logging.getLogger(__name__)
+
+_SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
+                         RequestCode.CONSUMER_SEND_MSG_BACK})
+MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
+
+
+def _format_peer(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = peer[0], peer[1]
+        if host.startswith("::ffff:") and "." in host:
+            host = host[7:]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return "127.0.0.1:0"
+
+
+class Connection(asyncio.Protocol):
+    """One client connection (the broker's `Channel`): decodes frames, dispatches, writes responses."""
+
+    def __init__(self, server: BrokerServer, namesrv: bool) -> None:
+        self.server = server
+        self.namesrv = namesrv
+        self.decoder = FrameDecoder(server.max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self.remote_address = "127.0.0.1:0"
+        self.closed = False
+        self.tasks: set[asyncio.Task] = set()
+        self.last_active = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.last_active = self.server.loop.time()
+        self.remote_address = _format_peer(transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = self.server.loop.time()
+        try:
+            commands = self.decoder.feed(data)
+        except FrameError as e:
+            log.warning("closing connection from %s: malformed frame: %s", self.remote_address, e)
+            self.close()
+            return
+        for cmd in commands:
+            if self.closed:
+                return
+            if not cmd.is_response:
+                self.server.handle(self, cmd)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for t in list(self.tasks):
+            t.cancel()
+        if not self.namesrv:
+            try:
+                self.server.broker.on_channel_closed(self)
+            except Exception:
+                log.exception("channel close handling failed")
+
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def write(self, cmd: RemotingCommand) -> None:
+        t = self.transport
+        if self.closed or t is None or t.is_closing():
+            return
+        t.write(cmd.encode())
+        if t.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            log.warning("closing connection from %s: %d bytes of responses unread", self.remote_address,
+                        t.get_write_buffer_size())
+            self.close()
+
+    def send_oneway(self, cmd: RemotingCommand) -> None:
+        """Send a request to the client from any thread (e.g. NOTIFY_CONSUMER_IDS_CHANGED)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the connection is gone anyway
+            self.server.loop.call_soon_threadsafe(self.write, cmd)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+
+class BrokerServer:
+    """Serves a `Broker` on a broker socket and a name-server socket, on one asyncio loop."""
+
+    def __init__(self, broker: Broker, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 channel_max_idle_seconds: float = 120.0) -> None:
+        self.broker = broker
+        self.max_frame_size = max_frame_size
+        self.channel_max_idle_seconds = channel_max_idle_seconds  # serverChannelMaxIdleTimeSeconds
+        self._idle_task: asyncio.Task | None = None
+        self.connections: set[Connection] = set()
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._servers: list[asyncio.AbstractServer] = []
+        sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
+        self._offload = _SEND_CODES if sync else frozenset()
+        self._executor = concurrent.futures.ThreadPoolExecutor(8, "broker-send") if sync else None
+
+    async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._servers.append(await self.loop.create_server(lambda: Connection(self, False), sock=broker_sock))
+        if namesrv_sock is not None:
+            self._servers.append(await self.loop.create_server(lambda: Connection(self, True), sock=namesrv_sock))
+        if self.channel_max_idle_seconds > 0:
+            self._idle_task = self.loop.create_task(self._close_idle_connections())
+
+    async def _close_idle_connections(self) -> None:
+        """Close connections that sent nothing for `channel_max_idle_seconds` and wait for nothing (a
+        held pull keeps its connection), as Netty's IdleStateHandler does for the Java broker."""
+        limit = self.channel_max_idle_seconds
+        while True:
+            await asyncio.sleep(min(10.0, limit / 2))
+            now = self.loop.time()
+            for c in list(self.connections):
+                if not c.tasks and now - c.last_active > limit:
+                    log.info("closing idle connection from %s", c.remote_address)
+                    c.close()
+
+    async def stop(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        for s in self._servers:
+            s.close()
+        for c in list(self.connections):
+            c.close()
+        tasks = [t for c in list(self.connections) for t in c.tasks]
+        for t in tasks:
+            t.cancel()
+        for s in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(s.wait_closed(), 2)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    def handle(self, conn: Connection, cmd: RemotingCommand) -> None:
+        broker = self.broker
+        if conn.namesrv:
+            self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
+        elif cmd.code in self._offload:
+            self._spawn(conn, self._offloaded(conn, cmd))
+        else:
+            self._respond(conn, cmd, broker.process(cmd, conn))
+
+    def _respond(self, conn: Connection, cmd: RemotingCommand, result: RemotingCommand | PullHold) -> None:
+        if isinstance(result, PullHold):
+            self._spawn(conn, self._hold(conn, result))
+        elif not cmd.is_oneway:
+            conn.write(result)
+
+    def _spawn(self, conn: Connection, coro: Any) -> None:
+        task = self.loop.create_task(coro)
+        conn.tasks.add(task)
+        task.add_done_callback(conn.tasks.discard)
+
+    async def _offloaded(self, conn: Connection, cmd: RemotingCommand) -> None:
+        result = await self.loop.run_in_executor(self._executor, self.broker.process, cmd, conn)
+        self._respond(conn, cmd, result)
+
+    async def _hold(self, conn: Connection, hold: PullHold) -> None:
+        loop = self.loop
+        fut: asyncio.Future = loop.create_future()
+
+        def _set() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set)
+
+        handle = self.broker.wait_for_arrival(hold, wake)
+        try:
+            await asyncio.wait([fut], timeout=hold.timeout_ms / 1000.0)
+        finally:
+            self.broker.hold_service.cancel(handle)
+        if conn.closed:
+            return
+        result = self.broker.process_pull(hold.request, conn, allow_suspend=False)
+        if isinstance(result, RemotingCommand):
+            conn.write(result)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+def _advertised(host: str, port: int) -> str:
+    """The `ip:port` clients are told to use (and records carry as their store host)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        host = socket.gethostbyname(host)  # a name: the records need an address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class RunningBroker:
+    """A broker serving on a background thread (`serve_in_thread`): addresses, the `Broker`, its
+    `MessageStore`, and `close()` (clean shutdown, idempotent; also a context manager)."""
+
+    def __init__(self, store: MessageStore, broker: Broker, server: BrokerServer, loop: asyncio.AbstractEventLoop,
+                 thread: threading.Thread, namesrv_address: str, broker_address: str) -> None:
+        self.store = store
+        self.broker = broker
+        self.server = server
+        self.loop = loop
+        self.thread = thread
+        self.namesrv_address = namesrv_address
+        self.broker_address = broker_address
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> RunningBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop accepting, drop connections, stop the broker's threads, persist offsets, shut the store."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if self.loop.is_running():
+                fut = asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop)
+                try:
+                    fut.result(15)
+                except Exception:
+                    log.exception("stopping the server failed")
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=15)
+        finally:
+            try:
+                self.broker.shutdown()
+            finally:
+                self.store.shutdown()
+
+
+def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1", namesrv_port: int = 0,
+                    broker_port: int = 0, **store_config: Any) -> RunningBroker:
+    """Open the store at `store_path`, start a `Broker` on it and serve it on a background thread.
+
+    `store_config` holds `StoreConfig` fields; `BrokerConfig` fields (e.g. `auto_create_topic_enable`,
+    `broker_name`), `max_frame_size` and `channel_max_idle_seconds` are picked out of it. `store_host` defaults to the broker's
+    listen address so that records and offsetMsgIds carry it. Port 0 picks a free port.
+    """
+    broker_kw = {k: store_config.pop(k) for k in list(store_config) if k in BrokerConfig.field_names()}
+    max_frame = int(store_config.pop("max_frame_size", DEFAULT_MAX_FRAME_SIZE))
+    max_idle = float(store_config.pop("channel_max_idle_seconds", 120.0))
+    bsock = _bind(host, broker_port)
+    try:
+        nsock = _bind(host, namesrv_port)
+    except BaseException:
+        bsock.close()
+        raise
+    broker_address = _advertised(host, bsock.getsockname()[1])
+    namesrv_address = _advertised(host, nsock.getsockname()[1])
+    store_config.setdefault("store_host", broker_address)
+    store = None
+    broker = None
+    loop = asyncio.new_event_loop()
+    try:
+        store = MessageStore(StoreConfig(store_path_root_dir=os.fspath(store_path), **store_config))
+        store.load()
+        store.start()
+        broker = Broker(store, BrokerConfig(**broker_kw), broker_address)
+        broker.start()
+        server = BrokerServer(broker, max_frame, max_idle)
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            try:
+                loop.run_forever()
+            finally:
+                with contextlib.suppress(Exception):
+                    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                    for t in pending:
+                        t.cancel()
+                    if pending:
+                        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.close()
+
+        thread = threading.Thread(target=run, name=f"broker-{broker_address}", daemon=True)
+        thread.start()
+        ready.wait(10)
+        asyncio.run_coroutine_threadsafe(server.start(bsock, nsock), loop).result(10)
+    except BaseException:
+        bsock.close()
+        nsock.close()
+        if loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        elif not loop.is_closed():
+            loop.close()
+        if broker is not None:
+            broker.shutdown()
+        if store is not None:
+            store.shutdown()
+        raise
+    log.info("broker %s serving %s (name server %s)", broker_address, store_path, namesrv_address)
+    return RunningBroker(store, broker, server, loop, thread, namesrv_address, broker_address)

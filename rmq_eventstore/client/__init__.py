@@ -1,0 +1,18 @@
+"""Clients on RocketMQ's remoting protocol: `Producer`, `PullConsumer`, `Admin`.
+
+Synchronous and thread-safe (a reader thread per connection matches responses by opaque), so they
+work from Django views and Celery workers. They send only requests Apache RocketMQ understands, so
+the same code can talk to a real RocketMQ name server and brokers.
+"""
+
+from ..store import Message, MessageExt
+from .admin import Admin
+from .base import TopicRoute
+from .consumer import FOUND, NO_MATCHED_MSG, NO_NEW_MSG, OFFSET_ILLEGAL, PullConsumer, PullResult
+from .producer import Producer, SendResult
+from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
+
+__all__ = [
+    "FOUND", "NO_MATCHED_MSG", "NO_NEW_MSG", "OFFSET_ILLEGAL", "Admin", "MQBrokerError", "Message", "MessageExt",
+    "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
+]

@@ -1,0 +1,181 @@
+"""`Producer`: sends messages and batches over SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE, as
+`DefaultMQProducer` does (UNIQ_KEY per message, round-robin over the topic's writeable queues,
+one retry on another queue when a broker cannot be reached)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..remoting import RemotingCommand, RequestCode, ResponseCode
+from ..store import Message, codec
+from ..store.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
+from .base import ClientBase
+from .remoting_client import MQBrokerError, RemotingError
+
+_SEND_STATUS = {
+    ResponseCode.SUCCESS: "SEND_OK",
+    ResponseCode.FLUSH_DISK_TIMEOUT: "FLUSH_DISK_TIMEOUT",
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: "FLUSH_SLAVE_TIMEOUT",
+    ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
+}
+_OK_CODES = tuple(_SEND_STATUS)
+
+
+@dataclass
+class SendResult:
+    """`SendResult`: status (SEND_OK, FLUSH_DISK_TIMEOUT, ...), msg_id (UNIQ_KEY; comma-joined for a
+    batch), offset_msg_id (the broker's id: store host + commitlog offset), queue and queue offset."""
+
+    status: str
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    topic: str = ""
+    broker_address: str = ""
+
+
+class Producer:
+    """Sends `rmq_eventstore.store.Message`s to the brokers of their topic; thread-safe."""
+
+    def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", send_timeout_ms: int = 3000,
+                 retry_times_when_send_failed: int = 2, max_message_size: int = 4 * 1024 * 1024) -> None:
+        self.group = group
+        self.max_message_size = max_message_size
+        self._base = _ProducerBase(namesrv_addr, self, send_timeout_ms / 1000.0)
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self._ids = codec.UniqueIdGenerator()
+        self._rr = itertools.count()
+
+    @property
+    def client_id(self) -> str:
+        return self._base.client_id
+
+    def start(self) -> Producer:
+        self._base.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._base.shutdown()
+
+    def __enter__(self) -> Producer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _properties(self, msg: Message, uniq: str, delay_level: int) -> str:
+        if msg.properties_string is not None:
+            ps = msg.properties_string
+            if "UNIQ_KEY\x01" not in ps:
+                ps = (ps if not ps or ps.endswith("\x02") else ps + "\x02") + f"UNIQ_KEY\x01{uniq}\x02"
+        else:
+            ps = codec.build_properties_string(msg, msg.uniq_key or uniq)
+        if "WAIT\x01" not in ps:
+            ps += "WAIT\x01true\x02"
+        if delay_level > 0:
+            ps = codec.delete_property(ps, "DELAY")
+            ps = (ps if not ps or ps.endswith("\x02") else ps + "\x02") + f"DELAY\x01{delay_level}\x02"
+        return ps
+
+    def _pick(self, topic: str, queue_id: int | None, avoid: str | None) -> tuple[str, int]:
+        route = self._base.route(topic)
+        if not route.queues:
+            raise MQBrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic {topic} has no writeable queue")
+        if queue_id is not None:
+            for addr, q in route.queues:
+                if q == queue_id:
+                    return addr, q
+            raise ValueError(f"topic {topic!r} has no writeable queue {queue_id}")
+        n = len(route.queues)
+        start = next(self._rr)
+        for i in range(n):
+            addr, q = route.queues[(start + i) % n]
+            if addr != avoid:
+                return addr, q
+        return route.queues[start % n]
+
+    def send(self, msg: Message, queue_id: int | None = None, delay_level: int = 0,
+             timeout_ms: int | None = None) -> SendResult:
+        """Send one message. `queue_id` (or a non-zero `msg.queue_id`) picks the queue, else round-robin;
+        `delay_level` (1..18 by default: 1s 5s 10s 30s 1m ...) delays delivery. Raises `MQBrokerError`
+        for a broker error and `RemotingError` when no broker can be reached."""
+        validate_topic(msg.topic)
+        uniq = msg.uniq_key or self._ids.create()
+        props = self._properties(msg, uniq, delay_level)
+        q = queue_id if queue_id is not None else (msg.queue_id or None)
+        body = bytes(msg.body)
+        return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,
+                          msg.reconsume_times, uniq, False, timeout_ms)
+
+    def send_batch(self, msgs: Sequence[Message], queue_id: int | None = None,
+                   timeout_ms: int | None = None) -> SendResult:
+        """Send messages of one topic as one SEND_BATCH_MESSAGE: one queue, consecutive queue offsets."""
+        if not msgs:
+            raise ValueError("send_batch needs at least one message")
+        topic = msgs[0].topic
+        validate_topic(topic)
+        if any(m.topic != topic for m in msgs):
+            raise ValueError("all messages of a batch must have the same topic")
+        uniqs = self._ids.create_many(len(msgs))
+        parts = []
+        for m, u in zip(msgs, uniqs, strict=True):
+            if m.uniq_key:
+                u = m.uniq_key
+            parts.append((bytes(m.body), m.flag, self._properties(m, u, 0)))
+        ids = [codec.string_to_properties(p)["UNIQ_KEY"] for _, _, p in parts]
+        q = queue_id if queue_id is not None else (msgs[0].queue_id or None)
+        body = codec.encode_batch_body(parts)
+        if len(body) > self.max_message_size:  # DefaultMQProducer's checkMessage on the encoded batch
+            raise ValueError(f"the batch is {len(body)} bytes encoded, more than max_message_size "
+                             f"{self.max_message_size}: split it into smaller batches")
+        return self._send(topic, q, RequestCode.SEND_BATCH_MESSAGE, body, "", 0, 0, 0, ",".join(ids), True,
+                          timeout_ms)
+
+    def _send(self, topic: str, queue_id: int | None, code: int, body: bytes, props: str, flag: int,
+              sys_flag: int, reconsume: int, msg_id: str, batch: bool, timeout_ms: int | None) -> SendResult:
+        timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
+        avoid = None
+        last: Exception | None = None
+        for attempt in range(1 + self.retry_times_when_send_failed):
+            addr, q = self._pick(topic, queue_id, avoid)
+            ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": 4, "e": q, "f": sys_flag,
+                   "g": int(time.time() * 1000), "h": flag, "i": props, "j": reconsume, "k": False}
+            if batch:
+                ext["m"] = True
+            cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE,
+                                          ext, body)
+            try:
+                r = self._base.invoke(addr, cmd, timeout, ok=_OK_CODES)
+            except RemotingError as e:
+                last = e
+                avoid = addr
+                if attempt < self.retry_times_when_send_failed:
+                    self._base.route(topic, refresh=True)
+                continue
+            x = r.ext_fields
+            return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""), int(x.get("queueId", q)),
+                              int(x.get("queueOffset", -1)), topic, addr)
+        assert last is not None
+        raise last
+
+
+class _ProducerBase(ClientBase):
+    def __init__(self, namesrv_addr: str, producer: Producer, timeout: float) -> None:
+        super().__init__(namesrv_addr, timeout)
+        self.producer = producer
+
+    def heartbeat_data(self) -> dict:
+        return {"clientID": self.client_id, "producerDataSet": [{"groupName": self.producer.group}],
+                "consumerDataSet": []}
+
+    def _unregister(self) -> None:
+        for addr in self._known_brokers():
+            try:
+                self.remoting.invoke(addr, RemotingCommand.request(RequestCode.UNREGISTER_CLIENT, {
+                    "clientID": self.client_id, "producerGroup": self.producer.group}), 1.0)
+            except RemotingError:
+                pass

@@ -1,0 +1,298 @@
+"""`RemotingCommand` and its frame codec: RocketMQ's remoting wire format.
+
+A frame is `int32 length` (everything after this word) | `int32 header length` whose high byte is the
+serialization type (0 JSON, 1 ROCKETMQ binary) and low 24 bits the header size | header | body. All
+integers are big-endian. We decode both header types and always encode JSON (type 0), which every
+RocketMQ client reads. `extFields` values arrive as JSON strings, numbers or booleans (ali-ons sends
+numbers and booleans as they are in JavaScript); they are normalised to the strings a Java peer would
+have sent (`true`/`false`, decimal integers), and always written back as strings.
+
+Nothing here does I/O: `FrameDecoder.feed(bytes)` returns the complete commands and raises
+`FrameError` for a frame that cannot be one (bad lengths, over the size limits, bad header); the
+connection that sent it must then be closed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from typing import Any
+
+from .codes import FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, ResponseCode, SerializeType
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADER_SIZE", "FrameDecoder", "FrameError", "HeaderError",
+    "RemotingCommand", "next_opaque",
+]
+
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # NettyDecoder's default frameMaxLength (16 MiB)
+DEFAULT_MAX_HEADER_SIZE = 1024 * 1024  # headers are small: the largest field is a message's properties
+_LEN2 = struct.Struct(">ii")
+_INT = struct.Struct(">i")
+_BIN_HEAD = struct.Struct(">hbhii")  # code, language, version, opaque, flag
+_SHORT = struct.Struct(">h")
+_LANG_NAMES = {lc.value: lc.name for lc in LanguageCode}
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_loads = json.loads
+_opaque_counter = itertools.count(1)
+
+
+def next_opaque() -> int:
+    """A process-wide request id (wraps at 2^31, as Java's AtomicInteger requestId does)."""
+    return next(_opaque_counter) & 0x7FFFFFFF
+
+
+class FrameError(ValueError):
+    """The bytes on a connection are not a remoting frame; the connection must be closed."""
+
+
+class HeaderError(ValueError):
+    """A request lacks a header field it needs, or a field has the wrong form (answered SYSTEM_ERROR)."""
+
+
+def _ext_value(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise FrameError(f"extFields[{key!r}] is not a finite number")
+        return str(int(value)) if value.is_integer() else repr(value)
+    raise FrameError(f"extFields[{key!r}] must be a string, number or boolean, not {type(value).__name__}")
+
+
+class RemotingCommand:
+    """One request or response (`RemotingCommand`): code, opaque id, flag bits, remark, extFields, body.
+
+    `ext_fields` holds strings only (what a Java peer sends); the typed getters raise `HeaderError`
+    with the field's name when a request lacks a field or it does not parse.
+    """
+
+    __slots__ = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body",
+                 "serialize_type")
+
+    def __init__(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"",
+                 opaque: int = 0, flag: int = 0, remark: str | None = None, language: str = "PYTHON",
+                 version: int = 435, serialize_type: int = SerializeType.JSON) -> None:
+        self.code = code
+        self.ext_fields = ext_fields if ext_fields is not None else {}
+        self.body = body
+        self.opaque = opaque
+        self.flag = flag
+        self.remark = remark
+        self.language = language
+        self.version = version
+        self.serialize_type = serialize_type
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def request(cls, code: int, ext_fields: dict[str, Any] | None = None, body: bytes = b"",
+                oneway: bool = False) -> RemotingCommand:
+        """A new request with a fresh opaque; `ext_fields` values are turned into strings."""
+        ext = {k: _ext_value(k, v) for k, v in ext_fields.items()} if ext_fields else {}
+        return cls(code, {k: v for k, v in ext.items() if v is not None}, body, next_opaque(),
+                   FLAG_ONEWAY if oneway else 0)
+
+    def response(self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
+                 ext_fields: dict[str, Any] | None = None, body: bytes = b"") -> RemotingCommand:
+        """The response to this request (same opaque, response flag), extFields as strings."""
+        ext = {k: _ext_value(k, v) for k, v in ext_fields.items()} if ext_fields else {}
+        return RemotingCommand(int(code), {k: v for k, v in ext.items() if v is not None}, body,
+                               self.opaque, FLAG_RESPONSE, remark, "JAVA", self.version)
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    # -- typed header access -------------------------------------------------------------------------
+    def get_str(self, name: str, default: Any = ...) -> Any:
+        v = self.ext_fields.get(name)
+        if v is None:
+            if default is ...:
+                raise HeaderError(f"the custom field <{name}> is null")
+            return default
+        return v
+
+    def get_int(self, name: str, default: Any = ...) -> Any:
+        v = self.ext_fields.get(name)
+        if v is None or v == "":
+            if default is ...:
+                raise HeaderError(f"the custom field <{name}> is null")
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise HeaderError(f"the custom field <{name}> is not an integer: {v[:64]!r}") from None
+
+    def get_bool(self, name: str, default: Any = ...) -> Any:
+        v = self.ext_fields.get(name)
+        if v is None or v == "":
+            if default is ...:
+                raise HeaderError(f"the custom field <{name}> is null")
+            return default
+        return v.strip().lower() == "true"  # Java's Boolean.parseBoolean
+
+    # -- encoding ---------------------------------------------------------------------------------------
+    def header_json(self) -> bytes:
+        h: dict[str, Any] = {"code": self.code, "language": self.language, "version": self.version,
+                             "opaque": self.opaque, "flag": self.flag}
+        if self.remark is not None:
+            h["remark"] = self.remark
+        if self.ext_fields:
+            h["extFields"] = self.ext_fields
+        h["serializeTypeCurrentRPC"] = "JSON"
+        return _dumps(h).encode("utf-8")
+
+    def encode(self) -> bytes:
+        """The whole frame: length, JSON header length (type byte 0), header, body."""
+        header = self.header_json()
+        body = self.body or b""
+        return b"".join((_LEN2.pack(4 + len(header) + len(body), len(header)), header, body))
+
+    def __repr__(self) -> str:
+        kind = "response" if self.is_response else "request"
+        return (f"RemotingCommand({kind} code={self.code}, opaque={self.opaque}, flag={self.flag}, "
+                f"remark={self.remark!r}, ext={self.ext_fields!r}, body={len(self.body or b'')} bytes)")
+
+
+def _decode_json_header(data: bytes) -> RemotingCommand:
+    try:
+        h = _loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise FrameError(f"header is not JSON: {e}") from None
+    if not isinstance(h, dict):
+        raise FrameError("header is not a JSON object")
+    try:
+        code = h.get("code")
+        opaque = h.get("opaque", 0)
+        flag = h.get("flag", 0)
+        version = h.get("version", 0)
+        for name, v in (("code", code), ("opaque", opaque), ("flag", flag), ("version", version)):
+            if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 31) <= v < (1 << 31):
+                raise FrameError(f"header field {name!r} must be a 32-bit integer, got {str(v)[:40]!r}")
+        remark = h.get("remark")
+        if remark is not None and not isinstance(remark, str):
+            raise FrameError("header field 'remark' must be a string")
+        lang = h.get("language", "JAVA")
+        if isinstance(lang, int) and not isinstance(lang, bool):
+            lang = _LANG_NAMES.get(lang, "OTHER")
+        elif not isinstance(lang, str):
+            raise FrameError("header field 'language' must be a string")
+        raw_ext = h.get("extFields")
+        ext: dict[str, str] = {}
+        if raw_ext is not None:
+            if not isinstance(raw_ext, dict):
+                raise FrameError("header field 'extFields' must be an object")
+            for k, v in raw_ext.items():
+                s = _ext_value(k, v)
+                if s is not None:
+                    ext[k] = s
+    except FrameError:
+        raise
+    except Exception as e:  # pragma: no cover - defensive: any surprise in a hostile header
+        raise FrameError(f"bad header: {e}") from None
+    return RemotingCommand(code, ext, b"", opaque, flag, remark, lang[:16], version)
+
+
+def _decode_rocketmq_header(data: bytes) -> RemotingCommand:
+    """RocketMQ's binary header (`RocketMQSerializable.rocketMQProtocolDecode`)."""
+    try:
+        code, lang, version, opaque, flag = _BIN_HEAD.unpack_from(data, 0)
+        pos = _BIN_HEAD.size
+        (rlen,) = _INT.unpack_from(data, pos)
+        pos += 4
+        if rlen < 0 or pos + rlen > len(data):
+            raise FrameError("binary header: remark length out of range")
+        remark = data[pos:pos + rlen].decode("utf-8") if rlen else None
+        pos += rlen
+        (elen,) = _INT.unpack_from(data, pos)
+        pos += 4
+        if elen < 0 or pos + elen != len(data):
+            raise FrameError("binary header: extFields length does not match the header")
+        ext: dict[str, str] = {}
+        end = pos + elen
+        while pos < end:
+            (klen,) = _SHORT.unpack_from(data, pos)
+            pos += 2
+            if klen < 0 or pos + klen > end:
+                raise FrameError("binary header: key length out of range")
+            key = data[pos:pos + klen].decode("utf-8")
+            pos += klen
+            (vlen,) = _INT.unpack_from(data, pos)
+            pos += 4
+            if vlen < 0 or pos + vlen > end:
+                raise FrameError("binary header: value length out of range")
+            ext[key] = data[pos:pos + vlen].decode("utf-8")
+            pos += vlen
+    except (struct.error, UnicodeDecodeError) as e:
+        raise FrameError(f"binary header: {e}") from None
+    return RemotingCommand(code, ext, b"", opaque, flag, remark, _LANG_NAMES.get(lang, "OTHER"), version,
+                           SerializeType.ROCKETMQ)
+
+
+def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
+    """Decode one frame without its leading length word (`RemotingCommand.decode`)."""
+    n = len(frame)
+    if n < 4:
+        raise FrameError(f"frame of {n} bytes has no header length")
+    (word,) = _INT.unpack_from(frame, 0)
+    stype = (word >> 24) & 0xFF
+    hlen = word & 0xFFFFFF
+    if hlen <= 0 or 4 + hlen > n:
+        raise FrameError(f"header length {hlen} does not fit the frame of {n} bytes")
+    header = bytes(frame[4:4 + hlen])
+    if stype == SerializeType.JSON:
+        cmd = _decode_json_header(header)
+    elif stype == SerializeType.ROCKETMQ:
+        cmd = _decode_rocketmq_header(header)
+    else:
+        raise FrameError(f"unknown serialization type {stype}")
+    cmd.body = bytes(frame[4 + hlen:])
+    return cmd
+
+
+class FrameDecoder:
+    """Incremental frame splitter (`NettyDecoder`): feed it bytes, get whole `RemotingCommand`s back."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> None:
+        self.max_frame_size = max_frame_size
+        self.max_header_size = max_header_size
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[RemotingCommand]:
+        buf = self._buf
+        buf += data
+        out: list[RemotingCommand] = []
+        pos = 0
+        n = len(buf)
+        try:
+            while n - pos >= 8:
+                length, word = _LEN2.unpack_from(buf, pos)
+                if length < 4 or length > self.max_frame_size:
+                    raise FrameError(f"frame length {length} is outside 4..{self.max_frame_size}")
+                hlen = word & 0xFFFFFF
+                if hlen > self.max_header_size or hlen > length - 4 or hlen <= 0:
+                    raise FrameError(f"header length {hlen} is outside 1..{min(self.max_header_size, length - 4)}")
+                if n - pos < 4 + length:
+                    break
+                out.append(decode_frame(memoryview(buf)[pos + 4:pos + 4 + length]))
+                pos += 4 + length
+        finally:
+            if pos:
+                del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,73 @@
+"""A local SparkSession that starts fast and stays quiet, with the `rocketmq` source registered.
+
+Defaults for local runs (tests, the CLI jobs, notebooks): no UI, no console progress bars, few shuffle
+partitions, UTC session time, Python filter pushdown on, log level ERROR, and the project importable
+by the Python workers (they inherit `PYTHONPATH` from the JVM, so it is set before the JVM starts).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_LOG4J = """rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _log4j_file() -> str:
+    path = os.path.join(tempfile.gettempdir(), "rmq-eventstore-log4j2-quiet.properties")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as fh:
+            fh.write(_LOG4J)
+        os.replace(tmp, path)
+    return path
+
+
+def local_session(master: str = "local[2]", app_name: str = "rmq-eventstore", fast_jvm: bool = False,
+                  conf: dict[str, str] | None = None) -> Any:
+    """Get or create a quiet local SparkSession with the `rocketmq` format registered.
+
+    `fast_jvm` adds `-XX:+UseSerialGC -XX:TieredStopAtLevel=1` (about 3 s faster to start; for tests,
+    not for throughput). `conf` overrides any setting.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if _PKG_ROOT not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT, *[p for p in paths if p]])
+    from pyspark.sql import SparkSession
+
+    java_opts = f"-Dlog4j2.configurationFile=file:{_log4j_file()}"
+    if fast_jvm:
+        java_opts = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 " + java_opts
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.python.filterPushdown.enabled": "true",
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.log.level": "ERROR",
+    }
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from .source import register
+
+    register(spark)
+    return spark

@@ -7,13 +7,18 @@ The commitlog and every consume queue are a `MappedFileQueue`: files of one size
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .fsutil import fsync_directory
+
+if TYPE_CHECKING:
+    from .transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,23 @@ class StoreLoadError(RuntimeError):
 def offset_to_file_name(offset: int) -> str:
     """`UtilAll.offset2FileName`: the decimal offset left-padded with zeros to 20 digits."""
     return f"{offset:020d}"
+
+
+def prepare_segment_file(fd: int, file_size: int) -> None:
+    """Give a new, empty segment file its full size (RocketMQ maps the full size, extending with zeros).
+
+    The blocks are reserved with `posix_fallocate` (see the file-preparation × sync-call matrix in
+    benchmarks/README.md): durable appends cost the same as on a sparse file, while a full disk shows up
+    here as ENOSPC (CREATE_MAPPED_FILE_FAILED) instead of a SIGBUS on a later write through the mapping.
+    Prefilling with write() is avoided: msync/fdatasync of mmap writes into such pages costs ~2 MiB of
+    I/O per 4 KiB on this kernel. Filesystems without fallocate get a sparse file (ftruncate).
+    """
+    try:
+        os.posix_fallocate(fd, 0, file_size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, file_size)
 
 
 class MappedFile:
@@ -60,8 +82,16 @@ class MappedFile:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             actual = os.fstat(self._fd).st_size
             if actual == 0:
-                # Sparse extension: RocketMQ maps the full size, which extends the file with zeros.
-                os.ftruncate(self._fd, file_size)
+                try:
+                    prepare_segment_file(self._fd, file_size)
+                except OSError:
+                    os.close(self._fd)
+                    if not existed:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
+                    raise
             elif actual != file_size:
                 os.close(self._fd)
                 raise StoreLoadError(f"{path} is {actual} bytes but the configured file size is {file_size}; "
@@ -74,13 +104,33 @@ class MappedFile:
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
+        # Transient store pool (spec §5.5): appends go to `write_buffer`, `commit` copies them into the
+        # file, and readers see only committed bytes. `transient` stays set after the buffer goes back to
+        # the pool (the file is then fully committed).
+        self.write_buffer: bytearray | mmap.mmap | None = None
+        self._write_view: memoryview = self.view
+        self.transient = False
+        self._pool: TransientStorePool | None = None
+        self._commit_lock = threading.Lock()
+
+    def init_write_buffer(self, pool: TransientStorePool) -> bool:
+        """Borrow a write buffer from `pool` for a new, empty file; False when the pool has none left."""
+        buf = pool.borrow_buffer()
+        if buf is None:
+            return False
+        self.write_buffer = buf
+        self._write_view = memoryview(buf)
+        self._pool = pool
+        self.transient = True
+        return True
 
     def _fsync_dir(self) -> None:
         fsync_directory(os.path.dirname(self.path))
 
     # -- positions -----------------------------------------------------------------------------
     def get_read_position(self) -> int:
-        return self.wrote_position
+        """Readers (and flush) see written bytes, or only committed ones with a write buffer."""
+        return self.committed_position if self.transient else self.wrote_position
 
     def is_full(self) -> bool:
         return self.wrote_position >= self.file_size
@@ -99,12 +149,71 @@ class MappedFile:
         w = self.wrote_position
         if w + n > self.file_size:
             return False
-        self.view[w:w + n] = data
+        self._write_view[w:w + n] = data
         self.wrote_position = w + n
         return True
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        self.view[pos:pos + len(data)] = data
+        self._write_view[pos:pos + len(data)] = data
+
+    # -- commit (transient store pool) ------------------------------------------------------------
+    def is_able_to_commit(self, least_pages: int) -> bool:
+        """`DefaultMappedFile.isAbleToCommit`: the flush page rule applied to wrote vs committed."""
+        commit = self.committed_position
+        write = self.wrote_position
+        if self.is_full() and write > commit:
+            return True
+        if least_pages > 0:
+            return (write // OS_PAGE_SIZE - commit // OS_PAGE_SIZE) >= least_pages
+        return write > commit
+
+    def commit(self, least_pages: int = 0) -> int:
+        """Copy written bytes from the write buffer into the file (`DefaultMappedFile.commit`).
+
+        Without a write buffer everything written counts as committed. The copy is a pwrite into the
+        page cache (RocketMQ writes the FileChannel), which releases the GIL and leaves no mmap-dirtied
+        pages behind. A fully committed file gives its buffer back to the pool. Returns the committed
+        position.
+        """
+        if self.write_buffer is None:
+            if not self.transient:
+                self.committed_position = self.wrote_position
+            return self.committed_position
+        with self._commit_lock:
+            buf = self.write_buffer
+            if buf is None:
+                return self.committed_position
+            if self.is_able_to_commit(least_pages):
+                start = self.committed_position
+                end = self.wrote_position
+                if end > start:
+                    chunk = self._write_view[start:end]
+                    try:
+                        done = 0
+                        while done < end - start:
+                            done += os.pwrite(self._fd, chunk[done:], start + done)
+                    except (ValueError, OSError) as e:
+                        log.error("commit of %s failed: %s", self.path, e)
+                        return self.committed_position
+                    finally:
+                        chunk.release()
+                    self.committed_position = end
+            if self.committed_position >= self.file_size:
+                self._release_write_buffer()
+        return self.committed_position
+
+    def _release_write_buffer(self) -> None:
+        buf, pool = self.write_buffer, self._pool
+        if buf is None:
+            return
+        self.write_buffer = None
+        try:
+            self._write_view.release()
+        except (BufferError, ValueError):
+            pass
+        self._write_view = self.view
+        if pool is not None:
+            pool.return_buffer(buf)
 
     def is_able_to_flush(self, least_pages: int) -> bool:
         flush = self.flushed_position
@@ -127,8 +236,10 @@ class MappedFile:
                         # fdatasync, not msync: it writes back the file's dirty pages (mmap writes
                         # included) and, unlike mmap.flush, releases the GIL while the disk works.
                         os.fdatasync(self._fd)
-                    except (ValueError, OSError) as e:  # closed under us during destroy
-                        log.error("flush of %s failed: %s", self.path, e)
+                    except (ValueError, OSError) as e:
+                        if self.available:
+                            log.error("flush of %s failed: %s", self.path, e)
+                        # else: cleanup destroyed the file under this flush; nothing is left to force
                         return self.flushed_position
                 self.flushed_position = value
         return self.flushed_position
@@ -137,12 +248,15 @@ class MappedFile:
     def select_mapped_buffer(self, pos: int, size: int | None = None) -> memoryview | None:
         """A view of `[pos, pos+size)` (or up to the read position); None outside the readable bytes."""
         read_pos = self.get_read_position()
-        if size is None:
-            if 0 <= pos < read_pos:
-                return self.view[pos:read_pos]
+        try:
+            if size is None:
+                if 0 <= pos < read_pos:
+                    return self.view[pos:read_pos]
+                return None
+            if pos >= 0 and pos + size <= read_pos:
+                return self.view[pos:pos + size]
+        except ValueError:  # the file was destroyed (cleanup) under this read
             return None
-        if pos >= 0 and pos + size <= read_pos:
-            return self.view[pos:pos + size]
         return None
 
     def get_last_modified_timestamp(self) -> int:
@@ -171,6 +285,8 @@ class MappedFile:
     def close(self) -> None:
         """Unmap and close; views still held by readers keep the mapping alive until they drop."""
         self.available = False
+        with self._commit_lock:
+            self._release_write_buffer()
         try:
             self.view.release()
         except (BufferError, ValueError):
@@ -209,15 +325,18 @@ class MappedFileQueue:
     snapshot while the writer adds or removes files (RocketMQ uses a CopyOnWriteArrayList).
     """
 
-    def __init__(self, store_path: str, mapped_file_size: int, read_only: bool = False) -> None:
+    def __init__(self, store_path: str, mapped_file_size: int, read_only: bool = False,
+                 transient_store_pool: TransientStorePool | None = None) -> None:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.read_only = read_only
+        self.transient_store_pool = transient_store_pool
         self.mapped_files: list[MappedFile] = []
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0
         self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()
 
     # -- loading --------------------------------------------------------------------------------
     def list_segment_files(self) -> list[str]:
@@ -286,6 +405,9 @@ class MappedFileQueue:
                 return files[-1]
             os.makedirs(self.store_path, exist_ok=True)
             mf = MappedFile(os.path.join(self.store_path, offset_to_file_name(offset)), self.mapped_file_size)
+            if self.transient_store_pool is not None and not mf.init_write_buffer(self.transient_store_pool):
+                log.warning("transient store pool has no buffer left: %s is written through the mapping",
+                            mf.file_name)
             mf.first_create_in_queue = first
             self.mapped_files = files + [mf]
             return mf
@@ -330,9 +452,23 @@ class MappedFileQueue:
     def get_mapped_memory_size(self) -> int:
         return sum(f.file_size for f in self.mapped_files)
 
-    # -- flushing -------------------------------------------------------------------------------
+    # -- commit and flush -----------------------------------------------------------------------
+    def commit(self, least_pages: int = 0) -> bool:
+        """Commit the file holding `committed_where` (`MappedFileQueue.commit`); True when nothing moved."""
+        with self._commit_lock:
+            self._skip_deleted("committed_where")
+            mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+            if mf is None:
+                return True
+            offset = mf.commit(least_pages)
+            where = mf.file_from_offset + offset
+            result = where == self.committed_where
+            self.committed_where = where
+            return result
+
     def flush(self, least_pages: int = 0) -> bool:
         """Flush the file holding `flushed_where`; True when nothing moved (`MappedFileQueue.flush`)."""
+        self._skip_deleted("flushed_where")
         mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
         if mf is None:
             return True
@@ -383,15 +519,19 @@ class MappedFileQueue:
             else:
                 break
         if deleted:
-            self.mapped_files = [f for f in self.mapped_files if f not in deleted]
+            self._remove_files(deleted)
         return len(deleted)
 
     def delete_expired_file_by_time(
         self, expired_time_ms: int, delete_files_interval_ms: int = 0, clean_immediately: bool = False,
-        delete_file_batch_max: int = 10, now_ms: int | None = None,
+        delete_file_batch_max: int = 10, now_ms: int | None = None, interval_forcibly_ms: int = 120_000,
     ) -> int:
         """Delete files older than `expired_time_ms`, oldest first, never the last, stopping at the
-        first one still in use (`deleteExpiredFileByTime`)."""
+        first one still in use (`deleteExpiredFileByTime`).
+
+        `interval_forcibly_ms` is RocketMQ's grace period for readers still holding a file; here a
+        reader's memoryview keeps the mapping alive by itself (the file is unlinked at once, the pages
+        go when the last view drops), so deletion never has to wait or be retried."""
         files = self.mapped_files
         now = int(time.time() * 1000) if now_ms is None else now_ms
         deleted: list[MappedFile] = []
@@ -406,8 +546,24 @@ class MappedFileQueue:
             else:
                 break
         if deleted:
-            self.mapped_files = [f for f in self.mapped_files if f not in deleted]
+            self._remove_files(deleted)
         return len(deleted)
+
+    def _skip_deleted(self, attr: str) -> None:
+        """A commit / flush position inside files cleanup already deleted (a forcible clean can outrun an
+        ASYNC flush) moves to the first remaining file: deleted bytes need no flush, and without this
+        the position would point at no file and never move again."""
+        first = self.get_first_mapped_file()
+        where = getattr(self, attr)
+        if first is not None and 0 < where < first.file_from_offset:
+            setattr(self, attr, first.file_from_offset)
+
+    def _remove_files(self, deleted: list[MappedFile]) -> None:
+        """Drop deleted files from the list under the lock `_create` takes, so a file the writer adds
+        meanwhile (cleanup runs on its own thread) is never lost from the list."""
+        gone = {id(f) for f in deleted}
+        with self._lock:
+            self.mapped_files = [f for f in self.mapped_files if id(f) not in gone]
 
     def refresh_read_only(self) -> None:
         """Pick up files and bytes another process added since `load` (read-only mode)."""

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run test lint bench crashtest clean
+.PHONY: run quickstart test lint bench crashtest clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,12 +12,22 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-## run: the embedded demo: a store under ./var/store, events in, read back by queue and by key
+## run: the broker on ./var/store (its own process), a demo producer and a long-polling consumer
 run: $(VENV)/.installed
+	$(PY) examples/broker_demo.py --store $(STORE)
+
+## quickstart: the embedded demo: a store under ./var/store, events in, read back by queue and by key
+quickstart: $(VENV)/.installed
 	$(PY) examples/quickstart.py --store $(STORE)
 
+# The real ali-ons (npm) RocketMQ client used by tests/test_client_alions.py, from the committed lock file.
+JS_CLIENT := tests/clients/js
+$(JS_CLIENT)/node_modules/.installed: $(JS_CLIENT)/package.json $(JS_CLIENT)/package-lock.json
+	npm ci --prefix $(JS_CLIENT) --no-audit --no-fund
+	touch $@
+
 ## test: lint, then every test
-test: $(VENV)/.installed lint
+test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed lint
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
@@ -26,6 +36,11 @@ lint: $(VENV)/.installed
 ## bench: benchmarks side by side with their peers (writes benchmarks/results/)
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_store.py
+	$(PY) benchmarks/bench_broker.py
+
+## crashtest: the SIGKILL crash suite with 1000 rounds (CI runs 50; CRASH_SEED=N reproduces a run)
+crashtest: $(VENV)/.installed
+	CRASH_ROUNDS=$${CRASH_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_crash.py  # ~15 min
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules

@@ -169,30 +169,35 @@ class ConsumeQueue:
             del arr
         return start + idx * CQ_STORE_UNIT_SIZE
 
-    def _zero_stale_tail(self, mf: MappedFile, pos: int) -> None:
+    def _zero_stale_tail(self, mf: MappedFile, pos: int) -> bool:
         """Zero the bytes left behind a truncation point up to the last non-zero byte, so later scans
-        (recovery, read-only readers) stop at `pos`. RocketMQ leaves them; only the unused region differs."""
+        (recovery, read-only readers) stop at `pos`. RocketMQ leaves them; only the unused region differs.
+        True when there was something to clear."""
         if self.read_only or mf.mm is None or pos >= mf.mapped_size:
-            return
+            return False
         tail = np.frombuffer(mf.mm, dtype=np.uint8, count=mf.mapped_size - pos, offset=pos)
         try:
             nz = np.flatnonzero(tail)
             if nz.size:
                 tail_end = pos + int(nz[-1]) + 1
             else:
-                return
+                return False
         finally:
             del tail
         mf.write_at(pos, bytes(tail_end - pos))
+        return True
 
-    def recover(self) -> None:
-        """Find the end of valid units from file index max(0, n-3) and truncate the rest (§6.4)."""
+    def recover(self) -> bool:
+        """Find the end of valid units from file index max(0, n-3) and truncate the rest (§6.4).
+
+        True when non-zero bytes were dropped after that end (units after a hole or an invalid unit, or
+        later files): the queue lost units that recovery must dispatch again."""
         if self.read_only:
-            return  # load() already found the end of the data
+            return False  # load() already found the end of the data
         mfq = self.mapped_file_queue
         files = mfq.mapped_files
         if not files:
-            return
+            return False
         index = max(0, len(files) - 3)
         size = self.mapped_file_size
         while True:
@@ -211,10 +216,13 @@ class ConsumeQueue:
             break
         mfq.flushed_where = process_offset
         mfq.committed_where = process_offset
+        dropped_files = sum(1 for f in files if f.file_from_offset > process_offset)
         mfq.truncate_dirty_files(process_offset)
         last = mfq.get_last_mapped_file_or_none()
+        cleared = False
         if last is not None:
-            self._zero_stale_tail(last, last.wrote_position)
+            cleared = self._zero_stale_tail(last, last.wrote_position)
+        return cleared or dropped_files > 0
 
     def _track_max_physic(self, mf: MappedFile, end: int) -> None:
         """Set max_physic_offset from the last non-blank unit before `end` in this file (blank units
@@ -265,6 +273,28 @@ class ConsumeQueue:
             break
         if mfq.flushed_where > mfq.get_max_offset():
             mfq.flushed_where = mfq.committed_where = mfq.get_max_offset()
+
+    def truncate_to_units(self, units: int) -> None:
+        """Recovery: keep the first `units` queue offsets and drop the rest (a tail whose units do not
+        match the commitlog records they point at)."""
+        if self.read_only:
+            return
+        mfq = self.mapped_file_queue
+        logical = units * CQ_STORE_UNIT_SIZE
+        mfq.truncate_dirty_files(logical)
+        self._stop_timestamps.clear()
+        self._max_physic_offset = -1
+        last = mfq.get_last_mapped_file_or_none()
+        if last is not None:
+            self._zero_stale_tail(last, last.wrote_position)
+            for mf in reversed(mfq.mapped_files):
+                if mf.wrote_position:
+                    self._track_max_physic(mf, mf.wrote_position)
+                    break
+        if mfq.flushed_where > mfq.get_max_offset():
+            mfq.flushed_where = mfq.committed_where = mfq.get_max_offset()
+        if self._min_logic_offset > logical:
+            self._min_logic_offset = logical
 
     def correct_min_offset(self, min_commit_log_offset: int) -> None:
         """Move min_logic_offset to the first unit pointing at or beyond `min_commit_log_offset` (§6.4)."""

@@ -62,6 +62,7 @@ _BEGIN_PHY_OFFSET_POS = 16
 _END_PHY_OFFSET_POS = 24
 _NAME_RE = re.compile(r"^\d{17}$")
 _INT_MIN_ABS = 0x80000000
+MAX_PUT_BATCH = 1 << 20  # entries one build_index call can add past indexCount before the header moves
 
 
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
@@ -390,6 +391,132 @@ class IndexFile:
         except (ValueError, struct.error) as e:  # closed under us by a concurrent destroy
             log.warning("select in %s stopped: %s", self.path, e)
 
+    # -- recovery ------------------------------------------------------------------------------
+    def last_entry(self) -> tuple[int, int, int, int] | None:
+        """(keyHash, phyOffset, timeDiff, prevIndex) of the newest entry, or None when the file is empty."""
+        if self.mm is None or self._index_count <= 1:
+            return None
+        pos = self._entries_base + (self._index_count - 1) * INDEX_SIZE
+        if pos + INDEX_SIZE > self.mapped_size:
+            return None
+        return _ENTRY.unpack_from(self.mm, pos)
+
+    def rebuild_chains(self) -> bool:
+        """Recovery after an abnormal exit: recompute every slot head and prevIndex link from the entries.
+
+        A process killed inside `put_keys` after the slot table was updated but before the header was
+        can leave slots pointing at entries past indexCount; the next put would then link new entries to
+        those numbers (a self-loop) or treat the slot as empty, cutting older entries off their chain.
+        Entries past indexCount are zeroed. Returns True when anything changed."""
+        self._check_writable()
+        entries, slots = self._entries, self._slots
+        if entries is None or slots is None:
+            return False
+        count = self._index_count
+        # Only a put cut short leaves traces, and only in the slots and the next batch's entries: when
+        # there are none the chains are left alone (relinking a full file costs a sort of its entries).
+        tail = entries[count:count + MAX_PUT_BATCH]
+        if not bool((slots >= count).any()) and not bool((tail["h"] != 0).any() or (tail["p"] != 0).any()):
+            return False
+        changed = False
+        dirty_tail = np.flatnonzero((tail["h"] != 0) | (tail["p"] != 0) | (tail["prev"] != 0))
+        if dirty_tail.size:
+            entries[count:count + int(dirty_tail[-1]) + 1] = np.zeros(int(dirty_tail[-1]) + 1,
+                                                                        dtype=INDEX_ENTRY_DTYPE)
+            changed = True
+        n = count - 1
+        new_slots = np.zeros(self.hash_slot_num, dtype=np.int64)
+        if n > 0:
+            s = entries["h"][1:count].astype(np.int64) % self.hash_slot_num
+            idx = np.arange(1, count, dtype=np.int64)
+            order = np.argsort(s, kind="stable")
+            s_sorted, i_sorted = s[order], idx[order]
+            same = s_sorted[1:] == s_sorted[:-1]
+            prev_sorted = np.zeros(n, dtype=np.int64)
+            prev_sorted[1:][same] = i_sorted[:-1][same]
+            prev = np.empty(n, dtype=np.int64)
+            prev[order] = prev_sorted
+            ends = np.ones(n, dtype=bool)
+            ends[:-1] = ~same
+            new_slots[s_sorted[ends]] = i_sorted[ends]
+            if not np.array_equal(entries["prev"][1:count].astype(np.int64), prev):
+                entries["prev"][1:count] = prev
+                changed = True
+        if not np.array_equal(slots.astype(np.int64), new_slots):
+            slots[:] = new_slots
+            changed = True
+        if changed:
+            self._hash_slot_count = int(np.count_nonzero(new_slots))
+            self._write_header()
+            self._dirty = True
+        return changed
+
+    def repair_header(self, prev_end_phy: int, prev_end_timestamp: int) -> bool:
+        """Recovery: make endPhyOffset agree with the entries (a kill inside the header write can leave
+        the new endPhyOffset beside the old indexCount, and dispatch skips records below endPhyOffset).
+        An empty file gets the previous file's end values, as at its creation. True when changed."""
+        self._check_writable()
+        count = self._index_count
+        if count > 1 and self._entries is not None:
+            last = self._entries[count - 1]
+            ep = int(last["p"])
+            if ep == self._end_phy_offset:
+                return False
+            self._end_phy_offset = ep
+            self._end_timestamp = self._begin_timestamp + int(last["t"]) * 1000
+        else:
+            if self._end_phy_offset == prev_end_phy and self._begin_phy_offset == prev_end_phy:
+                return False
+            self._begin_phy_offset = self._end_phy_offset = prev_end_phy
+            self._begin_timestamp = self._end_timestamp = prev_end_timestamp
+        self._write_header()
+        self._dirty = True
+        return True
+
+    def count_entries_at(self, phy_offset: int) -> int:
+        """Entries of this file pointing at `phy_offset` (recovery: is the newest record fully indexed?)."""
+        if self._entries is None or self._index_count <= 1:
+            return 0
+        return int(np.count_nonzero(self._entries["p"][1:self._index_count] == phy_offset))
+
+    def truncate_from(self, phy_offset: int) -> int:
+        """Recovery: drop the entries pointing at `phy_offset` or beyond (a commitlog tail that was cut).
+
+        Entries are appended in commitlog order, so the dropped ones are the newest: each is unlinked
+        from the head of its slot's chain (newest first), zeroed, and the header moves back to the last
+        kept entry. Returns how many entries were dropped."""
+        self._check_writable()
+        count = self._index_count
+        if count <= 1 or self._entries is None or self._slots is None:
+            return 0
+        entries = self._entries
+        phys = entries["p"][1:count]
+        keep = int(np.searchsorted(phys, phy_offset, side="left")) + 1  # first dropped entry number
+        if bool((phys[keep - 1:] < phy_offset).any()):  # not sorted (damage): find the first bad entry
+            keep = int(np.argmax(phys >= phy_offset)) + 1
+        if keep >= count:
+            return 0
+        slots = self._slots
+        for i in range(count - 1, keep - 1, -1):
+            h, _p, _t, prev = (int(v) for v in entries[i])
+            s = h % self.hash_slot_num
+            if int(slots[s]) == i:
+                slots[s] = prev if 0 < prev < keep else INVALID_INDEX
+                if slots[s] == INVALID_INDEX:
+                    self._hash_slot_count = max(0, self._hash_slot_count - 1)
+        entries[keep:count] = np.zeros(count - keep, dtype=INDEX_ENTRY_DTYPE)
+        self._index_count = keep
+        if keep > 1:
+            last = entries[keep - 1]
+            self._end_phy_offset = int(last["p"])
+            self._end_timestamp = self._begin_timestamp + int(last["t"]) * 1000
+        else:
+            self._end_phy_offset = self._begin_phy_offset
+            self._end_timestamp = self._begin_timestamp
+        self._write_header()
+        self._dirty = True
+        return count - keep
+
     # -- lifecycle -----------------------------------------------------------------------------
     def flush(self) -> None:
         """Write the whole header, then force the mapping to disk (`IndexFile.flush`)."""
@@ -510,9 +637,20 @@ class IndexService:
         """Open the existing files in name order; after an abnormal exit, delete every file whose
         endTimestamp is newer than the checkpoint's indexMsgTimestamp (`IndexService.load`)."""
         with self._lock:
-            for name in self._list_names():
-                f = IndexFile(os.path.join(self.store_path, name), self.hash_slot_num, self.index_num,
-                              read_only=self.read_only)
+            names = self._list_names()
+            for i, name in enumerate(names):
+                try:
+                    f = IndexFile(os.path.join(self.store_path, name), self.hash_slot_num, self.index_num,
+                                  read_only=self.read_only)
+                except StoreLoadError:
+                    if self.read_only or self._one_foreign_geometry(names):
+                        raise  # every file has another size: written with another geometry
+                    # A damaged file (cut short, RocketMQ #10108): it and the newer files are rebuilt by
+                    # dispatch from where the files before it end.
+                    for later in names[i:]:
+                        log.warning("deleting damaged or newer index file %s: it will be rebuilt", later)
+                        os.unlink(os.path.join(self.store_path, later))
+                    break
                 if not last_exit_ok and not self.read_only and f.end_timestamp > index_msg_timestamp:
                     log.info("deleting index file %s: endTimestamp %d > indexMsgTimestamp %d",
                              name, f.end_timestamp, index_msg_timestamp)
@@ -520,6 +658,10 @@ class IndexService:
                     continue
                 self._files.append(f)
         return True
+
+    def _one_foreign_geometry(self, names: list[str]) -> bool:
+        sizes = {os.path.getsize(os.path.join(self.store_path, n)) for n in names}
+        return len(sizes) == 1 and sizes != {index_file_size(self.hash_slot_num, self.index_num)}
 
     # -- writing -------------------------------------------------------------------------------
     def _new_file_name(self) -> str:
@@ -554,10 +696,10 @@ class IndexService:
             if self.flush_in_background:
                 t = threading.Thread(target=self._flush_full_file, args=(prev,), daemon=True,
                                      name="FlushIndexFileThread")
+                t.start()  # before it is listed: wait_for_flushes (cleanup's thread) may join it at once
                 with self._lock:
                     self._flush_threads = [x for x in self._flush_threads if x.is_alive()]
                     self._flush_threads.append(t)
-                t.start()
             else:
                 self._flush_full_file(prev)
         return f
@@ -687,6 +829,19 @@ class IndexService:
                 self._files.remove(f)
                 log.info("deleted expired index file %s", f.file_name)
         return len(expired)
+
+    def drop_files_from(self, position: int) -> int:
+        """Recovery: delete the files from `position` (in the oldest-first list) on, to be rebuilt by
+        dispatch; returns how many were deleted."""
+        if self.read_only:
+            raise IndexReadOnlyError("the index service is open read-only")
+        self.wait_for_flushes()
+        with self._lock:
+            doomed = self._files[position:]
+            self._files = self._files[:position]
+        for f in doomed:
+            f.destroy()
+        return len(doomed)
 
     def flush(self) -> None:
         """Flush (header + force) every file written since its last flush."""

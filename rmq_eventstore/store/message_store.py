@@ -10,14 +10,15 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import codec
 from .checkpoint import StoreCheckpoint
+from .cleanup import CleanCommitLogService, CleanConsumeQueueService, RunningFlags, StoreCleanupService
 from .commitlog import CommitLog, PutMessageResult, now_ms
 from .config import CQ_STORE_UNIT_SIZE, FlushDiskType, StoreConfig
 from .config_files import (
@@ -28,11 +29,21 @@ from .config_files import (
     TopicConfigManager,
 )
 from .consume_queue import ConsumeQueue
+from .flush import (
+    CommitRealTimeService,
+    FlushConsumeQueueService,
+    FlushDiskWatcher,
+    FlushRealTimeService,
+    GroupCommitService,
+)
 from .index import IndexService
+from .mapped_file import StoreLoadError
 from .message import Message, MessageExt
+from .recovery import RecoveryReport, extend_short_last_segment, recover_store
 from .reput import ReputMessageService
 from .status import GetMessageStatus, PutMessageStatus
 from .topic import is_valid_topic
+from .transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +148,22 @@ class MessageStore:
         self._loaded = False
         self._started = False
         self._shutdown = False
-        self._flush_thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        # Durability services (flush.py, cleanup.py), created by start()
+        self.running_flags = RunningFlags()
+        self.transient_store_pool: TransientStorePool | None = None
+        self.flush_disk_watcher: FlushDiskWatcher | None = None
+        self.flush_commit_log_service: GroupCommitService | FlushRealTimeService | None = None
+        self.commit_real_time_service: CommitRealTimeService | None = None
+        self.flush_consume_queue_service: FlushConsumeQueueService | None = None
+        self.clean_commit_log_service = CleanCommitLogService(config, self.commit_log, self.running_flags)
+        self.clean_consume_queue_service = CleanConsumeQueueService(
+            config, self.commit_log, self._all_consume_queues, self.index_service)
+        self.cleanup_service = StoreCleanupService(config, self.clean_commit_log_service,
+                                                   self.clean_consume_queue_service)
         self._total_ram = _total_physical_memory()
         self.last_exit_ok = True
+        self._rebuilt_queues: list[str] = []  # consume queues dropped as damaged at load
+        self.recovery_report: RecoveryReport | None = None
         # The broker's config files (<root>/config/*.json, each with a .bak), loaded with the store.
         self.topic_config_manager = TopicConfigManager(config.config_path)
         self.consumer_offset_manager = ConsumerOffsetManager(config.config_path)
@@ -198,21 +221,32 @@ class MessageStore:
         self._lock_key = (st.st_dev, st.st_ino)
         self._lock_fd = fd
 
-    def load(self) -> bool:
-        """Map the files and recover: find the commitlog end, trim queues past it, rebuild what is missing."""
+    def load(self, *, drop_derived: bool = False, progress: Callable[[int], None] | None = None) -> bool:
+        """Map the files and recover: find the commitlog end, trim queues past it, rebuild what is missing.
+
+        `drop_derived` deletes the consume queues and the index first (under the lock), so recovery
+        rebuilds them from the commitlog (`rmq-eventstore rebuild`); `progress(n)` is told about every
+        `n` commitlog bytes recovery walks.
+        """
         if self._loaded:
             return True
         self._acquire_lock()
         try:
+            if drop_derived:
+                for path in (self.config.consume_queue_path, self.config.index_path):
+                    shutil.rmtree(path, ignore_errors=True)
             self.last_exit_ok = not os.path.exists(self.config.abort_path)
             for manager in (self.topic_config_manager, self.consumer_offset_manager,
                             self.subscription_group_manager, self.delay_offset_manager):
                 manager.load()
+            extend_short_last_segment(self.config.commit_log_path, self.config.mapped_file_size_commit_log)
             self.commit_log.load()
             self._load_consume_queues()
             self.checkpoint = StoreCheckpoint(self.config.checkpoint_path)
-            self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
-            self._recover()
+            # Index files are kept after an abnormal exit: recovery checks the newest ones against the
+            # commitlog and drops only those that do not match (RocketMQ deletes them, issue #8007).
+            self.index_service.load(True, self.checkpoint.index_msg_timestamp)
+            self._recover(progress)
         except BaseException:
             self._release_lock()
             raise
@@ -251,51 +285,30 @@ class MessageStore:
                 if not q.isdigit():
                     continue
                 cq = ConsumeQueue(topic, int(q), root, self.config.mapped_file_size_consume_queue)
-                cq.load()
+                try:
+                    cq.load()
+                except StoreLoadError as e:
+                    if _consistent_foreign_geometry(cq.queue_dir, cq.mapped_file_size):
+                        raise  # every file has another size: the store was written with another geometry
+                    # A damaged derived file (RocketMQ #10108): drop the queue, recovery rebuilds it.
+                    log.warning("consume queue %s-%s is damaged (%s): rebuilding it from the commitlog",
+                                topic, q, e)
+                    for mf in cq.mapped_file_queue.mapped_files:
+                        mf.close()
+                    shutil.rmtree(cq.queue_dir, ignore_errors=True)
+                    self._rebuilt_queues.append(f"{topic}-{q}")
+                    continue
                 self.consume_queue_table.setdefault(topic, {})[int(q)] = cq
 
     def _all_consume_queues(self) -> Iterator[ConsumeQueue]:
         for queues in list(self.consume_queue_table.values()):
             yield from list(queues.values())
 
-    def _recover(self) -> None:
-        cqs = list(self._all_consume_queues())
-        for cq in cqs:
-            cq.recover()
-        max_cq_phy = max((cq.max_physic_offset for cq in cqs), default=-1)
-        end = self.commit_log.recover_normally(self.config.check_crc_on_recover)
-        if not self.commit_log.mapped_file_queue.mapped_files:
-            for cq in cqs:
-                cq.destroy()
-            self.consume_queue_table.clear()
-        elif max_cq_phy >= end:
-            for cq in cqs:
-                cq.truncate_dirty_logic_files(end)
-        # Dispatch whatever the queues and the index do not hold yet (a commitlog written elsewhere,
-        # or queues behind after an unclean stop); repeated builds are skipped by both dispatchers.
-        min_off = max(self.commit_log.get_min_offset(), 0)
-        start = max_cq_phy if max_cq_phy >= 0 else min_off
-        if self.config.message_index_enable:
-            files = self.index_service.files
-            if not files:
-                start = min_off  # no index at all (deleted, or a commitlog copied in): build it
-            elif files[-1].entry_count > 0 or files[-1].end_phy_offset > 0:
-                # (a file just rolled to is empty but starts where the previous one ended)
-                start = min(start, files[-1].end_phy_offset)
-        if not self.last_exit_ok and self.checkpoint is not None:
-            # Abnormal exit: the queues or index may have lost unflushed tails while other queues kept
-            # theirs, so re-dispatch from the file the checkpoint vouches for (RocketMQ's
-            # recoverAbnormally); records the dispatchers already hold are skipped.
-            cp = self.checkpoint
-            min_ts = (cp.get_min_timestamp_index()
-                      if self.config.message_index_enable and self.config.message_index_safe
-                      else cp.get_min_timestamp())
-            start = min(start, self.commit_log.abnormal_recover_start_offset(min_ts))
-        start = min(max(start, min_off), end)
-        rs = self.reput_message_service
-        rs.reput_from_offset = rs.dispatched_offset = start
-        while self.reput_message_service.do_reput():
-            pass
+    def _recover(self, progress: Callable[[int], None] | None = None) -> None:
+        """Recovery (spec §9, recovery.py): find the commitlog end (verified from the checkpoint after a
+        clean stop, scanned with CRC after a crash), cut the queues and index past it and dispatch
+        only the records they lack."""
+        self.recovery_report = recover_store(self, progress, rebuilt=self._rebuilt_queues)
         self._recover_topic_queue_table()
 
     def _recover_topic_queue_table(self) -> None:
@@ -307,41 +320,55 @@ class MessageStore:
         self.commit_log.topic_queue_table = table
 
     def start(self) -> None:
-        """Start the reput and flush threads and mark the store running (the `abort` file)."""
+        """Start the reput, flush, commit and cleanup services and mark the store running (`abort`)."""
         if not self._loaded:
             self.load()
         if self._started:
             return
-        with open(self.config.abort_path, "w") as f:
+        cfg = self.config
+        with open(cfg.abort_path, "w") as f:
             f.write(str(os.getpid()))
+        transient = self.is_transient_store_pool_enable()
+        if transient:
+            self.transient_store_pool = TransientStorePool(cfg.transient_store_pool_size,
+                                                           cfg.mapped_file_size_commit_log)
+            self.transient_store_pool.init()
+            self.commit_log.mapped_file_queue.transient_store_pool = self.transient_store_pool
+        cp = self._get_checkpoint
+        if cfg.flush_disk_type == FlushDiskType.SYNC_FLUSH:
+            self.flush_disk_watcher = FlushDiskWatcher()
+            gcs = GroupCommitService(self.commit_log, cp, self.flush_disk_watcher, transient)
+            self.flush_commit_log_service = gcs
+            self.commit_log.group_commit_service = gcs
+        else:
+            self.flush_commit_log_service = FlushRealTimeService(self.commit_log, cp)
+        if transient:
+            self.commit_real_time_service = CommitRealTimeService(self.commit_log, self.flush_commit_log_service)
+            # readers and the dispatcher see committed bytes only: wake the reput after each commit
+            self.commit_log.on_committed = self.reput_message_service.wakeup
+            self.commit_log.flush_wakeup = self.commit_real_time_service.wakeup
+        elif cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH:
+            self.commit_log.flush_wakeup = self.flush_commit_log_service.wakeup
+        self.flush_consume_queue_service = FlushConsumeQueueService(cfg, self._all_consume_queues, cp)
+        self.clean_commit_log_service.is_space_to_delete()  # the disk watermark holds from the first put
         self.reput_message_service.start()
-        self._flush_thread = threading.Thread(target=self._flush_loop, name="FlushService", daemon=True)
-        self._flush_thread.start()
+        for svc in (self.flush_disk_watcher, self.flush_commit_log_service, self.commit_real_time_service,
+                    self.flush_consume_queue_service, self.cleanup_service):
+            if svc is not None:
+                svc.start()
         self._started = True
 
-    def _flush_loop(self) -> None:
-        """FlushRealTimeService + FlushConsumeQueueService + the 1 s checkpoint task, in one thread.
+    def _get_checkpoint(self) -> StoreCheckpoint | None:
+        return self.checkpoint
 
-        Every `flush_interval_consume_queue` the commitlog and then the consume queues are flushed in
-        full, and only then are their store times written to the checkpoint: everything stored at or
-        before min(physicMsgTimestamp, logicsMsgTimestamp) is on disk in both, which is what abnormal
-        recovery relies on to choose where to re-dispatch from.
-        """
-        cfg = self.config
-        last_round = time.monotonic()
-        while not self._stop.wait(cfg.flush_interval_commit_log / 1000.0):
-            try:
-                if cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH:
-                    self.commit_log.flush(cfg.flush_commit_log_least_pages)
-                now = time.monotonic()
-                if (now - last_round) * 1000 >= cfg.flush_interval_consume_queue:
-                    last_round = now
-                    self.flush_and_checkpoint()
-            except Exception:
-                log.exception("flush service error")
+    def is_transient_store_pool_enable(self) -> bool:
+        """`isTransientStorePoolEnable`: the write-buffer mode is configured (this store is always a master)."""
+        return self.config.transient_store_pool_enable
 
     def flush_and_checkpoint(self) -> None:
-        """Flush the commitlog, then every consume queue, then record their store times in the checkpoint."""
+        """Commit and flush the commitlog, then every consume queue, then record their store times in the
+        checkpoint and force it: everything stored at or before min(physicMsgTimestamp,
+        logicsMsgTimestamp) is then on disk in both."""
         cp = self.checkpoint
         physic_ts = self.commit_log.mapped_file_queue.get_last_mapped_file_or_none()
         physic_ts = physic_ts.store_timestamp if physic_ts is not None else 0
@@ -363,10 +390,13 @@ class MessageStore:
             return
         self._shutdown = True
         self.commit_log.writeable = False
+        if self.commit_real_time_service is not None:
+            self.commit_real_time_service.shutdown()  # commit the write buffers: the reput sees all
         self.reput_message_service.shutdown()
-        self._stop.set()
-        if self._flush_thread is not None:
-            self._flush_thread.join(timeout=5)
+        self.cleanup_service.shutdown()
+        for svc in (self.flush_commit_log_service, self.flush_consume_queue_service, self.flush_disk_watcher):
+            if svc is not None:
+                svc.shutdown()
         clean = self.reput_message_service.is_caught_up()
         if self._loaded:
             self.flush_and_checkpoint()
@@ -375,6 +405,8 @@ class MessageStore:
             self.index_service.flush()
             self.index_service.shutdown()
             if self.checkpoint is not None:
+                if clean:  # the exact end: the next load verifies it instead of rescanning (recovery.py)
+                    self.checkpoint.confirm_phy_offset = self.commit_log.get_max_offset()
                 self.checkpoint.shutdown()
             for manager in (self.consumer_offset_manager, self.delay_offset_manager):
                 try:
@@ -382,6 +414,8 @@ class MessageStore:
                 except Exception:
                     log.exception("could not persist %s", manager.config_file_path())
             self.commit_log.shutdown()
+            if self.transient_store_pool is not None:
+                self.transient_store_pool.destroy()
             if clean and self._started:
                 try:
                     os.unlink(self.config.abort_path)
@@ -462,9 +496,13 @@ class MessageStore:
 
     # -- put --------------------------------------------------------------------------------------------
     def _check_running(self) -> PutMessageResult | None:
+        """`checkStoreStatus`: refuse puts when the store is stopped or not writeable (disk full)."""
         if self._shutdown or not self._started:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None,
                                     "the store is not running (call start(), or it was shut down)")
+        if not self.running_flags.is_writeable():
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None,
+                                    f"the message store is not writeable: {self.running_flags.why_not_writeable()}")
         if self.commit_log.is_os_page_cache_busy():
             return PutMessageResult(PutMessageStatus.OS_PAGE_CACHE_BUSY, None, "put lock held too long")
         return None
@@ -708,6 +746,19 @@ class MessageStore:
 
     def now(self) -> int:
         return now_ms()
+
+
+def _consistent_foreign_geometry(queue_dir: str, configured: int) -> bool:
+    """True when all files of a consume queue share one size, a multiple of 20 other than `configured`:
+    a geometry mismatch (a configuration error), not damage."""
+    try:
+        sizes = {os.path.getsize(os.path.join(queue_dir, n)) for n in os.listdir(queue_dir) if n.isdigit()}
+    except OSError:
+        return False
+    if len(sizes) != 1:
+        return False
+    size = sizes.pop()
+    return size != configured and size > 0 and size % CQ_STORE_UNIT_SIZE == 0
 
 
 def _total_physical_memory() -> int:

@@ -1,0 +1,486 @@
+"""verify / recover / rebuild: the store's repair tools as library functions (CLI: `rmq-eventstore`).
+
+* `verify(path)` is read-only (a `StoreReader`: no lock, no writes), so it runs beside a live writer. It
+  checks the body CRC and structure of every commitlog record, every consume queue unit against the
+  record it points at (offset, size, topic, queue id, queue offset, tags code) and every index entry
+  (it must point at a record carrying a key with that hash), and reports each problem with its offset.
+* `recover(path)` takes the store's lock (a store open elsewhere is refused), runs the load-time
+  recovery (`recovery.recover_store`) and reports what it truncated, cut and re-dispatched.
+* `rebuild(path)` takes the lock, deletes the consume queues and the index and rebuilds them from the
+  commitlog.
+
+Each takes `progress(n)`, told about every `n` commitlog bytes processed, and returns a dataclass report
+with `as_dict()` for `--json`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import codec
+from .codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
+from .config import CQ_STORE_UNIT_SIZE
+from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
+from .index import INDEX_ENTRY_DTYPE, index_key_hash
+from .mapped_file import StoreLoadError
+from .message_store import MessageStore
+from .reader import StoreReader, _segment_size, infer_index_geometry
+
+Progress = Callable[[int], None]
+MAX_PROBLEMS = 1000  # problems listed per report (all are counted)
+
+
+@dataclass
+class Problem:
+    """One piece of damage: what kind, where (a file or queue), the commitlog offset, details."""
+
+    kind: str
+    where: str
+    offset: int
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` found."""
+
+    path: str
+    commit_log_min: int = 0
+    commit_log_end: int = 0
+    commit_log_bytes: int = 0
+    records: int = 0
+    queues: int = 0
+    units: int = 0
+    index_files: int = 0
+    index_entries: int = 0
+    problem_count: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.problem_count == 0
+
+    def add(self, kind: str, where: str, offset: int, detail: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(kind, where, offset, detail))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def _tick(progress: Progress | None, n: int) -> None:
+    if progress is not None and n > 0:
+        progress(n)
+
+
+def commit_log_size(path: str) -> int:
+    """Bytes of commitlog segment files under a store root (the total for a progress bar)."""
+    d = os.path.join(path, "commitlog")
+    try:
+        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+    except OSError:
+        return 0
+
+
+def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Progress | None
+                       ) -> dict[tuple[str, int], tuple[int, int]]:
+    """CRC and structure of every record; returns each queue's record count and last record offset."""
+    counts: dict[tuple[bytes, int], list[int]] = {}
+    files = reader.commit_log.mapped_files
+    report.commit_log_min = files[0].file_from_offset if files else 0
+    end = report.commit_log_min
+    for i, mf in enumerate(files):
+        pos = 0
+        limit = mf.mapped_size
+        last = i == len(files) - 1
+        while True:
+            recs, nxt, state, reason = codec.skim_records(mf.mm if mf.mm is not None else mf.view, pos, limit,
+                                                          True)
+            _tick(progress, nxt - pos)
+            report.commit_log_bytes += nxt - pos
+            base = mf.file_from_offset
+            for rpos, _size, queue_id, _qoff, sys_flag, _ts, topic in recs:
+                if not sys_flag & codec.TRANSACTION_PREPARED_TYPE:
+                    c = counts.get((topic, queue_id))
+                    if c is None:
+                        c = counts[(topic, queue_id)] = [0, 0]
+                    c[0] += 1
+                    c[1] = base + rpos
+            report.records += len(recs)
+            pos = nxt
+            if state == SKIM_OK:
+                continue
+            if state == SKIM_DAMAGE:
+                at = mf.file_from_offset + pos
+                report.add("commitlog_record", mf.file_name, at, reason)
+                # a record whose lengths are intact (a CRC mismatch) is skipped; otherwise the rest of
+                # this file cannot be walked
+                one, nxt2, _s, _r = codec.skim_records(mf.view, pos, limit, False, max_records=1)
+                if one:
+                    report.records += 1
+                    _tick(progress, nxt2 - pos)
+                    report.commit_log_bytes += nxt2 - pos
+                    pos = nxt2
+                    continue
+                end = at
+                break
+            if state == SKIM_BLANK:
+                end = mf.file_from_offset + (pos if last else mf.file_size)
+                break
+            # zeroed space: the end of the log, damage when a later file follows
+            end = mf.file_from_offset + pos
+            if not last:
+                report.add("commitlog_hole", mf.file_name, end,
+                           "zeroed space before the end of a segment that is not the last one")
+            elif pos < limit and not reader_is_zero_tail(mf, pos):
+                report.add("commitlog_tail", mf.file_name, end, "bytes after the end of the log")
+            break
+        _tick(progress, mf.mapped_size - pos)
+    report.commit_log_end = end
+    return {(t.decode("utf-8", "replace"), q): (n, last) for (t, q), (n, last) in counts.items()}
+
+
+def reader_is_zero_tail(mf: Any, pos: int, window: int = 4096) -> bool:
+    """True when the bytes following the end of the log (a page's worth) are zero."""
+    chunk = bytes(mf.view[pos:pos + window])
+    return not chunk.strip(b"\x00")
+
+
+def _check_record(reader: StoreReader, offset: int, size: int | None = None
+                  ) -> tuple[codec.DispatchRequest | None, str]:
+    mf = reader.commit_log.find_mapped_file_by_offset(offset)
+    if mf is None:
+        return None, "no commitlog file holds this offset"
+    pos = offset - mf.file_from_offset
+    r = codec.check_message_and_return_size(mf.view, pos, True, mf.mapped_size)
+    if not r.success or r.request is None:
+        return None, r.reason or "no record starts here"
+    if size is not None and r.size != size:
+        return None, f"unit size {size} but the record is {r.size} bytes"
+    return r.request, ""
+
+
+def _live(root: str) -> bool:
+    """Is a process running the store (its `abort` file names a live process)?"""
+    try:
+        with open(os.path.join(root, "abort")) as f:
+            pid = int(f.read().strip() or "0")
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _record_at(reader: StoreReader, offset: int, size: int | None = None
+               ) -> tuple[codec.DispatchRequest | None, str]:
+    """The record at `offset`, re-mapping files a live writer has grown since the scan if needed."""
+    got = _check_record(reader, offset, size)
+    if got[0] is None:
+        reader.commit_log.refresh_read_only()
+        got = _check_record(reader, offset, size)
+    return got
+
+
+def _open_queue(reader: StoreReader, topic: str, qid: int) -> ConsumeQueue | None:
+    """A read-only consume queue sized from its own files (None while its first file is being created)."""
+    key = (topic, qid)
+    cq = _QUEUES.get(id(reader), {}).get(key)
+    if cq is not None:
+        return cq
+    qdir = os.path.join(reader.consume_queue_path or "", topic, str(qid))
+    size = _segment_size(qdir)
+    if not size:
+        return None
+    cq = ConsumeQueue(topic, qid, reader.consume_queue_path or "", size, read_only=True)
+    cq.load()
+    _QUEUES.setdefault(id(reader), {})[key] = cq
+    return cq
+
+
+_QUEUES: dict[int, dict[tuple[str, int], ConsumeQueue]] = {}
+
+
+def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
+                           counts: dict[tuple[str, int], tuple[int, int]]) -> None:
+    seen: set[tuple[str, int]] = set()
+    live = reader.root is not None and _live(reader.root)
+    held_by_queue: dict[tuple[str, int], int] = {}
+    # A live writer keeps dispatching: only records before the newest unit found *before* the queues are
+    # read must be in them (dispatch runs in log order); later ones may still be on their way.
+    dispatched_before = -1
+    if live:
+        for topic in reader.topics():
+            for qid in reader.queue_ids(topic):
+                try:
+                    cq = _open_queue(reader, topic, qid)
+                except (StoreLoadError, OSError, ValueError):
+                    continue
+                if cq is not None and cq.get_max_offset_in_queue() > 0:
+                    u = cq.get_unit(cq.get_max_offset_in_queue() - 1)
+                    if u is not None and u[1] != BLANK_UNIT_SIZE:
+                        dispatched_before = max(dispatched_before, u[0])
+    for topic in reader.topics():
+        for qid in reader.queue_ids(topic):
+            where = f"consumequeue/{topic}/{qid}"
+            try:
+                cq = _open_queue(reader, topic, qid)
+            except (StoreLoadError, OSError, ValueError) as e:
+                report.add("cq_file", where, -1, str(e))
+                continue
+            if cq is None:
+                if not live:
+                    report.add("cq_file", where, -1, "a consume queue directory without files")
+                continue
+            seen.add((topic, qid))
+            report.queues += 1
+            qdir = os.path.join(reader.consume_queue_path or "", topic, str(qid))
+            names = sorted((n for n in os.listdir(qdir) if n.isdigit()), key=int)
+            for name in names:
+                size = os.path.getsize(os.path.join(qdir, name))
+                if size == 0 and name == names[-1]:
+                    continue  # being created (or a crash while creating it): load deletes it
+                if size % CQ_STORE_UNIT_SIZE or size != cq.mapped_file_size:
+                    report.add("cq_file", f"{where}/{name}", -1,
+                               f"{size} bytes (the queue's files are {cq.mapped_file_size}, a multiple of 20)")
+            lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+            k = lo
+            held = 0
+            while k < hi:
+                units = cq.get_units(k, 4096)
+                if not units:
+                    k = cq.roll_next_file(k)
+                    continue
+                for i, (off, size, tags) in enumerate(units):
+                    q = k + i
+                    report.units += 1
+                    if off == 0 and size == BLANK_UNIT_SIZE:
+                        continue
+                    held += 1
+                    if off < report.commit_log_min:
+                        continue  # expired: the commitlog file was deleted, RocketMQ skips these too
+                    if off >= report.commit_log_end:
+                        req, why = _record_at(reader, off, size)  # appended since the scan?
+                        if req is None:
+                            report.add("cq_unit", where, off, f"unit {q} points past the commitlog end "
+                                       f"{report.commit_log_end}")
+                            continue
+                    else:
+                        req, why = _check_record(reader, off, size)
+                    if req is None:
+                        report.add("cq_unit", where, off, f"unit {q}: {why}")
+                    elif req.topic != topic or req.queue_id != qid or req.consume_queue_offset != q:
+                        report.add("cq_unit", where, off, f"unit {q} points at a record of {req.topic}-"
+                                   f"{req.queue_id} queue offset {req.consume_queue_offset}")
+                    elif req.tags_code != tags:
+                        report.add("cq_unit", where, off, f"unit {q}: tags code {tags} but the record's "
+                                   f"is {req.tags_code}")
+                k += len(units)
+            held_by_queue[(topic, qid)] = held
+    for (topic, qid), (n, last) in counts.items():
+        if live and last >= dispatched_before:
+            continue  # not dispatched yet, perhaps
+        if (topic, qid) not in seen:
+            report.add("cq_missing", f"consumequeue/{topic}/{qid}", last,
+                       f"no consume queue for {n} records of {topic}-{qid}")
+        elif held_by_queue[(topic, qid)] < n:
+            report.add("cq_missing", f"consumequeue/{topic}/{qid}", last,
+                       f"the commitlog holds {n} records of this queue, the consume queue "
+                       f"{held_by_queue[(topic, qid)]}")
+
+
+def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int | None,
+                  index_num: int | None) -> None:
+    ip = reader.index_path
+    if not ip or not os.path.isdir(ip):
+        return
+    names = sorted(n for n in os.listdir(ip) if n.isdigit())
+    if not names:
+        return
+    if not (hash_slot_num and index_num):
+        try:
+            infer_index_geometry(ip)
+        except ValueError as e:
+            report.add("index_file", "index", -1, str(e))
+            return
+    svc = reader.index_service()
+    if svc is None:
+        return
+
+    cache: dict[int, tuple[codec.DispatchRequest | None, str]] = {}
+    files = svc.files
+    for f in files:
+        report.index_files += 1
+        where = f"index/{f.file_name}"
+        if f.mm is None or f.mapped_size < f.file_size:
+            if f is files[-1] and f.mapped_size == 0:
+                continue  # being created by a live writer (or a crash while creating it)
+            report.add("index_file", where, -1, f"{f.mapped_size} bytes, an index file of this geometry is "
+                       f"{f.file_size}")
+            continue
+        count = f.index_count
+        base = 40 + f.hash_slot_num * 4
+        entries = np.frombuffer(f.mm, dtype=INDEX_ENTRY_DTYPE, count=count, offset=base)
+        try:
+            for i in range(1, count):
+                h, phy = int(entries["h"][i]), int(entries["p"][i])
+                report.index_entries += 1
+                if phy < report.commit_log_min:
+                    continue
+                got = cache.get(phy)
+                if got is None:
+                    got = cache[phy] = (_record_at(reader, phy) if phy >= report.commit_log_end
+                                        else _check_record(reader, phy))
+                if got[0] is None and phy >= report.commit_log_end:
+                    report.add("index_entry", where, phy, f"entry {i} points past the commitlog end")
+                    continue
+                    if len(cache) > 100_000:
+                        cache.clear()
+                req, why = got
+                if req is None:
+                    report.add("index_entry", where, phy, f"entry {i}: {why}")
+                    continue
+                keys = [req.uniq_key] if req.uniq_key else []
+                if req.keys:
+                    keys += [k for k in req.keys.split(codec.KEY_SEPARATOR) if k]
+                if not any(index_key_hash(f"{req.topic}#{k}") == h for k in keys):
+                    report.add("index_entry", where, phy, f"entry {i}: hash {h} is none of the record's keys")
+        finally:
+            del entries
+
+
+def verify(path: str | os.PathLike[str], progress: Progress | None = None, *, check_queues: bool = True,
+           check_index: bool = True, commit_log_file_size: int | None = None, hash_slot_num: int | None = None,
+           index_num: int | None = None) -> VerifyReport:
+    """Check a store read-only (safe beside a live writer); see the module docstring."""
+    path = os.fspath(path)
+    report = VerifyReport(path)
+    reader = StoreReader(path, commit_log_file_size=commit_log_file_size, hash_slot_num=hash_slot_num,
+                         index_num=index_num)
+    try:
+        counts = _verify_commit_log(reader, report, progress)
+        if check_queues and reader.root is not None:
+            _verify_consume_queues(reader, report, counts)
+        if check_index and reader.root is not None:
+            _verify_index(reader, report, hash_slot_num, index_num)
+    finally:
+        for cq in _QUEUES.pop(id(reader), {}).values():
+            cq.shutdown()
+        reader.close()
+    return report
+
+
+# -- recover / rebuild -----------------------------------------------------------------------------------
+def store_geometry(path: str) -> dict[str, int]:
+    """The segment sizes a store was written with, read from its files (for opening it as it is)."""
+    geo: dict[str, int] = {}
+    cl = _segment_size(os.path.join(path, "commitlog"))
+    if cl:
+        geo["mapped_file_size_commit_log"] = cl
+    cqroot = os.path.join(path, "consumequeue")
+    if os.path.isdir(cqroot):
+        sizes: dict[int, int] = {}
+        for topic in os.listdir(cqroot):
+            tdir = os.path.join(cqroot, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for q in os.listdir(tdir):
+                qdir = os.path.join(tdir, q)
+                if q.isdigit() and os.path.isdir(qdir):
+                    for n in os.listdir(qdir):
+                        if n.isdigit():
+                            s = os.path.getsize(os.path.join(qdir, n))
+                            if s and s % CQ_STORE_UNIT_SIZE == 0:
+                                sizes[s] = sizes.get(s, 0) + 1
+        if sizes:
+            geo["mapped_file_size_consume_queue"] = max(sizes, key=lambda s: sizes[s])
+    ip = os.path.join(path, "index")
+    if os.path.isdir(ip) and any(n.isdigit() for n in os.listdir(ip)):
+        try:
+            geo["max_hash_slot_num"], geo["max_index_num"] = infer_index_geometry(ip)
+        except ValueError:
+            pass
+    return geo
+
+
+@dataclass
+class RepairReport:
+    """What `recover` or `rebuild` did: the recovery report plus the resulting queue and index totals."""
+
+    path: str
+    action: str
+    recovery: dict[str, Any]
+    queues: int = 0
+    units: int = 0
+    index_entries: int = 0
+    abort_cleared: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _clear_abort(path: str) -> bool:
+    """Remove `abort` after a completed repair, under the store lock (refused when someone holds it)."""
+    abort = os.path.join(path, "abort")
+    if not os.path.exists(abort):
+        return False
+    fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError:
+            return False
+        try:
+            os.unlink(abort)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(fd)  # closing drops both locks
+
+
+def _repair(path: str | os.PathLike[str], action: str, progress: Progress | None,
+            config: dict[str, Any]) -> RepairReport:
+    path = os.fspath(path)
+    if not os.path.isdir(os.path.join(path, "commitlog")):
+        raise FileNotFoundError(f"{path} is not a store root (no commitlog/ directory)")
+    cfg = {**store_geometry(path), **config}
+    store = MessageStore(store_path_root_dir=path, **cfg)
+    store.load(drop_derived=action == "rebuild", progress=progress)  # StoreLockedError when held
+    rec = store.recovery_report
+    out = RepairReport(path, action, rec.as_dict() if rec is not None else {})
+    for cq in store._all_consume_queues():
+        out.queues += 1
+        out.units += cq.get_max_offset_in_queue() - cq.get_min_offset_in_queue()
+    out.index_entries = store.index_service.get_total_entries()
+    caught_up = store.reput_message_service.is_caught_up()
+    store.shutdown()
+    if caught_up:
+        out.abort_cleared = _clear_abort(path)
+    return out
+
+
+def recover(path: str | os.PathLike[str], progress: Progress | None = None, **config: Any) -> RepairReport:
+    """Run recovery on a store that is not open elsewhere (its lock is taken; `StoreLockedError` if held)."""
+    return _repair(path, "recover", progress, config)
+
+
+def rebuild(path: str | os.PathLike[str], progress: Progress | None = None, **config: Any) -> RepairReport:
+    """Delete the consume queues and the index and rebuild them from the commitlog (under the lock)."""
+    return _repair(path, "rebuild", progress, config)

@@ -380,3 +380,147 @@ def test_encode_plain_batch_declines_what_is_not_plain():
         table: dict[str, int] = {}
         assert enc.encode_plain_batch([Message(topic="T", body=b"ok"), m], None, table, 0, 1) is None
         assert table == {}
+
+
+# -- the network put's fast path (messages with a properties string) writes what prepare + emit write --------
+_props_strings = st.tuples(
+    st.lists(st.tuples(prop_keys, prop_text), max_size=8), st.booleans(),
+).map(lambda t: "".join(f"{k}\x01{v}\x02" for k, v in t[0])[: None if t[1] else -1])
+_network_messages = st.lists(
+    st.builds(
+        Message,
+        topic=st.sampled_from(["TopicA", "%RETRY%g", "t-1", "L" * 200]),
+        body=st.binary(max_size=300),
+        queue_id=st.integers(0, 3),
+        flag=INT32,
+        properties_string=_props_strings,
+        sys_flag=st.tuples(st.sampled_from([codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_COMMIT_TYPE]),
+                           other_bits, st.sampled_from([0, codec.BORNHOST_V6_FLAG, codec.STOREHOSTADDRESS_V6_FLAG]))
+        .map(sum),
+        born_timestamp=st.just(0) | st.integers(1, 2**62),
+        born_host=st.none() | hosts.map(lambda h: codec.format_host(*h)),
+        reconsume_times=INT32,
+        prepared_transaction_offset=INT64,
+    ),
+    min_size=1, max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=_network_messages, store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
+       base=st.integers(0, 2**40))
+def test_encode_network_batch_equals_prepare_and_emit(msgs, store_host, base):
+    enc = codec.RecordEncoder(store_host)
+    for t in ("TopicA", "%RETRY%g", "t-1", "L" * 200):
+        enc._topic_part(t, False)  # topics are cached once validated by the put path
+    now = 1_700_000_000_123
+    table = {"TopicA-1": 7}
+    framed = ["\x02" + m.properties_string for m in msgs]
+    # an empty TAGS/KEYS/UNIQ_KEY value leaves it to the general parse (declined; tested below)
+    assume(not any(f"\x02{k}\x01\x02" in f + "\x02" for f in framed for k in ("TAGS", "KEYS", "UNIQ_KEY")))
+    batch = enc.encode_network_batch(msgs, table, base, now)
+    assert batch is not None and table == {"TopicA-1": 7}  # the caller applies the new offsets
+    parts: list = []
+    queue = dict(table)
+    phys = base
+    expected_requests = []
+    for m in msgs:
+        rec = enc.prepare(m, None, now)
+        key = f"{m.topic}-{m.queue_id}"
+        q = queue.get(key, 0)
+        queue[key] = q + 1
+        codec.RecordEncoder.emit(rec, q, phys, codec.encode_store_timestamp(now), parts)
+        # what CommitLog._append dispatches for the prepared record
+        expected_requests.append(codec.DispatchRequest(
+            rec.topic, rec.queue_id, phys, rec.total, enc.dispatch_tags_code(rec, now), now, q, rec.keys,
+            rec.uniq_key, rec.sys_flag, rec.prepared_transaction_offset, rec.properties_string))
+        phys += rec.total
+    assert batch.data == b"".join(bytes(p) for p in parts)
+    assert batch.requests == expected_requests
+    assert batch.uniq_keys == [r.uniq_key for r in expected_requests]
+    assert batch.offsets == [r.commit_log_offset for r in expected_requests]
+    assert batch.first_queue_offset == expected_requests[0].consume_queue_offset
+    assert {k: v for k, v in queue.items() if k in batch.queue_offsets} == batch.queue_offsets
+    pos = 0
+    for req in batch.requests:  # and what the reput would parse back from those bytes
+        r = codec.check_message_and_return_size(batch.data, pos, True)
+        assert r.success and r.request == req
+        pos += r.size
+
+
+def test_encode_network_batch_declines_what_it_does_not_cover():
+    enc = codec.RecordEncoder()
+    enc._topic_part("T", False)
+    enc._topic_part(codec.SCHEDULE_TOPIC, False)
+    ok = Message(topic="T", body=b"ok", properties_string="TAGS\x01a\x02")
+    for m in (Message(topic="T", body=b"x"),  # no properties string: the plain path's
+              Message(topic="T", body=b"x", properties_string="", sys_flag=codec.TRANSACTION_PREPARED_TYPE),
+              Message(topic="T", body=b"x", properties_string="", sys_flag=codec.TRANSACTION_ROLLBACK_TYPE),
+              Message(topic="new", body=b"x", properties_string=""),
+              Message(topic="T", body=b"x", properties_string="", force_v2=True),
+              Message(topic=codec.SCHEDULE_TOPIC, body=b"x", properties_string="DELAY\x011\x02"),
+              Message(topic="T", body=b"x", properties_string="TAGS\x01a\x02TAGS\x01\x02"),
+              Message(topic="T", body=b"x", properties_string="KEYS\x01\x02"),
+              Message(topic="T", body=b"x", properties_string="UNIQ_KEY\x01"),
+              Message(topic="T", body=bytearray(b"x"), properties_string=""),
+              Message(topic="T", body=b"x", properties_string="p\x01" + "v" * 40000),
+              Message(topic="T", body=b"x" * (4 * 2**20 + 1), properties_string=""),
+              Message(topic="T", body=b"x", properties_string="", queue_id=-1)):
+        table: dict[str, int] = {}
+        assert enc.encode_network_batch([ok, m], table, 0, 1) is None, m
+        assert table == {}
+    assert codec.RecordEncoder(append_crc=True).encode_network_batch([ok], {}, 0, 1) is None
+
+
+# -- the client's batch decoder reads what decode_message reads, record by record ----------------------------
+_EXT_FIELDS = ("store_size", "magic_code", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
+               "sys_flag", "born_timestamp", "born_host_bytes", "born_port", "store_timestamp", "store_host_bytes",
+               "store_port", "reconsume_times", "prepared_transaction_offset", "body", "topic",
+               "properties_string")
+
+
+def _one_by_one(buf: bytes) -> list:
+    out, pos = [], 0
+    while pos < len(buf):
+        m = codec.decode_message(buf, pos, decompress=True)
+        out.append(m)
+        pos += m.store_size
+    return out
+
+
+def _fields(m) -> tuple:
+    return tuple(bytes(getattr(m, f)) if f == "body" else getattr(m, f) for f in _EXT_FIELDS)
+
+
+@SETTINGS
+@given(kws=st.lists(messages(), min_size=1, max_size=6), compress=st.lists(st.booleans(), min_size=6, max_size=6),
+       cut=st.integers(0, 2**31))
+def test_decode_records_equals_decode_message_one_by_one(kws, compress, cut):
+    import zlib
+
+    recs = []
+    for kw, z in zip(kws, compress, strict=False):
+        if z:  # a ZLIB body with the COMPRESSED bit: inflated by both
+            kw = dict(kw, body=zlib.compress(kw["body"]), sys_flag=(kw["sys_flag"] | codec.COMPRESSED_FLAG) & ~0x700)
+        recs.append(bytes(codec.encode_record(**kw)))
+    buf = b"".join(recs)
+    got = codec.decode_records(buf, decompress=True)
+    assert [_fields(m) for m in got] == [_fields(m) for m in _one_by_one(buf)]
+    assert all(type(m.body) is bytes for m in got)
+    assert [_fields(m) for m in codec.decode_records(memoryview(buf), decompress=True)] == [_fields(m) for m in got]
+    # a damaged body (cut short, or a byte flipped in a header) fails the same way in both
+    bad = buf[:cut % len(buf)] if cut % 2 else bytearray(buf)
+    if not cut % 2:
+        bad[cut % len(buf)] ^= 0x5A
+        bad = bytes(bad)
+    try:
+        want = [_fields(m) for m in _one_by_one(bad)]
+    except codec.CorruptRecordError as e:
+        try:
+            codec.decode_records(bad, decompress=True)
+        except codec.CorruptRecordError as e2:
+            assert (e2.offset, e2.reason) == (e.offset, e.reason)
+        else:
+            raise AssertionError("decode_records accepted what decode_message refused") from None
+    else:
+        assert [_fields(m) for m in codec.decode_records(bad, decompress=True)] == want

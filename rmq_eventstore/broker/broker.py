@@ -555,14 +555,24 @@ class Broker:
                 topic, queue_id = dlq, 0
         max_level = self.schedule_service.max_level
         delayed = False
+        uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
+        cluster_marker = PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR
+        cluster = f"{cluster_marker}{self.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
+        auto_uniq = store.config.auto_create_uniq_key
+        sep = codec.PROPERTY_SEPARATOR
         for m in msgs:
             m.topic = topic
             m.queue_id = queue_id
             props = m.properties_string or ""
-            if PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR not in props and store.config.auto_create_uniq_key:
-                props = set_property(props, PROPERTY_UNIQ_KEY, self._uniq_ids.create())
-            if PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR not in props:
-                props = set_property(props, PROPERTY_CLUSTER, self.config.broker_cluster_name)
+            # absent properties are appended (what set_property does when there is nothing to remove)
+            if auto_uniq and uniq_marker not in props:
+                if props and not props.endswith(sep):
+                    props += sep
+                props += f"{uniq_marker}{self._uniq_ids.create()}{sep}"
+            if cluster_marker not in props:
+                if props and not props.endswith(sep):
+                    props += sep
+                props += cluster
             m.properties_string = props
             if "DELAY" in props:
                 if batch:

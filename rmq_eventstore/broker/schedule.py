@@ -7,19 +7,22 @@ A message sent with the `DELAY` property (level 1..N of `messageDelayLevel`) is 
 once a message's delivery time (store time + the level's delay) has come, puts a copy into its real
 topic and queue (`DeliverDelayedMessageTimerTask`): same body, flag, properties, sysFlag, born time and
 host, reconsume times; `DELAY` removed, `WAIT=false`, `REAL_TOPIC` / `REAL_QID` kept.
+
+The delivery time is read from the consume queue: the store writes it as the tagsCode of every
+`SCHEDULE_TOPIC_XXXX` unit (store time + the level's delay, as RocketMQ's `checkMessageAndReturnSize`),
+so a level is scanned without reading the commitlog until a message is due.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from ..store import Message, MessageExt, MessageStore, codec
+from ..store.config import parse_delay_levels
 from ..store.config_files import TopicConfig
-from ..store.status import GetMessageStatus
 from ..store.topic import RMQ_SYS_SCHEDULE_TOPIC, RMQ_SYS_TRANS_HALF_TOPIC
 
 if TYPE_CHECKING:
@@ -32,24 +35,9 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_WAIT = "WAIT"
 _TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
-_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_LEVEL_RE = re.compile(r"^(\d+)([smhd])$")
 TICK_SECONDS = 0.1  # DELAY_FOR_A_WHILE: a level whose head is not due yet is looked at again after 100 ms
 ERROR_BACKOFF_SECONDS = 1.0
 PERSIST_INTERVAL_SECONDS = 10.0  # flushDelayOffsetInterval
-
-
-def parse_delay_levels(spec: str) -> list[int]:
-    """`messageDelayLevel` ("1s 5s 10s 30s 1m ... 2h") → delays in ms, level 1 first (`parseDelayLevel`)."""
-    out = []
-    for token in spec.split():
-        m = _LEVEL_RE.match(token)
-        if m is None:
-            raise ValueError(f"bad messageDelayLevel entry {token!r} (expected a number and s/m/h/d)")
-        out.append(int(m.group(1)) * _UNITS[m.group(2)])
-    if not out:
-        raise ValueError("messageDelayLevel is empty")
-    return out
 
 
 def _set_property(props: str, name: str, value: str) -> str:
@@ -88,7 +76,7 @@ def transform_delay_level_message(msg: Message, max_level: int) -> bool:
         return False
     raw = get_property(props, PROPERTY_DELAY)
     try:
-        level = int(raw) if raw is not None else 0
+        level = codec.java_parse_int(raw) if raw is not None else 0
     except ValueError:
         return False
     if level <= 0:
@@ -114,7 +102,12 @@ class ScheduleMessageService:
 
     def __init__(self, store: MessageStore, delay_levels: str | None = None) -> None:
         self.store = store
-        self.delay_ms = parse_delay_levels(delay_levels or store.config.message_delay_level)
+        if delay_levels and delay_levels != store.config.message_delay_level:
+            # the broker's messageDelayLevel overrides the store's: the store then writes delivery times
+            # (consume-queue tagsCodes) with these levels too
+            store.commit_log.encoder.delay_levels = tuple(parse_delay_levels(delay_levels))
+            store.config.message_delay_level = delay_levels
+        self.delay_ms = list(store.commit_log.encoder.delay_levels)
         self.max_level = len(self.delay_ms)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -180,44 +173,50 @@ class ScheduleMessageService:
             self._wake.clear()
 
     def deliver_level(self, level: int) -> int:
-        """Deliver every due message at the head of a level's queue; returns how many were delivered."""
+        """Deliver every due message at the head of a level's queue; returns how many were delivered.
+
+        Due means the unit's tagsCode (the delivery time) is not in the future, corrected to now when it
+        lies more than one delay period ahead (`correctDeliverTimestamp`: the clock went back). A tagsCode
+        that is a consume-queue-ext address is recomputed from the record's store time, as RocketMQ does.
+        """
         store = self.store
         dom = store.delay_offset_manager
         qid = level - 1
-        offset = max(dom.query_offset(level), 0)
-        if offset >= store.get_max_offset_in_queue(RMQ_SYS_SCHEDULE_TOPIC, qid):
+        cq = store.find_consume_queue(RMQ_SYS_SCHEDULE_TOPIC, qid, create=False)
+        if cq is None:
             return 0
+        offset = max(dom.query_offset(level), 0)
+        lo = cq.get_min_offset_in_queue()
+        if offset < lo:
+            offset = lo
+            dom.update_offset(level, offset)
         delay = self.delay_ms[qid]
         count = 0
-        while not self._stop.is_set():
-            r = store.get_message("SCHEDULE_DELIVER", RMQ_SYS_SCHEDULE_TOPIC, qid, offset, 32)
-            if r is None:
-                return count
-            if r.status != GetMessageStatus.FOUND:
-                if r.next_begin_offset != offset and r.status in (
-                        GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_FOUND_NULL,
-                        GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.OFFSET_OVERFLOW_BADLY):
-                    dom.update_offset(level, r.next_begin_offset)
+        while not self._stop.is_set() and offset < cq.get_max_offset_in_queue():
+            units = cq.get_units(offset, 32)
+            if not units:
                 return count
             now = int(time.time() * 1000)
-            for buf, qoff in zip(r.message_buffers, r.message_queue_offsets, strict=True):
-                m = codec.decode_message(buf, 0)
-                deliver_at = m.store_timestamp + delay
-                if deliver_at > now + delay:  # correctDeliverTimestamp: the clock went back; deliver now
+            for phy, size, tags_code in units:
+                deliver_at = tags_code
+                if deliver_at < -0x80000000:  # an ext address, not a time (isTagsCodeValid)
+                    deliver_at = store.commit_log.pickup_store_timestamp(phy, size) + delay
+                if deliver_at > now + delay:  # correctDeliverTimestamp
                     deliver_at = now
                 if deliver_at > now:
-                    dom.update_offset(level, qoff)
+                    dom.update_offset(level, offset)
                     return count
-                res = self._reput(m)
-                if res is not None and not res.is_ok():
-                    log.error("re-put of delayed message %s failed: %s; retrying", m.msg_id, res)
-                    dom.update_offset(level, qoff)
-                    raise RuntimeError(f"re-put failed: {res.status.name} {res.reason}")
-                count += 1
-                self.delivered += 1
-                dom.update_offset(level, qoff + 1)
-            offset = max(r.next_begin_offset, offset + 1)
-            dom.update_offset(level, offset)
+                m = store.look_message_by_offset(phy, size)
+                if m is not None:  # None: the record was cleaned up; RocketMQ skips it too
+                    res = self._reput(m)
+                    if res is not None and not res.is_ok():
+                        log.error("re-put of delayed message %s failed: %s; retrying", m.msg_id, res)
+                        dom.update_offset(level, offset)
+                        raise RuntimeError(f"re-put failed: {res.status.name} {res.reason}")
+                    count += 1
+                    self.delivered += 1
+                offset += 1
+                dom.update_offset(level, offset)
         return count
 
     def _reput(self, m: MessageExt) -> PutMessageResult | None:

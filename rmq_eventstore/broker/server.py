@@ -296,6 +296,8 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
     listen address so that records and offsetMsgIds carry it. Port 0 picks a free port.
     """
     broker_kw = {k: store_config.pop(k) for k in list(store_config) if k in BrokerConfig.field_names()}
+    if broker_kw.get("message_delay_level"):  # the store writes delivery times with the same levels
+        store_config["message_delay_level"] = broker_kw["message_delay_level"]
     max_frame = int(store_config.pop("max_frame_size", DEFAULT_MAX_FRAME_SIZE))
     max_idle = float(store_config.pop("channel_max_idle_seconds", 120.0))
     bsock = _bind(host, broker_port)

@@ -55,14 +55,7 @@ def loads_body(body: bytes) -> Any:
 
 def decode_records(body: bytes) -> list[MessageExt]:
     """The records of a pull or query body, in order (ZLIB bodies inflated, as Java's client does)."""
-    out = []
-    pos = 0
-    n = len(body)
-    while pos < n:
-        m = codec.decode_message(body, pos, decompress=True)
-        out.append(m)
-        pos += m.store_size
-    return out
+    return codec.decode_records(body, decompress=True)
 
 
 class ClientBase:

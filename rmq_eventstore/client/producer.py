@@ -67,19 +67,23 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _properties(self, msg: Message, uniq: str, delay_level: int) -> str:
+    def _properties(self, msg: Message, uniq: str, delay_level: int) -> tuple[str, str]:
+        """The properties string to send and the UNIQ_KEY (client message id) it carries."""
         if msg.properties_string is not None:
             ps = msg.properties_string
             if "UNIQ_KEY\x01" not in ps:
                 ps = (ps if not ps or ps.endswith("\x02") else ps + "\x02") + f"UNIQ_KEY\x01{uniq}\x02"
+            else:
+                uniq = codec.string_to_properties(ps).get("UNIQ_KEY") or uniq
         else:
-            ps = codec.build_properties_string(msg, msg.uniq_key or uniq)
+            uniq = msg.uniq_key or uniq
+            ps = codec.build_properties_string(msg, uniq)
         if "WAIT\x01" not in ps:
             ps += "WAIT\x01true\x02"
         if delay_level > 0:
             ps = codec.delete_property(ps, "DELAY")
             ps = (ps if not ps or ps.endswith("\x02") else ps + "\x02") + f"DELAY\x01{delay_level}\x02"
-        return ps
+        return ps, uniq
 
     def _pick(self, topic: str, queue_id: int | None, avoid: str | None) -> tuple[str, int]:
         route = self._base.route(topic)
@@ -104,8 +108,7 @@ class Producer:
         `delay_level` (1..18 by default: 1s 5s 10s 30s 1m ...) delays delivery. Raises `MQBrokerError`
         for a broker error and `RemotingError` when no broker can be reached."""
         validate_topic(msg.topic)
-        uniq = msg.uniq_key or self._ids.create()
-        props = self._properties(msg, uniq, delay_level)
+        props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         q = queue_id if queue_id is not None else (msg.queue_id or None)
         body = bytes(msg.body)
         return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,
@@ -122,11 +125,11 @@ class Producer:
             raise ValueError("all messages of a batch must have the same topic")
         uniqs = self._ids.create_many(len(msgs))
         parts = []
+        ids = []
         for m, u in zip(msgs, uniqs, strict=True):
-            if m.uniq_key:
-                u = m.uniq_key
-            parts.append((bytes(m.body), m.flag, self._properties(m, u, 0)))
-        ids = [codec.string_to_properties(p)["UNIQ_KEY"] for _, _, p in parts]
+            ps, u = self._properties(m, m.uniq_key or u, 0)
+            parts.append((bytes(m.body), m.flag, ps))
+            ids.append(u)
         q = queue_id if queue_id is not None else (msgs[0].queue_id or None)
         body = codec.encode_batch_body(parts)
         if len(body) > self.max_message_size:  # DefaultMQProducer's checkMessage on the encoded batch

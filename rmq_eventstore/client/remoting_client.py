@@ -1,5 +1,6 @@
 """A synchronous, thread-safe remoting client: one TCP connection per address, requests matched to
-responses by `opaque` on a background reader thread (`NettyRemotingClient`, without Netty).
+responses by `opaque` (`NettyRemotingClient`, without Netty); the waiting callers read the socket
+themselves (leader/follower), so a request costs no thread hand-off.
 
 Any number of threads (Django views, Celery workers) may `invoke` on the same connection at once; each
 waits only for its own response, so a long-polling pull never delays a send.
@@ -8,8 +9,10 @@ waits only for its own response, so a long-polling pull never delays a send.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from ..remoting import FrameDecoder, FrameError, RemotingCommand, ResponseCode
@@ -42,16 +45,32 @@ class MQBrokerError(Exception):
 
 
 class _Pending:
-    __slots__ = ("event", "response", "error")
+    """One request waiting for its response. `event` is set when the response (or an error) is in, or
+    when the waiter is asked to take over reading the socket (`done` tells which)."""
+
+    __slots__ = ("event", "response", "error", "done")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.response: RemotingCommand | None = None
         self.error: Exception | None = None
+        self.done = False
+
+
+IDLE_READ_SECONDS = 0.05  # the idle reader takes over the socket after this long without a waiting caller
 
 
 class ClientConnection:
-    """One connection: `invoke` (blocking, thread-safe), `invoke_oneway`, a reader thread."""
+    """One connection: `invoke` (blocking, thread-safe), `invoke_oneway`.
+
+    Responses are read by the callers themselves (leader/follower): a caller waiting for a response takes
+    the read role if nobody holds it, reads frames and hands other callers' responses to them, and passes
+    the role on when its own response is in. A lone caller thus reads its response on its own thread
+    (no wake-up of another thread per request), while any number of threads may wait at once, each for
+    its own opaque: a long-polling pull never delays a send. When no caller has waited for a while, an
+    idle reader thread holds the role, so requests from the broker (NOTIFY_CONSUMER_IDS_CHANGED) and a
+    closed connection are noticed promptly; it yields the role to the next caller at once.
+    """
 
     def __init__(self, address: str, connect_timeout: float = 3.0,
                  on_request: Callable[[RemotingCommand], None] | None = None) -> None:
@@ -66,94 +85,245 @@ class ClientConnection:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
-        self._pending_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending, _reader_busy, _idle_reading
+        self._reader_busy = False  # someone holds the read role
+        self._idle_reading = False  # ... and it is the idle reader
+        self._last_read = time.monotonic()
+        self._decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
+        self._error: RemotingError | None = None
         self._on_request = on_request
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._poll = select.poll()
+        self._poll.register(self.sock, select.POLLIN)
+        self._poll.register(self._wake_r, select.POLLIN)
         self.closed = False
-        self._reader = threading.Thread(target=self._read_loop, name=f"remoting-reader-{address}", daemon=True)
-        self._reader.start()
+        self._shut = False  # close() ran
+        self._stop_idle = threading.Event()
+        self._idle = threading.Thread(target=self._idle_loop, name=f"remoting-idle-{address}", daemon=True)
+        self._idle.start()
 
-    def _read_loop(self) -> None:
-        decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
-        error: Exception = RemotingError(f"connection to {self.address} closed")
+    # -- reading ---------------------------------------------------------------------------------------
+    def _read_some(self, timeout: float | None) -> bool:
+        """Holding the read role: wait up to `timeout` (None: forever) for data, read what is there and
+        dispatch every complete frame. False on timeout or a wake-up without data; raises on EOF/error."""
+        events = self._poll.poll(None if timeout is None else max(int(timeout * 1000), 0))
+        readable = False
+        for fd, _ev in events:
+            if fd == self._wake_r.fileno():
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:  # nothing left, or closed by close()
+                    pass
+            else:
+                readable = True
+        if not readable:
+            return False
         try:
-            while True:
-                data = self.sock.recv(1 << 18)
-                if not data:
-                    break
-                for cmd in decoder.feed(data):
-                    if cmd.is_response:
-                        with self._pending_lock:
-                            slot = self._pending.pop(cmd.opaque, None)
-                        if slot is not None:
-                            slot.response = cmd
-                            slot.event.set()
-                    elif self._on_request is not None:
-                        try:
-                            self._on_request(cmd)
-                        except Exception:
-                            log.exception("handling a request from %s failed", self.address)
-        except FrameError as e:
-            error = RemotingError(f"malformed frame from {self.address}: {e}")
-            log.warning("%s", error)
+            data = self.sock.recv(1 << 18)
         except OSError as e:
-            if not self.closed:
-                error = RemotingError(f"connection to {self.address} lost: {e}")
-        finally:
-            self.closed = True
-            with self._pending_lock:
-                pending, self._pending = self._pending, {}
-            for slot in pending.values():
-                slot.error = error
-                slot.event.set()
-            try:
-                self.sock.close()
-            except OSError:
-                pass
+            raise RemotingError(f"connection to {self.address} lost: {e}") from e
+        if not data:
+            raise RemotingError(f"connection to {self.address} closed")
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as e:
+            log.warning("malformed frame from %s: %s", self.address, e)
+            raise RemotingError(f"malformed frame from {self.address}: {e}") from e
+        for cmd in frames:
+            if cmd.is_response:
+                with self._lock:
+                    slot = self._pending.pop(cmd.opaque, None)
+                if slot is not None:
+                    slot.response = cmd
+                    slot.done = True
+                    slot.event.set()
+            elif self._on_request is not None:
+                # on its own thread: the handler may itself invoke on this connection
+                threading.Thread(target=self._handle_request, args=(cmd,), daemon=True,
+                                 name=f"remoting-request-{self.address}").start()
+        return True
 
+    def _handle_request(self, cmd: RemotingCommand) -> None:
+        try:
+            assert self._on_request is not None
+            self._on_request(cmd)
+        except Exception:
+            log.exception("handling a request from %s failed", self.address)
+
+    def _fail(self, error: RemotingError) -> None:
+        """The connection is unusable: every waiter gets `error`, the socket is closed."""
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            self.closed = True
+            self._stop_idle.set()
+            pending, self._pending = self._pending, {}
+        for slot in pending.values():
+            slot.error = self._error
+            slot.done = True
+            slot.event.set()
+        self._wake()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _release_read_role(self) -> None:
+        """Give the read role up and hand it to a caller still waiting (if any)."""
+        with self._lock:
+            self._reader_busy = False
+            self._idle_reading = False
+            self._last_read = time.monotonic()
+            for slot in self._pending.values():
+                if not slot.done:
+                    slot.event.set()  # "take over reading"
+                    break
+
+    def _kick(self) -> None:
+        """If nobody reads but callers wait (the one handed the role timed out), hand it on."""
+        with self._lock:
+            if self._reader_busy:
+                return
+            for slot in self._pending.values():
+                if not slot.done:
+                    slot.event.set()
+                    break
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+
+    def _await(self, slot: _Pending, deadline: float) -> None:
+        """Wait for `slot`'s response, reading the socket whenever nobody else does."""
+        while True:
+            with self._lock:
+                if slot.done:
+                    return
+                lead = not self._reader_busy
+                if lead:
+                    self._reader_busy = True
+                else:
+                    slot.event.clear()
+                    if self._idle_reading:
+                        self._wake()  # the idle reader yields the role to us
+            if not lead:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not slot.event.wait(remaining):
+                    if slot.done:
+                        return
+                    raise RemotingTimeoutError("timeout")
+                continue
+            try:
+                while not slot.done:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise RemotingTimeoutError("timeout")
+                    self._read_some(remaining)
+            except RemotingTimeoutError:
+                raise
+            except RemotingError as e:
+                self._fail(e)  # every waiter, this one included, gets the error
+            finally:
+                self._release_read_role()
+            return
+
+    def _idle_loop(self) -> None:
+        """Hold the read role while no caller waits, so broker requests and EOF are seen."""
+        while not self.closed:
+            with self._lock:
+                idle_for = time.monotonic() - self._last_read
+                take = not self._reader_busy and not self._pending and idle_for >= IDLE_READ_SECONDS
+                if take:
+                    self._reader_busy = True
+                    self._idle_reading = True
+            if not take:
+                self._kick()
+                self._stop_idle.wait(max(IDLE_READ_SECONDS - idle_for, 0.0) if idle_for < IDLE_READ_SECONDS
+                                     else IDLE_READ_SECONDS)
+                continue
+            try:
+                while not self.closed:
+                    with self._lock:
+                        if self._pending:  # a caller wants the role
+                            break
+                    self._read_some(None)
+            except RemotingError as e:
+                self._fail(e if not self.closed else RemotingError(f"connection to {self.address} is closed"))
+            except Exception as e:  # the socket was closed under us, or worse: never keep the role
+                self._fail(RemotingError(f"connection to {self.address} failed: {e}"))
+            finally:
+                self._release_read_role()
+        # the connection is dead and its waiters failed: free the wake-up pair now (close() may never
+        # be called for a connection the pool replaced)
+        for s in (self._wake_r, self._wake_w):
+            s.close()
+
+    # -- writing ---------------------------------------------------------------------------------------
     def _send(self, frame: bytes) -> None:
         try:
             with self._send_lock:
                 self.sock.sendall(frame)
         except OSError as e:
-            self.close()
+            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
             raise RemotingError(f"send to {self.address} failed: {e}") from e
 
     def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and wait for its response (raises `RemotingError` on failure or timeout)."""
-        if self.closed:
-            raise RemotingError(f"connection to {self.address} is closed")
         slot = _Pending()
-        with self._pending_lock:
+        with self._lock:
+            if self.closed:
+                raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[cmd.opaque] = slot
+        deadline = time.monotonic() + timeout
         try:
             self._send(cmd.encode())
         except RemotingError:
-            with self._pending_lock:
+            with self._lock:
                 self._pending.pop(cmd.opaque, None)
             raise
-        if not slot.event.wait(timeout):
-            with self._pending_lock:
+        try:
+            self._await(slot, deadline)
+        except RemotingTimeoutError:
+            with self._lock:
                 self._pending.pop(cmd.opaque, None)
-            raise RemotingTimeoutError(f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s")
+            self._kick()
+            if not slot.done:
+                raise RemotingTimeoutError(
+                    f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s") from None
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None
         return slot.response
 
     def invoke_oneway(self, cmd: RemotingCommand) -> None:
+        if self.closed:
+            raise self._error or RemotingError(f"connection to {self.address} is closed")
         cmd.flag |= 0x2
         self._send(cmd.encode())
 
     def close(self) -> None:
-        if self.closed and not self._reader.is_alive():
-            return
-        self.closed = True
+        with self._lock:
+            if self._shut:
+                return
+            self._shut = True
+            self.closed = True
+            self._stop_idle.set()
+            if self._error is None:
+                self._error = RemotingError(f"connection to {self.address} is closed")
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        if threading.current_thread() is not self._reader:
-            self._reader.join(timeout=5)
+        self._wake()
+        if threading.current_thread() is not self._idle:
+            self._idle.join(timeout=5)
+        self._fail(self._error)
+        for s in (self._wake_r, self._wake_w):
+            s.close()
 
 
 class RemotingClient:
@@ -181,6 +351,12 @@ class RemotingClient:
                                      (lambda cmd, a=address: cb(a, cmd)) if cb is not None else None)
                 self._conns[address] = c
             return c
+
+    def __enter__(self) -> RemotingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def invoke(self, address: str, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
         return self.connection(address).invoke(cmd, timeout)

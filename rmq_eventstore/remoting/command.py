@@ -194,6 +194,9 @@ def _decode_json_header(data: bytes) -> RemotingCommand:
             if not isinstance(raw_ext, dict):
                 raise FrameError("header field 'extFields' must be an object")
             for k, v in raw_ext.items():
+                if v.__class__ is str:  # what every peer sends: no conversion
+                    ext[k] = v
+                    continue
                 s = _ext_value(k, v)
                 if s is not None:
                     ext[k] = s

@@ -14,6 +14,7 @@ A file's unused tail is preceded by a BLANK record `[int remaining][int BLANK_MA
 from __future__ import annotations
 
 import ipaddress
+import mmap
 import os
 import random
 import socket
@@ -29,6 +30,7 @@ from typing import NamedTuple, TypeAlias
 
 import numpy as np
 
+from .config import DEFAULT_DELAY_LEVELS_MS
 from .message import Message, MessageExt
 
 Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read from (mmap views included)
@@ -218,6 +220,34 @@ def tags_string_to_tags_code(tags: str | None) -> int:
         if len(_TAGS_CODE_CACHE) < 65536:
             _TAGS_CODE_CACHE[tags] = code
     return code
+
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # TopicValidator.RMQ_SYS_SCHEDULE_TOPIC
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def java_parse_int(s: str) -> int:
+    """Java's `Integer.parseInt`: an optional sign and ASCII digits within int32; ValueError otherwise."""
+    digits = s[1:] if s[:1] in ("+", "-") else s
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"not an int: {s!r}")
+    v = int(s)
+    if not _INT32_MIN <= v <= _INT32_MAX:
+        raise ValueError(f"int out of range: {s!r}")
+    return v
+
+
+def compute_deliver_timestamp(delay: str, store_timestamp: int, delay_levels: Sequence[int]) -> int | None:
+    """The consume-queue tagsCode of a `SCHEDULE_TOPIC_XXXX` record with DELAY property `delay`: its
+    delivery time, store time + the delay of the level clamped to the last one (`checkMessageAndReturnSize`
+    + `computeDeliverTimestamp`, spec §14). None for a level <= 0 (the tag hash stays). ValueError when
+    `delay` is not an int, as Java's `Integer.parseInt` throws."""
+    level = java_parse_int(delay)
+    if level > len(delay_levels):
+        level = len(delay_levels)
+    if level <= 0:
+        return None
+    return store_timestamp + delay_levels[level - 1]
 
 
 def index_key_hash(key: str) -> int:
@@ -688,8 +718,10 @@ class RecordEncoder:
     def __init__(
         self, store_host: str = "127.0.0.1:10911", max_message_size: int = 4 * 1024 * 1024,
         auto_v2: bool = True, append_crc: bool = False, uniq_ids: UniqueIdGenerator | None = None,
+        delay_levels: Sequence[int] = DEFAULT_DELAY_LEVELS_MS,
     ) -> None:
         self.store_host = parse_host(store_host)
+        self.delay_levels = tuple(delay_levels)  # ms per delay level (messageDelayLevel), level 1 first
         self.max_message_size = max_message_size
         self.auto_v2 = auto_v2
         self.append_crc = append_crc
@@ -733,6 +765,8 @@ class RecordEncoder:
                 ps = ((f"TAGS\x01{tags}\x02" if tags else "") + (f"KEYS\x01{keys}\x02" if keys else "")
                       + (f"UNIQ_KEY\x01{uniq}\x02" if uniq else ""))
         bt = msg.born_timestamp or born_timestamp or int(time.time() * 1000)
+        if msg.topic == SCHEDULE_TOPIC:
+            self.schedule_delay(ps)  # a DELAY Java could not parse back is refused here, not stored
         if self.append_crc:
             return self._prepare_with_crc(msg, ps, tags, keys, uniq, bt)
         pb = ps.encode("utf-8")
@@ -781,6 +815,28 @@ class RecordEncoder:
         sys_flag = _INT.unpack_from(buf, SYSFLAG_POSITION)[0]
         return PreparedRecord(len(buf), b"", b"", b"", msg.topic, msg.queue_id, sys_flag,
                               tags_string_to_tags_code(tags), keys, uniq, ps, msg.prepared_transaction_offset, buf)
+
+    def schedule_delay(self, properties_string: str) -> int | None:
+        """The delay in ms of a `SCHEDULE_TOPIC_XXXX` record's level (its DELAY property clamped to the
+        last level), None when it has no DELAY or a level <= 0. Raises `EncodeError` for a DELAY that is
+        not an int (Java's reput would fail on the record)."""
+        if not properties_string:
+            return None
+        delay = _property("\x02" + properties_string, "\x02DELAY\x01")
+        if delay is None:
+            return None
+        try:
+            return compute_deliver_timestamp(delay, 0, self.delay_levels)
+        except ValueError:
+            raise EncodeError("MESSAGE_ILLEGAL", f"DELAY property {delay!r} is not an int") from None
+
+    def dispatch_tags_code(self, rec: PreparedRecord, store_timestamp: int) -> int:
+        """The consume-queue tagsCode of an emitted record: for `SCHEDULE_TOPIC_XXXX` with a DELAY its
+        delivery time (store time + the level's delay, spec §14), else the tag hash from `prepare`."""
+        if rec.topic != SCHEDULE_TOPIC:
+            return rec.tags_code
+        delay = self.schedule_delay(rec.properties_string)
+        return rec.tags_code if delay is None else store_timestamp + delay
 
     @staticmethod
     def emit(rec: PreparedRecord, queue_offset: int, physical_offset: int, store_timestamp: bytes,
@@ -875,6 +931,128 @@ class RecordEncoder:
             phys += total
         return PlainBatch(b"".join(parts), requests, offsets,
                           [r.uniq_key for r in requests], seen, first_q)
+
+    def encode_network_batch(self, msgs: Sequence[Message], queue_table: dict[str, int], base_offset: int,
+                             now: int) -> PlainBatch | None:
+        """The put fast path for what a producer sends over the network: whole records in one loop,
+        offsets included, for messages that carry a properties string (encoded by the client, with the
+        broker's UNIQ_KEY / CLUSTER added). Only TAGS, KEYS and UNIQ_KEY are looked up in it (three
+        searches, no parse). Born host, born time (0: `now`), sysFlag, reconsume times and flag come from
+        the message. Not taken (None, nothing changed) for a transaction type other than NOT/COMMIT, a
+        forced V2 topic, a topic not yet encoded once, `SCHEDULE_TOPIC_XXXX`, the `__CRC32#` trailer, an
+        empty TAGS/KEYS/UNIQ_KEY value (the general parse decides which duplicate wins) or a size rule
+        broken: the caller then takes the general path. The bytes and DispatchRequests equal
+        `prepare` + `emit`'s (tested).
+        """
+        if self.append_crc:
+            return None
+        topics = self._topics
+        max_body = self.max_message_size
+        max_record = max_body + RECORD_HEADROOM
+        store_addr, store_port = self.store_host
+        store_v6 = self._store_v6
+        v6_mask = ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+        headers = _HEADERS
+        short = _SHORT.pack
+        crc32 = zlib.crc32
+        hosts = parse_host
+        tags_cache = _TAGS_CODE_CACHE
+        new_request = tuple.__new__
+        seen: dict[str, int] = {}
+        parts: list = []
+        requests: list = []
+        offsets: list[int] = []
+        uniqs: list[str | None] = []
+        add = parts.append
+        phys = base_offset
+        first_q = -1
+        last_topic = last_qid = qkey = None
+        for m in msgs:
+            topic = m.topic
+            tp = topics.get(topic)
+            body = m.body
+            ps = m.properties_string
+            sys_flag = m.sys_flag
+            tx = sys_flag & TRANSACTION_ROLLBACK_TYPE
+            if (tp is None or ps.__class__ is not str or m.force_v2 or body.__class__ is not bytes
+                    or (tx != 0 and tx != TRANSACTION_COMMIT_TYPE) or topic == SCHEDULE_TOPIC):
+                return None
+            if ps:
+                framed = "\x02" + ps
+                i = framed.rfind("\x02TAGS\x01")
+                if i < 0:
+                    tags = None
+                else:
+                    j = framed.find("\x02", i + 6)
+                    tags = framed[i + 6:] if j < 0 else framed[i + 6:j]
+                    if not tags:
+                        return None
+                i = framed.rfind("\x02KEYS\x01")
+                if i < 0:
+                    keys = None
+                else:
+                    j = framed.find("\x02", i + 6)
+                    keys = framed[i + 6:] if j < 0 else framed[i + 6:j]
+                    if not keys:
+                        return None
+                i = framed.rfind("\x02UNIQ_KEY\x01")
+                if i < 0:
+                    uniq = None
+                else:
+                    j = framed.find("\x02", i + 10)
+                    uniq = framed[i + 10:] if j < 0 else framed[i + 10:j]
+                    if not uniq:
+                        return None
+            else:
+                tags = keys = uniq = None
+            topic_part, magic = tp
+            qid = m.queue_id
+            born = m.born_host
+            if born:
+                born_addr, born_port = hosts(born)
+            else:
+                born_addr, born_port = store_addr, store_port
+            sys_flag = (sys_flag & v6_mask) | store_v6
+            if len(born_addr) == 16:
+                sys_flag |= BORNHOST_V6_FLAG
+                header = headers[3 if store_v6 else 2]
+            else:
+                header = headers[1 if store_v6 else 0]
+            pb = ps.encode("utf-8")
+            pl = len(pb)
+            bl = len(body)
+            total = header.size + bl + len(topic_part) + 2 + pl
+            if pl > MAX_PROPERTIES_LENGTH or bl > max_body or total > max_record or qid < 0:
+                return None
+            if topic is not last_topic or qid != last_qid:
+                qkey = f"{topic}-{qid}"
+                last_topic, last_qid = topic, qid
+            q = seen.get(qkey)
+            if q is None:
+                q = queue_table.get(qkey, 0)
+            seen[qkey] = q + 1
+            if first_q < 0:
+                first_q = q
+            ptx = m.prepared_transaction_offset
+            add(header.pack(total, magic, crc32(body) & 0x7FFFFFFF, qid, m.flag, q, phys, sys_flag,
+                            m.born_timestamp or now, born_addr, born_port, now, store_addr, store_port,
+                            m.reconsume_times, ptx, bl))
+            add(body)
+            add(topic_part)
+            add(short(pl))
+            add(pb)
+            if tags:
+                code = tags_cache.get(tags)
+                if code is None:
+                    code = tags_string_to_tags_code(tags)
+            else:
+                code = 0
+            requests.append(new_request(DispatchRequest, (topic, qid, phys, total, code, now, q, keys, uniq,
+                                                          sys_flag, ptx, ps)))
+            offsets.append(phys)
+            uniqs.append(uniq)
+            phys += total
+        return PlainBatch(b"".join(parts), requests, offsets, uniqs, seen, first_q)
 
 
 
@@ -971,12 +1149,14 @@ def _read_tail(buf: Buffer, pos: int, end_limit: int, v2: bool) -> tuple[str, st
 
 def check_message_and_return_size(
     buf, pos: int, check_crc: bool = False, limit: int | None = None, base_offset: int = 0,
-    verify_prop_crc: bool = False,
+    verify_prop_crc: bool = False, delay_levels: Sequence[int] = DEFAULT_DELAY_LEVELS_MS,
 ) -> CheckResult:
     """`CommitLog.checkMessageAndReturnSize` (spec §1.8) on the record at `buf[pos:]`, `limit` its end bound.
 
     Never raises: zeroed space and unknown magic give (-1, False), BLANK gives (0, True), a length that
-    disagrees with the fields gives (total size, False).
+    disagrees with the fields gives (total size, False). A `SCHEDULE_TOPIC_XXXX` record with a DELAY
+    property gets its delivery time as tagsCode (`delay_levels`: ms per level, the store's
+    `messageDelayLevel`); a DELAY that is not an int fails the record as in Java.
     """
     end = len(buf) if limit is None else limit
     try:
@@ -1038,6 +1218,12 @@ def check_message_and_return_size(
             keys = _property(framed, "\x02KEYS\x01")
             uniq = _property(framed, "\x02UNIQ_KEY\x01")
             code = (_TAGS_CODE_CACHE.get(tags) or tags_string_to_tags_code(tags)) if tags else 0
+            if topic == SCHEDULE_TOPIC:
+                delay = _property(framed, "\x02DELAY\x01")
+                if delay is not None:
+                    deliver = compute_deliver_timestamp(delay, store_ts, delay_levels)
+                    if deliver is not None:
+                        code = deliver
         else:
             tags = keys = uniq = None
             code = 0
@@ -1096,6 +1282,81 @@ def decode_message(buf: Buffer, pos: int = 0, *, check_crc: bool = False, limit:
                       topic, props)
 
 
+def decode_records(buf: Buffer, *, decompress: bool = False) -> list[MessageExt]:
+    """Every record of `buf`, whole records back to back (a pull or query response body), as
+    `decode_message` would decode them one by one (same fields, same `CorruptRecordError`s), in one loop:
+    the client's pull path. Topic strings are decoded once per distinct topic."""
+    if not isinstance(buf, bytes):
+        buf = bytes(buf)
+    out: list[MessageExt] = []
+    append = out.append
+    n = len(buf)
+    pos = 0
+    headers = _HEADERS
+    h_v4 = headers[0]
+    unpack_v4 = h_v4.unpack_from
+    size_v4 = h_v4.size
+    int_at = _INT.unpack_from
+    short_at = _SHORT.unpack_from
+    v6_flags = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+    magic_v1 = MESSAGE_MAGIC_CODE
+    magic_v2 = MESSAGE_MAGIC_CODE_V2
+    topics: dict[bytes, str] = {}
+    new = MessageExt
+    while pos < n:
+        try:
+            sys_flag = int_at(buf, pos + SYSFLAG_POSITION)[0]
+            if sys_flag & v6_flags:
+                header = headers[_header_index(sys_flag)]
+                fields = header.unpack_from(buf, pos)
+                hsize = header.size
+            else:
+                fields = unpack_v4(buf, pos)
+                hsize = size_v4
+        except struct.error:
+            fields = None
+        if fields is not None:
+            total = fields[0]
+            magic = fields[1]
+            rec_end = pos + total
+            body_len = fields[16]
+            bpos = pos + hsize
+            tpos = bpos + body_len
+            ok = ((magic == magic_v1 or magic == magic_v2) and total > 0 and rec_end <= n and body_len >= 0
+                  and tpos + 4 <= rec_end)
+        else:
+            ok = False
+        if ok:
+            if magic == magic_v1:
+                tl = buf[tpos]
+                tpos += 1
+            else:
+                tl = short_at(buf, tpos)[0]
+                tpos += 2
+            ppos = tpos + tl
+            ok = 0 <= tl and (tl <= 127 or magic != magic_v1) and ppos + 2 <= rec_end
+            if ok:
+                pl = short_at(buf, ppos)[0]
+                ppos += 2
+                ok = pl >= 0 and ppos + pl == rec_end
+        if not ok:  # anything unusual: the one-record decoder decides (and raises the precise error)
+            m = decode_message(buf, pos, decompress=decompress)
+            append(m)
+            pos += m.store_size
+            continue
+        tb = buf[tpos:tpos + tl]
+        topic = topics.get(tb)
+        if topic is None:
+            topic = topics[tb] = tb.decode("utf-8", "replace")
+        body = buf[bpos:bpos + body_len]
+        if decompress and sys_flag & COMPRESSED_FLAG and (sys_flag & COMPRESSION_TYPE_COMPARATOR) in (0, 0x300):
+            append(decode_message(buf, pos, decompress=True))
+        else:
+            append(new(*fields[:16], body, topic, buf[ppos:rec_end].decode("utf-8", "replace") if pl else ""))
+        pos = rec_end
+    return out
+
+
 def iter_records(buf: Buffer, start: int = 0, limit: int | None = None,
                  check_crc: bool = False) -> Iterator[tuple[int, CheckResult]]:
     """Walk records from `start`: yields (position, CheckResult) up to a BLANK, zeroed space or damage."""
@@ -1145,3 +1406,113 @@ def decode_batch_body(data: bytes) -> list[tuple[bytes, int, str]]:
         out.append((body, flag, props))
         pos += size
     return out
+
+
+# -- fast structural skim (recovery, verify) -------------------------------------------------------
+class SkimmedRecord(NamedTuple):
+    """The fields of one `skim_records` entry (returned as plain tuples in this order, for speed)."""
+
+    offset: int  # position in the buffer
+    size: int
+    queue_id: int
+    queue_offset: int
+    sys_flag: int
+    store_timestamp: int
+    topic: bytes
+
+
+SKIM_OK, SKIM_BLANK, SKIM_END, SKIM_DAMAGE = "ok", "blank", "end", "damage"
+# total, magic, crc, queueId, queueOffset, sysFlag, storeTimestamp, bodyLen: the header fields the skim
+# needs, the others skipped as padding; indexed like _HEADERS (born v6 * 2 + store v6)
+_SKIM_HEADERS = tuple(struct.Struct(f">iiii4xq8xi8x{b}xq{h}x4x8xi") for b in (8, 20) for h in (8, 20))
+assert tuple(h.size for h in _SKIM_HEADERS) == _HEADER_SIZES
+_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+
+
+def skim_records(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16,
+                 keep: bool = True) -> tuple[list[tuple], int, str, str]:
+    """Hop from record to record by TOTALSIZE with the checks of `check_message_and_return_size`
+    (magic, lengths, the computed total size, the body CRC when `check_crc`) but without decoding
+    properties: the fast walk of recovery and `verify` (a few microseconds per record).
+
+    Returns `(records, next_pos, state, reason)`: `records` are `SkimmedRecord`-ordered plain tuples;
+    state `ok` (stopped after `max_records`; call again from `next_pos`), `blank` (a BLANK record at
+    `next_pos` closes the file), `end` (zeroed space or `limit` at `next_pos`) or `damage` (the record at
+    `next_pos` fails a check; `reason` says which). With `keep=False` no records are returned.
+    `buf` may be an mmap, bytes or a memoryview (an mmap or bytes is sliced without an extra copy).
+    """
+    out: list[tuple] = []
+    append = out.append
+    mv = memoryview(buf)
+    raw = buf if isinstance(buf, (bytes, mmap.mmap)) else None
+    skim_v4 = _SKIM_HEADERS[0].unpack_from
+    headers = _SKIM_HEADERS
+    v6_flags = _V6_FLAGS
+    magic_v1 = MESSAGE_MAGIC_CODE
+    magic_v2 = MESSAGE_MAGIC_CODE_V2
+    blank_magic = BLANK_MAGIC_CODE
+    size_magic = _SIZE_MAGIC.unpack_from
+    short = _SHORT.unpack_from
+    crc32 = zlib.crc32
+    n = 0
+    try:
+        while pos < limit:
+            if n >= max_records:
+                return out, pos, SKIM_OK, ""
+            if limit - pos < 8:
+                return out, pos, SKIM_END, ""
+            total, magic = size_magic(mv, pos)
+            if magic != magic_v1 and magic != magic_v2:
+                if magic == blank_magic:
+                    return out, pos, SKIM_BLANK, ""
+                if total == 0 and magic == 0:
+                    return out, pos, SKIM_END, ""
+                return out, pos, SKIM_DAMAGE, f"illegal magic code {magic & 0xFFFFFFFF:#010x}"
+            rec_end = pos + total
+            if total < 91 or rec_end > limit:
+                if total <= 0 or rec_end > limit:
+                    return out, pos, SKIM_DAMAGE, f"total size {total} runs past the readable data"
+                return out, pos, SKIM_DAMAGE, "record shorter than its header"
+            _t, _m, crc, queue_id, queue_offset, sys_flag, store_ts, body_len = skim_v4(mv, pos)
+            hsize = 88
+            if sys_flag & v6_flags:
+                h = headers[(2 if sys_flag & BORNHOST_V6_FLAG else 0)
+                            + (1 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 0)]
+                hsize = h.size
+                if total < hsize + 3:
+                    return out, pos, SKIM_DAMAGE, "record shorter than its header"
+                _t, _m, crc, queue_id, queue_offset, sys_flag, store_ts, body_len = h.unpack_from(mv, pos)
+            bpos = pos + hsize
+            tpos = bpos + body_len
+            if body_len < 0 or tpos > rec_end:
+                return out, pos, SKIM_DAMAGE, "body length runs past the record"
+            if check_crc and body_len and (crc32(mv[bpos:tpos]) & 0x7FFFFFFF) != crc:
+                return out, pos, SKIM_DAMAGE, "body CRC mismatch"
+            if magic == magic_v2:
+                topic_len = short(mv, tpos)[0]
+                tpos += 2
+                fixed = 76
+            else:
+                topic_len = mv[tpos]
+                tpos += 1
+                fixed = 75
+                if topic_len > 127:
+                    return out, pos, SKIM_DAMAGE, "V1 topic length byte is negative"
+            ppos = tpos + topic_len
+            if topic_len < 0 or ppos + 2 > rec_end:
+                return out, pos, SKIM_DAMAGE, "topic length runs past the record"
+            prop_len = short(mv, ppos)[0]
+            # calMsgLength: 74 + topic length field (1, V2: 2) + born and store host sizes + the rest
+            expected = (fixed + hsize - 72 + body_len + topic_len + prop_len)
+            if prop_len < 0 or expected != total:
+                if prop_len < 0 or ppos + 2 + prop_len > rec_end:
+                    return out, pos, SKIM_DAMAGE, "properties length runs past the record"
+                return out, pos, SKIM_DAMAGE, f"total size {total} != computed {expected}"
+            if keep:
+                append((pos, total, queue_id, queue_offset, sys_flag, store_ts,
+                        raw[tpos:ppos] if raw is not None else mv[tpos:ppos].tobytes()))
+            n += 1
+            pos = rec_end
+        return out, pos, SKIM_END, ""
+    except (struct.error, ValueError, IndexError) as e:
+        return out, pos, SKIM_DAMAGE, f"unreadable record: {e}"

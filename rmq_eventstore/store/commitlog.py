@@ -14,14 +14,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import codec
 from .codec import DispatchRequest, EncodeError, PreparedRecord, RecordEncoder, UniqueIdGenerator
-from .config import FlushDiskType, StoreConfig
+from .config import FlushDiskType, StoreConfig, parse_delay_levels
 from .mapped_file import MappedFile, MappedFileQueue
 from .message import Message, MessageExt
 from .status import AppendMessageStatus, PutMessageStatus
 from .topic import TopicValidationError, validate_topic
+
+if TYPE_CHECKING:
+    from .flush import GroupCommitService
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,21 @@ def _diagnose(msg: Message) -> str:
     return ""
 
 
+def _wait_store_msg_ok(msg: Message) -> bool:
+    """`Message.isWaitStoreMsgOK`: the WAIT property, true unless set to something other than "true"."""
+    props = msg.properties
+    if props:
+        v = props.get(codec.PROPERTY_WAIT_STORE_MSG_OK)
+        if v is not None:
+            return v.lower() == "true"
+    s = msg.properties_string
+    if s and "WAIT\x01" in s:
+        v = codec.string_to_properties(s).get(codec.PROPERTY_WAIT_STORE_MSG_OK)
+        if v is not None:
+            return v.lower() == "true"
+    return True
+
+
 def _illegal(reason: str, status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
     return PutMessageResult(status, None, reason)
 
@@ -124,7 +143,7 @@ class CommitLog:
         self.uniq_ids = UniqueIdGenerator()
         self.encoder = RecordEncoder(
             config.store_host, config.max_message_size, config.auto_message_version_on_topic_len,
-            config.enabled_append_prop_crc, self.uniq_ids)
+            config.enabled_append_prop_crc, self.uniq_ids, parse_delay_levels(config.message_delay_level))
         self.store_host_bytes, self.store_port = self.encoder.store_host
         self.put_lock = threading.Lock()
         self.flush_lock = threading.Lock()
@@ -136,6 +155,11 @@ class CommitLog:
         self.on_new_queue: Callable[[str, int], None] | None = None
         self.writeable = True
         self._valid_topics: set[str] = set()
+        # Flush services (flush.py), attached by MessageStore.start: SYNC_FLUSH puts wait on the group
+        # commit service; ASYNC_FLUSH puts wake the commit (transient pool) or flush service.
+        self.group_commit_service: GroupCommitService | None = None
+        self.flush_wakeup: Callable[[], None] | None = None
+        self.on_committed: Callable[[], None] | None = None
 
     # -- load / recovery ------------------------------------------------------------------------
     def load(self) -> bool:
@@ -250,13 +274,13 @@ class CommitLog:
         if self.config.auto_create_uniq_key and msg.uniq_key is None and msg.properties_string is None:
             uniq = self.uniq_ids.create()
         if self.writeable and not self.read_only:
-            fast = self._append_plain((msg,), (uniq,))
+            fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
             if fast is not None:
                 return fast
         rec = self._prepare(msg, uniq)
         if isinstance(rec, PutMessageResult):
             return rec
-        return self._append([rec], rec.total)
+        return self._append([rec], rec.total, _wait_store_msg_ok(msg))
 
     def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
         """Append a batch under one lock into one file: consecutive queue offsets per queue."""
@@ -265,7 +289,8 @@ class CommitLog:
         if not self.writeable or self.read_only:
             return _illegal("the store is not writeable", PutMessageStatus.SERVICE_NOT_AVAILABLE)
         uniq = self._uniq_keys(msgs)
-        fast = self._append_plain(msgs, uniq)
+        wait = _wait_store_msg_ok(msgs[0])  # a batch waits as its first message says (MessageBatch)
+        fast = self._append_plain(msgs, uniq, wait)
         if fast is not None:
             return fast
         prepare = self.encoder.prepare
@@ -291,7 +316,7 @@ class CommitLog:
             return _illegal(f"message {i} of the batch: {e}", PutMessageStatus[e.status])
         except (ValueError, TypeError, AttributeError, struct.error) as e:
             return _illegal(f"message {i} of the batch: cannot encode message: {_diagnose(msgs[i]) or e}")
-        return self._append(recs, total)
+        return self._append(recs, total, wait)
 
     def _file_for(self, total: int) -> tuple[MappedFile, int]:
         """Under the put lock: the file and position `total` bytes go to. When they would end closer than
@@ -311,16 +336,35 @@ class CommitLog:
             pos = mf.wrote_position
         return mf, pos
 
-    def _finish(self, result: AppendMessageResult) -> PutMessageResult:
-        """After the lock: under SYNC_FLUSH wait until the appended bytes are on disk."""
+    def _finish(self, result: AppendMessageResult, wait: bool = True) -> PutMessageResult:
+        """After the lock (`handleDiskFlush`): under SYNC_FLUSH wait until the appended bytes are on disk,
+        sharing the flush with concurrent puts through the group commit service; under ASYNC_FLUSH wake
+        the commit / flush service. A message whose WAIT property is false only wakes the service."""
         status = PutMessageStatus.PUT_OK
         if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
-            if not self.flush_until(result.wrote_offset + result.wrote_bytes, self.config.sync_flush_timeout):
+            next_offset = result.wrote_offset + result.wrote_bytes
+            svc = self.group_commit_service
+            if not wait:
+                if svc is not None:
+                    svc.wakeup()
+            elif svc is not None:
+                status = svc.submit_and_wait(next_offset, self.config.sync_flush_timeout)
+            elif not self.flush_until(next_offset, self.config.sync_flush_timeout):
                 status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+        else:
+            wake = self.flush_wakeup
+            if wake is not None:
+                wake()
         return PutMessageResult(status, result)
 
-    def _append_plain(self, msgs: Sequence[Message], uniq: list[str | None] | None) -> PutMessageResult | None:
-        """The batch fast path (`RecordEncoder.encode_plain_batch`): encoded under the lock in one pass,
+    def _encode_network_batch(self, msgs: Sequence[Message], _uniq: list[str | None] | None,
+                              table: dict[str, int], base: int, begin: int) -> codec.PlainBatch | None:
+        return self.encoder.encode_network_batch(msgs, table, base, begin)
+
+    def _append_plain(self, msgs: Sequence[Message], uniq: list[str | None] | None,
+                      wait: bool = True) -> PutMessageResult | None:
+        """The batch fast path (`RecordEncoder.encode_plain_batch`, else `encode_network_batch` for
+        messages with a properties string): encoded under the lock in one pass,
         as the offsets are only known there. None when the batch needs the general path."""
         with self.put_lock:
             begin = now_ms()
@@ -335,8 +379,12 @@ class CommitLog:
                 else:
                     base = last.file_from_offset + last.wrote_position
                 table = self.topic_queue_table
+                encode = self.encoder.encode_plain_batch
                 try:
-                    batch = self.encoder.encode_plain_batch(msgs, uniq, table, base, begin)
+                    batch = encode(msgs, uniq, table, base, begin)
+                    if batch is None:  # messages from the network carry a properties string
+                        encode = self._encode_network_batch
+                        batch = encode(msgs, uniq, table, base, begin)
                 except (struct.error, TypeError, AttributeError, ValueError):
                     batch = None  # a field out of range, a wrong type: the general path explains it
                 if batch is None:
@@ -347,7 +395,7 @@ class CommitLog:
                 mf, pos = self._file_for(total)
                 if mf.file_from_offset + pos != base:  # rolled to a new file: encode for where it lands
                     base = mf.file_from_offset + pos
-                    batch = self.encoder.encode_plain_batch(msgs, uniq, table, base, begin)
+                    batch = encode(msgs, uniq, table, base, begin)
                     assert batch is not None
             except OSError as e:
                 return _illegal(f"cannot create a commitlog file: {e}", PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
@@ -364,9 +412,9 @@ class CommitLog:
                 self.on_appended(base, base + total, batch.requests)
         return self._finish(AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, begin, batch.first_queue_offset, len(msgs),
-            now_ms() - begin, self.store_host_bytes, self.store_port, batch.offsets, batch.uniq_keys))
+            now_ms() - begin, self.store_host_bytes, self.store_port, batch.offsets, batch.uniq_keys), wait)
 
-    def _append(self, recs: list[PreparedRecord], total: int) -> PutMessageResult:
+    def _append(self, recs: list[PreparedRecord], total: int, wait: bool = True) -> PutMessageResult:
         if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:
             return _illegal(f"{total} bytes do not fit in a {self.file_size}-byte commitlog file")
         emit = RecordEncoder.emit
@@ -403,8 +451,9 @@ class CommitLog:
                     first_qoff = qoff
                 emit(rec, qoff, phys, ts_bytes, parts)
                 offsets.append(phys)
+                code = rec.tags_code if rec.topic != codec.SCHEDULE_TOPIC else self.encoder.dispatch_tags_code(rec, begin)
                 dispatched.append(new_request(DispatchRequest, (
-                    rec.topic, rec.queue_id, phys, rec.total, rec.tags_code, begin, qoff, rec.keys, rec.uniq_key,
+                    rec.topic, rec.queue_id, phys, rec.total, code, begin, qoff, rec.keys, rec.uniq_key,
                     rec.sys_flag, rec.prepared_transaction_offset, rec.properties_string)))
                 phys += rec.total
             mf.append_message(b"".join(parts))
@@ -414,7 +463,7 @@ class CommitLog:
             self.begin_time_in_lock = 0
         return self._finish(AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, begin, first_qoff, len(recs), now_ms() - begin,
-            self.store_host_bytes, self.store_port, offsets, [r.uniq_key for r in recs]))
+            self.store_host_bytes, self.store_port, offsets, [r.uniq_key for r in recs]), wait)
 
     def flush_until(self, offset: int, timeout_ms: int) -> bool:
         """Flush until `offset` is on disk; concurrent callers share one flush (group commit)."""
@@ -425,6 +474,10 @@ class CommitLog:
                 return False
             try:
                 if mfq.flushed_where < offset:
+                    if mfq.transient_store_pool is not None:
+                        for _ in range(2):  # commit the write buffers first (a batch may span files)
+                            if mfq.commit(0):
+                                break
                     mfq.flush(0)
                     if mfq.flushed_where < offset:
                         mfq.flush(0)  # a batch may end in the next file
@@ -435,8 +488,14 @@ class CommitLog:
         return True
 
     def flush(self, least_pages: int = 0) -> bool:
+        """Commit (with the transient pool) and flush one file; True when nothing moved."""
         with self.flush_lock:
-            return self.mapped_file_queue.flush(least_pages)
+            mfq = self.mapped_file_queue
+            if least_pages == 0 and mfq.transient_store_pool is not None:
+                for _ in range(2):
+                    if mfq.commit(0):
+                        break
+            return mfq.flush(least_pages)
 
     def is_os_page_cache_busy(self) -> bool:
         begin = self.begin_time_in_lock

@@ -736,6 +736,17 @@ class TopicConfig:
         return config
 
 
+def _clone_json(value: Any) -> Any:
+    """A deep copy of JSON-like data (dicts, lists, scalars); other objects are deep-copied as usual."""
+    if isinstance(value, dict):
+        return {k: _clone_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone_json(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return copy.deepcopy(value)
+
+
 def _default_group_retry_policy() -> dict[str, Any]:
     return {"type": "CUSTOMIZED"}
 
@@ -778,8 +789,13 @@ class SubscriptionGroupConfig:
     }
 
     def copy(self) -> SubscriptionGroupConfig:
-        """An independent (deep) copy."""
-        return copy.deepcopy(self)
+        """An independent (deep) copy. The broker takes one on every pull, so the nested JSON-like fields
+        are cloned directly instead of through `copy.deepcopy` (which cost ~15 µs per pull)."""
+        c = copy.copy(self)
+        c.group_retry_policy = _clone_json(self.group_retry_policy)
+        c.subscription_data_set = _clone_json(self.subscription_data_set)
+        c.attributes = dict(self.attributes)
+        return c
 
     def to_bean(self) -> Bean:
         """The on-disk form, camelCase fields; `subscriptionDataSet` is omitted while None."""

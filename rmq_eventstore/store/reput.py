@@ -113,7 +113,7 @@ class ReputMessageService:
             n = len(buf)
             rolled = False
             while pos < n and start + pos < stop_at and len(out) < MAX_BATCH:
-                r = codec.check_message_and_return_size(buf, pos, False, n)
+                r = codec.check_message_and_return_size(buf, pos, False, n, delay_levels=cl.encoder.delay_levels)
                 if r.success and r.size > 0:
                     if start + pos + r.size > stop_at:
                         break

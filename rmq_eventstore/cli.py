@@ -1118,5 +1118,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+from . import cli_repair  # noqa: E402,F401  (registers verify / recover / rebuild)
+from .broker import cli as _broker_cli  # noqa: E402,F401  (registers serve)
+from .spark import cli as _spark_cli  # noqa: E402,F401  (registers spark; pyspark loads lazily)
+
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -286,9 +286,9 @@ def test_a_failed_dispatch_is_retried_not_skipped(store):
 
     svc.dispatch = flaky_dispatch
     ok(store.put_message(Message(topic="Flaky", body=b"x", keys=["flaky-key"])))
+    # wait_for_dispatch returns True only once the retried dispatch has built the queue AND the index
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and store.get_max_offset_in_queue("Flaky", 0) == 0:
-        store.wait_for_dispatch(timeout=0.1)
+    while time.monotonic() < deadline and not store.wait_for_dispatch(timeout=0.1):
         time.sleep(0.02)
     assert failures == [1]
     assert store.get_max_offset_in_queue("Flaky", 0) == 1

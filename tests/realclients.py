@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 class ClientProcess:
@@ -119,3 +120,61 @@ def client_env(home: Path) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     env["HOME"] = str(home)
     return env
+
+
+# -- the checks both real-client round trips share -----------------------------------------------------
+def keys_of(stored: Any) -> list[str]:
+    """The KEYS property of a stored message as a list."""
+    return [k for k in (stored.properties.get("KEYS") or "").split(" ") if k]
+
+
+def send_ours_and_store(broker: Any, topic: str) -> tuple[Any, Any, Any]:
+    """One message through our `Producer` (TagB, keys py-1 py-2) and one put straight into the store
+    (TagA, key store-1): what a real client's consumer must receive besides its own producer's messages.
+    Returns `(producer, send_result, put_result)`; the caller shuts the started producer down."""
+    from rmq_eventstore.client import Producer
+    from rmq_eventstore.store import Message
+
+    ours = Producer(broker.namesrv_address, "py-producer")
+    ours.start()
+    r = ours.send(Message(topic=topic, body=b"from our producer", tags="TagB", keys=["py-1", "py-2"],
+                          properties={"origin": "python"}))
+    assert r.status == "SEND_OK", r
+    put = broker.store.put_message(Message(topic=topic, body=b"put into the store", tags="TagA",
+                                           keys=["store-1"], queue_id=1))
+    assert put.status.name == "PUT_OK", put
+    return ours, r, put
+
+
+def assert_offsets_committed(broker: Any, group: str, topic: str) -> None:
+    """The client committed its progress (UPDATE_CONSUMER_OFFSET) up to each queue's max offset, also
+    past the messages its subscription filtered out."""
+    from rmq_eventstore.client import PullConsumer
+
+    with PullConsumer(broker.namesrv_address, group) as view:
+        for qid in view.queues(topic):
+            assert view.fetch_offset(topic, qid) == broker.store.get_max_offset_in_queue(topic, qid), qid
+
+
+def assert_received(consumer: ClientProcess, topic: str, specs: list[dict], sent: list[dict],
+                    expected_keys: list[str], check_queue_id: bool) -> None:
+    """The consumer received exactly the TagA/TagB messages (its producer's, ours and the store's),
+    each decoded by the client itself from our stored records, with tags, keys, body and queue offset."""
+    assert not consumer.of("error"), consumer.describe()
+    got = consumer.of("received")
+    assert len(got) == len(expected_keys), consumer.describe()
+    by_key = {m["keys"][0]: m for m in got}
+    assert sorted(by_key) == sorted(expected_keys), consumer.describe()
+    for m in got:
+        assert m["topic"] == topic
+        assert m["tags"] in ("TagA", "TagB")
+        assert m["reconsumeTimes"] == 0
+    for spec, s in zip(specs, sent, strict=True):
+        if spec["tags"] == "TagC":
+            continue
+        m = by_key[spec["keys"][0]]
+        assert m["tags"] == spec["tags"] and m["keys"] == spec["keys"]
+        assert m["body"] == spec["body"] * spec.get("bodyRepeat", 1)
+        assert m["queueOffset"] == s["queueOffset"]
+        if check_queue_id:
+            assert m["queueId"] == s["queueId"]

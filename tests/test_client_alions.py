@@ -16,10 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from realclients import ClientProcess, client_env
+from realclients import (
+    ClientProcess,
+    assert_offsets_committed,
+    assert_received,
+    client_env,
+    keys_of,
+    send_ours_and_store,
+)
 
 from rmq_eventstore.broker.server import serve_in_thread
-from rmq_eventstore.client import Producer, PullConsumer
+from rmq_eventstore.client import Producer
 from rmq_eventstore.store import Message
 
 JS_DIR = Path(__file__).resolve().parent / "clients" / "js"
@@ -49,10 +56,6 @@ def broker(tmp_path: Path) -> Iterator[object]:
 def _run(tmp_path: Path, mode: str, *args: str, name: str) -> ClientProcess:
     return ClientProcess([_node(), str(SCRIPT), mode, *args], cwd=JS_DIR,
                          env=client_env(tmp_path / "home"), name=f"ali-ons {name}")
-
-
-def _keys_of(stored) -> list[str]:
-    return [k for k in (stored.properties.get("KEYS") or "").split(" ") if k]
 
 
 def test_alions_producer_and_push_consumer_round_trip(broker, tmp_path: Path) -> None:
@@ -89,7 +92,7 @@ def test_alions_producer_and_push_consumer_round_trip(broker, tmp_path: Path) ->
                 assert len(found) == 1, (key, found)
                 stored = found[0]
                 assert stored.properties.get("TAGS") == spec["tags"]
-                assert _keys_of(stored) == spec["keys"]
+                assert keys_of(stored) == spec["keys"]
                 assert stored.queue_id == s["queueId"] and stored.queue_offset == s["queueOffset"]
                 if spec.get("bodyRepeat"):
                     assert stored.sys_flag & 1, "ali-ons compresses bodies >= 4 KiB (sysFlag bit 0)"
@@ -99,21 +102,12 @@ def test_alions_producer_and_push_consumer_round_trip(broker, tmp_path: Path) ->
         assert broker.store.query_message(topic, "order-1").messages[0].properties["shop"] == "north"
 
         # Messages produced by our client and by the store itself, consumed by ali-ons.
-        ours = Producer(ns, "py-producer")
-        ours.start()
-        r = ours.send(Message(topic=topic, body=b"from our producer", tags="TagB", keys=["py-1", "py-2"],
-                              properties={"origin": "python"}))
-        assert r.status == "SEND_OK", r
-        put = broker.store.put_message(Message(topic=topic, body=b"put into the store", tags="TagA",
-                                               keys=["store-1"], queue_id=1))
-        assert put.status.name == "PUT_OK", put
+        ours, r, put = send_ours_and_store(broker, topic)
 
         consumer.finish(timeout=60)
 
         # ali-ons committed its progress (UPDATE_CONSUMER_OFFSET, also past the TagC message it filtered out).
-        with PullConsumer(ns, group) as ours_view:
-            for qid in ours_view.queues(topic):
-                assert ours_view.fetch_offset(topic, qid) == broker.store.get_max_offset_in_queue(topic, qid), qid
+        assert_offsets_committed(broker, group, topic)
     finally:
         if ours is not None:
             ours.shutdown()
@@ -121,23 +115,13 @@ def test_alions_producer_and_push_consumer_round_trip(broker, tmp_path: Path) ->
             if p is not None:
                 p.close()
 
-    assert not consumer.of("error"), consumer.describe()
-    got = consumer.of("received")
-    assert len(got) == 5, consumer.describe()
-    by_key = {m["keys"][0]: m for m in got}
-    assert sorted(by_key) == ["order-1", "order-2", "order-big", "py-1", "store-1"], consumer.describe()
-    for m in got:
-        assert m["topic"] == topic
-        assert m["tags"] in ("TagA", "TagB")
-        assert m["reconsumeTimes"] == 0
-    # What ali-ons sent came back intact, decoded by ali-ons from our stored records.
+    assert_received(consumer, topic, specs, sent,
+                    ["order-1", "order-2", "order-big", "py-1", "store-1"], check_queue_id=True)
+    by_key = {m["keys"][0]: m for m in consumer.of("received")}
     for spec, s in zip(specs, sent, strict=True):
         if spec["tags"] == "TagC":
             continue
         m = by_key[spec["keys"][0]]
-        assert m["tags"] == spec["tags"] and m["keys"] == spec["keys"]
-        assert m["body"] == spec["body"] * spec.get("bodyRepeat", 1)
-        assert m["queueId"] == s["queueId"] and m["queueOffset"] == s["queueOffset"]
         # Its msgId is computed from the record's store host + commitlog offset: the broker's answer must match.
         assert m["msgId"] == s["msgId"]
         assert m["properties"].get("shop") == spec.get("properties", {}).get("shop")
@@ -150,7 +134,8 @@ def test_alions_producer_and_push_consumer_round_trip(broker, tmp_path: Path) ->
     assert (st["tags"], st["body"], st["queueId"]) == ("TagA", "put into the store", 1)
     assert st["msgId"] == put.append_result.msg_id
     # IPv4 V1 records (ali-ons can only decode those): the hosts it decoded are real loopback/IPv4 addresses.
-    assert all(m["storeHost"].count(".") == 3 and not m["storeHost"].startswith("0.") for m in got)
+    assert all(m["storeHost"].count(".") == 3 and not m["storeHost"].startswith("0.")
+               for m in consumer.of("received"))
 
 
 def test_cpp_producer_to_alions_consumer(broker, tmp_path: Path) -> None:
@@ -178,7 +163,7 @@ def test_cpp_producer_to_alions_consumer(broker, tmp_path: Path) -> None:
     assert [(m["tags"], m["keys"], m["body"]) for m in got] == [
         ("Cross", s["keys"], s["body"]) for s in specs], consumer.describe()
     assert [m["uniqKey"] for m in got] == [s["msgId"] for s in sent]
-    assert all(m["properties"].get("WAIT") == "true" for m in got)
+    assert all(m["properties"].get("WAIT") == "true" for m in consumer.of("received"))
 
 
 def test_alions_consume_failure_is_redelivered_through_the_retry_topic(tmp_path: Path) -> None:

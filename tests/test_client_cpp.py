@@ -14,11 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from realclients import ClientProcess, client_env
+from realclients import (
+    ClientProcess,
+    assert_offsets_committed,
+    assert_received,
+    client_env,
+    keys_of,
+    send_ours_and_store,
+)
 
 from rmq_eventstore.broker.server import serve_in_thread
-from rmq_eventstore.client import Producer, PullConsumer
-from rmq_eventstore.store import Message
 
 SCRIPT = Path(__file__).resolve().parent / "clients" / "cpp_roundtrip.py"
 GEOMETRY = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000}
@@ -36,10 +41,6 @@ def broker(tmp_path: Path) -> Iterator[object]:
 def _run(tmp_path: Path, mode: str, *args: str, name: str) -> ClientProcess:
     return ClientProcess([sys.executable, str(SCRIPT), mode, *args], env=client_env(tmp_path / "home"),
                          name=f"rocketmq-cpp {name}")
-
-
-def _keys_of(stored) -> list[str]:
-    return [k for k in (stored.properties.get("KEYS") or "").split(" ") if k]
 
 
 def test_cpp_client_loads() -> None:
@@ -78,7 +79,7 @@ def test_cpp_producer_and_push_consumer_round_trip(broker, tmp_path: Path) -> No
                 assert len(found) == 1, (key, found)
                 stored = found[0]
                 assert stored.properties.get("TAGS") == spec["tags"]
-                assert _keys_of(stored) == spec["keys"]
+                assert keys_of(stored) == spec["keys"]
                 assert stored.queue_offset == s["queueOffset"]
                 # The C++ client's msgId is the UNIQ_KEY property it set (it starts with 0100007F... on IPv4).
                 assert stored.properties.get("UNIQ_KEY") == s["msgId"]
@@ -87,21 +88,12 @@ def test_cpp_producer_and_push_consumer_round_trip(broker, tmp_path: Path) -> No
         assert broker.store.query_message(topic, sent[1]["msgId"]).messages[0].properties["TAGS"] == "TagB"
         assert broker.store.query_message(topic, "c-order-1").messages[0].properties["shop"] == "south"
 
-        ours = Producer(ns, "py-producer")
-        ours.start()
-        r = ours.send(Message(topic=topic, body=b"from our producer", tags="TagB", keys=["py-1", "py-2"],
-                              properties={"origin": "python"}))
-        assert r.status == "SEND_OK", r
-        put = broker.store.put_message(Message(topic=topic, body=b"put into the store", tags="TagA",
-                                               keys=["store-1"], queue_id=1))
-        assert put.status.name == "PUT_OK", put
+        ours, r, put = send_ours_and_store(broker, topic)
 
         consumer.finish(timeout=70)
 
         # The C++ consumer committed its progress at shutdown (also past the TagC message it filtered out).
-        with PullConsumer(ns, group) as ours_view:
-            for qid in ours_view.queues(topic):
-                assert ours_view.fetch_offset(topic, qid) == broker.store.get_max_offset_in_queue(topic, qid), qid
+        assert_offsets_committed(broker, group, topic)
     finally:
         if ours is not None:
             ours.shutdown()
@@ -109,22 +101,13 @@ def test_cpp_producer_and_push_consumer_round_trip(broker, tmp_path: Path) -> No
             if p is not None:
                 p.close()
 
-    assert not consumer.of("error"), consumer.describe()
-    got = consumer.of("received")
-    assert len(got) == 5, consumer.describe()
-    by_key = {m["keys"][0]: m for m in got}
-    assert sorted(by_key) == ["c-order-1", "c-order-2", "c-order-big", "py-1", "store-1"], consumer.describe()
-    for m in got:
-        assert m["topic"] == topic
-        assert m["tags"] in ("TagA", "TagB")
-        assert m["reconsumeTimes"] == 0
+    assert_received(consumer, topic, specs, sent,
+                    ["c-order-1", "c-order-2", "c-order-big", "py-1", "store-1"], check_queue_id=False)
+    by_key = {m["keys"][0]: m for m in consumer.of("received")}
     for spec, s in zip(specs, sent, strict=True):
         if spec["tags"] == "TagC":
             continue
         m = by_key[spec["keys"][0]]
-        assert m["tags"] == spec["tags"] and m["keys"] == spec["keys"]
-        assert m["body"] == spec["body"] * spec.get("bodyRepeat", 1)
-        assert m["queueOffset"] == s["queueOffset"]
         assert m["uniqKey"] == s["msgId"] and m["msgId"] == s["msgId"]  # its msgId is the UNIQ_KEY, as Java's
     py = by_key["py-1"]
     assert (py["tags"], py["keys"], py["body"]) == ("TagB", ["py-1", "py-2"], "from our producer")

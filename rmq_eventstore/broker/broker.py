@@ -856,28 +856,20 @@ class Broker:
 
     def on_channel_closed(self, channel: Any) -> None:
         """Forget every registration made over a closed connection (`doChannelCloseEvent`)."""
-        changed = []
-        with self._clients_lock:
-            for table, is_consumer in ((self._consumers, True), (self._producers, False)):
-                for group, members in list(table.items()):
-                    gone = [cid for cid, info in members.items() if info.channel is channel]
-                    for cid in gone:
-                        del members[cid]
-                    if gone and is_consumer:
-                        changed.append(group)
-                    if not members:
-                        del table[group]
-        for group in changed:
-            self.notify_consumer_ids_changed(group)
+        self._drop_clients(lambda info: info.channel is channel)
 
     def scan_not_active_channels(self) -> None:
         """Drop clients silent for longer than `channel_expired_timeout` (`ClientHousekeepingService`)."""
         limit = time.monotonic() - self.config.channel_expired_timeout / 1000.0
+        self._drop_clients(lambda info: info.last_update < limit)
+
+    def _drop_clients(self, gone_if: Callable[[ClientInfo], bool]) -> None:
+        """Remove the producer and consumer registrations `gone_if` selects; tell the consumer groups."""
         changed = []
         with self._clients_lock:
             for table, is_consumer in ((self._consumers, True), (self._producers, False)):
                 for group, members in list(table.items()):
-                    gone = [cid for cid, info in members.items() if info.last_update < limit]
+                    gone = [cid for cid, info in members.items() if gone_if(info)]
                     for cid in gone:
                         del members[cid]
                     if gone and is_consumer:

@@ -221,10 +221,15 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
     seen: set[tuple[str, int]] = set()
     live = reader.root is not None and _live(reader.root)
     held_by_queue: dict[tuple[str, int], int] = {}
-    # A live writer keeps dispatching: only records before the newest unit found *before* the queues are
-    # read must be in them (dispatch runs in log order); later ones may still be on their way.
+    # A live writer keeps dispatching, one batch at a time and queue by queue within a batch, so a queue
+    # may already hold units past records another queue is still waiting for. What is certainly
+    # dispatched is everything before the OLDEST of the queues' newest units (read before the queues are
+    # checked): a queue whose newest unit is older than the batch in progress bounds it from below, and a
+    # queue with a unit in that batch has all of its units of the batch written.
     dispatched_before = -1
+    bounded: set[tuple[str, int]] = set()  # queues with units when the bound was taken: the ones checked
     if live:
+        newest: list[int] = []
         for topic in reader.topics():
             for qid in reader.queue_ids(topic):
                 try:
@@ -234,7 +239,9 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
                 if cq is not None and cq.get_max_offset_in_queue() > 0:
                     u = cq.get_unit(cq.get_max_offset_in_queue() - 1)
                     if u is not None and u[1] != BLANK_UNIT_SIZE:
-                        dispatched_before = max(dispatched_before, u[0])
+                        newest.append(u[0])
+                        bounded.add((topic, qid))
+        dispatched_before = min(newest, default=-1)
     for topic in reader.topics():
         for qid in reader.queue_ids(topic):
             where = f"consumequeue/{topic}/{qid}"
@@ -244,7 +251,7 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
                 report.add("cq_file", where, -1, str(e))
                 continue
             if cq is None:
-                if not live:
+                if not live:  # (live: its first file is being created right now)
                     report.add("cq_file", where, -1, "a consume queue directory without files")
                 continue
             seen.add((topic, qid))
@@ -293,8 +300,8 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
                 k += len(units)
             held_by_queue[(topic, qid)] = held
     for (topic, qid), (n, last) in counts.items():
-        if live and last >= dispatched_before:
-            continue  # not dispatched yet, perhaps
+        if live and (last >= dispatched_before or (topic, qid) not in bounded):
+            continue  # not dispatched yet, perhaps, or its queue (directory or first file) is being created
         if (topic, qid) not in seen:
             report.add("cq_missing", f"consumequeue/{topic}/{qid}", last,
                        f"no consume queue for {n} records of {topic}-{qid}")
@@ -312,6 +319,8 @@ def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int 
     names = sorted(n for n in os.listdir(ip) if n.isdigit())
     if not names:
         return
+    if len(names) == 1 and os.path.getsize(os.path.join(ip, names[0])) == 0:
+        return  # the first index file is being created (or a crash came while creating it: load deletes it)
     if not (hash_slot_num and index_num):
         try:
             infer_index_geometry(ip)

@@ -586,10 +586,104 @@ class MessageStore:
             res.status = GetMessageStatus.OFFSET_FOUND_NULL
             res.next_begin_offset = cq.roll_next_file(offset)
             return res
-        status = GetMessageStatus.NO_MATCHED_MESSAGE
-        next_begin = offset
         max_phy = self.commit_log.get_max_offset()
         min_phy = self.commit_log.get_min_offset()
+        if message_filter is None or message_filter.match_all:
+            fast = self._get_matching_all(res, units, offset, max_msg_nums, max_total, max_phy, min_phy)
+            if fast is not None:
+                return fast
+            res = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, offset, min_offset, max_offset)
+        return self._get_by_units(res, units, offset, max_msg_nums, max_total, max_phy, min_phy, message_filter)
+
+    def _get_matching_all(self, res: GetMessageResult, units: list[tuple[int, int, int]], offset: int,
+                          max_msg_nums: int, max_total: int, max_phy: int,
+                          min_phy: int) -> GetMessageResult | None:
+        """`_get_by_units` for a filter that matches everything, with the same statuses, offsets and
+        limits, but no per-unit method calls: the transfer limits are computed once, the commitlog file
+        is looked up once per file, and each run of consecutive records is copied with one slice.
+        None when a file went away under the read (cleanup): the caller then reads unit by unit."""
+        cfg = self.config
+        mem_floor = max_phy - self._total_ram * cfg.access_message_in_memory_max_ratio // 100
+        mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
+        disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
+        find_file = self.commit_log.find_file
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        queue_offsets = res.message_queue_offsets
+        phy_offsets = res.commit_log_offsets
+        runs: list[tuple[memoryview, int, list[int]]] = []  # (file view, start in the file, record sizes)
+        run_sizes: list[int] = []
+        cur_base = cur_limit = run_end = -1
+        cur_view: memoryview | None = None
+        count = total = taken = 0
+        max_pulled = -1
+        for offset_py, size_py, _tags_code in units:
+            if count and total:
+                if count >= max_msg_nums or total + size_py > max_total:
+                    break
+                if offset_py >= mem_floor:  # _is_in_memory
+                    if total + size_py > mem_bytes or count > mem_count - 1:
+                        break
+                elif total + size_py > disk_bytes or count > disk_count - 1:
+                    break
+            taken += 1
+            if size_py == BLANK_UNIT_SIZE or size_py <= 0:
+                continue
+            if offset_py < min_phy:
+                if not count:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            end = offset_py + size_py
+            if offset_py < cur_base or end > cur_limit:
+                mf = find_file(offset_py)
+                if mf is None:
+                    cur_base = cur_limit = -1
+                else:
+                    cur_base = mf.file_from_offset
+                    cur_limit = cur_base + mf.get_read_position()
+                    cur_view = mf.view
+                if offset_py < cur_base or end > cur_limit:  # not readable (select_mapped_buffer's None)
+                    if not count:
+                        status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    continue
+            if offset_py == run_end and runs[-1][0] is cur_view:
+                run_sizes.append(size_py)
+            else:
+                run_sizes = [size_py]
+                assert cur_view is not None
+                runs.append((cur_view, offset_py - cur_base, run_sizes))
+            run_end = end
+            queue_offsets.append(offset + taken - 1)
+            phy_offsets.append(offset_py)
+            count += 1
+            total += size_py
+            max_pulled = offset_py
+            status = GetMessageStatus.FOUND
+        bufs = res.message_buffers
+        for view, start, sizes in runs:
+            try:
+                blob = bytes(view[start:start + sum(sizes)])
+            except ValueError:  # the file was destroyed (cleanup) under this read
+                return None
+            if len(sizes) == 1:
+                bufs.append(blob)
+                continue
+            p = 0
+            for size in sizes:
+                bufs.append(blob[p:p + size])
+                p += size
+        res.status = status
+        res.next_begin_offset = offset + taken
+        res.buffer_total_size = total
+        if max_pulled >= 0:
+            res.suggest_pulling_from_slave = max_pulled < mem_floor
+        return res
+
+    def _get_by_units(self, res: GetMessageResult, units: list[tuple[int, int, int]], offset: int,
+                      max_msg_nums: int, max_total: int, max_phy: int, min_phy: int,
+                      message_filter: MessageFilter | None) -> GetMessageResult:
+        """The general read loop of `getMessage`: one consume-queue unit at a time, with the tag filter."""
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        next_begin = offset
         bufs = res.message_buffers
         total_bytes = 0
         max_pulled = -1

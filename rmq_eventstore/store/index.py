@@ -65,6 +65,16 @@ _INT_MIN_ABS = 0x80000000
 MAX_PUT_BATCH = 1 << 20  # entries one build_index call can add past indexCount before the header moves
 
 
+def record_index_keys(req: DispatchRequest) -> list[str]:
+    """The keys `build_index` writes for a record: its UNIQ_KEY (when present), then every KEYS token.
+
+    (`build_index` inlines this in its hot loop; recovery and `verify` call it to check entries.)"""
+    keys = [req.uniq_key] if req.uniq_key is not None else []
+    if req.keys:
+        keys += [k for k in req.keys.split(KEY_SEPARATOR) if k]
+    return keys
+
+
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
     """`40 + hashSlotNum*4 + indexNum*20` (420,000,040 with RocketMQ's defaults)."""
     return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE

@@ -38,7 +38,7 @@ import numpy as np
 from . import codec
 from .codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_END, SKIM_OK
 from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
-from .index import index_key_hash
+from .index import index_key_hash, record_index_keys
 
 if TYPE_CHECKING:
     from .commitlog import CommitLog
@@ -247,19 +247,10 @@ def _index_file_matches(store: MessageStore, f: Any, end: int) -> bool:
     h, phy, _t, _prev = e
     if phy < store.commit_log.get_min_offset() or phy >= end:
         return phy >= end  # entries past the end are cut later; the file itself may be fine
-    buf = store.commit_log.read_record(phy)
-    if buf is None:
+    req = _request_at(store, phy)
+    if req is None:
         return False
-    try:
-        r = codec.check_message_and_return_size(buf, 0, False, len(buf))
-    finally:
-        buf.release()
-    if not r.success or r.request is None:
-        return False
-    req = r.request
-    keys = [req.uniq_key] if req.uniq_key else []
-    if req.keys:
-        keys += [k for k in req.keys.split(codec.KEY_SEPARATOR) if k]
+    keys = record_index_keys(req)
     return any(index_key_hash(f"{req.topic}#{k}") == h for k in keys)
 
 
@@ -384,8 +375,8 @@ def _index_resume_offset(store: MessageStore, min_off: int) -> tuple[int, int]:
     return min_off, min_off
 
 
-def _record_key_count(store: MessageStore, offset: int) -> int | None:
-    """How many index entries the record at `offset` gets (UNIQ_KEY + every KEYS token); None if unreadable."""
+def _request_at(store: MessageStore, offset: int) -> codec.DispatchRequest | None:
+    """The dispatch request of the valid record at commitlog `offset` (no CRC check), else None."""
     buf = store.commit_log.read_record(offset)
     if buf is None:
         return None
@@ -393,13 +384,13 @@ def _record_key_count(store: MessageStore, offset: int) -> int | None:
         r = codec.check_message_and_return_size(buf, 0, False, len(buf))
     finally:
         buf.release()
-    if r.request is None:
-        return None
-    req = r.request
-    n = 1 if req.uniq_key is not None else 0
-    if req.keys:
-        n += sum(1 for k in req.keys.split(codec.KEY_SEPARATOR) if k)
-    return n
+    return r.request if r.success else None
+
+
+def _record_key_count(store: MessageStore, offset: int) -> int | None:
+    """How many index entries the record at `offset` gets (UNIQ_KEY + every KEYS token); None if unreadable."""
+    req = _request_at(store, offset)
+    return None if req is None else len(record_index_keys(req))
 
 
 def recover_store(store: MessageStore, progress: Progress | None = None,

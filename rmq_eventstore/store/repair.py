@@ -27,7 +27,7 @@ from . import codec
 from .codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
 from .config import CQ_STORE_UNIT_SIZE
 from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
-from .index import INDEX_ENTRY_DTYPE, index_key_hash
+from .index import INDEX_ENTRY_DTYPE, index_key_hash, record_index_keys
 from .mapped_file import StoreLoadError
 from .message_store import MessageStore
 from .reader import StoreReader, _segment_size, infer_index_geometry
@@ -364,9 +364,7 @@ def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int 
                 if req is None:
                     report.add("index_entry", where, phy, f"entry {i}: {why}")
                     continue
-                keys = [req.uniq_key] if req.uniq_key else []
-                if req.keys:
-                    keys += [k for k in req.keys.split(codec.KEY_SEPARATOR) if k]
+                keys = record_index_keys(req)
                 if not any(index_key_hash(f"{req.topic}#{k}") == h for k in keys):
                     report.add("index_entry", where, phy, f"entry {i}: hash {h} is none of the record's keys")
         finally:

@@ -49,7 +49,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rmq_eventstore.store import Message, MessageStore, PutMessageStatus, codec  # noqa: E402
+from rmq_eventstore.common import codec  # noqa: E402
+from rmq_eventstore.store import Message, MessageStore, PutMessageStatus  # noqa: E402
 
 TOPIC = "BenchTopic"
 QUEUES = 4

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rmq_eventstore.store import codec
-from rmq_eventstore.store.message import Message
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.message import Message
 
 SHARED_DIR = Path(__file__).resolve().parent.parent.parent / "shared"  # beside the repository
 GOLDEN_DIR = SHARED_DIR / "golden"

@@ -14,9 +14,10 @@ import pytest
 
 from rmq_eventstore.broker import serve_in_thread
 from rmq_eventstore.broker.server import RunningBroker
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.fastjson import fastjson_loads
 from rmq_eventstore.remoting import FrameDecoder, RemotingCommand, RequestCode, ResponseCode
-from rmq_eventstore.store import MessageStore, codec
-from rmq_eventstore.store.config_files import fastjson_loads
+from rmq_eventstore.store import MessageStore
 
 SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
          "max_hash_slot_num": 1024, "max_index_num": 4096}

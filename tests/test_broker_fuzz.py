@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from rmq_eventstore.broker import serve_in_thread
 from rmq_eventstore.broker.server import RunningBroker
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.topic import is_valid_topic
 from rmq_eventstore.remoting import FrameDecoder, RemotingCommand, RequestCode
-from rmq_eventstore.store import codec
-from rmq_eventstore.store.topic import is_valid_topic
 
 SMALL = {"mapped_file_size_commit_log": 1024 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
          "max_hash_slot_num": 1024, "max_index_num": 4096, "max_frame_size": 1024 * 1024}

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from rmq_eventstore.client import FOUND, Message, Producer, PullConsumer
-from rmq_eventstore.store.config_files import fastjson_loads
+from rmq_eventstore.common.fastjson import fastjson_loads
 
 
 def test_serve_process_and_sigterm(tmp_path: Path) -> None:

@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 from golden import GOLDEN_DIR
 
-from rmq_eventstore import cli
-from rmq_eventstore.cli import CliError, infer_index_geometry, main
+from rmq_eventstore.cli import main
+from rmq_eventstore.cli import store as cli
+from rmq_eventstore.cli.output import CliError
+from rmq_eventstore.cli.store import infer_index_geometry
 from rmq_eventstore.store import Message
 from rmq_eventstore.store.config_files import ConsumerOffsetManager, TopicConfig, TopicConfigManager
 from rmq_eventstore.store.message_store import MessageStore

@@ -25,8 +25,8 @@ from rmq_eventstore.client import (
     PullConsumer,
     RemotingError,
 )
-from rmq_eventstore.store import codec
-from rmq_eventstore.store.config_files import fastjson_loads
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.fastjson import fastjson_loads
 
 SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
          "max_hash_slot_num": 1024, "max_index_num": 4096}

@@ -25,7 +25,7 @@ from golden import (
     walk_file,
 )
 
-from rmq_eventstore.store import codec
+from rmq_eventstore.common import codec
 
 N_CASES = 15
 N_CASES_V1 = 13

@@ -10,8 +10,8 @@ import struct
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from rmq_eventstore.store import codec
-from rmq_eventstore.store.message import Message
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.message import Message
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,8 +12,8 @@ import zlib
 import numpy as np
 import pytest
 
-from rmq_eventstore.store import codec
-from rmq_eventstore.store.message import Message
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.message import Message
 
 V4_BORN = codec.parse_host("127.0.0.1:54321")
 V4_STORE = codec.parse_host("192.168.0.1:10911")

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from rmq_eventstore.common import codec
 from rmq_eventstore.store import (
     FlushDiskType,
     GetMessageStatus,
     Message,
     PutMessageStatus,
     StoreReader,
-    codec,
 )
 
 MAX_BODY = 4 * 1024 * 1024  # default max_message_size

@@ -18,24 +18,24 @@ from golden import SPEC_DIR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmq_eventstore.store.config_files import (
+from rmq_eventstore.common.fastjson import (
     Bean,
     ConfigFileError,
-    ConfigManager,
-    ConsumerOffsetManager,
-    DataVersion,
-    DelayOffsetManager,
-    SubscriptionGroupConfig,
-    SubscriptionGroupManager,
-    TopicConfig,
-    TopicConfigManager,
     _parse_lenient,
     fastjson_dumps,
     fastjson_loads,
+)
+from rmq_eventstore.common.topic import TopicValidationError
+from rmq_eventstore.common.topic_config import DataVersion, SubscriptionGroupConfig, TopicConfig
+from rmq_eventstore.store.config_files import (
+    ConfigManager,
+    ConsumerOffsetManager,
+    DelayOffsetManager,
+    SubscriptionGroupManager,
+    TopicConfigManager,
     read_config_file,
     write_config_file,
 )
-from rmq_eventstore.store.topic import TopicValidationError
 
 TS = 1700000000000
 

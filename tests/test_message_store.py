@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from rmq_eventstore.common import codec
 from rmq_eventstore.store import (
     GetMessageStatus,
     Message,
@@ -27,7 +28,6 @@ from rmq_eventstore.store import (
     PutMessageStatus,
     StoreConfig,
     StoreLockedError,
-    codec,
 )
 from rmq_eventstore.store.mapped_file import StoreLoadError
 

@@ -308,7 +308,7 @@ def test_lock_refuses_a_second_process_at_once(tmp_path):
 # -- the fast skim agrees with the full record check ---------------------------------------------------------
 @pytest.mark.parametrize("store_host", ["127.0.0.1:10911", "[2001:db8::7]:10911"], ids=["store-v4", "store-v6"])
 def test_skim_agrees_with_check_message_and_return_size(open_store, store_path, store_host):
-    from rmq_eventstore.store import codec
+    from rmq_eventstore.common import codec
     store = open_store(store_host=store_host)
     long_topic = "T" * 127
     for i in range(120):

@@ -1,4 +1,4 @@
-"""`rmq-eventstore verify | recover | rebuild` (rmq_eventstore/cli_repair.py over store/repair.py)."""
+"""`rmq-eventstore verify | recover | rebuild` (rmq_eventstore/cli/repair.py over store/repair.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from rmq_eventstore.cli import EXIT_DAMAGE, EXIT_ERROR, EXIT_OK, main
+from rmq_eventstore.cli import main
+from rmq_eventstore.cli.output import EXIT_DAMAGE, EXIT_ERROR, EXIT_OK
 from rmq_eventstore.store import Message, MessageStore
 from rmq_eventstore.store.repair import rebuild, verify
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from golden import golden_path, read_jsonl
 
-from rmq_eventstore.store import GetMessageStatus, Message, PutMessageStatus, codec
+from rmq_eventstore.common import codec
+from rmq_eventstore.store import GetMessageStatus, Message, PutMessageStatus
 
 GEOMETRY = {
     "mapped_file_size_commit_log": 4096,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rmq_eventstore.broker.schedule import ScheduleMessageService, transform_delay_level_message
-from rmq_eventstore.store import Message, MessageStore, PutMessageStatus, codec
+from rmq_eventstore.common import codec
+from rmq_eventstore.store import Message, MessageStore, PutMessageStatus
 from rmq_eventstore.store.config import DEFAULT_DELAY_LEVELS_MS, parse_delay_levels
 
 HOST = (b"\x7f\x00\x00\x01", 10911)

@@ -20,10 +20,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..store import Message, MessageExt, MessageStore, codec
-from ..store.config import parse_delay_levels
-from ..store.config_files import TopicConfig
-from ..store.topic import RMQ_SYS_SCHEDULE_TOPIC, RMQ_SYS_TRANS_HALF_TOPIC
+from ..common import Message, MessageExt, codec
+from ..common.delay import parse_delay_levels
+from ..common.properties import get_property, set_property
+from ..common.topic import RMQ_SYS_SCHEDULE_TOPIC, RMQ_SYS_TRANS_HALF_TOPIC
+from ..common.topic_config import TopicConfig
+from ..store import MessageStore
 
 if TYPE_CHECKING:
     from ..store.commitlog import PutMessageResult
@@ -38,30 +40,6 @@ _TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
 TICK_SECONDS = 0.1  # DELAY_FOR_A_WHILE: a level whose head is not due yet is looked at again after 100 ms
 ERROR_BACKOFF_SECONDS = 1.0
 PERSIST_INTERVAL_SECONDS = 10.0  # flushDelayOffsetInterval
-
-
-def _set_property(props: str, name: str, value: str) -> str:
-    props = codec.delete_property(props, name)
-    if props and not props.endswith(codec.PROPERTY_SEPARATOR):
-        props += codec.PROPERTY_SEPARATOR
-    return f"{props}{name}{codec.NAME_VALUE_SEPARATOR}{value}{codec.PROPERTY_SEPARATOR}"
-
-
-def get_property(props: str, name: str) -> str | None:
-    """One property of a properties string (without parsing the rest)."""
-    marker = f"{name}{codec.NAME_VALUE_SEPARATOR}"
-    framed = codec.PROPERTY_SEPARATOR + props
-    i = framed.find(codec.PROPERTY_SEPARATOR + marker)
-    if i < 0:
-        return None
-    start = i + 1 + len(marker)
-    end = framed.find(codec.PROPERTY_SEPARATOR, start)
-    return framed[start:] if end < 0 else framed[start:end]
-
-
-def set_property(props: str, name: str, value: str) -> str:
-    """`props` with `name` set to `value` (any previous value removed)."""
-    return _set_property(props, name, value)
 
 
 def transform_delay_level_message(msg: Message, max_level: int) -> bool:
@@ -84,9 +62,9 @@ def transform_delay_level_message(msg: Message, max_level: int) -> bool:
     level = min(level, max_level)
     for name in _TIMER_PROPERTIES:
         props = codec.delete_property(props, name)
-    props = _set_property(props, PROPERTY_DELAY, str(level))
-    props = _set_property(props, PROPERTY_REAL_TOPIC, msg.topic)
-    props = _set_property(props, PROPERTY_REAL_QID, str(msg.queue_id))
+    props = set_property(props, PROPERTY_DELAY, str(level))
+    props = set_property(props, PROPERTY_REAL_TOPIC, msg.topic)
+    props = set_property(props, PROPERTY_REAL_QID, str(msg.queue_id))
     msg.properties_string = props
     msg.topic = RMQ_SYS_SCHEDULE_TOPIC
     msg.queue_id = level - 1
@@ -232,7 +210,7 @@ class ScheduleMessageService:
             qid = 0
         for name in (PROPERTY_DELAY, *_TIMER_PROPERTIES):
             props = codec.delete_property(props, name)
-        props = _set_property(props, PROPERTY_WAIT, "false")
+        props = set_property(props, PROPERTY_WAIT, "false")
         msg = Message(topic=real_topic, body=bytes(m.body), queue_id=qid, flag=m.flag, sys_flag=m.sys_flag,
                       born_timestamp=m.born_timestamp, born_host=m.born_host, reconsume_times=m.reconsume_times,
                       properties_string=props)

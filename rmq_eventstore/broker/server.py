@@ -27,7 +27,9 @@ from typing import Any
 
 from ..remoting import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, RemotingCommand, RequestCode
 from ..store import FlushDiskType, MessageStore, StoreConfig
-from .broker import Broker, BrokerConfig, PullHold
+from .broker import Broker
+from .config import BrokerConfig
+from .long_polling import PullHold
 
 log = logging.getLogger(__name__)
 

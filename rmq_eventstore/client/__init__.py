@@ -5,7 +5,7 @@ work from Django views and Celery workers. They send only requests Apache Rocket
 the same code can talk to a real RocketMQ name server and brokers.
 """
 
-from ..store import Message, MessageExt
+from ..common import Message, MessageExt
 from .admin import Admin
 from .base import TopicRoute
 from .consumer import FOUND, NO_MATCHED_MSG, NO_NEW_MSG, OFFSET_ILLEGAL, PullConsumer, PullResult

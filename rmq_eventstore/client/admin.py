@@ -3,9 +3,9 @@ list them, look messages up by key or id, queue offsets, a group's consumer offs
 
 from __future__ import annotations
 
+from ..common import MessageExt, codec
+from ..common.topic import validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
-from ..store import MessageExt, codec
-from ..store.topic import validate_topic
 from .base import ClientBase, TopicRoute, decode_records, loads_body
 
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..common import MessageExt, codec
+from ..common.fastjson import fastjson_loads
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
-from ..store import MessageExt, codec
-from ..store.config_files import fastjson_loads
 from .remoting_client import MQBrokerError, RemotingClient, RemotingError
 
 ROUTE_TTL_SECONDS = 30.0

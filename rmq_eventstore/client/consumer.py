@@ -7,6 +7,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from ..common import MessageExt
+from ..common.filter import MessageFilter
+from ..common.topic import RETRY_GROUP_TOPIC_PREFIX, validate_group
 from ..remoting import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,
@@ -15,8 +18,6 @@ from ..remoting import (
     RequestCode,
     ResponseCode,
 )
-from ..store import MessageExt, MessageFilter
-from ..store.topic import RETRY_GROUP_TOPIC_PREFIX, validate_group
 from .base import ClientBase, decode_records
 from .remoting_client import RemotingError
 

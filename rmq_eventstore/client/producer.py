@@ -9,9 +9,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..common import Message, codec
+from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
-from ..store import Message, codec
-from ..store.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from .base import ClientBase
 from .remoting_client import MQBrokerError, RemotingError
 

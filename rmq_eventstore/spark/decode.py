@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import codec
+from ..common import codec
 
 # -- schema ------------------------------------------------------------------------------------------
 COLUMNS: tuple[tuple[str, str], ...] = (

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from typing import Any
 
-from ..store import codec
+from ..common import codec
 from . import decode
 from .source import _Mapped, commit_log_dir, list_segments
 

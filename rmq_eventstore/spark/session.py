@@ -12,6 +12,10 @@ import sys
 import tempfile
 from typing import Any
 
+from pyspark.sql import SparkSession
+
+from .datasource import register
+
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LOG4J = """rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -46,8 +50,6 @@ def local_session(master: str = "local[2]", app_name: str = "rmq-eventstore", fa
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if _PKG_ROOT not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT, *[p for p in paths if p]])
-    from pyspark.sql import SparkSession
-
     java_opts = f"-Dlog4j2.configurationFile=file:{_log4j_file()}"
     if fast_jvm:
         java_opts = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 " + java_opts
@@ -67,7 +69,5 @@ def local_session(master: str = "local[2]", app_name: str = "rmq-eventstore", fa
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from .source import register
-
     register(spark)
     return spark

@@ -30,17 +30,15 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from ..store import codec
+from ..common import codec
 from ..store.consume_queue import UNIT_DTYPE
 from . import decode
 
@@ -471,57 +469,3 @@ class RocketMQPushdownReader(RocketMQReader):
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's name
         yield from push_filters(self.filters, filters)
-
-
-def _called_for_pushdown() -> bool:
-    """True when Spark's pushdown planner (which only runs with the switch on) asks for the reader."""
-    frame = sys._getframe(1)
-    for _ in range(6):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
-            return True
-        frame = frame.f_back
-    return False
-
-
-class RocketMQDataSource(DataSource):
-    """`format("rocketmq")`: the messages of a RocketMQ-format store directory as a DataFrame.
-
-    Spark calls `pushFilters` only with `spark.sql.python.filterPushdown.enabled=true` and fails any read
-    whose reader defines it while the switch is off, so `reader` hands out the pushdown reader only when
-    Spark's pushdown planner asks (option `pushdown`: `auto` (default), `false` never pushes, `true`
-    always returns the pushdown reader).
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> str:
-        return decode.DDL
-
-    def _path(self) -> str:
-        path = normalise_options(self.options).get("path")
-        if not path:
-            raise SourceError('the rocketmq source needs a store path: spark.read.format("rocketmq").load(PATH)')
-        return path
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        mode = str(normalise_options(self.options).get("pushdown", "auto")).lower()
-        if mode not in ("auto", "true", "false"):
-            raise SourceError(f"option pushdown={mode!r}: expected auto, true or false")
-        cls = RocketMQReader
-        if mode == "true" or (mode == "auto" and _called_for_pushdown()):
-            cls = RocketMQPushdownReader
-        return cls(self._path(), normalise_options(self.options))
-
-    def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name
-        from .stream import RocketMQStreamReader
-
-        return RocketMQStreamReader(self._path(), normalise_options(self.options))
-
-
-def register(spark: Any) -> None:
-    """Register the `rocketmq` format with a SparkSession."""
-    spark.dataSource.register(RocketMQDataSource)

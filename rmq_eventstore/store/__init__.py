@@ -3,11 +3,12 @@
 Byte-compatible with Apache RocketMQ 5.x (see `codec` for the record format).
 """
 
-from .codec import CorruptRecordError, DispatchRequest, EncodeError
+from ..common.codec import CorruptRecordError, DispatchRequest, EncodeError
+from ..common.message import Message, MessageExt
+from ..common.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from .commitlog import AppendMessageResult, PutMessageResult
 from .config import FlushDiskType, StoreConfig
 from .mapped_file import StoreLoadError
-from .message import Message, MessageExt
 from .message_store import (
     GetMessageResult,
     MessageFilter,
@@ -16,7 +17,6 @@ from .message_store import (
     StoreLockedError,
 )
 from .reader import StoreReader
-from .status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 
 __all__ = [
     "AppendMessageResult", "AppendMessageStatus", "CorruptRecordError", "DispatchRequest", "EncodeError",

@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import codec
-from .codec import DispatchRequest, EncodeError, PreparedRecord, RecordEncoder, UniqueIdGenerator
+from ..common import codec
+from ..common.codec import DispatchRequest, EncodeError, PreparedRecord, RecordEncoder, UniqueIdGenerator
+from ..common.message import Message, MessageExt
+from ..common.status import AppendMessageStatus, PutMessageStatus
+from ..common.topic import TopicValidationError, validate_topic
 from .config import FlushDiskType, StoreConfig, parse_delay_levels
 from .mapped_file import MappedFile, MappedFileQueue
-from .message import Message, MessageExt
-from .status import AppendMessageStatus, PutMessageStatus
-from .topic import TopicValidationError, validate_topic
 
 if TYPE_CHECKING:
     from .flush import GroupCommitService

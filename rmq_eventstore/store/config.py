@@ -7,6 +7,17 @@ import enum
 import os
 from dataclasses import dataclass, field
 
+from ..common.delay import DEFAULT_DELAY_LEVELS_MS, DEFAULT_MESSAGE_DELAY_LEVEL, parse_delay_levels
+
+__all__ = [
+    "CQ_STORE_UNIT_SIZE",
+    "DEFAULT_DELAY_LEVELS_MS",
+    "DEFAULT_MESSAGE_DELAY_LEVEL",
+    "FlushDiskType",
+    "StoreConfig",
+    "parse_delay_levels",
+]
+
 
 class FlushDiskType(enum.Enum):
     """When a put counts as durable: after an fsync of its bytes (SYNC) or in the background (ASYNC)."""
@@ -15,27 +26,6 @@ class FlushDiskType(enum.Enum):
     ASYNC_FLUSH = "ASYNC_FLUSH"
 
 
-DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_delay_levels(spec: str) -> list[int]:
-    """`messageDelayLevel` ("1s 5s 10s 30s 1m ... 2h") → delay in ms per level, level 1 first
-    (`DefaultMessageStore.parseDelayLevel`, spec §14). Raises ValueError for an entry that is not a
-    number followed by s/m/h/d, or for an empty list."""
-    out = []
-    for token in spec.split():
-        unit = _DELAY_UNITS_MS.get(token[-1:])
-        num = token[:-1]
-        if unit is None or not num.isascii() or not num.isdigit():
-            raise ValueError(f"bad messageDelayLevel entry {token!r} (expected a number and s/m/h/d)")
-        out.append(int(num) * unit)
-    if not out:
-        raise ValueError("messageDelayLevel is empty")
-    return out
-
-
-DEFAULT_DELAY_LEVELS_MS = tuple(parse_delay_levels(DEFAULT_MESSAGE_DELAY_LEVEL))
 CQ_STORE_UNIT_SIZE = 20
 
 

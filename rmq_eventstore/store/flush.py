@@ -30,7 +30,7 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from .status import PutMessageStatus
+from ..common.status import PutMessageStatus
 
 if TYPE_CHECKING:
     from .checkpoint import StoreCheckpoint

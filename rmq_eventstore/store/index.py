@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .codec import (
+from ..common.codec import (
     KEY_SEPARATOR,
     TRANSACTION_ROLLBACK_TYPE,
     DispatchRequest,

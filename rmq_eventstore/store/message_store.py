@@ -16,7 +16,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import codec
+from ..common import codec
+from ..common.filter import MessageFilter
+from ..common.message import Message, MessageExt
+from ..common.status import GetMessageStatus, PutMessageStatus
+from ..common.topic import is_valid_topic
 from .checkpoint import StoreCheckpoint
 from .cleanup import CleanCommitLogService, CleanConsumeQueueService, RunningFlags, StoreCleanupService
 from .commitlog import CommitLog, PutMessageResult, now_ms
@@ -38,11 +42,8 @@ from .flush import (
 )
 from .index import IndexService
 from .mapped_file import StoreLoadError
-from .message import Message, MessageExt
 from .recovery import RecoveryReport, extend_short_last_segment, recover_store
 from .reput import ReputMessageService
-from .status import GetMessageStatus, PutMessageStatus
-from .topic import is_valid_topic
 from .transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
@@ -56,31 +57,6 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4  # queues recorded in topics.json for a topic creat
 
 class StoreLockedError(RuntimeError):
     """Another process (or another MessageStore in this one) already owns the store directory."""
-
-
-class MessageFilter:
-    """Tag filter of a subscription (`ExpressionMessageFilter` for TAG expressions, spec §4).
-
-    `"*"` or empty matches everything; `"TagA || TagB"` matches those tags' hash codes in the consume
-    queue. Hash collisions pass the queue filter, so `is_matched_by_commit_log` re-checks the tag text.
-    """
-
-    def __init__(self, expression: str | None = None) -> None:
-        expr = (expression or "").strip()
-        self.expression = expr
-        self.match_all = expr in ("", "*")
-        self.tags = {t.strip() for t in expr.split("||") if t.strip()} if not self.match_all else set()
-        self.code_set = {codec.tags_string_to_tags_code(t) for t in self.tags}
-
-    def is_matched_by_consume_queue(self, tags_code: int) -> bool:
-        if self.match_all:
-            return True
-        if tags_code < -0x80000000 or tags_code > 0x7FFFFFFF:  # an ext address: no code to compare
-            return True
-        return tags_code in self.code_set
-
-    def is_matched_by_commit_log(self, msg: MessageExt) -> bool:
-        return self.match_all or msg.tags in self.tags
 
 
 @dataclass

@@ -12,14 +12,14 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import codec
+from ..common import codec
+from ..common.message import MessageExt
+from ..common.topic import is_valid_topic
 from .checkpoint import StoreCheckpoint
 from .config import CQ_STORE_UNIT_SIZE
 from .consume_queue import ConsumeQueue
 from .index import IndexService
 from .mapped_file import MappedFile, MappedFileQueue
-from .message import MessageExt
-from .topic import is_valid_topic
 
 DEFAULT_CQ_FILE_SIZE = 300_000 * CQ_STORE_UNIT_SIZE
 

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import codec
-from .codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_END, SKIM_OK
+from ..common import codec
+from ..common.codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_END, SKIM_OK
 from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
 from .index import index_key_hash, record_index_keys
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from . import codec
-from .codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
+from ..common import codec
+from ..common.codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
 from .config import CQ_STORE_UNIT_SIZE
 from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
 from .index import INDEX_ENTRY_DTYPE, index_key_hash, record_index_keys

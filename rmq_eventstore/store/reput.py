@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import codec
-from .codec import DispatchRequest
+from ..common import codec
+from ..common.codec import DispatchRequest
 
 if TYPE_CHECKING:
     from .commitlog import CommitLog

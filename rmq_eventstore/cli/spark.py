@@ -1,7 +1,6 @@
 """`rmq-eventstore spark export|project|verify ...`: the Spark pipeline jobs from the command line.
 
-Registered into `rmq_eventstore.cli.COMMANDS` when that module loads; pyspark is imported only when
-a `spark` action runs, so `rmq-eventstore --help` and the other commands stay light.
+Listed in `rmq_eventstore.cli.app.COMMANDS`; pyspark is imported only when a `spark` action runs, so `rmq-eventstore --help` and the other commands stay light.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..cli import EXIT_DAMAGE, EXIT_ERROR, EXIT_OK, CliError, Command, register
+from .output import EXIT_DAMAGE, EXIT_ERROR, EXIT_OK, CliError, Command
 
 
 def _source_options(args: argparse.Namespace) -> dict[str, str]:
@@ -60,10 +59,10 @@ def configure_spark(p: argparse.ArgumentParser) -> None:
 
 
 def run_spark(args: argparse.Namespace) -> int:
-    from .source import SourceError
+    from ..spark.source import SourceError
 
     try:
-        from .session import local_session
+        from ..spark.session import local_session
 
         spark = local_session(master=args.master, app_name=f"rmq-eventstore-{args.action}")
     except ImportError as e:
@@ -72,18 +71,18 @@ def run_spark(args: argparse.Namespace) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     try:
         if args.action == "export":
-            from .jobs import export_parquet
+            from ..spark.jobs import export_parquet
 
             n = export_parquet(spark, args.path, args.out, _source_options(args))
             print(f"exported to {args.out} (partitioned by topic, day): {n} messages in the directory")
             return EXIT_OK
         if args.action == "project":
-            from .jobs import project
+            from ..spark.jobs import project
 
             n = project(spark, args.path, args.url, args.table, _source_options(args), progress=progress)
             print(f"projected {n} (topic, key) rows into {args.table}")
             return EXIT_OK
-        from .jobs import damaged_offsets, verify
+        from ..spark.jobs import damaged_offsets, verify
 
         reports = verify(spark, args.path, check_crc=not args.no_crc,
                          commit_log_file_size=args.commitlog_file_size, progress=progress)
@@ -104,6 +103,8 @@ def run_spark(args: argparse.Namespace) -> int:
         raise CliError(str(e), EXIT_ERROR) from None
 
 
-register(Command("spark", "Spark jobs: export to Parquet, project into SQL, verify segments in parallel",
-                 configure_spark, run_spark, takes_path=False,
-                 description="Spark pipeline jobs over a store directory (read-only). Needs the 'spark' extra."))
+COMMANDS: list[Command] = [
+    Command("spark", "Spark jobs: export to Parquet, project into SQL, verify segments in parallel",
+            configure_spark, run_spark, takes_path=False,
+            description="Spark pipeline jobs over a store directory (read-only). Needs the 'spark' extra."),
+]

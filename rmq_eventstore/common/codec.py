@@ -13,32 +13,75 @@ A file's unused tail is preceded by a BLANK record `[int remaining][int BLANK_MA
 
 from __future__ import annotations
 
-import ipaddress
 import mmap
-import os
-import random
-import socket
 import struct
-import sys
-import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from datetime import datetime
-from functools import lru_cache
 from typing import NamedTuple, TypeAlias
 
-import numpy as np
-
-from .config import DEFAULT_DELAY_LEVELS_MS
+from .delay import DEFAULT_DELAY_LEVELS_MS
 from .message import Message, MessageExt
+from .message_id import (  # noqa: F401  (re-exported: the codec is the one module callers use)
+    MessageIdError,
+    UniqueIdGenerator,
+    _local_ip,
+    _start_of_month_ms,
+    create_message_id,
+    decode_message_id,
+    format_host,
+    parse_host,
+)
+from .properties import (  # noqa: F401  (re-exported: the codec is the one module callers use)
+    KEY_SEPARATOR,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    delete_property,
+    java_hashmap_order,
+    java_properties_string,
+    properties_to_string,
+    string_to_properties,
+)
+from .sysflag import (  # noqa: F401  (re-exported: the codec is the one module callers use)
+    BLANK_MAGIC_CODE,
+    BORNHOST_V6_FLAG,
+    COMPRESSED_FLAG,
+    COMPRESSION_LZ4_TYPE,
+    COMPRESSION_TYPE_COMPARATOR,
+    COMPRESSION_ZLIB_TYPE,
+    COMPRESSION_ZSTD_TYPE,
+    INNER_BATCH_FLAG,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    MULTI_TAGS_FLAG,
+    NEED_UNWRAP_FLAG,
+    STOREHOSTADDRESS_V6_FLAG,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    transaction_value,
+)
+from .tags import (  # noqa: F401  (re-exported: the codec is the one module callers use)
+    _M32,
+    _TAGS_CODE_CACHE,
+    _to_signed32,
+    index_key_hash,
+    java_string_hash,
+    java_string_hashes,
+    tags_string_to_tags_code,
+)
 
 Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read from (mmap views included)
 
 # -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
-MESSAGE_MAGIC_CODE = -626843481  # DA A3 20 A7, V1: 1-byte topic length
-MESSAGE_MAGIC_CODE_V2 = -626843477  # DA A3 20 AB, V2: 2-byte topic length
-BLANK_MAGIC_CODE = -875286124  # CB D4 31 94, end of file
 END_FILE_MIN_BLANK_LENGTH = 8
 QUEUE_OFFSET_POSITION = 20
 PHY_POS_POSITION = 28
@@ -48,45 +91,14 @@ MAX_PROPERTIES_LENGTH = 32767  # Short.MAX_VALUE
 MAX_TOPIC_LENGTH_V1 = 127
 RECORD_HEADROOM = 64 * 1024  # MessageExtEncoder's buffer: max body + 64 KiB
 
-# sysFlag bits (C/sysflag/MessageSysFlag.java)
-COMPRESSED_FLAG = 0x1
-MULTI_TAGS_FLAG = 0x2
-TRANSACTION_NOT_TYPE = 0
-TRANSACTION_PREPARED_TYPE = 0x4
-TRANSACTION_COMMIT_TYPE = 0x8
-TRANSACTION_ROLLBACK_TYPE = 0xC
-BORNHOST_V6_FLAG = 0x10
-STOREHOSTADDRESS_V6_FLAG = 0x20
-NEED_UNWRAP_FLAG = 0x40
-INNER_BATCH_FLAG = 0x80
-COMPRESSION_LZ4_TYPE = 0x100
-COMPRESSION_ZSTD_TYPE = 0x200
-COMPRESSION_ZLIB_TYPE = 0x300
-COMPRESSION_TYPE_COMPARATOR = 0x700
 
-# property keys (C/message/MessageConst.java)
-PROPERTY_KEYS = "KEYS"
-PROPERTY_TAGS = "TAGS"
-PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
-PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
-PROPERTY_DELAY_TIME_LEVEL = "DELAY"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_CRC32 = "__CRC32#"
-NAME_VALUE_SEPARATOR = "\x01"
-PROPERTY_SEPARATOR = "\x02"
-KEY_SEPARATOR = " "
 CRC32_RESERVED_LEN = len(PROPERTY_CRC32) + 1 + 10 + 1  # 20
 
 
 def _java_length(s: str) -> int:
     """Java's `String.length()`: UTF-16 code units."""
     return len(s) if s.isascii() else len(s.encode("utf-16-le", "surrogatepass")) // 2
-
-
-def transaction_value(sys_flag: int) -> int:
-    """The transaction bits of a sysFlag (`MessageSysFlag.getTransactionValue`)."""
-    return sys_flag & TRANSACTION_ROLLBACK_TYPE
 
 
 # -- precompiled structs ----------------------------------------------------------------------------
@@ -96,7 +108,6 @@ _LONG = struct.Struct(">q")
 _SIZE_MAGIC = struct.Struct(">ii")
 _QOFF_PHYS = struct.Struct(">qq")
 _BLANK = struct.Struct(">ii")
-_ID_TAIL = struct.Struct(">iq")  # port + offset in a message id
 
 
 def _header_struct(born_len: int, store_len: int) -> struct.Struct:
@@ -144,84 +155,6 @@ def parse_crc32_property_value(value: str) -> int:
     return int(value[::-1])
 
 
-# -- Java String.hashCode -----------------------------------------------------------------------------
-_M32 = 0xFFFFFFFF
-_POW_LEN = 512
-_POW31 = [pow(31, k, 1 << 32) for k in range(_POW_LEN)]
-_POW31_REV = _POW31[::-1]  # [31^511, ..., 31^0]
-_POW31_NP = np.array(_POW31, dtype=np.uint64)
-_UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
-
-
-def _to_signed32(h: int) -> int:
-    return h - 0x100000000 if h & 0x80000000 else h
-
-
-def java_string_hash(s: str) -> int:
-    """Java's `String.hashCode` (31-polynomial over UTF-16 code units, signed 32-bit)."""
-    if s.isascii():
-        units: bytes | memoryview = s.encode("ascii")
-    else:
-        units = memoryview(s.encode(_UTF16_NATIVE)).cast("H")
-    n = len(units)
-    if n <= _POW_LEN:
-        h = sum(map(int.__mul__, units, _POW31_REV[_POW_LEN - n:])) & _M32
-    else:
-        h = 0
-        for c in units:
-            h = (31 * h + c) & _M32
-    return _to_signed32(h)
-
-
-def java_string_hashes(strings: list[str]) -> np.ndarray:
-    """Java `String.hashCode` of many strings at once (vectorised; int32 array).
-
-    Each code unit contributes `c * 31^(distance to the string's end)`; sums wrap modulo 2^64, which
-    keeps the low 32 bits exact.
-    """
-    n = len(strings)
-    if n == 0:
-        return np.zeros(0, dtype=np.int32)
-    data = "".join(strings).encode(_UTF16_NATIVE)
-    units = np.frombuffer(data, dtype=np.uint16)
-    if len(units) != sum(map(len, strings)):  # non-BMP characters: lengths in UTF-16 units differ
-        lengths = np.fromiter((len(s.encode(_UTF16_NATIVE)) // 2 for s in strings), dtype=np.int64, count=n)
-    else:
-        lengths = np.fromiter(map(len, strings), dtype=np.int64, count=n)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(n, dtype=np.int32)
-    ends = np.cumsum(lengths)
-    exps = np.repeat(ends, lengths) - 1 - np.arange(total, dtype=np.int64)
-    maxlen = int(lengths.max())
-    pows = _POW31_NP if maxlen <= _POW_LEN else np.array(
-        [pow(31, k, 1 << 32) for k in range(maxlen)], dtype=np.uint64)
-    contrib = units.astype(np.uint64) * pows[exps]
-    starts = ends - lengths
-    nonempty = lengths > 0
-    sums = np.zeros(n, dtype=np.uint64)
-    if nonempty.all():
-        sums = np.add.reduceat(contrib, starts)
-    else:
-        sums[nonempty] = np.add.reduceat(contrib, starts[nonempty])
-    return (sums & np.uint64(_M32)).astype(np.uint32).view(np.int32)
-
-
-_TAGS_CODE_CACHE: dict[str, int] = {}
-
-
-def tags_string_to_tags_code(tags: str | None) -> int:
-    """`MessageExtBrokerInner.tagsString2tagsCode`: 0 for no tags, else the tag string's hashCode."""
-    if not tags:
-        return 0
-    code = _TAGS_CODE_CACHE.get(tags)
-    if code is None:
-        code = java_string_hash(tags)
-        if len(_TAGS_CODE_CACHE) < 65536:
-            _TAGS_CODE_CACHE[tags] = code
-    return code
-
-
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # TopicValidator.RMQ_SYS_SCHEDULE_TOPIC
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -250,84 +183,6 @@ def compute_deliver_timestamp(delay: str, store_timestamp: int, delay_levels: Se
     return store_timestamp + delay_levels[level - 1]
 
 
-def index_key_hash(key: str) -> int:
-    """`IndexFile.indexKeyHashMethod`: abs(hashCode), with Integer.MIN_VALUE mapped to 0."""
-    h = java_string_hash(key)
-    return 0 if h == -0x80000000 else abs(h)
-
-
-# -- properties --------------------------------------------------------------------------------------
-def properties_to_string(properties: dict[str, str]) -> str:
-    """`MessageDecoder.messageProperties2String` as 5.2+ writes it: `k\\x01v\\x02` per entry, None dropped."""
-    return "".join(f"{k}\x01{v}\x02" for k, v in properties.items() if v is not None)
-
-
-def string_to_properties(s: str | None) -> dict[str, str]:
-    """`MessageDecoder.string2messageProperties`: lenient, accepts a trailing separator or none."""
-    out: dict[str, str] = {}
-    if not s:
-        return out
-    for seg in s.split("\x02"):
-        i = seg.find("\x01")
-        if 0 < i < len(seg) - 1:
-            out[seg[:i]] = seg[i + 1:]
-    return out
-
-
-def delete_property(properties_string: str, name: str) -> str:
-    """Remove every `name` property from a properties string (`MessageUtils.deleteProperty`).
-
-    As in Java the string is cut in place: each `name\\x01...` segment (starting the string or following a
-    0x02) is dropped up to and including its closing 0x02 (or to the end); everything else, order,
-    duplicates and separators included, is kept verbatim.
-    """
-    if not properties_string or name not in properties_string:
-        return properties_string
-    out = []
-    lead = name + NAME_VALUE_SEPARATOR
-    for seg in properties_string.split(PROPERTY_SEPARATOR):
-        out.append(None if seg.startswith(lead) else seg)
-    # Re-join: a dropped segment takes its closing separator with it.
-    parts: list[str] = []
-    last = len(out) - 1
-    for i, seg in enumerate(out):
-        if seg is None:
-            continue
-        parts.append(seg if i == last else seg + PROPERTY_SEPARATOR)
-    return "".join(parts)
-
-
-def java_hashmap_order(keys: list[str], initial_capacity: int = 16) -> list[str]:
-    """The iteration order of a Java `HashMap<String, ?>` filled with `keys` in this order.
-
-    Default capacity 16, load factor 0.75: the table doubles whenever the size exceeds 0.75 x capacity;
-    a key's bucket is `(h ^ (h >>> 16)) & (capacity - 1)` with h = `String.hashCode`. Iteration walks the
-    buckets in order and each bucket in insertion order (a resize splits buckets preserving that order).
-    Re-putting a key keeps its first position. Not modelled: bins treeified at 8+ colliding keys once
-    the capacity reaches 64 (their order can differ).
-    """
-    seen: dict[str, None] = dict.fromkeys(keys)
-    cap = 1
-    while cap < max(initial_capacity, 1):
-        cap <<= 1
-    while len(seen) > cap * 3 // 4:
-        cap <<= 1
-    mask = cap - 1
-
-    def bucket(k: str) -> int:
-        h = java_string_hash(k) & _M32
-        return (h ^ (h >> 16)) & mask
-
-    return sorted(seen, key=bucket)  # sorted() is stable: insertion order within a bucket
-
-
-def java_properties_string(properties: dict[str, str], initial_capacity: int = 16) -> str:
-    """`messageProperties2String` of a Java `HashMap` built by putting `properties` in dict order (5.2+
-    form: every entry ends with 0x02; None values are dropped)."""
-    order = java_hashmap_order(list(properties), initial_capacity)
-    return "".join(f"{k}\x01{properties[k]}\x02" for k in order if properties[k] is not None)
-
-
 def build_properties_string(msg: Message, uniq_key: str | None = None) -> str:
     """The properties string a producer would send for `msg` (TAGS, KEYS, UNIQ_KEY, then the rest)."""
     if msg.properties_string is not None:
@@ -347,169 +202,6 @@ def build_properties_string(msg: Message, uniq_key: str | None = None) -> str:
             if v is not None and k not in ("TAGS", "KEYS", "UNIQ_KEY"):
                 parts.append(f"{k}\x01{v}\x02")
     return "".join(parts)
-
-
-# -- hosts ------------------------------------------------------------------------------------------
-@lru_cache(maxsize=4096)
-def parse_host(host: str) -> tuple[bytes, int]:
-    """`"ip:port"` or `"[v6]:port"` → (4- or 16-byte address, port); IPv4-mapped IPv6 becomes IPv4."""
-    h = host.strip()
-    if h.startswith("["):
-        end = h.find("]")
-        if end < 0 or not h[end + 1:].startswith(":"):
-            raise ValueError(f"bad host {host!r}: expected [ipv6]:port")
-        addr_s, port_s = h[1:end], h[end + 2:]
-    else:
-        addr_s, sep, port_s = h.rpartition(":")
-        if not sep:
-            raise ValueError(f"bad host {host!r}: expected ip:port")
-    try:
-        port = int(port_s)
-        ip = ipaddress.ip_address(addr_s.split("%")[0])
-    except ValueError as e:
-        raise ValueError(f"bad host {host!r}: {e}") from None
-    if not 0 <= port <= 0xFFFFFFFF:
-        raise ValueError(f"bad host {host!r}: port out of range")
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if port >= 0x80000000:
-        port -= 0x100000000
-    return ip.packed, port
-
-
-_V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
-
-
-def format_host(addr: bytes, port: int) -> str:
-    """Java's text for a socket address: `a.b.c.d:port` or `[x:x:x:x:x:x:x:x]:port` (no zero compression)."""
-    if len(addr) == 16 and addr[:12] == _V4_MAPPED_PREFIX:
-        addr = addr[12:]  # InetAddress.getByAddress turns an IPv4-mapped IPv6 address into an Inet4Address
-    if len(addr) == 4:
-        return f"{addr[0]}.{addr[1]}.{addr[2]}.{addr[3]}:{port}"
-    groups = struct.unpack(">8H", addr)
-    return "[" + ":".join(f"{g:x}" for g in groups) + f"]:{port}"
-
-
-# -- message ids ------------------------------------------------------------------------------------
-def create_message_id(store_host: bytes, port: int, commit_log_offset: int) -> str:
-    """offsetMsgId: store address + port (int) + commitlog offset (long), upper-case hex (spec §3.1)."""
-    return (store_host + _ID_TAIL.pack(port, commit_log_offset)).hex().upper()
-
-
-class MessageIdError(ValueError):
-    """A message id that is not 32 or 56 hex characters."""
-
-
-def decode_message_id(msg_id: str) -> tuple[bytes, int, int]:
-    """offsetMsgId → (store address bytes, port, commitlog offset)."""
-    s = msg_id.strip()
-    if len(s) not in (32, 56):
-        raise MessageIdError(f"message id {msg_id!r} must be 32 (IPv4) or 56 (IPv6) hex characters")
-    try:
-        raw = bytes.fromhex(s)
-    except ValueError:
-        raise MessageIdError(f"message id {msg_id!r} is not hexadecimal") from None
-    ip_len = 4 if len(s) == 32 else 16
-    port, offset = _ID_TAIL.unpack_from(raw, ip_len)
-    return raw[:ip_len], port, offset
-
-
-def _start_of_month_ms(now_ms: int) -> int:
-    dt = datetime.fromtimestamp(now_ms / 1000.0)
-    start = dt.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return int(start.timestamp() * 1000)
-
-
-def _local_ip() -> bytes:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))  # no packet is sent: UDP connect only picks a route
-            return socket.inet_aton(s.getsockname()[0])
-    except OSError:
-        return socket.inet_aton("127.0.0.1")
-
-
-class UniqueIdGenerator:
-    """`MessageClientIDSetter`: UNIQ_KEY = ip(4|16) + pid(2) + random(4) + ms since month start(4) + counter(2).
-
-    The first three fields are a per-process prefix; ids are 32 upper-case hex characters for IPv4.
-    """
-
-    def __init__(self, ip: bytes | None = None, pid: int | None = None) -> None:
-        self._ip = ip if ip is not None else _local_ip()
-        self._pid = (os.getpid() if pid is None else pid) & 0xFFFF
-        self._salt = random.getrandbits(32)
-        self._prefix = (self._ip + struct.pack(">Hi", self._pid, _to_signed32(self._salt))).hex().upper()
-        self._counter = random.getrandbits(16)
-        self._lock = threading.Lock()
-        self._month_start = 0
-        self._next_month = 0
-        self._time = 0  # ms stamped into the ids being issued; never goes backwards
-        self._time_used = 0  # ids issued with self._time (at 65536 the 16-bit counter would repeat)
-
-    def _roll_month(self, now: int) -> None:
-        self._month_start = _start_of_month_ms(now)
-        dt = datetime.fromtimestamp(self._month_start / 1000.0)
-        nxt = dt.replace(year=dt.year + (dt.month == 12), month=dt.month % 12 + 1)
-        self._next_month = int(nxt.timestamp() * 1000)
-
-    def _claim(self, n: int) -> list[tuple[str, int, int]]:
-        """Claim `n` ids: runs of (hex up to the counter, first counter, count).
-
-        An id is unique by (millisecond, counter). Once 65536 ids share a millisecond, the next ones are
-        stamped with the following millisecond (a large burst borrows a few ms) rather than repeat a counter.
-        """
-        now = int(time.time() * 1000)
-        runs = []
-        with self._lock:
-            if now > self._time:
-                self._time, self._time_used = now, 0
-            while n > 0:
-                if self._time_used >= 0x10000:
-                    self._time, self._time_used = self._time + 1, 0
-                t = self._time
-                if t >= self._next_month or t < self._month_start:
-                    self._roll_month(t)
-                k = min(n, 0x10000 - self._time_used)
-                runs.append((f"{self._prefix}{(t - self._month_start) & 0xFFFFFFFF:08X}", self._counter, k))
-                self._counter = (self._counter + k) & 0xFFFF
-                self._time_used += k
-                n -= k
-        return runs
-
-    def create(self) -> str:
-        ((head, c, _),) = self._claim(1)
-        return f"{head}{c:04X}"
-
-    def create_many(self, n: int) -> list[str]:
-        out: list[str] = []
-        for head, c0, k in self._claim(n):
-            out += [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(k)]
-        return out
-
-    @staticmethod
-    def get_ip_bytes(uniq_key: str) -> bytes:
-        raw = bytes.fromhex(uniq_key)
-        return raw[: len(raw) - 12]
-
-    @staticmethod
-    def get_pid(uniq_key: str) -> int:
-        raw = bytes.fromhex(uniq_key)
-        return struct.unpack_from(">H", raw, len(raw) - 12)[0]
-
-    @staticmethod
-    def get_nearly_time_ms(uniq_key: str, now_ms: int | None = None) -> int:
-        """Born time recovered from the id: month start + the 4-byte diff (previous month if in the future)."""
-        raw = bytes.fromhex(uniq_key)
-        diff = struct.unpack_from(">I", raw, len(raw) - 6)[0]
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        start = _start_of_month_ms(now)
-        t = start + diff
-        if t > now:
-            prev = datetime.fromtimestamp(start / 1000.0)
-            prev = prev.replace(year=prev.year - (prev.month == 1), month=(prev.month - 2) % 12 + 1)
-            t = int(prev.timestamp() * 1000) + diff
-        return t
 
 
 # -- encoding --------------------------------------------------------------------------------------
@@ -1053,7 +745,6 @@ class RecordEncoder:
             uniqs.append(uniq)
             phys += total
         return PlainBatch(b"".join(parts), requests, offsets, uniqs, seen, first_q)
-
 
 
 def encode_store_timestamp(ms: int) -> bytes:

@@ -1,42 +1,34 @@
-"""`rmq-eventstore`: a command-line tool for store directories (ours or Apache RocketMQ's), read-only.
+"""`rmq-eventstore inspect | query | msg | dump`: read-only tools for store directories (ours or Apache
+RocketMQ's), through `StoreReader`, which maps files read-only: they never write to, lock or truncate the
+store, so they are safe beside a live broker.
 
-Subcommands (all through `StoreReader`, which maps files read-only: they never write to, lock or
-truncate the store, so they are safe on a live store and on a broker's directory):
-
-* `inspect PATH [--json] [--crc]`: the store layout: lock/abort files, checkpoint, commitlog segments
-  (valid end, records, BLANK, damage), topics and queues, index files, config files. Exits 1 on damage.
+* `inspect PATH [--json] [--crc]`: lock/abort files, checkpoint, commitlog segments (valid end, records,
+  BLANK, damage), topics and queues, index files, config files. Exits 1 on damage.
 * `query PATH --topic T --key K`: messages by key (KEYS token or UNIQ_KEY), through the index when the
   store has one, else by scanning the commitlog.
 * `msg PATH (--id MSGID | --offset N)`: one message by offsetMsgId or commitlog offset, every field.
 * `dump PATH --topic T [--queue Q]`: JSON lines, one message per line, through the consume queues when
   present, else by scanning the commitlog.
 
-`PATH` is a store root (with `commitlog/`) or a bare directory of commitlog segment files. Errors (a
-missing path, not a store, unreadable files, a bad message id) print one line on stderr and exit 2.
-
-More subcommands register themselves in `COMMANDS` (name → `Command`): `build_parser` turns the table
-into argparse subparsers, `main` dispatches to the chosen command's `run`.
+`PATH` is a store root (with `commitlog/`) or a bare directory of commitlog segment files.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import heapq
 import json
 import os
 import re
 import struct
-import sys
-import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, TextIO
+from typing import Any
 
-from .store import codec
-from .store.config_files import (
+from ..common import codec
+from ..common.message import MessageExt
+from ..store.config_files import (
     CONSUMER_OFFSET_FILE,
     DELAY_OFFSET_FILE,
     SUBSCRIPTION_GROUP_FILE,
@@ -46,27 +38,37 @@ from .store.config_files import (
     fastjson_loads,
     read_config_file,
 )
-from .store.index import HASH_SLOT_SIZE, INDEX_HEADER_SIZE, INDEX_SIZE, IndexReadOnlyError, IndexService
-from .store.mapped_file import MappedFile, StoreLoadError
-from .store.message import MessageExt
-from .store.reader import SegmentInfo, StoreReader
-from .store.reader import is_zero as _is_zero
-from .store.reader import scan_segment as reader_scan_segment
+from ..store.index import HASH_SLOT_SIZE, INDEX_HEADER_SIZE, INDEX_SIZE, IndexService
+from ..store.mapped_file import MappedFile
+from ..store.reader import SegmentInfo, StoreReader
+from ..store.reader import is_zero as _is_zero
+from ..store.reader import scan_segment as reader_scan_segment
+from .output import (
+    EXIT_DAMAGE,
+    EXIT_OK,
+    CliError,
+    Command,
+    Progress,
+    describe_os_error,
+    is_dispatched,
+    iso_local,
+    key_values,
+    notice,
+    progress_enabled,
+    stdout,
+    sys_flag_names,
+    table,
+    with_time,
+)
 
 try:  # a declared dependency; the tool still works (without progress bars) if it is missing
     from tqdm import tqdm as _tqdm
 except ImportError:  # pragma: no cover - exercised only without tqdm installed
     _tqdm = None
 
-PROG = "rmq-eventstore"
-EXIT_OK = 0
-EXIT_DAMAGE = 1
-EXIT_ERROR = 2
-
 BODY_MODES = ("text", "hex", "none")
 DEFAULT_QUERY_MAX = 32  # DefaultMessageStore's defaultQueryMaxNum
 MAX_TIMESTAMP = 2**62
-PROGRESS_STEP = 1 << 20  # update a progress bar at most once per MiB scanned
 INDEX_ENTRIES_PER_SLOT = 4  # RocketMQ's default geometry: maxIndexNum = 4 * maxHashSlotNum
 _INDEX_NAME_RE = re.compile(r"^\d{17}$")
 _INDEX_HEADER = struct.Struct(">qqqqii")
@@ -74,194 +76,6 @@ _CHECKPOINT_FIELDS = ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimes
                       "confirmPhyOffset")
 _CHECKPOINT_ATTRS = ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp",
                      "master_flushed_offset", "confirm_phy_offset")
-_SYS_FLAG_NAMES = ((codec.COMPRESSED_FLAG, "COMPRESSED"), (codec.MULTI_TAGS_FLAG, "MULTI_TAGS"),
-                   (codec.BORNHOST_V6_FLAG, "BORNHOST_V6"), (codec.STOREHOSTADDRESS_V6_FLAG, "STOREHOST_V6"),
-                   (codec.NEED_UNWRAP_FLAG, "NEED_UNWRAP"), (codec.INNER_BATCH_FLAG, "INNER_BATCH"))
-_TX_NAMES = {codec.TRANSACTION_PREPARED_TYPE: "TRANSACTION_PREPARED",
-             codec.TRANSACTION_COMMIT_TYPE: "TRANSACTION_COMMIT",
-             codec.TRANSACTION_ROLLBACK_TYPE: "TRANSACTION_ROLLBACK"}
-
-
-class CliError(Exception):
-    """An error reported as one line on stderr with exit code `code` (2 unless said otherwise)."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: `configure` adds its arguments to its subparser, `run` does the work (exit code)."""
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-    description: str = ""
-    takes_path: bool = True  # a `PATH` store argument (and the common store options) first
-
-
-COMMANDS: dict[str, Command] = {}
-
-
-def register(command: Command) -> Command:
-    """Add a subcommand to the dispatch table (later subcommands: verify, recover, rebuild, serve, ...)."""
-    COMMANDS[command.name] = command
-    return command
-
-
-# ---------------------------------------------------------------------------------------------------
-# small helpers
-# ---------------------------------------------------------------------------------------------------
-
-
-def iso_local(ms: int) -> str | None:
-    """A millisecond timestamp as ISO local time (`2023-11-14T23:13:20.005`); None for 0 or nonsense."""
-    if ms <= 0:
-        return None
-    try:
-        dt = datetime.fromtimestamp(ms // 1000) + timedelta(milliseconds=ms % 1000)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return dt.isoformat(timespec="milliseconds")
-
-
-def _with_time(ms: int) -> str:
-    iso = iso_local(ms)
-    return f"{ms} ({iso})" if iso else str(ms)
-
-
-def sys_flag_names(sys_flag: int) -> list[str]:
-    """Names of the sysFlag bits set in `sys_flag` (MessageSysFlag)."""
-    names = [name for bit, name in _SYS_FLAG_NAMES if sys_flag & bit]
-    tx = codec.transaction_value(sys_flag)
-    if tx:
-        names.append(_TX_NAMES[tx])
-    return names
-
-
-def _is_dispatched(sys_flag: int) -> bool:
-    """True for records a consume queue holds (not transaction PREPARED or ROLLBACK), as dispatch decides."""
-    return codec.transaction_value(sys_flag) in (codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_COMMIT_TYPE)
-
-
-def _describe_os_error(e: OSError) -> str:
-    if e.filename and e.strerror:
-        return f"{e.filename}: {e.strerror}"
-    return str(e)
-
-
-def _out() -> TextIO:
-    return sys.stdout
-
-
-def _note(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr)
-
-
-def display_width(text: str) -> int:
-    """Terminal columns `text` takes (East Asian wide and fullwidth characters take two)."""
-    if text.isascii():
-        return len(text)
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1
-               for c in text)
-
-
-def _clip(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` columns, marked with `...` when cut."""
-    if display_width(text) <= limit:
-        return text
-    out = ""
-    for c in text:
-        if display_width(out + c) > limit - 3:
-            break
-        out += c
-    return out + "..."
-
-
-def _pad(text: str, width: int, right: bool) -> str:
-    fill = " " * max(width - display_width(text), 0)
-    return fill + text if right else text + fill
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]], indent: str = "  ",
-          max_cell: int = 48) -> list[str]:
-    """Lines of an aligned text table: integer columns right-aligned, everything else left-aligned.
-
-    Cells wider than `max_cell` columns are cut (the JSON output of every command has the full values).
-    """
-    rows = list(rows)
-    cells = [[_clip("-" if v is None or v == "" else str(v), max_cell) for v in row] for row in rows]
-    widths = [max([display_width(h)] + [display_width(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [bool(rows) and all(isinstance(r[i], int) and not isinstance(r[i], bool) for r in rows)
-               for i in range(len(headers))]
-
-    def line(values: Sequence[str], header: bool = False) -> str:
-        parts = [_pad(v, w, numeric[i] and not header) for i, (v, w) in enumerate(zip(values, widths, strict=True))]
-        return (indent + "  ".join(parts)).rstrip()
-
-    return [line(list(headers), True)] + [line(r) for r in cells]
-
-
-def key_values(pairs: Iterable[tuple[str, object]], indent: str = "  ") -> list[str]:
-    """Lines of `key  value` pairs with the values aligned."""
-    pairs = list(pairs)
-    width = max((len(k) for k, _ in pairs), default=0)
-    return [(f"{indent}{k.ljust(width)}  {'-' if v is None else v}").rstrip() for k, v in pairs]
-
-
-class _NoProgress:
-    """Stand-in for a disabled tqdm bar."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class Progress:
-    """A bytes-scanned progress bar on stderr (tqdm), shown only when enabled (stderr is a TTY).
-
-    Updates are batched to one per `PROGRESS_STEP` bytes so that a per-record call costs nothing.
-    """
-
-    def __init__(self, total: int, desc: str, enabled: bool) -> None:
-        self._pending = 0
-        if enabled and _tqdm is not None and total > 0:
-            self._bar: Any = _tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                                   file=sys.stderr, leave=False, dynamic_ncols=True, mininterval=0.25)
-        else:
-            self._bar = _NoProgress()
-
-    def advance(self, n: int) -> None:
-        self._pending += n
-        if self._pending >= PROGRESS_STEP:
-            self._bar.update(self._pending)
-            self._pending = 0
-
-    def close(self) -> None:
-        if self._pending:
-            self._bar.update(self._pending)
-            self._pending = 0
-        self._bar.close()
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _progress_enabled(args: argparse.Namespace) -> bool:
-    if getattr(args, "no_progress", False):
-        return False
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -282,7 +96,7 @@ def open_reader(args: argparse.Namespace) -> StoreReader:
         return StoreReader(path, commit_log_file_size=getattr(args, "commitlog_file_size", None))
     except FileNotFoundError as e:
         if e.filename:
-            raise CliError(_describe_os_error(e)) from None
+            raise CliError(describe_os_error(e)) from None
         raise CliError(f"{path}: not a store: {e}") from None
 
 
@@ -377,7 +191,7 @@ def scan_segment(mf: MappedFile, check_crc: bool, progress: Progress,
     """`StoreReader`'s segment walk, counting queue offsets on the way (for stores without queues)."""
 
     def count(req: codec.DispatchRequest) -> None:
-        if req is None or not _is_dispatched(req.sys_flag):
+        if req is None or not is_dispatched(req.sys_flag):
             return
         key = (req.topic, req.queue_id)
         qs = queues.get(key)
@@ -553,7 +367,7 @@ def _load_config(path: str) -> tuple[Any, str | None]:
     except ConfigFileError as e:
         return None, str(e)
     except OSError as e:
-        return None, _describe_os_error(e)
+        return None, describe_os_error(e)
     if text is None:
         return None, None
     try:
@@ -601,7 +415,7 @@ def inspect_config(root: str) -> dict[str, Any] | None:
 
 def collect_inspection(reader: StoreReader, args: argparse.Namespace) -> dict[str, Any]:
     """Everything `inspect` reports, as one JSON-ready dict."""
-    scan = scan_commit_log(reader, args.crc, _progress_enabled(args))
+    scan = scan_commit_log(reader, args.crc, progress_enabled(args))
     root = reader.root
     report: dict[str, Any] = {"path": os.path.abspath(args.path), "kind": "store" if root else "commitlog",
                               "root": root, "commitLogPath": reader.commit_log_path}
@@ -654,7 +468,7 @@ def render_inspection(r: dict[str, Any]) -> list[str]:
         lines.append("Checkpoint  none")
     else:
         lines.append(f"Checkpoint  {cp['path']}")
-        lines += key_values([(n, _with_time(cp[n]) if "Timestamp" in n else cp[n]) for n in _CHECKPOINT_FIELDS])
+        lines += key_values([(n, with_time(cp[n]) if "Timestamp" in n else cp[n]) for n in _CHECKPOINT_FIELDS])
     cl = r["commitlog"]
     lines.append("")
     lines.append(f"Commitlog   {cl['path']}  ({len(cl['segments'])} segments of {cl['fileSize']} bytes"
@@ -726,7 +540,7 @@ def render_inspection(r: dict[str, Any]) -> list[str]:
 def run_inspect(args: argparse.Namespace) -> int:
     with open_reader(args) as reader:
         report = collect_inspection(reader, args)
-    out = _out()
+    out = stdout()
     if args.json:
         out.write(json.dumps(report, ensure_ascii=False) + "\n")
     else:
@@ -761,7 +575,7 @@ def message_at(reader: StoreReader, offset: int) -> MessageExt:
     except codec.CorruptRecordError as e:
         raise CliError(f"no message starts at commitlog offset {offset}: {e.reason}") from None
     if msg.commit_log_offset != offset:
-        _note(f"warning: the record at {offset} says its offset is {msg.commit_log_offset} "
+        notice(f"warning: the record at {offset} says its offset is {msg.commit_log_offset} "
               "(a copied or relocated commitlog?)")
     return msg
 
@@ -774,7 +588,7 @@ def iter_scan(reader: StoreReader, progress_enabled: bool, desc: str) -> Iterato
     with Progress(total, desc, progress_enabled) as progress:
         for off, r in reader.iter_records():
             if not r.success:
-                _note(f"warning: scan stopped at commitlog offset {off}: {r.reason or 'unreadable record'}")
+                notice(f"warning: scan stopped at commitlog offset {off}: {r.reason or 'unreadable record'}")
                 return
             progress.advance(off + r.size - last)
             last = off + r.size
@@ -797,8 +611,8 @@ def render_message(msg: MessageExt, body: str) -> list[str]:
         ("queueOffset", msg.queue_offset), ("commitLogOffset", msg.commit_log_offset),
         ("storeSize", msg.store_size), ("version", msg.version), ("bodyCRC", msg.body_crc), ("flag", msg.flag),
         ("sysFlag", f"{msg.sys_flag}" + (f" ({' | '.join(flags)})" if flags else "")),
-        ("bornTimestamp", _with_time(msg.born_timestamp)), ("bornHost", msg.born_host),
-        ("storeTimestamp", _with_time(msg.store_timestamp)), ("storeHost", msg.store_host),
+        ("bornTimestamp", with_time(msg.born_timestamp)), ("bornHost", msg.born_host),
+        ("storeTimestamp", with_time(msg.store_timestamp)), ("storeHost", msg.store_host),
         ("reconsumeTimes", msg.reconsume_times), ("preparedTransactionOffset", msg.prepared_transaction_offset),
         ("tags", msg.tags), ("tagsCode", msg.tags_code), ("keys", msg.keys),
         ("properties", f"{len(msg.properties)}" if msg.properties else None),
@@ -827,7 +641,7 @@ def run_msg(args: argparse.Namespace) -> int:
                 e.message += (f" (from id {args.id}; a client message id / UNIQ_KEY is not an offsetMsgId: "
                               "use `query --topic T --key ID`)")
             raise
-        out = _out()
+        out = stdout()
         if args.json:
             out.write(_json_line(msg, args.body) + "\n")
         else:
@@ -913,12 +727,12 @@ def run_query(args: argparse.Namespace) -> int:
                 msgs = query_by_index(reader, idx, args.topic, args.key, args.max, begin, end)
                 how = "index"
             else:
-                msgs = query_by_scan(reader, args.topic, args.key, args.max, begin, end, _progress_enabled(args))
+                msgs = query_by_scan(reader, args.topic, args.key, args.max, begin, end, progress_enabled(args))
                 how = "scan"
         finally:
             if idx is not None:
                 idx.shutdown()
-        out = _out()
+        out = stdout()
         if args.json:
             doc = {"topic": args.topic, "key": args.key, "how": how, "count": len(msgs),
                    "messages": [m.to_dict(body=args.body) for m in msgs]}
@@ -974,7 +788,7 @@ def dump_via_queues(reader: StoreReader, topic: str, queue_ids: list[int], from_
     for _off, _qid, m in heapq.merge(*(one(q) for q in queue_ids)):
         yield m
     if missing:
-        _note(f"warning: {missing} consume queue entries point at commitlog data that is gone")
+        notice(f"warning: {missing} consume queue entries point at commitlog data that is gone")
 
 
 def dump_via_scan(reader: StoreReader, topic: str, queue_id: int | None, from_offset: int,
@@ -983,7 +797,7 @@ def dump_via_scan(reader: StoreReader, topic: str, queue_id: int | None, from_of
     them (transaction PREPARED and ROLLBACK records are skipped)."""
     for off, r in iter_scan(reader, progress_enabled, "dump (scan)"):
         req = r.request
-        if req is None or req.topic != topic or not _is_dispatched(req.sys_flag):
+        if req is None or req.topic != topic or not is_dispatched(req.sys_flag):
             continue
         if queue_id is not None and req.queue_id != queue_id:
             continue
@@ -1006,8 +820,8 @@ def run_dump(args: argparse.Namespace) -> int:
             msgs = dump_via_queues(reader, args.topic, queues, args.from_offset)
         else:
             how = "commitlog scan"
-            msgs = dump_via_scan(reader, args.topic, args.queue, args.from_offset, _progress_enabled(args))
-        out = _out()
+            msgs = dump_via_scan(reader, args.topic, args.queue, args.from_offset, progress_enabled(args))
+        out = stdout()
         n = 0
         for m in msgs:
             if args.limit is not None and n >= args.limit:
@@ -1018,7 +832,7 @@ def run_dump(args: argparse.Namespace) -> int:
         if hasattr(msgs, "close"):
             msgs.close()
     where = args.topic if args.queue is None else f"{args.topic} queue {args.queue}"
-    _note(f"dump: {n} message(s) of {where} via {how}")
+    notice(f"dump: {n} message(s) of {where} via {how}")
     return EXIT_OK
 
 
@@ -1030,97 +844,17 @@ def configure_dump(p: argparse.ArgumentParser) -> None:
     p.add_argument("--body", choices=BODY_MODES, default="text", help="body as UTF-8 text, hex, or not at all")
 
 
-# ---------------------------------------------------------------------------------------------------
-# parser and entry point
-# ---------------------------------------------------------------------------------------------------
-
-
 def _add_index_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("index geometry (default: inferred from the file size, RocketMQ's 4:1 ratio)")
     g.add_argument("--index-slots", type=int, metavar="N", help="hash slots per index file (maxHashSlotNum)")
     g.add_argument("--index-num", type=int, metavar="N", help="entries per index file (maxIndexNum)")
 
 
-def _common_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("path", metavar="PATH", help="store root, or a directory of commitlog segment files")
-    common.add_argument("--commitlog-file-size", type=int, metavar="BYTES",
-                        help="commitlog segment size (default: inferred from the files)")
-    common.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
-    common.add_argument("--debug", action="store_true", help="show tracebacks for unexpected errors")
-    return common
-
-
-register(Command("inspect", "store layout: checkpoint, segments, topics/queues, index and config files",
-                 configure_inspect, run_inspect,
-                 "Read-only overview of a store; exit code 1 when damage is found."))
-register(Command("query", "messages by key (index when present, else a commitlog scan)", configure_query,
-                 run_query))
-register(Command("msg", "one message by offsetMsgId or commitlog offset", configure_msg, run_msg))
-register(Command("dump", "a topic's messages as JSON lines (consume queue when present, else a scan)",
-                 configure_dump, run_dump))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser: one subparser per entry of `COMMANDS`."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Read-only tools for RocketMQ-format store directories (ours or Apache "
-        "RocketMQ's). They never write to, lock or truncate the store.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    common = _common_parser()
-    for cmd in COMMANDS.values():
-        parents = [common] if cmd.takes_path else []
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.description or cmd.help, parents=parents)
-        cmd.configure(p)
-        p.set_defaults(run=cmd.run)
-    return parser
-
-
-def _quiet_stdout() -> None:
-    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush stays quiet."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run `rmq-eventstore` with `argv` (default: the process arguments); returns the exit code."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # usage errors (exit 2, message printed) and --help (exit 0)
-        return e.code if isinstance(e.code, int) else EXIT_ERROR
-    run = getattr(args, "run", None)
-    if run is None:
-        parser.print_help(sys.stderr)
-        return EXIT_ERROR
-    try:
-        return run(args)
-    except BrokenPipeError:
-        _quiet_stdout()  # `... | head`: the reader went away; that is not an error
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return 130
-    except CliError as e:
-        _note(f"error: {e.message}")
-        return e.code
-    except (StoreLoadError, ConfigFileError, IndexReadOnlyError) as e:
-        _note(f"error: {e}")
-        return EXIT_ERROR
-    except OSError as e:
-        _note(f"error: {_describe_os_error(e)}")
-        return EXIT_ERROR
-    except Exception as e:  # a bug or an unforeseen file state: still one line unless --debug
-        if getattr(args, "debug", False):
-            raise
-        _note(f"error: unexpected {type(e).__name__}: {e} (run with --debug for a traceback)")
-        return EXIT_ERROR
-
-
-from . import cli_repair  # noqa: E402,F401  (registers verify / recover / rebuild)
-from .broker import cli as _broker_cli  # noqa: E402,F401  (registers serve)
-from .spark import cli as _spark_cli  # noqa: E402,F401  (registers spark; pyspark loads lazily)
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+COMMANDS: list[Command] = [
+    Command("inspect", "store layout: checkpoint, segments, topics/queues, index and config files",
+            configure_inspect, run_inspect, "Read-only overview of a store; exit code 1 when damage is found."),
+    Command("query", "messages by key (index when present, else a commitlog scan)", configure_query, run_query),
+    Command("msg", "one message by offsetMsgId or commitlog offset", configure_msg, run_msg),
+    Command("dump", "a topic's messages as JSON lines (consume queue when present, else a scan)",
+            configure_dump, run_dump),
+]

@@ -8,6 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .message_id import create_message_id, format_host
+from .properties import string_to_properties
+from .sysflag import MESSAGE_MAGIC_CODE_V2
+from .tags import tags_string_to_tags_code
+
 
 @dataclass(slots=True)
 class Message:
@@ -90,9 +95,7 @@ class MessageExt:
     def properties(self) -> dict[str, str]:
         p = self._properties
         if p is None:
-            from .codec import string_to_properties
-
-            p = self._properties = string_to_properties(self.properties_string)
+                p = self._properties = string_to_properties(self.properties_string)
         return p
 
     def get_property(self, name: str) -> str | None:
@@ -116,33 +119,23 @@ class MessageExt:
 
     @property
     def version(self) -> str:
-        from .codec import MESSAGE_MAGIC_CODE_V2
-
         return "V2" if self.magic_code == MESSAGE_MAGIC_CODE_V2 else "V1"
 
     @property
     def tags_code(self) -> int:
-        from .codec import tags_string_to_tags_code
-
         return tags_string_to_tags_code(self.tags)
 
     @property
     def born_host(self) -> str:
-        from .codec import format_host
-
         return format_host(self.born_host_bytes, self.born_port)
 
     @property
     def store_host(self) -> str:
-        from .codec import format_host
-
         return format_host(self.store_host_bytes, self.store_port)
 
     @property
     def msg_id(self) -> str:
         """The broker's offsetMsgId: store host + port + commitlog offset, upper-case hex."""
-        from .codec import create_message_id
-
         return create_message_id(self.store_host_bytes, self.store_port, self.commit_log_offset)
 
     offset_msg_id = msg_id

@@ -13,8 +13,9 @@ import signal
 import sys
 import threading
 
-from ..cli import EXIT_ERROR, EXIT_OK, CliError, Command, register
+from ..broker.server import serve_in_thread
 from ..store import StoreLockedError
+from .output import EXIT_ERROR, EXIT_OK, CliError, Command
 
 
 def configure_serve(p: argparse.ArgumentParser) -> None:
@@ -32,8 +33,6 @@ def configure_serve(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from .server import serve_in_thread
-
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config: dict[str, object] = {"flush_disk_type": args.flush_disk_type,
@@ -61,5 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-register(Command("serve", "run the broker (remoting protocol) and its name server on a store",
-                 configure_serve, run_serve, __doc__.split("\n\n")[0] if __doc__ else "", takes_path=False))
+COMMANDS: list[Command] = [
+    Command("serve", "run the broker (remoting protocol) and its name server on a store", configure_serve,
+            run_serve, __doc__.split("\n\n")[0] if __doc__ else "", takes_path=False, writes=True),
+]

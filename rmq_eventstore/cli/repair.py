@@ -14,20 +14,19 @@ import argparse
 import json
 import os
 
-from .cli import (
+from ..store.message_store import StoreLockedError
+from ..store.repair import commit_log_size, rebuild, recover, verify
+from .output import (
     EXIT_DAMAGE,
     EXIT_OK,
     CliError,
     Command,
     Progress,
-    _out,
-    _progress_enabled,
     key_values,
-    register,
+    progress_enabled,
+    stdout,
     table,
 )
-from .store.message_store import StoreLockedError
-from .store.repair import commit_log_size, rebuild, recover, verify
 
 
 def _check_path(path: str) -> None:
@@ -40,12 +39,12 @@ def _check_path(path: str) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     _check_path(args.path)
     try:
-        with Progress(commit_log_size(args.path), "verify", _progress_enabled(args)) as bar:
+        with Progress(commit_log_size(args.path), "verify", progress_enabled(args)) as bar:
             report = verify(args.path, bar.advance, check_queues=not args.no_queues,
                             check_index=not args.no_index, commit_log_file_size=args.commitlog_file_size)
     except FileNotFoundError as e:
         raise CliError(f"{args.path}: not a store: {e}") from None
-    out = _out()
+    out = stdout()
     if args.json:
         json.dump(report.as_dict(), out, indent=2)
         out.write("\n")
@@ -81,13 +80,13 @@ def _run_repair(args: argparse.Namespace, action: str) -> int:
     if args.commitlog_file_size:
         config["mapped_file_size_commit_log"] = args.commitlog_file_size
     try:
-        with Progress(commit_log_size(args.path), action, _progress_enabled(args)) as bar:
+        with Progress(commit_log_size(args.path), action, progress_enabled(args)) as bar:
             report = fn(args.path, bar.advance, **config)
     except StoreLockedError as e:
         raise CliError(str(e)) from None
     except FileNotFoundError as e:
         raise CliError(f"{args.path}: {e}") from None
-    out = _out()
+    out = stdout()
     if args.json:
         json.dump(report.as_dict(), out, indent=2)
         out.write("\n")
@@ -113,13 +112,14 @@ def configure_repair(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="the report as JSON")
 
 
-register(Command("verify", "check every record's CRC, the consume queues and the index (read-only)",
-                 configure_verify, run_verify,
-                 "Read-only check of a store (safe beside a live writer); exit code 1 when damage is found."))
-register(Command("recover", "run store recovery now (takes the store's lock)", configure_repair,
-                 lambda a: _run_repair(a, "recover"),
-                 "Truncate a damaged commitlog tail, cut consume queue and index entries past it and "
-                 "re-dispatch what they lack. Refuses a store open in another process."))
-register(Command("rebuild", "drop and rebuild the consume queues and index from the commitlog",
-                 configure_repair, lambda a: _run_repair(a, "rebuild"),
-                 "Delete consumequeue/ and index/ and rebuild them from the commitlog (takes the lock)."))
+COMMANDS: list[Command] = [
+    Command("verify", "check every record's CRC, the consume queues and the index (read-only)",
+            configure_verify, run_verify,
+            "Read-only check of a store (safe beside a live writer); exit code 1 when damage is found."),
+    Command("recover", "run store recovery now", configure_repair, lambda a: _run_repair(a, "recover"),
+            "Truncate a damaged commitlog tail, cut consume queue and index entries past it and re-dispatch "
+            "what they lack.", writes=True),
+    Command("rebuild", "drop and rebuild the consume queues and index from the commitlog", configure_repair,
+            lambda a: _run_repair(a, "rebuild"),
+            "Delete consumequeue/ and index/ and rebuild them from the commitlog.", writes=True),
+]

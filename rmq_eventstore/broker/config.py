@@ -1,0 +1,34 @@
+"""`BrokerConfig`: RocketMQ's `BrokerConfig` settings in snake_case with RocketMQ's defaults, and the
+broker-wide constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MASTER_ID = 0
+DLQ_NUMS_PER_GROUP = 1
+MAX_GROUPS_PER_HEARTBEAT = 256  # each new group is a config-file write; a real client names a handful
+
+
+@dataclass
+class BrokerConfig:
+    """Broker settings (`BrokerConfig` names in snake_case, RocketMQ's defaults)."""
+
+    broker_name: str = "broker-a"
+    broker_cluster_name: str = "DefaultCluster"
+    broker_id: int = MASTER_ID
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 4
+    auto_create_subscription_group: bool = True
+    long_polling_enable: bool = True
+    short_polling_time_mills: int = 1000
+    max_suspend_timeout_mills: int = 5 * 60 * 1000  # a hostile suspend timeout cannot hold a pull for days
+    flush_consumer_offset_interval: int = 5000
+    channel_expired_timeout: int = 120_000
+    default_query_max_num: int = 32
+    max_pull_msg_nums: int = 1024
+    message_delay_level: str | None = None  # None: the store's message_delay_level
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return set(cls.__dataclass_fields__)

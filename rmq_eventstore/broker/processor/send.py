@@ -1,0 +1,244 @@
+"""Sends (`SendMessageProcessor`): SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE and
+CONSUMER_SEND_MSG_BACK.
+
+`put` is the one place where a message a producer sent is checked, routed and stored (topic rules and
+auto-creation, queue choice, retry topics over their limit to the DLQ, UNIQ_KEY and CLUSTER properties,
+delay levels); the features that decide when and whether a write happens (half messages, timer
+messages, stream versions) hook in here.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+from ...common import Message, PutMessageStatus, codec
+from ...common.properties import (
+    PROPERTY_CLUSTER,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    get_property,
+    set_property,
+)
+from ...common.topic import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TopicValidationError,
+    is_not_allowed_send_topic,
+    validate_topic,
+)
+from ...common.topic_config import PermName
+from ...remoting import RemotingCommand, RequestCode, ResponseCode, send_header_v1
+from ..config import DLQ_NUMS_PER_GROUP
+from ..schedule import transform_delay_level_message
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+PROPERTY_UNIQ_KEY = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+
+PUT_STATUS_CODES = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.OS_PAGE_CACHE_BUSY: ResponseCode.SYSTEM_BUSY,
+}
+
+
+class SendMessageProcessor:
+    """Producers' sends and consumers' send-backs."""
+
+    CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
+             RequestCode.CONSUMER_SEND_MSG_BACK)
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.topics = broker.topic_manager
+        self._uniq_ids = codec.UniqueIdGenerator()  # UNIQ_KEY for messages a producer sent without one
+
+    def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+        if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:
+            return self._consumer_send_msg_back(req, channel)
+        return self._send_message(req, channel)
+
+    def _send_message(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+        # 310 and 320 carry SendMessageRequestHeaderV2's short names; 10 the long ones (mapping both is safe).
+        h = send_header_v1(req.ext_fields)
+        hreq = RemotingCommand(req.code, h)
+        batch = req.code == RequestCode.SEND_BATCH_MESSAGE or hreq.get_bool("batch", False)
+        topic = hreq.get_str("topic")
+        queue_id = hreq.get_int("queueId", -1)
+        sys_flag = hreq.get_int("sysFlag", 0)
+        born_ts = hreq.get_int("bornTimestamp", 0)
+        flag = hreq.get_int("flag", 0)
+        props = hreq.get_str("properties", "") or ""
+        reconsume = hreq.get_int("reconsumeTimes", 0)
+        max_reconsume = hreq.get_int("maxReconsumeTimes", None)
+        default_nums = hreq.get_int("defaultTopicQueueNums", self.broker.config.default_topic_queue_nums)
+        born_host = getattr(channel, "remote_address", None) or None
+        if batch:
+            try:
+                inner = codec.decode_batch_body(req.body)
+            except ValueError as e:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {e}")
+            if not inner:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
+            msgs = [Message(topic=topic, body=b, queue_id=queue_id, flag=f, properties_string=p, sys_flag=sys_flag,
+                            born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
+                    for b, f, p in inner]
+        else:
+            msgs = [Message(topic=topic, body=req.body, queue_id=queue_id, flag=flag, properties_string=props,
+                            sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+                            reconsume_times=reconsume)]
+        code, remark, ext = self.put(msgs, max_reconsume_times=max_reconsume,
+                                               default_topic_queue_nums=default_nums, batch=batch)
+        return req.response(code, remark, ext)
+
+    def put(self, msgs: list[Message], *, max_reconsume_times: int | None = None,
+                      default_topic_queue_nums: int | None = None,
+                      batch: bool = False) -> tuple[int, str | None, dict[str, Any] | None]:
+        """Check, route and store messages of one topic and queue (`SendMessageProcessor`).
+
+        Returns (response code, remark, response extFields: msgId, queueId, queueOffset).
+        """
+        store = self.broker.store
+        first = msgs[0]
+        topic = first.topic
+        try:
+            validate_topic(topic)
+        except (TopicValidationError, TypeError) as e:
+            return ResponseCode.SYSTEM_ERROR, str(e), None
+        if is_not_allowed_send_topic(topic):
+            return ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.", None
+        if codec.transaction_value(first.sys_flag) in (codec.TRANSACTION_PREPARED_TYPE,
+                                                       codec.TRANSACTION_ROLLBACK_TYPE):
+            return (ResponseCode.NO_PERMISSION,
+                    "the broker[rmq_eventstore] sending transaction message is forbidden (not supported yet)", None)
+        tc = self.topics.get(topic)
+        if tc is None:
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                tc = self.topics.create_retry_topic(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+            elif self.broker.config.auto_create_topic_enable:
+                # min(client's defaultTopicQueueNums, the broker's), as createTopicInSendMessageMethod
+                n = self.broker.config.default_topic_queue_nums
+                if default_topic_queue_nums is not None and default_topic_queue_nums > 0:
+                    n = min(n, default_topic_queue_nums)
+                tc = self.topics.ensure(topic, n)
+            if tc is None:
+                return ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!", None
+        if not PermName.is_writeable(tc.perm):
+            return ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden", None
+        queue_id = first.queue_id
+        if queue_id < 0:
+            queue_id = random.randrange(max(tc.write_queue_nums, 1))
+        elif queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
+            return (ResponseCode.SYSTEM_ERROR,
+                    f"request queueId[{queue_id}] is illegal, topic: {topic} writeQueueNums: "
+                    f"{tc.write_queue_nums} readQueueNums: {tc.read_queue_nums}", None)
+        # Retry topic over its limit → the group's DLQ (handleRetryAndDLQ).
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and not batch:
+            group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+            sg = self.broker.group_manager.find(group)
+            limit = max_reconsume_times if max_reconsume_times is not None else (sg.retry_max_times if sg else 16)
+            if first.reconsume_times >= limit:
+                dlq = DLQ_GROUP_TOPIC_PREFIX + group
+                self.topics.ensure(dlq, DLQ_NUMS_PER_GROUP)
+                topic, queue_id = dlq, 0
+        max_level = self.broker.schedule_service.max_level
+        delayed = False
+        uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
+        cluster_marker = PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR
+        cluster = f"{cluster_marker}{self.broker.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
+        auto_uniq = store.config.auto_create_uniq_key
+        sep = codec.PROPERTY_SEPARATOR
+        for m in msgs:
+            m.topic = topic
+            m.queue_id = queue_id
+            props = m.properties_string or ""
+            # absent properties are appended (what set_property does when there is nothing to remove)
+            if auto_uniq and uniq_marker not in props:
+                if props and not props.endswith(sep):
+                    props += sep
+                props += f"{uniq_marker}{self._uniq_ids.create()}{sep}"
+            if cluster_marker not in props:
+                if props and not props.endswith(sep):
+                    props += sep
+                props += cluster
+            m.properties_string = props
+            if "DELAY" in props:
+                if batch:
+                    if transform_delay_level_message(Message(topic, properties_string=props), max_level):
+                        return ResponseCode.MESSAGE_ILLEGAL, "a batch may not hold delayed messages", None
+                elif topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+                    m.properties_string = codec.delete_property(props, "DELAY")
+                elif transform_delay_level_message(m, max_level):
+                    delayed = True
+        res = store.put_messages(msgs) if batch else store.put_message(msgs[0])
+        if delayed:
+            self.broker.schedule_service.wakeup()
+        code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
+        a = res.append_result
+        if a is None or not res.is_ok():
+            return code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name, None
+        ext = {"msgId": a.msg_id, "queueId": queue_id, "queueOffset": a.logics_offset,
+               "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+        return code, None, ext
+
+    def put_message(self, msg: Message) -> tuple[int, str | None, dict[str, Any] | None]:
+        """In-process send of one message through the broker's checks (delay levels, retry, DLQ)."""
+        if msg.properties_string is None:
+            msg.properties_string = codec.build_properties_string(msg, msg.uniq_key)
+        return self.put([msg])
+
+    def _consumer_send_msg_back(self, req: RemotingCommand, _ch: Any) -> RemotingCommand:
+        code, remark = self.send_back(req.get_str("group"), req.get_int("offset"), req.get_int("delayLevel", 0),
+                                      req.get_str("originMsgId", None), req.get_str("originTopic", None),
+                                      req.get_int("maxReconsumeTimes", None))
+        return req.response(code, remark)
+
+    def send_back(self, group: str, commit_log_offset: int, delay_level: int = 0, origin_msg_id: str | None = None,
+                  origin_topic: str | None = None, max_reconsume_times: int | None = None) -> tuple[int, str | None]:
+        """`consumerSendMsgBack`: a message the group failed to consume goes to `%RETRY%<group>` with a
+        delay level (3 + reconsume times by default), or to `%DLQ%<group>` once it was reconsumed
+        `max_reconsume_times` times (or the level is negative)."""
+        sg = self.broker.group_manager.find(group)
+        if sg is None:
+            return ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}"
+        if sg.retry_queue_nums <= 0:
+            return ResponseCode.SUCCESS, None
+        msg = self.broker.store.look_message_by_offset(commit_log_offset) if commit_log_offset >= 0 else None
+        if msg is None:
+            return ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {commit_log_offset}"
+        props = msg.properties_string
+        if get_property(props, PROPERTY_RETRY_TOPIC) is None:
+            props = set_property(props, PROPERTY_RETRY_TOPIC, msg.topic)
+        limit = max_reconsume_times if max_reconsume_times is not None else sg.retry_max_times
+        reconsume = msg.reconsume_times
+        if reconsume >= limit or delay_level < 0:
+            topic = DLQ_GROUP_TOPIC_PREFIX + group
+            self.topics.ensure(topic, DLQ_NUMS_PER_GROUP)
+            queue_id = 0
+            props = codec.delete_property(props, "DELAY")
+        else:
+            topic = RETRY_GROUP_TOPIC_PREFIX + group
+            tc = self.topics.create_retry_topic(group)
+            queue_id = random.randrange(max(tc.write_queue_nums if tc else 1, 1))
+            props = set_property(props, "DELAY", str(delay_level if delay_level > 0 else 3 + reconsume))
+        origin = get_property(props, PROPERTY_ORIGIN_MESSAGE_ID)
+        if not origin:
+            props = set_property(props, PROPERTY_ORIGIN_MESSAGE_ID, origin_msg_id or msg.msg_id)
+        new = Message(topic=topic, body=bytes(msg.body), queue_id=queue_id, flag=msg.flag, properties_string=props,
+                      sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp, born_host=msg.born_host,
+                      reconsume_times=reconsume + 1)
+        delayed = transform_delay_level_message(new, self.broker.schedule_service.max_level)
+        res = self.broker.store.put_message(new)
+        if delayed:
+            self.broker.schedule_service.wakeup()
+        if res.is_ok():
+            return ResponseCode.SUCCESS, None
+        return ResponseCode.SYSTEM_ERROR, f"{res.status.name}: {res.reason}"

@@ -9,7 +9,7 @@ STORE ?= var/store
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $@
 
 ## run: the broker on ./var/store (its own process), a demo producer and a long-polling consumer
@@ -30,8 +30,10 @@ $(JS_CLIENT)/node_modules/.installed: $(JS_CLIENT)/package.json $(JS_CLIENT)/pac
 test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed lint
 	$(PY) -m pytest -q
 
+## lint: ruff, and the layer rules of pyproject.toml's import-linter contracts
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 ## bench: benchmarks side by side with their peers (writes benchmarks/results/)
 bench: $(VENV)/.installed

@@ -166,7 +166,12 @@ def test_send_refusals(broker: RunningBroker, wire: Wire) -> None:
     assert send_v2(wire, "SCHEDULE_TOPIC_XXXX", b"x").code == ResponseCode.NO_PERMISSION
     assert send_v2(wire, "orders", b"x", queue_id=99).code == ResponseCode.SYSTEM_ERROR
     assert send_v2(wire, "orders", b"x" * (4 * 1024 * 1024 + 1)).code == ResponseCode.MESSAGE_ILLEGAL
-    assert send_v2(wire, "orders", b"x", f=4).code == ResponseCode.NO_PERMISSION  # transactional: not yet
+    assert send_v2(wire, "orders", b"x", f=12).code == ResponseCode.MESSAGE_ILLEGAL  # ROLLBACK type: no send
+    prepared = send_v2(wire, "orders", b"x", f=4)  # PREPARED: stored as a half message, not on the topic
+    assert prepared.code == ResponseCode.SUCCESS
+    broker.store.wait_for_dispatch()
+    assert broker.store.get_max_offset_in_queue("orders", int(prepared.ext_fields["queueId"])) == 0
+    assert broker.store.get_max_offset_in_queue("RMQ_SYS_TRANS_HALF_TOPIC", 0) == 1
     r = wire.call(RequestCode.SEND_MESSAGE_V2, {"a": "pg"}, b"x")
     assert r.code == ResponseCode.SYSTEM_ERROR and "<topic>" in r.remark
     bad_batch = wire.call(RequestCode.SEND_BATCH_MESSAGE, {"a": "pg", "b": "orders", "e": 0}, b"\x00\x00\x00\x05zz")

@@ -13,6 +13,7 @@ from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.processor.admin import AdminBrokerProcessor
 from rmq_eventstore.broker.processor.client_manage import ClientManageProcessor
 from rmq_eventstore.broker.processor.consumer_manage import ConsumerManageProcessor
+from rmq_eventstore.broker.processor.end_transaction import EndTransactionProcessor
 from rmq_eventstore.broker.processor.namesrv import NameServerProcessor
 from rmq_eventstore.broker.processor.pull import PullMessageProcessor
 from rmq_eventstore.broker.processor.query import QueryMessageProcessor
@@ -31,6 +32,7 @@ FAMILIES = {
     ClientManageProcessor: ("HEART_BEAT", "UNREGISTER_CLIENT"),
     AdminBrokerProcessor: ("UPDATE_AND_CREATE_TOPIC", "GET_ALL_TOPIC_CONFIG", "GET_ALL_CONSUMER_OFFSET",
                            "GET_ALL_DELAY_OFFSET", "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP"),
+    EndTransactionProcessor: ("END_TRANSACTION",),
 }
 NAMESRV = ("GET_ROUTEINFO_BY_TOPIC", "GET_ALL_TOPIC_LIST_FROM_NAMESERVER", "GET_BROKER_CLUSTER_INFO")
 
@@ -67,7 +69,7 @@ def test_every_request_code_is_routed_to_the_processor_of_its_family(broker: Bro
     for name in NAMESRV:
         assert isinstance(broker._namesrv_processors[RequestCode[name]], NameServerProcessor)
     assert set(broker._processors) == served  # nothing registered that no family owns
-    unknown = RemotingCommand.request(RequestCode.END_TRANSACTION, {})
+    unknown = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {})  # a client's code
     assert broker.process(unknown, None).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
 
 
@@ -76,8 +78,8 @@ def test_a_registered_processor_serves_its_code(broker: Broker) -> None:
         def process(self, request: RemotingCommand, channel: Any) -> RemotingCommand:
             return request.response(remark=f"echo {request.get_str('x')}")
 
-    broker.register_processor(RequestCode.END_TRANSACTION, Echo())
-    r = broker.process(RemotingCommand.request(RequestCode.END_TRANSACTION, {"x": "hi"}), None)
+    broker.register_processor(RequestCode.QUERY_BROKER_OFFSET, Echo())
+    r = broker.process(RemotingCommand.request(RequestCode.QUERY_BROKER_OFFSET, {"x": "hi"}), None)
     assert r.code == ResponseCode.SUCCESS and r.remark == "echo hi"
 
 

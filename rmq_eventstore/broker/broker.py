@@ -7,8 +7,10 @@ A plain object (usable in-process, no sockets) that wires together:
   persisted every `flush_consumer_offset_interval` and at shutdown), `ClientManager` (consumers and
   producers by group, from heartbeats), `PullRequestHoldService` (long polling, woken by the store's
   message-arriving listener), `ScheduleMessageService` (delay levels);
+* transactions: `TransactionalMessageService` (half messages, ends exactly once per transaction) and the
+  `TransactionalMessageCheckService` thread that asks producers about half messages nobody ended;
 * request processors, one per family (`processor/`: send, pull, query, consumer-manage, client-manage,
-  admin, name server), reached through ONE table from request code to processor.
+  admin, end-transaction, name server), reached through ONE table from request code to processor.
 
 `process(request, channel)` serves a broker request, `process_namesrv` a name-server one (this broker is
 its own single-broker name server). A pull that found nothing and may wait comes back as a `PullHold`,
@@ -37,6 +39,7 @@ from .processor import Processor
 from .processor.admin import AdminBrokerProcessor
 from .processor.client_manage import ClientManageProcessor
 from .processor.consumer_manage import ConsumerManageProcessor
+from .processor.end_transaction import EndTransactionProcessor
 from .processor.namesrv import NameServerProcessor
 from .processor.pull import PullMessageProcessor
 from .processor.query import QueryMessageProcessor
@@ -44,6 +47,7 @@ from .processor.send import SendMessageProcessor
 from .schedule import ScheduleMessageService
 from .subscription_group_manager import SubscriptionGroupManager
 from .topic_manager import TopicManager
+from .transaction import TransactionalMessageCheckService, TransactionalMessageService
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ class Broker:
         self.client_manager = ClientManager(cfg.channel_expired_timeout)
         self.hold_service = PullRequestHoldService()
         self.schedule_service = ScheduleMessageService(store, cfg.message_delay_level)
+        self.transaction_service = TransactionalMessageService(self)
+        self.transaction_check_service = TransactionalMessageCheckService(self, self.transaction_service)
         # processors: one table from request code to processor
         self._processors: dict[int, Processor] = {}
         self._namesrv_processors: dict[int, Processor] = {}
@@ -79,7 +85,8 @@ class Broker:
         self.pull_processor = PullMessageProcessor(self)
         self.namesrv_processor = NameServerProcessor(self)
         for processor in (self.send_processor, self.pull_processor, QueryMessageProcessor(self),
-                          ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self)):
+                          ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self),
+                          EndTransactionProcessor(self)):
             for code in processor.CODES:
                 self.register_processor(code, processor)
         for code in self.namesrv_processor.CODES:
@@ -111,6 +118,8 @@ class Broker:
             perm = PermName.PERM_READ | PermName.PERM_WRITE | PermName.PERM_INHERIT
             tcm.put(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, 8, 8, perm))
         self.schedule_service.start()
+        self.transaction_service.ensure_system_topics()
+        self.transaction_check_service.start()
         self._thread = threading.Thread(target=self._housekeeping, name="BrokerScheduledTasks", daemon=True)
         self._thread.start()
 
@@ -122,6 +131,7 @@ class Broker:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.schedule_service.shutdown()
+        self.transaction_check_service.shutdown()
         self.offset_manager.persist()
 
     def persist_consumer_offsets(self) -> None:

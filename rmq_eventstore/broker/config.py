@@ -28,6 +28,12 @@ class BrokerConfig:
     default_query_max_num: int = 32
     max_pull_msg_nums: int = 1024
     message_delay_level: str | None = None  # None: the store's message_delay_level
+    # transactional (half) messages: BrokerConfig's transactionTimeOut, transactionCheckMax,
+    # transactionCheckInterval
+    transaction_timeout: int = 6_000  # a half message with no end is checked back after this many ms
+    transaction_check_max: int = 15  # check-backs before a half message is discarded to TRANS_CHECK_MAX_TIME_TOPIC
+    transaction_check_interval: int = 30_000  # ms between two walks of the half queue
+    reject_transaction_message: bool = False
 
     @classmethod
     def field_names(cls) -> set[str]:

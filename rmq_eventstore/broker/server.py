@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
                          RequestCode.CONSUMER_SEND_MSG_BACK})
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION})
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 
 
@@ -138,8 +139,10 @@ class BrokerServer:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._servers: list[asyncio.AbstractServer] = []
         sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
-        self._offload = _SEND_CODES if sync else frozenset()
-        self._executor = concurrent.futures.ThreadPoolExecutor(8, "broker-send") if sync else None
+        # requests that may wait (a flush, index lookups) run on threads, never on the event loop
+        self._offload = (_SEND_CODES if sync else frozenset()) | _BLOCKING_CODES
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
+            8, "broker-blocking")
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()

@@ -13,17 +13,23 @@ import signal
 import sys
 import threading
 
+from ..broker.config_file import BrokerConfigFileError, load_broker_conf
 from ..broker.server import serve_in_thread
 from ..store import StoreLockedError
 from .output import EXIT_ERROR, EXIT_OK, CliError, Command
 
 
 def configure_serve(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", default="var/store", metavar="PATH", help="store directory (default: ./var/store)")
+    p.add_argument("-c", "--config", metavar="FILE",
+                   help="a RocketMQ broker.conf (properties with RocketMQ's names, e.g. transactionTimeOut=1000); "
+                        "options given here win over it")
+    p.add_argument("--store", default=None, metavar="PATH",
+                   help="store directory (default: storePathRootDir of --config, else ./var/store)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default: 9876)")
-    p.add_argument("--broker-port", type=int, default=10911, help="broker port (default: 10911)")
-    p.add_argument("--flush-disk-type", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default="ASYNC_FLUSH",
+    p.add_argument("--broker-port", type=int, default=None,
+                   help="broker port (default: listenPort of --config, else 10911)")
+    p.add_argument("--flush-disk-type", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default=None,
                    help="SYNC_FLUSH answers a send only after its bytes are fsynced")
     p.add_argument("--no-auto-create-topic", action="store_true",
                    help="refuse sends to topics not created first (UPDATE_AND_CREATE_TOPIC)")
@@ -35,21 +41,35 @@ def configure_serve(p: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config: dict[str, object] = {"flush_disk_type": args.flush_disk_type,
-                                 "auto_create_topic_enable": not args.no_auto_create_topic}
+    config: dict[str, object] = {}
+    server_conf: dict[str, object] = {}
+    if args.config:
+        try:
+            store_conf, broker_conf, server_conf = load_broker_conf(args.config)
+        except BrokerConfigFileError as e:
+            raise CliError(str(e), EXIT_ERROR) from None
+        config.update(store_conf)
+        config.update(broker_conf)
+    broker_port = args.broker_port if args.broker_port is not None else int(server_conf.get("listen_port", 10911))
+    store_path = args.store or config.pop("store_path_root_dir", None) or "var/store"
+    config.pop("store_path_root_dir", None)
+    if args.flush_disk_type:
+        config["flush_disk_type"] = args.flush_disk_type
+    if args.no_auto_create_topic:
+        config["auto_create_topic_enable"] = False
     if args.message_delay_level:
         config["message_delay_level"] = args.message_delay_level
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            running = serve_in_thread(args.store, args.host, args.namesrv_port, args.broker_port, **config)
+            running = serve_in_thread(store_path, args.host, args.namesrv_port, broker_port, **config)
         except StoreLockedError as e:
             raise CliError(str(e), EXIT_ERROR) from None
         except OSError as e:
             raise CliError(f"cannot listen on {args.host}: {e.strerror or e}", EXIT_ERROR) from None
         with running:
-            print(f"broker {running.broker_address} serving {args.store}; name server {running.namesrv_address}",
+            print(f"broker {running.broker_address} serving {store_path}; name server {running.namesrv_address}",
                   flush=True)
             while not stop.wait(0.5):
                 pass

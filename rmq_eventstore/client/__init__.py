@@ -1,4 +1,4 @@
-"""Clients on RocketMQ's remoting protocol: `Producer`, `PullConsumer`, `Admin`.
+"""Clients on RocketMQ's remoting protocol: `Producer`, `TransactionProducer`, `PullConsumer`, `Admin`.
 
 Synchronous and thread-safe (a reader thread per connection matches responses by opaque), so they
 work from Django views and Celery workers. They send only requests Apache RocketMQ understands, so
@@ -11,8 +11,10 @@ from .base import TopicRoute
 from .consumer import FOUND, NO_MATCHED_MSG, NO_NEW_MSG, OFFSET_ILLEGAL, PullConsumer, PullResult
 from .producer import Producer, SendResult
 from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
+from .transaction_producer import TransactionProducer, TransactionSendResult, TransactionState
 
 __all__ = [
     "FOUND", "NO_MATCHED_MSG", "NO_NEW_MSG", "OFFSET_ILLEGAL", "Admin", "MQBrokerError", "Message", "MessageExt",
     "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
+    "TransactionProducer", "TransactionSendResult", "TransactionState",
 ]

@@ -45,10 +45,13 @@ class Producer:
                  retry_times_when_send_failed: int = 2, max_message_size: int = 4 * 1024 * 1024) -> None:
         self.group = group
         self.max_message_size = max_message_size
-        self._base = _ProducerBase(namesrv_addr, self, send_timeout_ms / 1000.0)
+        self._base = self._make_base(namesrv_addr, send_timeout_ms / 1000.0)
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._ids = codec.UniqueIdGenerator()
         self._rr = itertools.count()
+
+    def _make_base(self, namesrv_addr: str, timeout: float) -> ClientBase:
+        return _ProducerBase(namesrv_addr, self, timeout)
 
     @property
     def client_id(self) -> str:

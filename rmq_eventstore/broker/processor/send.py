@@ -3,8 +3,8 @@ CONSUMER_SEND_MSG_BACK.
 
 `put` is the one place where a message a producer sent is checked, routed and stored (topic rules and
 auto-creation, queue choice, retry topics over their limit to the DLQ, UNIQ_KEY and CLUSTER properties,
-delay levels); the features that decide when and whether a write happens (half messages, timer
-messages, stream versions) hook in here.
+delay levels, half messages of transactions); the features that decide when and whether a write happens
+hook in here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ...common.properties import (
     PROPERTY_CLUSTER,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     get_property,
     set_property,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 PROPERTY_UNIQ_KEY = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+_TRAN_MARKER = f"{PROPERTY_TRANSACTION_PREPARED}{codec.NAME_VALUE_SEPARATOR}"
 
 PUT_STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -115,10 +117,19 @@ class SendMessageProcessor:
             return ResponseCode.SYSTEM_ERROR, str(e), None
         if is_not_allowed_send_topic(topic):
             return ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.", None
-        if codec.transaction_value(first.sys_flag) in (codec.TRANSACTION_PREPARED_TYPE,
-                                                       codec.TRANSACTION_ROLLBACK_TYPE):
-            return (ResponseCode.NO_PERMISSION,
-                    "the broker[rmq_eventstore] sending transaction message is forbidden (not supported yet)", None)
+        tx = codec.transaction_value(first.sys_flag)
+        first_props = first.properties_string or ""
+        prepared = tx == codec.TRANSACTION_PREPARED_TYPE or (
+            _TRAN_MARKER in first_props
+            and (get_property(first_props, PROPERTY_TRANSACTION_PREPARED) or "").lower() == "true")
+        if prepared:
+            if self.broker.config.reject_transaction_message:
+                return (ResponseCode.NO_PERMISSION,
+                        f"the broker[{self.broker.config.broker_name}] sending transaction message is forbidden", None)
+            if batch:
+                return ResponseCode.MESSAGE_ILLEGAL, "transactional messages cannot be sent as a batch", None
+        elif tx == codec.TRANSACTION_ROLLBACK_TYPE:
+            return ResponseCode.MESSAGE_ILLEGAL, "a message cannot be sent with the ROLLBACK transaction type", None
         tc = self.topics.get(topic)
         if tc is None:
             if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
@@ -170,7 +181,9 @@ class SendMessageProcessor:
                     props += sep
                 props += cluster
             m.properties_string = props
-            if "DELAY" in props:
+            if prepared:
+                self.broker.transaction_service.prepare(m)  # stored on the half topic until its end
+            elif "DELAY" in props:
                 if batch:
                     if transform_delay_level_message(Message(topic, properties_string=props), max_level):
                         return ResponseCode.MESSAGE_ILLEGAL, "a batch may not hold delayed messages", None
@@ -187,6 +200,8 @@ class SendMessageProcessor:
             return code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name, None
         ext = {"msgId": a.msg_id, "queueId": queue_id, "queueOffset": a.logics_offset,
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+        if prepared:
+            ext["transactionId"] = get_property(msgs[0].properties_string or "", PROPERTY_UNIQ_KEY) or a.msg_id
         return code, None, ext
 
     def put_message(self, msg: Message) -> tuple[int, str | None, dict[str, Any] | None]:

@@ -1,0 +1,170 @@
+"""`TransactionProducer`: RocketMQ's transactional messages from the producer's side
+(`TransactionMQProducer` / `DefaultMQProducerImpl.sendMessageInTransaction`).
+
+`send_in_transaction(msg, execute)` sends `msg` as a half message (property `TRAN_MSG=true`, the producer
+group in `PGROUP`, the PREPARED sysFlag), runs `execute(msg)` (the local transaction: a database commit,
+say), and ends the transaction with its answer: COMMIT makes the message visible on its topic, ROLLBACK
+drops it, UNKNOWN (or an exception in `execute`) leaves it to the broker, which after
+`transaction_timeout` asks a live member of the producer group: `checker(msg)` answers, on a worker thread,
+with the same three states. Any process of the group can answer, so a transaction whose sender died is
+still settled.
+
+Embedded use: run the broker in the same process (`rmq_eventstore.broker.serve_in_thread`) and point the
+producer at its name server; the checker is then called in-process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..common import Message, MessageExt, codec
+from ..common.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_PREPARED,
+    set_property,
+)
+from ..common.topic import validate_topic
+from ..remoting import RemotingCommand, RequestCode
+from .base import ClientBase, decode_records
+from .producer import Producer, SendResult, _ProducerBase
+from .remoting_client import RemotingError
+
+log = logging.getLogger(__name__)
+
+
+class TransactionState(enum.Enum):
+    """`LocalTransactionState`: what the local transaction decided."""
+
+    COMMIT = "COMMIT_MESSAGE"
+    ROLLBACK = "ROLLBACK_MESSAGE"
+    UNKNOWN = "UNKNOW"
+
+
+_END_TYPE = {TransactionState.COMMIT: codec.TRANSACTION_COMMIT_TYPE,
+             TransactionState.ROLLBACK: codec.TRANSACTION_ROLLBACK_TYPE,
+             TransactionState.UNKNOWN: codec.TRANSACTION_NOT_TYPE}
+
+
+@dataclass
+class TransactionSendResult(SendResult):
+    """The half message's `SendResult` plus the transaction id and what the local transaction decided."""
+
+    transaction_id: str = ""
+    local_transaction_state: TransactionState = TransactionState.UNKNOWN
+
+
+Checker = Callable[[MessageExt], TransactionState]
+Executor = Callable[[Message], TransactionState]
+
+
+class _TransactionProducerBase(_ProducerBase):
+    """Answers the broker's CHECK_TRANSACTION_STATE requests through the producer's checker."""
+
+    producer: TransactionProducer
+
+    def _on_server_request(self, address: str, cmd: RemotingCommand) -> None:
+        if cmd.code == RequestCode.CHECK_TRANSACTION_STATE:
+            self.producer._check(address, cmd)
+
+
+class TransactionProducer(Producer):
+    """A `Producer` that also sends transactional messages (see the module docstring); thread-safe."""
+
+    def __init__(self, namesrv_addr: str, group: str, checker: Checker, check_threads: int = 4,
+                 **kwargs: object) -> None:
+        if not callable(checker):
+            raise TypeError("checker must be a callable taking the half message and returning a TransactionState")
+        self.checker = checker
+        self._check_pool = concurrent.futures.ThreadPoolExecutor(check_threads, f"tx-check-{group}")
+        super().__init__(namesrv_addr, group, **kwargs)  # type: ignore[arg-type]
+
+    def _make_base(self, namesrv_addr: str, timeout: float) -> ClientBase:
+        return _TransactionProducerBase(namesrv_addr, self, timeout)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._check_pool.shutdown(wait=False, cancel_futures=True)
+
+    def send_in_transaction(self, msg: Message, execute: Executor) -> TransactionSendResult:
+        """Send `msg` as a half message, run `execute(msg)`, end the transaction with its answer."""
+        validate_topic(msg.topic)
+        uniq = msg.uniq_key or self._ids.create()
+        props, uniq = self._properties(msg, uniq, 0)
+        props = set_property(props, PROPERTY_TRANSACTION_PREPARED, "true")
+        props = set_property(props, PROPERTY_PRODUCER_GROUP, self.group)
+        q = msg.queue_id or None
+        sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
+        sent = self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
+                          msg.reconsume_times, uniq, False, None)
+        state = TransactionState.ROLLBACK
+        error: BaseException | None = None
+        if sent.status == "SEND_OK":
+            try:
+                state = execute(msg)
+                if not isinstance(state, TransactionState):
+                    raise TypeError(f"execute returned {state!r}, not a TransactionState")
+            except Exception as e:  # the local transaction failed or did not say: the check-back decides
+                log.warning("local transaction of %s raised %s: %s; its state is UNKNOWN", uniq,
+                            type(e).__name__, e)
+                state, error = TransactionState.UNKNOWN, e
+        try:
+            self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, uniq, state, False, error)
+        except RemotingError as e:  # the broker will ask
+            log.warning("END_TRANSACTION for %s not delivered (%s); the broker's check-back settles it", uniq, e)
+        return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
+                                     sent.queue_offset, sent.topic, sent.broker_address, uniq, state)
+
+    def _end(self, address: str, offset_msg_id: str, queue_offset: int, txid: str, state: TransactionState,
+             from_check: bool, error: BaseException | None = None) -> None:
+        _, _, commit_log_offset = codec.decode_message_id(offset_msg_id)
+        self._end_at(address, commit_log_offset, queue_offset, txid, state, from_check, error)
+
+    def _end_at(self, address: str, commit_log_offset: int, queue_offset: int, txid: str, state: TransactionState,
+                from_check: bool, error: BaseException | None = None) -> None:
+        header = {"producerGroup": self.group, "tranStateTableOffset": queue_offset,
+                  "commitLogOffset": commit_log_offset, "commitOrRollback": _END_TYPE[state],
+                  "fromTransactionCheck": from_check, "msgId": txid, "transactionId": txid}
+        cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header, oneway=True)
+        if error is not None:
+            cmd.remark = f"executeLocalTransactionBranch exception: {type(error).__name__}: {error}"[:512]
+        self._base.remoting.invoke_oneway(address, cmd)
+
+    def _check(self, address: str, cmd: RemotingCommand) -> None:
+        """A CHECK_TRANSACTION_STATE from the broker at `address`: ask the checker on a worker thread."""
+        try:
+            msgs = decode_records(cmd.body)
+        except Exception:
+            log.warning("CHECK_TRANSACTION_STATE from %s with an undecodable body", address, exc_info=True)
+            return
+        if not msgs:
+            return
+        half = msgs[0]
+        if half.properties.get(PROPERTY_PRODUCER_GROUP) not in (None, self.group):
+            log.warning("CHECK_TRANSACTION_STATE for group %s reached %s", half.properties.get(PROPERTY_PRODUCER_GROUP),
+                        self.group)
+            return
+        txid = cmd.get_str("transactionId", None) or half.uniq_key or half.msg_id
+        offset = cmd.get_int("commitLogOffset", half.commit_log_offset)
+        queue_offset = cmd.get_int("tranStateTableOffset", half.queue_offset)
+
+        def run() -> None:
+            try:
+                state = self.checker(half)
+                if not isinstance(state, TransactionState):
+                    raise TypeError(f"checker returned {state!r}, not a TransactionState")
+            except Exception:
+                log.exception("transaction checker failed for %s; answering UNKNOWN", txid)
+                state = TransactionState.UNKNOWN
+            try:
+                self._end_at(address, offset, queue_offset, txid, state, True)
+            except RemotingError as e:
+                log.warning("answer to the check of %s not delivered: %s", txid, e)
+
+        try:
+            self._check_pool.submit(run)
+        except RuntimeError:  # shutting down
+            pass

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run quickstart test lint bench crashtest clean
+.PHONY: run quickstart test lint bench crashtest txcrashtest clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench: $(VENV)/.installed
 ## crashtest: the SIGKILL crash suite with 1000 rounds (CI runs 50; CRASH_SEED=N reproduces a run)
 crashtest: $(VENV)/.installed
 	CRASH_ROUNDS=$${CRASH_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_crash.py  # ~15 min
+
+## txcrashtest: transactions across 200 SIGKILLs of the broker (CI runs 4; TX_CRASH_SEED=N reproduces a run)
+txcrashtest: $(VENV)/.installed
+	TX_CRASH_ROUNDS=$${TX_CRASH_ROUNDS:-200} $(PY) -m pytest -q -s --timeout=0 tests/test_transaction_crash.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules

@@ -193,3 +193,33 @@ def test_alions_consume_failure_is_redelivered_through_the_retry_topic(tmp_path:
         broker.store.wait_for_dispatch()
         retry_topic = f"%RETRY%{group}"
         assert broker.store.get_max_offset_in_queue(retry_topic, 0) == 1
+
+
+def test_alions_prepared_message_is_a_half_message_until_its_end(broker, tmp_path: Path) -> None:
+    """ali-ons sets the PREPARED sysFlag for a message with TRAN_MSG=true but has no END_TRANSACTION: its
+    send is stored as a half message, invisible on the topic, and an end settles it."""
+    from rmq_eventstore.common import codec
+    from rmq_eventstore.common.topic import RMQ_SYS_TRANS_HALF_TOPIC
+    from rmq_eventstore.remoting import RemotingCommand, RequestCode
+
+    topic = "AliOnsTx"
+    specs = [{"tags": "T", "keys": ["tx-1"], "body": "prepared by ali-ons",
+              "properties": {"TRAN_MSG": "true", "PGROUP": "alions-tx"}}]
+    producer = _run(tmp_path, "produce", "--namesrv", broker.namesrv_address, "--topic", topic, "--group",
+                    "alions-tx", "--spec", json.dumps(specs), name="tx producer")
+    producer.finish(timeout=60)
+    assert [s["sendStatus"] for s in producer.of("sent")] == ["SEND_OK"], producer.describe()
+    store = broker.store
+    store.wait_for_dispatch()
+    assert store.query_message(topic, "tx-1").messages == []
+    assert all(store.get_max_offset_in_queue(topic, q) == 0 for q in range(8))
+    (half,) = store.query_message(RMQ_SYS_TRANS_HALF_TOPIC, "tx-1").messages
+    assert half.properties["REAL_TOPIC"] == topic and codec.transaction_value(half.sys_flag) == 0
+    end = RemotingCommand.request(RequestCode.END_TRANSACTION, {
+        "producerGroup": "alions-tx", "tranStateTableOffset": half.queue_offset,
+        "commitLogOffset": half.commit_log_offset, "commitOrRollback": codec.TRANSACTION_COMMIT_TYPE,
+        "fromTransactionCheck": False})
+    assert broker.broker.process(end, None).code == 0
+    store.wait_for_dispatch()
+    (committed,) = store.query_message(topic, "tx-1").messages
+    assert committed.body == b"prepared by ali-ons" and committed.tags == "T"

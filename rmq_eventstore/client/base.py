@@ -4,6 +4,7 @@ heartbeats, and decoding of the record bodies the broker returns."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -22,6 +23,8 @@ ROUTE_TTL_SECONDS = 30.0
 HEARTBEAT_INTERVAL_SECONDS = 30.0
 DEFAULT_TIMEOUT = 3.0
 _instance_counter = iter(range(1, 1 << 62))
+
+log = logging.getLogger(__name__)
 
 
 def _local_ip() -> str:
@@ -68,7 +71,7 @@ class ClientBase:
         self.namesrv_addrs = addrs
         self.timeout = timeout
         self.client_id = f"{_local_ip()}@{os.getpid()}#{next(_instance_counter)}"
-        self.remoting = RemotingClient(on_request=self._on_server_request)
+        self.remoting = RemotingClient(on_request=self._on_server_request, on_reconnect=self._on_reconnect)
         self._routes: dict[str, TopicRoute] = {}
         self._route_lock = threading.Lock()
         self._stop = threading.Event()
@@ -102,6 +105,16 @@ class ClientBase:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    def _on_reconnect(self, address: str) -> None:
+        """A broker connection was lost and is made again (the broker restarted, say): announce ourselves
+        at once rather than at the next heartbeat, so a restarted broker can reach our producer group for
+        transaction check-backs and knows our consumers."""
+        if address in self._known_brokers() and not self._stop.is_set():
+            try:
+                self.send_heartbeat([address])
+            except Exception:
+                log.debug("heartbeat after reconnecting to %s failed", address, exc_info=True)
 
     def _on_server_request(self, address: str, cmd: RemotingCommand) -> None:
         """Requests a broker sends us (NOTIFY_CONSUMER_IDS_CHANGED...): nothing to do for pull clients."""

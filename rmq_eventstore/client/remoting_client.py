@@ -330,9 +330,11 @@ class RemotingClient:
     """Connections by address, created on first use and re-created after a failure (thread-safe)."""
 
     def __init__(self, connect_timeout: float = 3.0,
-                 on_request: Callable[[str, RemotingCommand], None] | None = None) -> None:
+                 on_request: Callable[[str, RemotingCommand], None] | None = None,
+                 on_reconnect: Callable[[str], None] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self._on_request = on_request
+        self._on_reconnect = on_reconnect  # called (on a new thread) when a lost connection is re-made
         self._conns: dict[str, ClientConnection] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -341,16 +343,21 @@ class RemotingClient:
         c = self._conns.get(address)
         if c is not None and not c.closed:
             return c
+        reconnected = False
         with self._lock:
             if self._closed:
                 raise RemotingError("client is shut down")
             c = self._conns.get(address)
             if c is None or c.closed:
+                reconnected = c is not None
                 cb = self._on_request
                 c = ClientConnection(address, self.connect_timeout,
                                      (lambda cmd, a=address: cb(a, cmd)) if cb is not None else None)
                 self._conns[address] = c
-            return c
+        if reconnected and self._on_reconnect is not None:
+            threading.Thread(target=self._on_reconnect, args=(address,), daemon=True,
+                             name=f"remoting-reconnect-{address}").start()
+        return c
 
     def __enter__(self) -> RemotingClient:
         return self

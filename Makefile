@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run quickstart test lint bench crashtest txcrashtest clean
+.PHONY: run quickstart test lint bench crashtest txcrashtest racetest clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ crashtest: $(VENV)/.installed
 ## txcrashtest: transactions across 200 SIGKILLs of the broker (CI runs 4; TX_CRASH_SEED=N reproduces a run)
 txcrashtest: $(VENV)/.installed
 	TX_CRASH_ROUNDS=$${TX_CRASH_ROUNDS:-200} $(PY) -m pytest -q -s --timeout=0 tests/test_transaction_crash.py
+
+## racetest: 16 writer processes racing at one expected version, 1000 rounds, also through broker kills
+racetest: $(VENV)/.installed
+	STREAM_RACE_ROUNDS=$${STREAM_RACE_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_stream_version.py -k racing
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules

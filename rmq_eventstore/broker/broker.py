@@ -40,11 +40,13 @@ from .processor.admin import AdminBrokerProcessor
 from .processor.client_manage import ClientManageProcessor
 from .processor.consumer_manage import ConsumerManageProcessor
 from .processor.end_transaction import EndTransactionProcessor
+from .processor.extension import ExtensionProcessor
 from .processor.namesrv import NameServerProcessor
 from .processor.pull import PullMessageProcessor
 from .processor.query import QueryMessageProcessor
 from .processor.send import SendMessageProcessor
 from .schedule import ScheduleMessageService
+from .stream_version import StreamVersionManager
 from .subscription_group_manager import SubscriptionGroupManager
 from .topic_manager import TopicManager
 from .transaction import TransactionalMessageCheckService, TransactionalMessageService
@@ -76,6 +78,7 @@ class Broker:
         self.client_manager = ClientManager(cfg.channel_expired_timeout)
         self.hold_service = PullRequestHoldService()
         self.schedule_service = ScheduleMessageService(store, cfg.message_delay_level)
+        self.stream_versions = StreamVersionManager(store)
         self.transaction_service = TransactionalMessageService(self)
         self.transaction_check_service = TransactionalMessageCheckService(self, self.transaction_service)
         # processors: one table from request code to processor
@@ -86,7 +89,7 @@ class Broker:
         self.namesrv_processor = NameServerProcessor(self)
         for processor in (self.send_processor, self.pull_processor, QueryMessageProcessor(self),
                           ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self),
-                          EndTransactionProcessor(self)):
+                          EndTransactionProcessor(self), ExtensionProcessor(self)):
             for code in processor.CODES:
                 self.register_processor(code, processor)
         for code in self.namesrv_processor.CODES:
@@ -119,6 +122,9 @@ class Broker:
             tcm.put(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, 8, 8, perm))
         self.schedule_service.start()
         self.transaction_service.ensure_system_topics()
+        self.store.wait_for_dispatch(60.0)
+        self.stream_versions.rebuild_reservations(self.transaction_service,
+                                                  self.transaction_check_service.open_halves())
         self.transaction_check_service.start()
         self._thread = threading.Thread(target=self._housekeeping, name="BrokerScheduledTasks", daemon=True)
         self._thread.start()

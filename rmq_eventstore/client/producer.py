@@ -5,11 +5,14 @@ one retry on another queue when a broker cannot be reached)."""
 from __future__ import annotations
 
 import itertools
+import json
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..common import Message, codec
+from ..common.stream import validate_stream_id
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase
@@ -22,6 +25,24 @@ _SEND_STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
 }
 _OK_CODES = tuple(_SEND_STATUS)
+_STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
+
+
+class ConcurrencyError(Exception):
+    """An expected-version append found the stream at another version; nothing was stored.
+
+    `current_version` is the stream's version when the broker refused; while an open transaction holds the
+    stream it is the version that transaction reserved (append again after it ends)."""
+
+    def __init__(self, message: str, stream: str, expected_version: int | None, current_version: int | None) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.expected_version = expected_version
+        self.current_version = current_version
+
+
+class ExtensionNotSupportedError(Exception):
+    """The broker lacks an rmq_eventstore extension (an Apache RocketMQ broker, say); nothing was sent."""
 
 
 @dataclass
@@ -36,6 +57,7 @@ class SendResult:
     queue_offset: int
     topic: str = ""
     broker_address: str = ""
+    stream_version: int | None = None  # the version of the (last) event, for a stream append
 
 
 class Producer:
@@ -49,6 +71,7 @@ class Producer:
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._ids = codec.UniqueIdGenerator()
         self._rr = itertools.count()
+        self._extensions: dict[str, dict[str, object]] = {}  # broker address -> extensions it serves
 
     def _make_base(self, namesrv_addr: str, timeout: float) -> ClientBase:
         return _ProducerBase(namesrv_addr, self, timeout)
@@ -106,20 +129,28 @@ class Producer:
         return route.queues[start % n]
 
     def send(self, msg: Message, queue_id: int | None = None, delay_level: int = 0,
-             timeout_ms: int | None = None) -> SendResult:
+             timeout_ms: int | None = None, *, stream: str | None = None,
+             expected_version: int | None = None) -> SendResult:
         """Send one message. `queue_id` (or a non-zero `msg.queue_id`) picks the queue, else round-robin;
         `delay_level` (1..18 by default: 1s 5s 10s 30s 1m ...) delays delivery. Raises `MQBrokerError`
-        for a broker error and `RemotingError` when no broker can be reached."""
+        for a broker error and `RemotingError` when no broker can be reached.
+
+        With `stream`, the message is the next event of that stream of its topic, numbered by the broker
+        (`SendResult.stream_version`); `expected_version` (0: the stream must not exist yet) makes the
+        append conditional: another current version raises `ConcurrencyError` and stores nothing. A
+        stream's events go to one queue (picked from the stream id) unless `queue_id` says otherwise."""
         validate_topic(msg.topic)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         q = queue_id if queue_id is not None else (msg.queue_id or None)
         body = bytes(msg.body)
         return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,
-                          msg.reconsume_times, uniq, False, timeout_ms)
+                          msg.reconsume_times, uniq, False, timeout_ms, stream, expected_version)
 
     def send_batch(self, msgs: Sequence[Message], queue_id: int | None = None,
-                   timeout_ms: int | None = None) -> SendResult:
-        """Send messages of one topic as one SEND_BATCH_MESSAGE: one queue, consecutive queue offsets."""
+                   timeout_ms: int | None = None, *, stream: str | None = None,
+                   expected_version: int | None = None) -> SendResult:
+        """Send messages of one topic as one SEND_BATCH_MESSAGE: one queue, consecutive queue offsets.
+        With `stream`, they are the stream's next events, all or none (see `send`)."""
         if not msgs:
             raise ValueError("send_batch needs at least one message")
         topic = msgs[0].topic
@@ -139,32 +170,82 @@ class Producer:
             raise ValueError(f"the batch is {len(body)} bytes encoded, more than max_message_size "
                              f"{self.max_message_size}: split it into smaller batches")
         return self._send(topic, q, RequestCode.SEND_BATCH_MESSAGE, body, "", 0, 0, 0, ",".join(ids), True,
-                          timeout_ms)
+                          timeout_ms, stream, expected_version)
+
+    def _stream_queue(self, topic: str, stream: str) -> int:
+        """The queue of a stream: the same for every append, so a stream's events keep their order."""
+        route = self._base.route(topic)
+        if not route.queues:
+            raise MQBrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic {topic} has no writeable queue")
+        return route.queues[zlib.crc32(stream.encode()) % len(route.queues)][1]
+
+    def supports(self, address: str, extension: str) -> bool:
+        """Whether the broker at `address` serves one of rmq_eventstore's extensions (asked once, cached)."""
+        known = self._extensions.get(address)
+        if known is None:
+            r = self._base.remoting.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_EXTENSIONS, {}),
+                                           self._base.timeout)
+            known = {}
+            if r.code == ResponseCode.SUCCESS:
+                known = dict(json.loads(r.body or b"{}").get("extensions") or {})
+            self._extensions[address] = known
+        return bool(known.get(extension))
 
     def _send(self, topic: str, queue_id: int | None, code: int, body: bytes, props: str, flag: int,
-              sys_flag: int, reconsume: int, msg_id: str, batch: bool, timeout_ms: int | None) -> SendResult:
+              sys_flag: int, reconsume: int, msg_id: str, batch: bool, timeout_ms: int | None,
+              stream: str | None = None, expected_version: int | None = None) -> SendResult:
         timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
         avoid = None
         last: Exception | None = None
+        ok = _OK_CODES
+        if stream is not None:
+            validate_stream_id(stream)
+            if expected_version is not None and expected_version < 0:
+                raise ValueError(f"expected_version must be >= 0 or None, not {expected_version}")
+            ok = _STREAM_OK_CODES
+            if queue_id is None:
+                queue_id = self._stream_queue(topic, stream)
         for attempt in range(1 + self.retry_times_when_send_failed):
             addr, q = self._pick(topic, queue_id, avoid)
             ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": 4, "e": q, "f": sys_flag,
                    "g": int(time.time() * 1000), "h": flag, "i": props, "j": reconsume, "k": False}
             if batch:
                 ext["m"] = True
+            if stream is not None:
+                try:
+                    served = self.supports(addr, "expectedVersionAppend")
+                except RemotingError as e:
+                    last, avoid = e, addr
+                    continue
+                if not served:
+                    raise ExtensionNotSupportedError(
+                        f"the broker at {addr} does not serve expected-version appends (an Apache RocketMQ "
+                        f"broker?): nothing was sent. Run the rmq_eventstore broker, or check versions in your "
+                        f"own database inside a transaction (TransactionProducer) instead of stream=...")
+                ext["streamId"] = stream
+                if expected_version is not None:
+                    ext["expectedVersion"] = expected_version
             cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE,
                                           ext, body)
             try:
-                r = self._base.invoke(addr, cmd, timeout, ok=_OK_CODES)
+                r = self._base.invoke(addr, cmd, timeout, ok=ok)
             except RemotingError as e:
                 last = e
                 avoid = addr
-                if attempt < self.retry_times_when_send_failed:
+                if attempt < self.retry_times_when_send_failed and stream is None:
                     self._base.route(topic, refresh=True)
+                if stream is not None:
+                    break  # an append may have been stored: a blind retry could add the events twice
                 continue
             x = r.ext_fields
+            if r.code == ResponseCode.STREAM_VERSION_CONFLICT:
+                current = x.get("currentVersion")
+                raise ConcurrencyError(r.remark or "stream version conflict", stream or "", expected_version,
+                                       int(current) if current is not None else None)
+            version = x.get("streamVersion")
             return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""), int(x.get("queueId", q)),
-                              int(x.get("queueOffset", -1)), topic, addr)
+                              int(x.get("queueOffset", -1)), topic, addr,
+                              int(version) if version is not None else None)
         assert last is not None
         raise last
 

@@ -89,8 +89,13 @@ class TransactionProducer(Producer):
         super().shutdown()
         self._check_pool.shutdown(wait=False, cancel_futures=True)
 
-    def send_in_transaction(self, msg: Message, execute: Executor) -> TransactionSendResult:
-        """Send `msg` as a half message, run `execute(msg)`, end the transaction with its answer."""
+    def send_in_transaction(self, msg: Message, execute: Executor, *, stream: str | None = None,
+                            expected_version: int | None = None) -> TransactionSendResult:
+        """Send `msg` as a half message, run `execute(msg)`, end the transaction with its answer.
+
+        With `stream` (and `expected_version`), the message is the stream's next event as in
+        `Producer.send`; the version is reserved while the transaction is open and the stream takes no
+        other append until it ends (a conflict raises `ConcurrencyError` before `execute` runs)."""
         validate_topic(msg.topic)
         uniq = msg.uniq_key or self._ids.create()
         props, uniq = self._properties(msg, uniq, 0)
@@ -99,7 +104,7 @@ class TransactionProducer(Producer):
         q = msg.queue_id or None
         sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
         sent = self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
-                          msg.reconsume_times, uniq, False, None)
+                          msg.reconsume_times, uniq, False, None, stream, expected_version)
         state = TransactionState.ROLLBACK
         error: BaseException | None = None
         if sent.status == "SEND_OK":
@@ -116,7 +121,8 @@ class TransactionProducer(Producer):
         except RemotingError as e:  # the broker will ask
             log.warning("END_TRANSACTION for %s not delivered (%s); the broker's check-back settles it", uniq, e)
         return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
-                                     sent.queue_offset, sent.topic, sent.broker_address, uniq, state)
+                                     sent.queue_offset, sent.topic, sent.broker_address, sent.stream_version,
+                                     uniq, state)
 
     def _end(self, address: str, offset_msg_id: str, queue_offset: int, txid: str, state: TransactionState,
              from_check: bool, error: BaseException | None = None) -> None:

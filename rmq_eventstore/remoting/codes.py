@@ -40,6 +40,8 @@ class RequestCode(enum.IntEnum):
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
+    # our extension (outside RocketMQ's ranges): which rmq_eventstore features a broker serves
+    GET_BROKER_EXTENSIONS = 4400
 
 
 class ResponseCode(enum.IntEnum):
@@ -71,6 +73,8 @@ class ResponseCode(enum.IntEnum):
     TRANSACTION_SHOULD_ROLLBACK = 201
     TRANSACTION_STATE_UNKNOW = 202
     TRANSACTION_STATE_GROUP_WRONG = 203
+    # our extension: an expected-version append found another version (nothing was stored)
+    STREAM_VERSION_CONFLICT = 4409
 
 
 class LanguageCode(enum.IntEnum):

@@ -787,13 +787,16 @@ class IndexService:
         return n
 
     # -- reading -------------------------------------------------------------------------------
-    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int,
+                     batch_limit: int | None = None) -> QueryOffsetResult:
         """`IndexService.queryOffset`: candidate offsets of `topic#key` stored in `[begin, end]`, newest file first.
 
-        At most `min(max_num, max_msgs_num_batch)` offsets. The walk stops after a file that begins
-        before `begin`. Offsets are hash matches: they may belong to other keys (see the class docstring).
+        At most `min(max_num, max_msgs_num_batch)` offsets (`batch_limit` replaces RocketMQ's per-query cap
+        for callers inside the broker that must see every entry of a key, such as a stream's events). The
+        walk stops after a file that begins before `begin`. Offsets are hash matches: they may belong to
+        other keys (see the class docstring).
         """
-        max_num = min(max_num, self.max_msgs_num_batch)
+        max_num = min(max_num, self.max_msgs_num_batch if batch_limit is None else batch_limit)
         out: list[int] = []
         last_ts = last_phy = 0
         key_hash = index_key_hash(build_key(topic, key))

@@ -706,18 +706,20 @@ class MessageStore:
 
     # -- get by key / id / offset ------------------------------------------------------------------------
     def query_message(self, topic: str, key: str, max_num: int = 32, begin_timestamp: int = 0,
-                      end_timestamp: int | None = None) -> QueryMessageResult:
-        """Messages of `topic` whose KEYS or UNIQ_KEY equal `key`, newest first (`queryMessage`).
+                      end_timestamp: int | None = None, *, batch_limit: int | None = None) -> QueryMessageResult:
+        """The newest messages of `topic` whose KEYS or UNIQ_KEY equal `key`, in log order (`queryMessage`).
 
         The index returns hash matches; every candidate is read back and kept only if its topic and key
-        really match (so `AaTopic`/`BB` never returns a message of `BBTopic`/`Aa`, RocketMQ #3613).
+        really match (so `AaTopic`/`BB` never returns a message of `BBTopic`/`Aa`, RocketMQ #3613). At most
+        `max_msgs_num_batch` (64) candidates are read per query, as RocketMQ; `batch_limit` raises that cap
+        for callers that need every message of a key (a stream's events).
         """
         end = end_timestamp if end_timestamp is not None else 2**62
         out = QueryMessageResult()
         seen: set[int] = set()
         last_query_end = end
         for _ in range(3):
-            r = self.index_service.query_offset(topic, key, max_num, begin_timestamp, last_query_end)
+            r = self.index_service.query_offset(topic, key, max_num, begin_timestamp, last_query_end, batch_limit)
             out.index_last_update_timestamp = r.index_last_update_timestamp
             out.index_last_update_phyoffset = r.index_last_update_phyoffset
             offsets = sorted(set(r.phy_offsets))

@@ -22,11 +22,13 @@ from ...common.properties import (
     get_property,
     set_property,
 )
+from ...common.stream import StreamIdError, validate_stream_id
 from ...common.topic import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
     TopicValidationError,
     is_not_allowed_send_topic,
+    is_system_topic,
     validate_topic,
 )
 from ...common.topic_config import PermName
@@ -97,18 +99,22 @@ class SendMessageProcessor:
             msgs = [Message(topic=topic, body=req.body, queue_id=queue_id, flag=flag, properties_string=props,
                             sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                             reconsume_times=reconsume)]
-        code, remark, ext = self.put(msgs, max_reconsume_times=max_reconsume,
-                                               default_topic_queue_nums=default_nums, batch=batch)
+        stream = hreq.get_str("streamId", None) or None
+        expected = hreq.get_int("expectedVersion", -1)
+        code, remark, ext = self.put(msgs, max_reconsume_times=max_reconsume, default_topic_queue_nums=default_nums,
+                                     batch=batch, stream=stream, expected_version=expected if expected >= 0 else None)
         return req.response(code, remark, ext)
 
     def put(self, msgs: list[Message], *, max_reconsume_times: int | None = None,
-                      default_topic_queue_nums: int | None = None,
-                      batch: bool = False) -> tuple[int, str | None, dict[str, Any] | None]:
+            default_topic_queue_nums: int | None = None, batch: bool = False, stream: str | None = None,
+            expected_version: int | None = None) -> tuple[int, str | None, dict[str, Any] | None]:
         """Check, route and store messages of one topic and queue (`SendMessageProcessor`).
 
-        Returns (response code, remark, response extFields: msgId, queueId, queueOffset).
+        With `stream`, the messages are the next events of that stream (numbered from its current version
+        + 1) and `expected_version`, when not None, must be the stream's current version, else nothing is
+        stored and the answer is STREAM_VERSION_CONFLICT with the current version.
+        Returns (response code, remark, response extFields: msgId, queueId, queueOffset[, streamVersion]).
         """
-        store = self.broker.store
         first = msgs[0]
         topic = first.topic
         try:
@@ -160,6 +166,40 @@ class SendMessageProcessor:
                 dlq = DLQ_GROUP_TOPIC_PREFIX + group
                 self.topics.ensure(dlq, DLQ_NUMS_PER_GROUP)
                 topic, queue_id = dlq, 0
+        if stream is None:
+            return self._store(msgs, topic, queue_id, batch, prepared)
+        try:
+            validate_stream_id(stream)
+        except StreamIdError as e:
+            return ResponseCode.MESSAGE_ILLEGAL, str(e), None
+        if topic != first.topic or is_system_topic(topic) or topic.startswith((RETRY_GROUP_TOPIC_PREFIX,
+                                                                                DLQ_GROUP_TOPIC_PREFIX)):
+            return ResponseCode.MESSAGE_ILLEGAL, f"topic {first.topic} takes no stream appends", None
+        if any("DELAY" in (m.properties_string or "") for m in msgs):
+            return ResponseCode.MESSAGE_ILLEGAL, "a stream append cannot be delayed", None
+        versions = self.broker.stream_versions
+        with versions.lock_for(topic, stream):
+            first_version, conflict = versions.check(topic, stream, expected_version, len(msgs))
+            if conflict is not None:
+                ext = {"streamId": stream, "currentVersion": conflict.current}
+                if expected_version is not None:
+                    ext["expectedVersion"] = expected_version
+                return ResponseCode.STREAM_VERSION_CONFLICT, conflict.message(), ext
+            versions.stamp(msgs, stream, first_version)
+            last = first_version + len(msgs) - 1
+            code, remark, ext = self._store(msgs, topic, queue_id, batch, prepared)
+            if ext is not None:
+                if prepared:
+                    versions.reserve(topic, stream, ext.get("transactionId", ""), last)
+                else:
+                    versions.appended(topic, stream, last)
+                ext["streamVersion"] = last
+            return code, remark, ext
+
+    def _store(self, msgs: list[Message], topic: str, queue_id: int, batch: bool,
+               prepared: bool) -> tuple[int, str | None, dict[str, Any] | None]:
+        """Decorate (UNIQ_KEY, CLUSTER, half message or delay level) and store routed messages."""
+        store = self.broker.store
         max_level = self.broker.schedule_service.max_level
         delayed = False
         uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR

@@ -108,6 +108,19 @@ class TransactionalMessageCheckService:
             offsets.commit(CHECK_GROUP, RMQ_SYS_TRANS_HALF_TOPIC, 0, offset)
         return asked
 
+    def open_halves(self) -> list[MessageExt]:
+        """The half messages from the check group's offset on: every transaction that may still be open."""
+        store = self.broker.store
+        offset = self.broker.offset_manager.file.query_offset(CHECK_GROUP, RMQ_SYS_TRANS_HALF_TOPIC, 0)
+        offset = max(offset, store.get_min_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0), 0)
+        out: list[MessageExt] = []
+        while True:
+            r = store.get_message(CHECK_GROUP, RMQ_SYS_TRANS_HALF_TOPIC, 0, offset, PULL_BATCH, None)
+            if r is None or not r.messages:
+                return out
+            out += r.messages
+            offset = r.messages[-1].queue_offset + 1
+
     @staticmethod
     def _due(half: MessageExt, now_ms: int, timeout_ms: int) -> bool:
         immunity = timeout_ms

@@ -138,6 +138,7 @@ class TransactionalMessageService:
                 changed = True
             if not op_written:
                 self._put_op(half, txid, outcome)
+        self.broker.stream_versions.release(half, outcome == COMMIT)
         if outcome == DISCARDED:
             return EndResult(ResponseCode.SYSTEM_ERROR,
                              f"transaction {txid} was discarded after too many check-backs", outcome)
@@ -241,6 +242,7 @@ class TransactionalMessageService:
             r = self.store.put_message(msg)
             if r.is_ok():
                 self._remember(txid, DISCARDED, False)
+                self.broker.stream_versions.release(half, False)
                 log.warning("transaction %s of producer group %s discarded after %s check-backs (real topic %s)",
                             txid, half.properties.get(PROPERTY_PRODUCER_GROUP),
                             half.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES),

@@ -1,0 +1,176 @@
+"""Expected-version appends: optimistic concurrency per stream, our extension to RocketMQ's protocol.
+
+A stream is (topic, stream id); its events are numbered 1, 2, 3, ... Each stored event carries
+`STREAM_ID` and `STREAM_VERSION` properties and the stream id among its KEYS, so the index finds a stream's
+events and the numbers can always be re-derived from the store: there is no side file to drift.
+
+The check and the append happen under one lock per stream (striped), so of concurrent appends at the same
+expected version exactly one wins; a batch is one append, all or nothing. The latest version of a stream
+is kept in a bounded LRU cache filled at every append; a stream not in the cache is looked up in the index
+once the dispatcher has indexed everything written so far (the newest indexed event of the stream carries
+its latest version). A half message (transactions) reserves its versions until its end: while one is
+pending the stream takes no other append, so a rollback never leaves a hole in the numbering. Pending
+reservations are rebuilt from the half queue when the broker starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..common import Message, MessageExt
+from ..common.properties import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_STREAM_ID,
+    PROPERTY_STREAM_VERSION,
+    get_property,
+    set_property,
+)
+from ..store import MessageStore
+
+if TYPE_CHECKING:
+    from .transaction import TransactionalMessageService
+
+CACHE_LIMIT = 200_000  # streams whose latest version is kept in memory
+LOCK_STRIPES = 256
+INDEX_PROBES = (64, 1024, 16_384)  # how many of a key's newest index entries are read to find the stream's
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Why an append was refused: the stream's current version, and a reserved one while a transaction is open."""
+
+    stream: str
+    expected: int | None
+    current: int
+    pending: str | None = None
+
+    def message(self) -> str:
+        if self.pending is not None:
+            return (f"stream {self.stream!r} has a pending transaction {self.pending} holding version "
+                    f"{self.current}; append after it ends")
+        return f"wrong expected version for stream {self.stream!r}: expected {self.expected}, current {self.current}"
+
+
+class StreamVersionManager:
+    """Latest versions per stream and the locks that make check-and-append atomic (see the module docstring)."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+        self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
+        self._cache_lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._pending: dict[tuple[str, str], tuple[str, int]] = {}  # stream -> (transaction id, reserved version)
+
+    def lock_for(self, topic: str, stream: str) -> threading.Lock:
+        return self._locks[zlib.crc32(f"{topic}\x00{stream}".encode()) % LOCK_STRIPES]
+
+    # -- versions ---------------------------------------------------------------------------------------
+    def current(self, topic: str, stream: str) -> int:
+        """The stream's latest committed version (0: no event yet). Call with the stream's lock held."""
+        key = (topic, stream)
+        with self._cache_lock:
+            v = self._cache.get(key)
+            if v is not None:
+                self._cache.move_to_end(key)
+                return v
+        v = self._from_index(topic, stream)
+        self._set(key, v)
+        return v
+
+    def _set(self, key: tuple[str, str], version: int) -> None:
+        with self._cache_lock:
+            self._cache[key] = version
+            self._cache.move_to_end(key)
+            while len(self._cache) > CACHE_LIMIT:
+                self._cache.popitem(last=False)
+
+    def _from_index(self, topic: str, stream: str) -> int:
+        self.store.wait_for_dispatch(30.0)  # everything written so far is indexed
+        for probe in INDEX_PROBES:
+            r = self.store.query_message(topic, stream, probe, batch_limit=probe)
+            versions = [int(m.properties[PROPERTY_STREAM_VERSION]) for m in r.messages
+                        if m.properties.get(PROPERTY_STREAM_ID) == stream
+                        and m.properties.get(PROPERTY_STREAM_VERSION, "").isdigit()]
+            if versions:
+                return max(versions)
+            if len(r.messages) < probe:
+                break  # every entry of the key was read
+        return 0
+
+    def check(self, topic: str, stream: str, expected: int | None, count: int) -> tuple[int, Conflict | None]:
+        """(first version to assign, None) or (0, the conflict). Call with the stream's lock held."""
+        pending = self._pending.get((topic, stream))
+        current = self.current(topic, stream)
+        if pending is not None:
+            return 0, Conflict(stream, expected, pending[1], pending[0])
+        if expected is not None and expected != current:
+            return 0, Conflict(stream, expected, current)
+        return current + 1, None
+
+    @staticmethod
+    def stamp(msgs: list[Message], stream: str, first: int) -> None:
+        """Give `msgs` their stream id and versions (properties, and the stream id among the KEYS)."""
+        for i, m in enumerate(msgs):
+            props = m.properties_string or ""
+            keys = get_property(props, PROPERTY_KEYS)
+            if keys is None:
+                props = set_property(props, PROPERTY_KEYS, stream)
+            elif stream not in keys.split(KEY_SEPARATOR):
+                props = set_property(props, PROPERTY_KEYS, f"{keys}{KEY_SEPARATOR}{stream}")
+            props = set_property(props, PROPERTY_STREAM_ID, stream)
+            m.properties_string = set_property(props, PROPERTY_STREAM_VERSION, str(first + i))
+
+    def appended(self, topic: str, stream: str, last: int) -> None:
+        """An append of `stream` up to version `last` is stored. Call with the stream's lock held."""
+        self._set((topic, stream), last)
+
+    # -- transactions -------------------------------------------------------------------------------------
+    def reserve(self, topic: str, stream: str, txid: str, version: int) -> None:
+        """A half message holds `version` of the stream until its end. Call with the stream's lock held."""
+        self._pending[(topic, stream)] = (txid, version)
+
+    def release(self, half: MessageExt, committed: bool) -> None:
+        """The transaction of `half` ended: its reservation goes, and a commit makes its version current."""
+        props = half.properties
+        stream = props.get(PROPERTY_STREAM_ID)
+        if not stream:
+            return
+        topic = props.get(PROPERTY_REAL_TOPIC, half.topic)
+        with self.lock_for(topic, stream):
+            pending = self._pending.get((topic, stream))
+            if pending is not None and pending[0] == (half.uniq_key or ""):
+                del self._pending[(topic, stream)]
+                if committed:
+                    self._set((topic, stream), pending[1])
+
+    def rebuild_reservations(self, transactions: TransactionalMessageService, halves: list[MessageExt]) -> int:
+        """Reserve again the versions of open stream transactions among `halves` (broker start)."""
+        n = 0
+        for half in halves:
+            props = half.properties
+            stream, version = props.get(PROPERTY_STREAM_ID), props.get(PROPERTY_STREAM_VERSION, "")
+            if not stream or not version.isdigit() or transactions.outcome(half) is not None:
+                continue
+            topic = props.get(PROPERTY_REAL_TOPIC, "")
+            with self.lock_for(topic, stream):
+                self.reserve(topic, stream, half.uniq_key or "", int(version))
+            n += 1
+        return n
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def read(self, topic: str, stream: str, from_version: int = 1, max_events: int = 100_000) -> list[MessageExt]:
+        """The stream's events from `from_version` on, in order (one index query and a sort)."""
+        r = self.store.query_message(topic, stream, max_events, batch_limit=max_events)
+        events = [m for m in r.messages if m.properties.get(PROPERTY_STREAM_ID) == stream
+                  and m.properties.get(PROPERTY_STREAM_VERSION, "").isdigit()
+                  and int(m.properties[PROPERTY_STREAM_VERSION]) >= from_version]
+        events.sort(key=lambda m: int(m.properties[PROPERTY_STREAM_VERSION]))
+        return events

@@ -21,6 +21,7 @@ New request families register their processor with `register_processor`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError
 from ..common.topic_config import PermName, TopicConfig
 from ..remoting import HeaderError, RemotingCommand, ResponseCode
 from ..store import MessageStore
+from .acl import AclError, PlainAccessValidator
 from .client_manager import ClientManager
 from .config import BrokerConfig
 from .consumer_offset_manager import ConsumerOffsetManager
@@ -79,6 +81,10 @@ class Broker:
         self.hold_service = PullRequestHoldService()
         self.schedule_service = ScheduleMessageService(store, cfg.message_delay_level)
         self.stream_versions = StreamVersionManager(store)
+        self.acl: PlainAccessValidator | None = None
+        if cfg.acl_enable:
+            path = cfg.acl_file or os.path.join(store.config.store_path_root_dir, "config", "plain_acl.yml")
+            self.acl = PlainAccessValidator(path)
         self.transaction_service = TransactionalMessageService(self)
         self.transaction_check_service = TransactionalMessageCheckService(self, self.transaction_service)
         # processors: one table from request code to processor
@@ -157,7 +163,19 @@ class Broker:
 
     # -- dispatch -------------------------------------------------------------------------------------
     def process(self, request: RemotingCommand, channel: Any) -> RemotingCommand | PullHold:
-        """Serve one broker request; errors become SYSTEM_ERROR responses with the reason as remark."""
+        """Serve one broker request; errors become SYSTEM_ERROR responses with the reason as remark. With
+        ACL on, a request from a connection (not an in-process call) is validated first and a refused one
+        answers NO_PERMISSION before any processor sees it."""
+        if self.acl is not None and channel is not None:
+            try:
+                self.acl.validate(request, getattr(channel, "remote_address", ""))
+            except AclError as e:
+                log.warning("ACL refused request %d from %s: %s", request.code,
+                            getattr(channel, "remote_address", "?"), e)
+                return request.response(ResponseCode.NO_PERMISSION, str(e))
+            except Exception as e:  # a malformed request the checks did not foresee: refused, never served
+                log.exception("ACL check of request %d failed", request.code)
+                return request.response(ResponseCode.NO_PERMISSION, f"ACL check failed: {type(e).__name__}")
         return self._run(self._processors, request, channel)
 
     def process_namesrv(self, request: RemotingCommand, channel: Any) -> RemotingCommand | PullHold:

@@ -34,6 +34,9 @@ class BrokerConfig:
     transaction_check_max: int = 15  # check-backs before a half message is discarded to TRANS_CHECK_MAX_TIME_TOPIC
     transaction_check_interval: int = 30_000  # ms between two walks of the half queue
     reject_transaction_message: bool = False
+    # access control (RocketMQ's aclEnable; the plain_acl.yml path is ours: default <store>/config/plain_acl.yml)
+    acl_enable: bool = False
+    acl_file: str | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:

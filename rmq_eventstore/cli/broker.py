@@ -8,6 +8,7 @@ and its `abort` file removed.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import signal
 import sys
@@ -35,7 +36,16 @@ def configure_serve(p: argparse.ArgumentParser) -> None:
                    help="refuse sends to topics not created first (UPDATE_AND_CREATE_TOPIC)")
     p.add_argument("--message-delay-level", default=None, metavar="LEVELS",
                    help='delay levels, default "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"')
+    p.add_argument("--acl", metavar="PLAIN_ACL_YML", default=None,
+                   help="enforce RocketMQ's ACL 1.0 from this plain_acl.yml (also: aclEnable=true in --config)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -59,6 +69,13 @@ def run_serve(args: argparse.Namespace) -> int:
         config["auto_create_topic_enable"] = False
     if args.message_delay_level:
         config["message_delay_level"] = args.message_delay_level
+    if args.acl:
+        config["acl_enable"] = True
+        config["acl_file"] = args.acl
+    if not config.get("acl_enable") and not _is_loopback(args.host):
+        logging.getLogger("rmq_eventstore.serve").warning(
+            "listening on %s beyond loopback WITHOUT access control: anyone who reaches it can read and write "
+            "every topic; give --acl plain_acl.yml (or aclEnable=true) or listen on 127.0.0.1", args.host)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -12,8 +12,9 @@ from .base import ClientBase, TopicRoute, decode_records, loads_body
 class Admin:
     """Administrative requests against a name server and its brokers; thread-safe."""
 
-    def __init__(self, namesrv_addr: str, timeout_ms: int = 5000) -> None:
-        self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0)
+    def __init__(self, namesrv_addr: str, timeout_ms: int = 5000, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
+        self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
 
     def start(self) -> Admin:
         return self

@@ -17,6 +17,7 @@ from typing import Any
 from ..common import MessageExt, codec
 from ..common.fastjson import fastjson_loads
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
+from ..remoting.acl import SessionCredentials, sign_request
 from .remoting_client import MQBrokerError, RemotingClient, RemotingError
 
 ROUTE_TTL_SECONDS = 30.0
@@ -25,6 +26,15 @@ DEFAULT_TIMEOUT = 3.0
 _instance_counter = iter(range(1, 1 << 62))
 
 log = logging.getLogger(__name__)
+
+
+def credentials_of(access_key: str | None, secret_key: str | None) -> SessionCredentials | None:
+    """ACL credentials from a client's keyword arguments: both keys or neither."""
+    if access_key is None and secret_key is None:
+        return None
+    if not access_key or not secret_key:
+        raise ValueError("ACL needs both access_key and secret_key")
+    return SessionCredentials(access_key, secret_key)
 
 
 def _local_ip() -> str:
@@ -64,14 +74,18 @@ def decode_records(body: bytes) -> list[MessageExt]:
 class ClientBase:
     """Name-server lookups, route cache, heartbeats and the connection pool of one client instance."""
 
-    def __init__(self, namesrv_addr: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, namesrv_addr: str, timeout: float = DEFAULT_TIMEOUT, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         addrs = [a.strip() for a in namesrv_addr.replace(",", ";").split(";") if a.strip()]
         if not addrs:
             raise ValueError("namesrv_addr is empty (expected 'host:port' or 'host:port;host:port')")
         self.namesrv_addrs = addrs
         self.timeout = timeout
         self.client_id = f"{_local_ip()}@{os.getpid()}#{next(_instance_counter)}"
-        self.remoting = RemotingClient(on_request=self._on_server_request, on_reconnect=self._on_reconnect)
+        self.credentials = credentials_of(access_key, secret_key)
+        sign = (lambda cmd, c=self.credentials: sign_request(cmd, c)) if self.credentials is not None else None
+        self.remoting = RemotingClient(on_request=self._on_server_request, on_reconnect=self._on_reconnect,
+                                       sign=sign)
         self._routes: dict[str, TopicRoute] = {}
         self._route_lock = threading.Lock()
         self._stop = threading.Event()

@@ -50,13 +50,14 @@ class PullConsumer:
     """Pull-style consumer of one group; thread-safe (several threads may pull different queues)."""
 
     def __init__(self, namesrv_addr: str, group: str, timeout_ms: int = 3000,
-                 message_model: str = "CLUSTERING") -> None:
+                 message_model: str = "CLUSTERING", access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         validate_group(group)
         self.group = group
         self.message_model = message_model
         self._subs: dict[str, str] = {}
         self._subs_lock = threading.Lock()
-        self._base = _ConsumerBase(namesrv_addr, self, timeout_ms / 1000.0)
+        self._base = _ConsumerBase(namesrv_addr, self, timeout_ms / 1000.0, access_key, secret_key)
 
     @property
     def client_id(self) -> str:
@@ -153,8 +154,9 @@ class PullConsumer:
 
 
 class _ConsumerBase(ClientBase):
-    def __init__(self, namesrv_addr: str, consumer: PullConsumer, timeout: float) -> None:
-        super().__init__(namesrv_addr, timeout)
+    def __init__(self, namesrv_addr: str, consumer: PullConsumer, timeout: float, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
+        super().__init__(namesrv_addr, timeout, access_key, secret_key)
         self.consumer = consumer
 
     def heartbeat_data(self) -> dict:

@@ -64,17 +64,20 @@ class Producer:
     """Sends `rmq_eventstore.store.Message`s to the brokers of their topic; thread-safe."""
 
     def __init__(self, namesrv_addr: str, group: str = "DEFAULT_PRODUCER", send_timeout_ms: int = 3000,
-                 retry_times_when_send_failed: int = 2, max_message_size: int = 4 * 1024 * 1024) -> None:
+                 retry_times_when_send_failed: int = 2, max_message_size: int = 4 * 1024 * 1024,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
+        """`access_key` and `secret_key` sign every request for a broker with ACL on."""
         self.group = group
         self.max_message_size = max_message_size
-        self._base = self._make_base(namesrv_addr, send_timeout_ms / 1000.0)
+        self._base = self._make_base(namesrv_addr, send_timeout_ms / 1000.0, access_key, secret_key)
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._ids = codec.UniqueIdGenerator()
         self._rr = itertools.count()
         self._extensions: dict[str, dict[str, object]] = {}  # broker address -> extensions it serves
 
-    def _make_base(self, namesrv_addr: str, timeout: float) -> ClientBase:
-        return _ProducerBase(namesrv_addr, self, timeout)
+    def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
+                   secret_key: str | None) -> ClientBase:
+        return _ProducerBase(namesrv_addr, self, timeout, access_key, secret_key)
 
     @property
     def client_id(self) -> str:
@@ -251,8 +254,9 @@ class Producer:
 
 
 class _ProducerBase(ClientBase):
-    def __init__(self, namesrv_addr: str, producer: Producer, timeout: float) -> None:
-        super().__init__(namesrv_addr, timeout)
+    def __init__(self, namesrv_addr: str, producer: Producer, timeout: float, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
+        super().__init__(namesrv_addr, timeout, access_key, secret_key)
         self.producer = producer
 
     def heartbeat_data(self) -> dict:

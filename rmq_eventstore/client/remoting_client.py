@@ -331,8 +331,10 @@ class RemotingClient:
 
     def __init__(self, connect_timeout: float = 3.0,
                  on_request: Callable[[str, RemotingCommand], None] | None = None,
-                 on_reconnect: Callable[[str], None] | None = None) -> None:
+                 on_reconnect: Callable[[str], None] | None = None,
+                 sign: Callable[[RemotingCommand], None] | None = None) -> None:
         self.connect_timeout = connect_timeout
+        self._sign = sign  # ACL: adds AccessKey and Signature to every request sent
         self._on_request = on_request
         self._on_reconnect = on_reconnect  # called (on a new thread) when a lost connection is re-made
         self._conns: dict[str, ClientConnection] = {}
@@ -366,9 +368,13 @@ class RemotingClient:
         self.close()
 
     def invoke(self, address: str, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        if self._sign is not None:
+            self._sign(cmd)
         return self.connection(address).invoke(cmd, timeout)
 
     def invoke_oneway(self, address: str, cmd: RemotingCommand) -> None:
+        if self._sign is not None:
+            self._sign(cmd)
         self.connection(address).invoke_oneway(cmd)
 
     def close(self) -> None:

@@ -82,8 +82,9 @@ class TransactionProducer(Producer):
         self._check_pool = concurrent.futures.ThreadPoolExecutor(check_threads, f"tx-check-{group}")
         super().__init__(namesrv_addr, group, **kwargs)  # type: ignore[arg-type]
 
-    def _make_base(self, namesrv_addr: str, timeout: float) -> ClientBase:
-        return _TransactionProducerBase(namesrv_addr, self, timeout)
+    def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
+                   secret_key: str | None) -> ClientBase:
+        return _TransactionProducerBase(namesrv_addr, self, timeout, access_key, secret_key)
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -117,7 +118,8 @@ class TransactionProducer(Producer):
                             type(e).__name__, e)
                 state, error = TransactionState.UNKNOWN, e
         try:
-            self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, uniq, state, False, error)
+            self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, uniq, state, False, error,
+                      msg.topic)
         except RemotingError as e:  # the broker will ask
             log.warning("END_TRANSACTION for %s not delivered (%s); the broker's check-back settles it", uniq, e)
         return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
@@ -125,13 +127,13 @@ class TransactionProducer(Producer):
                                      uniq, state)
 
     def _end(self, address: str, offset_msg_id: str, queue_offset: int, txid: str, state: TransactionState,
-             from_check: bool, error: BaseException | None = None) -> None:
+             from_check: bool, error: BaseException | None = None, topic: str | None = None) -> None:
         _, _, commit_log_offset = codec.decode_message_id(offset_msg_id)
-        self._end_at(address, commit_log_offset, queue_offset, txid, state, from_check, error)
+        self._end_at(address, commit_log_offset, queue_offset, txid, state, from_check, error, topic)
 
     def _end_at(self, address: str, commit_log_offset: int, queue_offset: int, txid: str, state: TransactionState,
-                from_check: bool, error: BaseException | None = None) -> None:
-        header = {"producerGroup": self.group, "tranStateTableOffset": queue_offset,
+                from_check: bool, error: BaseException | None = None, topic: str | None = None) -> None:
+        header = {"topic": topic, "producerGroup": self.group, "tranStateTableOffset": queue_offset,
                   "commitLogOffset": commit_log_offset, "commitOrRollback": _END_TYPE[state],
                   "fromTransactionCheck": from_check, "msgId": txid, "transactionId": txid}
         cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header, oneway=True)
@@ -166,7 +168,8 @@ class TransactionProducer(Producer):
                 log.exception("transaction checker failed for %s; answering UNKNOWN", txid)
                 state = TransactionState.UNKNOWN
             try:
-                self._end_at(address, offset, queue_offset, txid, state, True)
+                self._end_at(address, offset, queue_offset, txid, state, True, None,
+                             cmd.get_str("topic", None) or half.properties.get("REAL_TOPIC"))
             except RemotingError as e:
                 log.warning("answer to the check of %s not delivered: %s", txid, e)
 

@@ -7,7 +7,7 @@
 //   {"event":"done"|"timeout", ...}                      (last line)
 // Usage:
 //   node alions_client.js produce --namesrv 127.0.0.1:9876 --topic T --group G --spec '[{"tags":..,
-//        "keys":[..],"body":"..","bodyRepeat":1}]'
+//        "keys":[..],"body":"..","bodyRepeat":1}]' [--access-key AK --secret-key SK]
 //   node alions_client.js consume --namesrv 127.0.0.1:9876 --topic T --group G --expect N
 //        [--sub 'TagA || TagB'] [--timeout 30000] [--retry-key K]
 // Every wait is bounded: the process exits with code 2 on a timeout, 1 on an error.
@@ -77,6 +77,8 @@ async function produce(args) {
     producerGroup: args.group,
     retryTimesWhenSendFailed: 0, // a failure must show, not be retried into a duplicate
     logger,
+    // ACL 1.0: ali-ons signs every request (lib/channel.js) when given both keys
+    ...(args['access-key'] ? { accessKey: args['access-key'], secretKey: args['secret-key'] } : {}),
   });
   producer.on('error', err => emit({ event: 'error', message: String(err && err.stack || err) }));
   await producer.ready();

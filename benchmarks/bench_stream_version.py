@@ -144,7 +144,29 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     out = Path(args.out) / f"stream-version-{time.strftime('%Y-%m-%d')}{'-quick' if args.quick else ''}.json"
     out.write_text(json.dumps({"n": n, "reps": reps, "results": results, "median": med}, indent=1))
+    plot(med, Path(args.out) / "stream-version.png")
     print(f"wrote {out}")
+
+
+def plot(med: dict[str, float], path: Path) -> None:
+    """A bar chart of the medians, plain and conditional side by side per path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the bench extra is not installed: the table is printed all the same
+        return
+    names = list(med)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    colors = ["#4c72b0" if "plain" in n else "#dd8452" for n in names]
+    ax.barh(names[::-1], [med[n] for n in names][::-1], color=colors[::-1])
+    ax.set_xscale("log")
+    ax.set_xlabel("messages/s (log scale; median)")
+    ax.set_title("Expected-version appends vs plain appends (blue: plain)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

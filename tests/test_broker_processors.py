@@ -14,6 +14,7 @@ from rmq_eventstore.broker.processor.admin import AdminBrokerProcessor
 from rmq_eventstore.broker.processor.client_manage import ClientManageProcessor
 from rmq_eventstore.broker.processor.consumer_manage import ConsumerManageProcessor
 from rmq_eventstore.broker.processor.end_transaction import EndTransactionProcessor
+from rmq_eventstore.broker.processor.extension import ExtensionProcessor
 from rmq_eventstore.broker.processor.namesrv import NameServerProcessor
 from rmq_eventstore.broker.processor.pull import PullMessageProcessor
 from rmq_eventstore.broker.processor.query import QueryMessageProcessor
@@ -33,6 +34,7 @@ FAMILIES = {
     AdminBrokerProcessor: ("UPDATE_AND_CREATE_TOPIC", "GET_ALL_TOPIC_CONFIG", "GET_ALL_CONSUMER_OFFSET",
                            "GET_ALL_DELAY_OFFSET", "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP"),
     EndTransactionProcessor: ("END_TRANSACTION",),
+    ExtensionProcessor: ("GET_BROKER_EXTENSIONS",),
 }
 NAMESRV = ("GET_ROUTEINFO_BY_TOPIC", "GET_ALL_TOPIC_LIST_FROM_NAMESERVER", "GET_BROKER_CLUSTER_INFO")
 

@@ -7,6 +7,7 @@ A plain object (usable in-process, no sockets) that wires together:
   persisted every `flush_consumer_offset_interval` and at shutdown), `ClientManager` (consumers and
   producers by group, from heartbeats), `PullRequestHoldService` (long polling, woken by the store's
   message-arriving listener), `ScheduleMessageService` (delay levels);
+* timer messages: `TimerMessageStore` (timer log, timer wheel, checkpoint; delivery at any time);
 * transactions: `TransactionalMessageService` (half messages, ends exactly once per transaction) and the
   `TransactionalMessageCheckService` thread that asks producers about half messages nobody ended;
 * request processors, one per family (`processor/`: send, pull, query, consumer-manage, client-manage,
@@ -32,6 +33,7 @@ from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError
 from ..common.topic_config import PermName, TopicConfig
 from ..remoting import HeaderError, RemotingCommand, ResponseCode
 from ..store import MessageStore
+from ..store.timer import TimerMessageStore
 from .acl import AclError, PlainAccessValidator
 from .client_manager import ClientManager
 from .config import BrokerConfig
@@ -81,6 +83,13 @@ class Broker:
         self.hold_service = PullRequestHoldService()
         self.schedule_service = ScheduleMessageService(store, cfg.message_delay_level)
         self.stream_versions = StreamVersionManager(store)
+        sc = store.config
+        self.timer_store: TimerMessageStore | None = None
+        if sc.timer_wheel_enable:
+            self.timer_store = TimerMessageStore(store, sc.timer_precision_ms, sc.timer_max_delay_sec,
+                                                 timer_log_file_size=sc.mapped_file_size_timer_log,
+                                                 flush_interval_ms=sc.timer_flush_interval_ms)
+            self.timer_store.load()
         self.acl: PlainAccessValidator | None = None
         if cfg.acl_enable:
             path = cfg.acl_file or os.path.join(store.config.store_path_root_dir, "config", "plain_acl.yml")
@@ -127,6 +136,8 @@ class Broker:
             perm = PermName.PERM_READ | PermName.PERM_WRITE | PermName.PERM_INHERIT
             tcm.put(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, 8, 8, perm))
         self.schedule_service.start()
+        if self.timer_store is not None:
+            self.timer_store.start()
         self.transaction_service.ensure_system_topics()
         self.store.wait_for_dispatch(60.0)
         self.stream_versions.rebuild_reservations(self.transaction_service,
@@ -143,6 +154,8 @@ class Broker:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.schedule_service.shutdown()
+        if self.timer_store is not None:
+            self.timer_store.shutdown()
         self.transaction_check_service.shutdown()
         self.offset_manager.persist()
 

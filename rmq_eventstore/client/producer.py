@@ -10,8 +10,10 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from ..common import Message, codec
+from ..common.properties import PROPERTY_TIMER_DELIVER_MS, set_property
 from ..common.stream import validate_stream_id
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
@@ -26,6 +28,25 @@ _SEND_STATUS = {
 }
 _OK_CODES = tuple(_SEND_STATUS)
 _STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
+
+
+def _deliver_ms(deliver_at: datetime | int | None, delay: timedelta | None) -> int | None:
+    """Epoch milliseconds of a timer message's delivery, from an aware datetime, epoch ms, or a delay."""
+    if deliver_at is not None and delay is not None:
+        raise ValueError("give deliver_at or delay, not both")
+    if delay is not None:
+        if not isinstance(delay, timedelta):
+            raise TypeError(f"delay must be a timedelta, not {type(delay).__name__}")
+        return int(time.time() * 1000) + int(delay.total_seconds() * 1000)
+    if deliver_at is None:
+        return None
+    if isinstance(deliver_at, datetime):
+        if deliver_at.tzinfo is None:
+            raise ValueError("deliver_at must be an aware datetime (with a tzinfo), so its instant is unambiguous")
+        return int(deliver_at.timestamp() * 1000)
+    if isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
+        raise TypeError(f"deliver_at must be an aware datetime or epoch milliseconds, not {type(deliver_at).__name__}")
+    return deliver_at
 
 
 class ConcurrencyError(Exception):
@@ -133,7 +154,8 @@ class Producer:
 
     def send(self, msg: Message, queue_id: int | None = None, delay_level: int = 0,
              timeout_ms: int | None = None, *, stream: str | None = None,
-             expected_version: int | None = None) -> SendResult:
+             expected_version: int | None = None, deliver_at: datetime | int | None = None,
+             delay: timedelta | None = None) -> SendResult:
         """Send one message. `queue_id` (or a non-zero `msg.queue_id`) picks the queue, else round-robin;
         `delay_level` (1..18 by default: 1s 5s 10s 30s 1m ...) delays delivery. Raises `MQBrokerError`
         for a broker error and `RemotingError` when no broker can be reached.
@@ -141,9 +163,18 @@ class Producer:
         With `stream`, the message is the next event of that stream of its topic, numbered by the broker
         (`SendResult.stream_version`); `expected_version` (0: the stream must not exist yet) makes the
         append conditional: another current version raises `ConcurrencyError` and stores nothing. A
-        stream's events go to one queue (picked from the stream id) unless `queue_id` says otherwise."""
+        stream's events go to one queue (picked from the stream id) unless `queue_id` says otherwise.
+
+        `deliver_at` (an aware datetime, or epoch milliseconds) or `delay` (a timedelta) makes it a timer
+        message (`TIMER_DELIVER_MS`): held by the broker and delivered on its topic when due, to the
+        broker's `timerPrecisionMs`, at most `timerMaxDelaySec` ahead."""
         validate_topic(msg.topic)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
+        due = _deliver_ms(deliver_at, delay)
+        if due is not None:
+            if delay_level:
+                raise ValueError("give either delay_level or deliver_at/delay, not both")
+            props = set_property(props, PROPERTY_TIMER_DELIVER_MS, str(due))
         q = queue_id if queue_id is not None else (msg.queue_id or None)
         body = bytes(msg.body)
         return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,

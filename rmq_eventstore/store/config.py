@@ -44,6 +44,12 @@ class StoreConfig:
     mapped_file_size_consume_queue: int = 300_000 * CQ_STORE_UNIT_SIZE
     max_hash_slot_num: int = 5_000_000
     max_index_num: int = 5_000_000 * 4
+    # timer messages (MessageStoreConfig's timer* names and defaults)
+    timer_wheel_enable: bool = True
+    timer_precision_ms: int = 1000
+    timer_max_delay_sec: int = 259_200
+    timer_flush_interval_ms: int = 1000
+    mapped_file_size_timer_log: int = 100 * 1024 * 1024
     max_msgs_num_batch: int = 64
     message_index_enable: bool = True
     message_index_safe: bool = False

@@ -33,6 +33,7 @@ from ...common.topic import (
 )
 from ...common.topic_config import PermName
 from ...remoting import RemotingCommand, RequestCode, ResponseCode, send_header_v1
+from ...store.timer import TimerMessageError, transform_timer_message
 from ..config import DLQ_NUMS_PER_GROUP
 from ..schedule import transform_delay_level_message
 
@@ -175,7 +176,7 @@ class SendMessageProcessor:
         if topic != first.topic or is_system_topic(topic) or topic.startswith((RETRY_GROUP_TOPIC_PREFIX,
                                                                                 DLQ_GROUP_TOPIC_PREFIX)):
             return ResponseCode.MESSAGE_ILLEGAL, f"topic {first.topic} takes no stream appends", None
-        if any("DELAY" in (m.properties_string or "") for m in msgs):
+        if any("DELAY" in (m.properties_string or "") or "TIMER_" in (m.properties_string or "") for m in msgs):
             return ResponseCode.MESSAGE_ILLEGAL, "a stream append cannot be delayed", None
         versions = self.broker.stream_versions
         with versions.lock_for(topic, stream):
@@ -223,6 +224,14 @@ class SendMessageProcessor:
             m.properties_string = props
             if prepared:
                 self.broker.transaction_service.prepare(m)  # stored on the half topic until its end
+            elif "TIMER_" in props and self.broker.timer_store is not None:
+                if batch:
+                    return ResponseCode.MESSAGE_ILLEGAL, "a batch may not hold timer messages", None
+                cfg = store.config
+                try:
+                    transform_timer_message(m, cfg.timer_precision_ms, cfg.timer_max_delay_sec, store.now())
+                except TimerMessageError as e:
+                    return ResponseCode.MESSAGE_ILLEGAL, str(e), None
             elif "DELAY" in props:
                 if batch:
                     if transform_delay_level_message(Message(topic, properties_string=props), max_level):

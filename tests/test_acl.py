@@ -121,6 +121,13 @@ def requests(topic: str = "orders", group: str = "cg") -> dict[str, tuple[int, d
         "pull": (RequestCode.PULL_MESSAGE, {"consumerGroup": group, "topic": topic, "queueId": 0, "queueOffset": 0,
                                             "maxMsgNums": 1, "sysFlag": 2, "commitOffset": 0,
                                             "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0}, b""),
+        "pop": (RequestCode.POP_MESSAGE, {"consumerGroup": group, "topic": topic, "queueId": -1, "maxMsgNums": 1,
+                                          "invisibleTime": 1000, "pollTime": 0}, b""),
+        "ack": (RequestCode.ACK_MESSAGE, {"consumerGroup": group, "topic": topic, "queueId": 0,
+                                          "extraInfo": "0 1 1000 0 0 broker-a 0 0", "offset": 0}, b""),
+        "change invisible time": (RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
+            "consumerGroup": group, "topic": topic, "queueId": 0, "extraInfo": "0 1 1000 0 0 broker-a 0 0",
+            "offset": 0, "invisibleTime": 1000}, b""),
         "query offset": (RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": 0},
                          b""),
         "update offset": (RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": 0,
@@ -154,6 +161,7 @@ def test_every_request_code_is_refused_unsigned_or_wrongly_signed(broker: Runnin
     served = set(b._processors)
     reqs = requests()
     assert {code for code, _, _ in reqs.values()} == served  # the matrix covers every code the broker serves
+    time.sleep(0.2)  # the broker's services have written what they write at start
     before = broker.store.get_max_phy_offset()
     for name, (code, ext, body) in reqs.items():
         for creds in (None, {"access_key": "writer", "secret_key": "wrong-secret"},
@@ -169,6 +177,9 @@ MATRIX = {  # request kind -> (writer, reader, boss): True = allowed
     "send v1": (True, False, True),
     "send batch": (True, False, True),
     "pull": (True, True, True),
+    "pop": (True, True, True),
+    "ack": (True, True, True),
+    "change invisible time": (True, True, True),
     "query offset": (True, True, True),
     "update offset": (True, True, True),
     "query message": (True, True, True),

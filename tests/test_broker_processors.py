@@ -16,6 +16,7 @@ from rmq_eventstore.broker.processor.consumer_manage import ConsumerManageProces
 from rmq_eventstore.broker.processor.end_transaction import EndTransactionProcessor
 from rmq_eventstore.broker.processor.extension import ExtensionProcessor
 from rmq_eventstore.broker.processor.namesrv import NameServerProcessor
+from rmq_eventstore.broker.processor.pop import AckMessageProcessor, PopMessageProcessor
 from rmq_eventstore.broker.processor.pull import PullMessageProcessor
 from rmq_eventstore.broker.processor.query import QueryMessageProcessor
 from rmq_eventstore.broker.processor.send import SendMessageProcessor
@@ -35,6 +36,8 @@ FAMILIES = {
                            "GET_ALL_DELAY_OFFSET", "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP"),
     EndTransactionProcessor: ("END_TRANSACTION",),
     ExtensionProcessor: ("GET_BROKER_EXTENSIONS",),
+    PopMessageProcessor: ("POP_MESSAGE",),
+    AckMessageProcessor: ("ACK_MESSAGE", "CHANGE_MESSAGE_INVISIBLETIME"),
 }
 NAMESRV = ("GET_ROUTEINFO_BY_TOPIC", "GET_ALL_TOPIC_LIST_FROM_NAMESERVER", "GET_BROKER_CLUSTER_INFO")
 

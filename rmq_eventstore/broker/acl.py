@@ -204,7 +204,8 @@ def resources(cmd: RemotingCommand) -> list[tuple[str, str, int]]:
         topic(ext.get("topic"), PUB)
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
         group(ext.get("group"))
-    elif code in (RequestCode.PULL_MESSAGE, RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET):
+    elif code in (RequestCode.PULL_MESSAGE, RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET,
+                  RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
         topic(ext.get("topic"), SUB)
         group(ext.get("consumerGroup"))
     elif code == RequestCode.QUERY_MESSAGE:

@@ -8,6 +8,7 @@ A plain object (usable in-process, no sockets) that wires together:
   producers by group, from heartbeats), `PullRequestHoldService` (long polling, woken by the store's
   message-arriving listener), `ScheduleMessageService` (delay levels);
 * timer messages: `TimerMessageStore` (timer log, timer wheel, checkpoint; delivery at any time);
+* POP consumption: `PopService` (pop, ack, change of invisible time, the revive thread);
 * transactions: `TransactionalMessageService` (half messages, ends exactly once per transaction) and the
   `TransactionalMessageCheckService` thread that asks producers about half messages nobody ended;
 * request processors, one per family (`processor/`: send, pull, query, consumer-manage, client-manage,
@@ -39,6 +40,7 @@ from .client_manager import ClientManager
 from .config import BrokerConfig
 from .consumer_offset_manager import ConsumerOffsetManager
 from .long_polling import PullHold, PullRequestHoldService
+from .pop_service import PopService
 from .processor import Processor
 from .processor.admin import AdminBrokerProcessor
 from .processor.client_manage import ClientManageProcessor
@@ -46,6 +48,7 @@ from .processor.consumer_manage import ConsumerManageProcessor
 from .processor.end_transaction import EndTransactionProcessor
 from .processor.extension import ExtensionProcessor
 from .processor.namesrv import NameServerProcessor
+from .processor.pop import AckMessageProcessor, PopMessageProcessor
 from .processor.pull import PullMessageProcessor
 from .processor.query import QueryMessageProcessor
 from .processor.send import SendMessageProcessor
@@ -94,6 +97,7 @@ class Broker:
         if cfg.acl_enable:
             path = cfg.acl_file or os.path.join(store.config.store_path_root_dir, "config", "plain_acl.yml")
             self.acl = PlainAccessValidator(path)
+        self.pop_service = PopService(self)
         self.transaction_service = TransactionalMessageService(self)
         self.transaction_check_service = TransactionalMessageCheckService(self, self.transaction_service)
         # processors: one table from request code to processor
@@ -104,7 +108,8 @@ class Broker:
         self.namesrv_processor = NameServerProcessor(self)
         for processor in (self.send_processor, self.pull_processor, QueryMessageProcessor(self),
                           ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self),
-                          EndTransactionProcessor(self), ExtensionProcessor(self)):
+                          EndTransactionProcessor(self), ExtensionProcessor(self), PopMessageProcessor(self),
+                          AckMessageProcessor(self)):
             for code in processor.CODES:
                 self.register_processor(code, processor)
         for code in self.namesrv_processor.CODES:
@@ -138,6 +143,7 @@ class Broker:
         self.schedule_service.start()
         if self.timer_store is not None:
             self.timer_store.start()
+        self.pop_service.start()
         self.transaction_service.ensure_system_topics()
         self.store.wait_for_dispatch(60.0)
         self.stream_versions.rebuild_reservations(self.transaction_service,
@@ -154,6 +160,7 @@ class Broker:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.schedule_service.shutdown()
+        self.pop_service.shutdown()
         if self.timer_store is not None:
             self.timer_store.shutdown()
         self.transaction_check_service.shutdown()

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
                          RequestCode.CONSUMER_SEND_MSG_BACK})
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION})
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.POP_MESSAGE})
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 
 
@@ -142,7 +142,7 @@ class BrokerServer:
         # requests that may wait (a flush, index lookups) run on threads, never on the event loop
         self._offload = (_SEND_CODES if sync else frozenset()) | _BLOCKING_CODES
         self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
-            8, "broker-blocking")
+            64, "broker-blocking")  # POP long polls wait here
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()

@@ -9,12 +9,13 @@ from ..common import Message, MessageExt
 from .admin import Admin
 from .base import TopicRoute
 from .consumer import FOUND, NO_MATCHED_MSG, NO_NEW_MSG, OFFSET_ILLEGAL, PullConsumer, PullResult
+from .pop_consumer import PopConsumer
 from .producer import ConcurrencyError, ExtensionNotSupportedError, Producer, SendResult
 from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
 from .transaction_producer import TransactionProducer, TransactionSendResult, TransactionState
 
 __all__ = [
     "ConcurrencyError", "ExtensionNotSupportedError", "FOUND", "NO_MATCHED_MSG", "NO_NEW_MSG", "OFFSET_ILLEGAL", "Admin", "MQBrokerError", "Message", "MessageExt",
-    "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
+    "PopConsumer", "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
     "TransactionProducer", "TransactionSendResult", "TransactionState",
 ]

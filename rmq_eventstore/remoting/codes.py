@@ -40,6 +40,9 @@ class RequestCode(enum.IntEnum):
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
     # our extension (outside RocketMQ's ranges): which rmq_eventstore features a broker serves
     GET_BROKER_EXTENSIONS = 4400
 
@@ -73,6 +76,10 @@ class ResponseCode(enum.IntEnum):
     TRANSACTION_SHOULD_ROLLBACK = 201
     TRANSACTION_STATE_UNKNOW = 202
     TRANSACTION_STATE_GROUP_WRONG = 203
+    NO_MESSAGE = 208
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
+    ILLEGAL_OPERATION = 604
     # our extension: an expected-version append found another version (nothing was stored)
     STREAM_VERSION_CONFLICT = 4409
 

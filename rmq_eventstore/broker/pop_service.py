@@ -1,0 +1,334 @@
+"""POP consumption as RocketMQ 5 does it: pop, ack, change of invisible time, and the revive service.
+
+* **Pop** reads a group's messages from a queue (or from every queue of the topic and of the group's pop
+  retry topic `%RETRY%<group>_<topic>`), writes one checkpoint per queue to the revive topic
+  `rmq_sys_REVIVE_LOG_<cluster>` (tag `ck`, `PopCheckPoint` JSON: which offsets, popped when, invisible for
+  how long), and only then moves the group's consume offset past them. Each message's receipt handle
+  (`POP_CK`, `ExtraInfoUtil`'s format) names its checkpoint.
+* **Ack** writes an ack record to the same revive queue (tag `ack`, `AckMsg` JSON). **Change invisible time**
+  writes a new checkpoint for the message, then acks the old one.
+* **Revive** (`PopReviveService`, a thread) reads the revive queues with group `CID_RMQ_SYS_REVIVE_GROUP`,
+  matches acks to checkpoints, and when a checkpoint's invisible time is over puts every message it holds
+  that nobody acked on the pop retry topic with its reconsume count raised (the group's DLQ `%DLQ%<group>`
+  past its `retryMaxTimes`). The group's revive offset moves only past checkpoints that are settled.
+
+Everything is in the store: checkpoints, acks and offsets (consumerOffset.json). The pending checkpoints in
+memory are a cache of the revive queues from the revive offset on, rebuilt by reading them again after a
+restart, and the checkpoints found there also move the groups' consume offsets past what they popped
+(consume offsets are flushed every few seconds, checkpoints at once). A crash can deliver again what was
+in flight (popped and not acked, or revived but not yet counted); it never loses a message nobody acked. Checkpoints come due by the revive service's own clock rather than as
+timer messages (RocketMQ 5 can do either; reading the revive queue in order is what its revive service
+does in both cases), so revive needs no timer store.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..common import GetMessageStatus, Message, MessageExt
+from ..common.filter import MessageFilter
+from ..common.pop import (
+    ACK_TAG,
+    CK_TAG,
+    REVIVE_GROUP,
+    REVIVE_QUEUE_NUM,
+    AckMsg,
+    ExtraInfo,
+    PopCheckPoint,
+    pop_retry_topic,
+    revive_topic,
+)
+from ..common.properties import (
+    PROPERTY_FIRST_POP_TIME,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    get_property,
+    set_property,
+)
+from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
+from ..common.topic_config import PermName
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+REVIVE_INTERVAL = 0.1  # seconds between revive rounds (RocketMQ's reviveInterval is 1 s)
+POP_FROM_RETRY_PROBABILITY = 20  # percent of pops that look at the retry topic first
+
+
+@dataclass
+class PopResult:
+    """What a pop found: messages (stored bytes and decoded), per queue start offsets and offsets."""
+
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+    buffers: list[bytes]
+    messages: list[MessageExt]
+    start_offset_info: list[str]
+    msg_offset_info: list[str]
+    rest_num: int
+
+
+class PopService:
+    """Pop, ack, change of invisible time, and the revive thread (see the module docstring)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.revive_topic = revive_topic(broker.config.broker_cluster_name)
+        self._locks: dict[tuple[str, str, int], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._qid = random.randrange(REVIVE_QUEUE_NUM)
+        self._arrival = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # revive state per revive queue: read position and pending checkpoints by key
+        self._read: dict[int, int] = {}
+        self._pending: dict[int, OrderedDict[tuple, tuple[PopCheckPoint, int]]] = {}
+        self.revived = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.broker.topic_manager.ensure(self.revive_topic, REVIVE_QUEUE_NUM, PermName.PERM_READ | PermName.PERM_WRITE)
+        self._recover_pop_offsets()
+        self.store.add_message_arriving_listener(self._on_arrival)
+        self._thread = threading.Thread(target=self._revive_loop, name="PopReviveService", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        with self._arrival:
+            self._arrival.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _recover_pop_offsets(self) -> None:
+        """Consume offsets are flushed every few seconds, checkpoints at once: after a crash, move each
+        group's offset past what the checkpoints from the revive offset on say was popped, so that only
+        what was in flight is delivered again."""
+        offsets = self.broker.offset_manager
+        self.store.wait_for_dispatch(60.0)
+        for qid in range(REVIVE_QUEUE_NUM):
+            pos = max(offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid), 0)
+            while True:
+                r = self.store.get_message(REVIVE_GROUP, self.revive_topic, qid, pos, 256, None)
+                if r is None or not r.messages:
+                    break
+                for m in r.messages:
+                    pos = m.queue_offset + 1
+                    if m.tags != CK_TAG:
+                        continue
+                    try:
+                        ck = PopCheckPoint.from_json(bytes(m.body))
+                    except (ValueError, KeyError):
+                        continue
+                    if ck.queue_offset_diff:
+                        end = ck.start_offset + max(ck.queue_offset_diff) + 1
+                        if offsets.file.query_offset(ck.group, ck.topic, ck.queue_id) < end:
+                            offsets.commit(ck.group, ck.topic, ck.queue_id, end)
+
+    def _on_arrival(self, batch: dict[tuple[str, int], int]) -> None:
+        with self._arrival:
+            self._arrival.notify_all()
+
+    def _lock(self, group: str, topic: str, queue_id: int) -> threading.Lock:
+        key = (group, topic, queue_id)
+        lock = self._locks.get(key)
+        if lock is None:
+            with self._locks_guard:
+                lock = self._locks.setdefault(key, threading.Lock())
+        return lock
+
+    # -- pop -------------------------------------------------------------------------------------------------
+    def pop(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
+            expression: str = "*", poll_time_ms: int = 0) -> PopResult:
+        """Pop up to `max_nums` messages; waits up to `poll_time_ms` for one when none is there."""
+        deadline = time.monotonic() + poll_time_ms / 1000.0
+        while True:
+            result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
+            if result.messages or poll_time_ms <= 0 or self._stop.is_set():
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return result
+            with self._arrival:
+                self._arrival.wait(min(remaining, 0.5))
+
+    def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
+        tc = self.broker.topic_manager.get(topic)
+        normal = [(topic, q, False) for q in ([queue_id] if queue_id >= 0 else range(tc.read_queue_nums if tc else 0))]
+        if queue_id < 0:
+            random.shuffle(normal)
+        retry = pop_retry_topic(group, topic)
+        retries = [(retry, 0, True)] if self.broker.topic_manager.get(retry) is not None else []
+        if random.randrange(100) < POP_FROM_RETRY_PROBABILITY:
+            return retries + normal
+        return normal + retries
+
+    def _pop_once(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
+                  expression: str) -> PopResult:
+        pop_time = int(time.time() * 1000)
+        self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
+        result = PopResult(pop_time, invisible_time, self._qid, [], [], [], [], 0)
+        filt = MessageFilter(expression)
+        for t, q, retry in self._queues(group, topic, queue_id):
+            want = max_nums - len(result.messages)
+            if want <= 0:
+                offset = self._offset(group, t, q)
+                result.rest_num += max(self.store.get_max_offset_in_queue(t, q) - offset, 0)
+                continue
+            with self._lock(group, t, q):
+                offset = self._offset(group, t, q)
+                r = self.store.get_message(group, t, q, offset, want, filt)
+                if r is None:
+                    continue
+                if r.status == GetMessageStatus.OFFSET_TOO_SMALL or (not r.messages and r.next_begin_offset > offset):
+                    self.broker.offset_manager.commit(group, t, q, r.next_begin_offset)  # skip filtered / removed
+                if not r.messages:
+                    continue
+                ck = PopCheckPoint(offset, pop_time, invisible_time, len(r.messages), q, t, group,
+                                   self.broker.config.broker_name, [m.queue_offset - offset for m in r.messages])
+                if not self._put_revive(ck.to_json(), CK_TAG, result.revive_qid):
+                    continue  # nothing handed out without its checkpoint
+                self.broker.offset_manager.commit(group, t, q, r.next_begin_offset)
+            result.start_offset_info.append(f"{1 if retry else 0} {q} {offset}")
+            result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(str(m.queue_offset) for m in r.messages)}")
+            result.buffers += r.message_buffers
+            result.messages += r.messages
+            result.rest_num += max(r.max_offset - r.next_begin_offset, 0)
+        return result
+
+    def _offset(self, group: str, topic: str, queue_id: int) -> int:
+        off = self.broker.offset_manager.file.query_offset(group, topic, queue_id)
+        return max(off, self.store.get_min_offset_in_queue(topic, queue_id), 0)
+
+    def _put_revive(self, body: str, tag: str, qid: int) -> bool:
+        msg = Message(self.revive_topic, body.encode(), tags=tag, queue_id=qid)
+        msg.properties_string = f"TAGS\x01{tag}\x02WAIT\x01true\x02"
+        r = self.store.put_message(msg)
+        if not r.is_ok():
+            log.error("revive record not written (%s): %s %s", tag, r.status.name, r.reason or "")
+        return r.is_ok()
+
+    # -- ack and change invisible time ------------------------------------------------------------------------
+    def ack(self, group: str, topic: str, extra: ExtraInfo, offset: int) -> bool:
+        """Settle one popped message (its receipt handle `extra`)."""
+        ack = AckMsg(offset, extra.ck_queue_offset, group, topic, extra.queue_id, extra.pop_time,
+                     extra.broker_name)
+        return self._put_revive(ack.to_json(), ACK_TAG, extra.revive_qid)
+
+    def change_invisible_time(self, group: str, topic: str, extra: ExtraInfo, offset: int,
+                              invisible_time: int) -> ExtraInfo | None:
+        """A new checkpoint for the message (due `invisible_time` ms from now), then the old one acked;
+        the new receipt handle, or None when the checkpoint could not be written."""
+        # a checkpoint is known by (group, topic, queue, start offset, pop time): the new one must not share
+        # the old one's key, or the ack of the old one would settle it
+        pop_time = max(int(time.time() * 1000), extra.pop_time + 1)
+        ck = PopCheckPoint(offset, pop_time, invisible_time, 1, extra.queue_id, topic, group,
+                           self.broker.config.broker_name, [0])
+        if not self._put_revive(ck.to_json(), CK_TAG, extra.revive_qid):
+            return None
+        self.ack(group, topic, extra, offset)
+        return ExtraInfo(offset, pop_time, invisible_time, extra.revive_qid, extra.retry, extra.broker_name,
+                         extra.queue_id, offset)
+
+    # -- revive -------------------------------------------------------------------------------------------------
+    def _revive_loop(self) -> None:
+        while not self._stop.wait(REVIVE_INTERVAL):
+            try:
+                self.revive_once()
+            except Exception:
+                log.exception("revive round failed")
+
+    def revive_once(self, now_ms: int | None = None) -> int:
+        """One round over the revive queues; how many messages were put back."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        n = 0
+        for qid in range(REVIVE_QUEUE_NUM):
+            n += self._revive_queue(qid, now)
+        if n:  # what was put back is recorded at once, so a crash does not put it back twice
+            self.broker.offset_manager.persist()
+        return n
+
+    def _revive_queue(self, qid: int, now: int) -> int:
+        offsets = self.broker.offset_manager
+        pending = self._pending.setdefault(qid, OrderedDict())
+        if qid not in self._read:
+            self._read[qid] = max(offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid), 0)
+        while True:
+            r = self.store.get_message(REVIVE_GROUP, self.revive_topic, qid, self._read[qid], 256, None)
+            if r is None or not r.messages:
+                break
+            for m in r.messages:
+                self._read[qid] = m.queue_offset + 1
+                try:
+                    if m.tags == CK_TAG:
+                        ck = PopCheckPoint.from_json(bytes(m.body))
+                        pending[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = (ck, m.queue_offset)
+                    elif m.tags == ACK_TAG:
+                        ack = AckMsg.from_json(bytes(m.body))
+                        entry = pending.get((ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time))
+                        if entry is not None:
+                            ck = entry[0]
+                            diff = ack.ack_offset - ck.start_offset
+                            if diff in ck.queue_offset_diff:
+                                ck.bit_map |= 1 << ck.queue_offset_diff.index(diff)
+                            if ck.bit_map == (1 << len(ck.queue_offset_diff)) - 1:
+                                del pending[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)]
+                except (ValueError, KeyError) as e:
+                    log.warning("revive queue %d offset %d: unreadable record skipped (%s)", qid, m.queue_offset, e)
+        n = 0
+        for key, (ck, _) in list(pending.items()):
+            if ck.revive_time > now:
+                continue
+            for i, off in enumerate(ck.offsets()):
+                if not ck.bit_map & (1 << i) and self._put_back(ck, off):
+                    n += 1
+            del pending[key]
+        settled = min((pos for _, pos in pending.values()), default=self._read[qid])
+        if settled > offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid):
+            offsets.commit(REVIVE_GROUP, self.revive_topic, qid, settled)
+        self.revived += n
+        return n
+
+    def _put_back(self, ck: PopCheckPoint, offset: int) -> bool:
+        """An unacked message of `ck` goes to the pop retry topic (or the DLQ past the group's maximum)."""
+        phy = self.store.get_commit_log_offset_in_queue(ck.topic, ck.queue_id, offset)
+        msg = self.store.look_message_by_offset(phy) if phy >= 0 else None
+        if msg is None:
+            log.warning("revive: %s queue %d offset %d is gone", ck.topic, ck.queue_id, offset)
+            return False
+        props = msg.properties_string
+        origin = get_property(props, PROPERTY_RETRY_TOPIC) or ck.topic
+        if get_property(props, PROPERTY_RETRY_TOPIC) is None:
+            props = set_property(props, PROPERTY_RETRY_TOPIC, ck.topic)
+        if get_property(props, PROPERTY_FIRST_POP_TIME) is None:
+            props = set_property(props, PROPERTY_FIRST_POP_TIME, str(ck.pop_time))
+        if get_property(props, PROPERTY_ORIGIN_MESSAGE_ID) is None:
+            props = set_property(props, PROPERTY_ORIGIN_MESSAGE_ID, msg.uniq_key or msg.msg_id)
+        sg = self.broker.group_manager.find(ck.group)
+        limit = sg.retry_max_times if sg is not None else 16
+        reconsume = msg.reconsume_times + 1
+        if reconsume > limit:
+            topic = DLQ_GROUP_TOPIC_PREFIX + ck.group
+        else:
+            topic = pop_retry_topic(ck.group, origin)
+        self.broker.topic_manager.ensure(topic, 1)
+        out = Message(topic=topic, body=bytes(msg.body), queue_id=0, flag=msg.flag, properties_string=props,
+                      sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp, born_host=msg.born_host,
+                      reconsume_times=reconsume)
+        r = self.store.put_message(out)
+        if not r.is_ok():
+            log.error("revive: could not put back %s: %s", msg.uniq_key, r.status.name)
+        return r.is_ok()
+
+    def pending_count(self) -> int:
+        return sum(len(p) for p in self._pending.values())

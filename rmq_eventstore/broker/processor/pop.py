@@ -1,0 +1,89 @@
+"""POP consumption's requests (`PopMessageProcessor`, `AckMessageProcessor`, `ChangeInvisibleTimeProcessor`):
+POP_MESSAGE, ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME over the broker's `PopService`.
+
+POP answers with RocketMQ's response header (popTime, invisibleTime, reviveQid, restNum, startOffsetInfo,
+msgOffsetInfo) and the stored records as the body; clients build each message's receipt handle from
+them, as RocketMQ's clients do. A POP that finds nothing waits up to its `pollTime` for an arrival (the
+server runs it on a worker thread) and then answers POLLING_TIMEOUT."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...common.pop import ExtraInfo
+from ...common.topic_config import PermName
+from ...remoting import RemotingCommand, RequestCode, ResponseCode
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+MAX_POP_NUMS = 32 * 32
+MAX_POLL_TIME_MS = 60_000
+
+
+class PopMessageProcessor:
+    """POP_MESSAGE."""
+
+    CODES = (RequestCode.POP_MESSAGE,)
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+        b = self.broker
+        group = req.get_str("consumerGroup")
+        topic = req.get_str("topic")
+        queue_id = req.get_int("queueId", -1)
+        max_nums = max(1, min(req.get_int("maxMsgNums", 32), MAX_POP_NUMS))
+        invisible = req.get_int("invisibleTime")
+        poll = max(0, min(req.get_int("pollTime", 0), MAX_POLL_TIME_MS))
+        expression = req.get_str("exp", "*") or "*"
+        if (req.get_str("expType", "TAG") or "TAG").upper() != "TAG":
+            return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "only TAG expressions are served")
+        if invisible <= 0:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"invisibleTime must be > 0, not {invisible}")
+        sg = b.group_manager.find(group)
+        if sg is None:
+            return req.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{group}] does not exist")
+        tc = b.topic_manager.get(topic)
+        if tc is None:
+            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not PermName.is_readable(tc.perm):
+            return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
+        if queue_id >= tc.read_queue_nums:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
+        r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll)
+        ext = {"popTime": r.pop_time, "invisibleTime": r.invisible_time, "reviveQid": r.revive_qid,
+               "restNum": r.rest_num, "startOffsetInfo": ";".join(r.start_offset_info),
+               "msgOffsetInfo": ";".join(r.msg_offset_info)}
+        if not r.messages:
+            return req.response(ResponseCode.POLLING_TIMEOUT if poll else ResponseCode.NO_MESSAGE,
+                                "no new message", ext)
+        return req.response(ResponseCode.SUCCESS, None, ext, b"".join(r.buffers))
+
+
+class AckMessageProcessor:
+    """ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME."""
+
+    CODES = (RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+        group = req.get_str("consumerGroup")
+        topic = req.get_str("topic")
+        offset = req.get_int("offset")
+        try:
+            extra = ExtraInfo.split(req.get_str("extraInfo"))
+        except ValueError as e:
+            return req.response(ResponseCode.ILLEGAL_OPERATION, str(e))
+        service = self.broker.pop_service
+        if req.code == RequestCode.ACK_MESSAGE:
+            ok = service.ack(group, topic, extra, offset)
+            return req.response() if ok else req.response(ResponseCode.SYSTEM_ERROR, "ack not written")
+        new = service.change_invisible_time(group, topic, extra, offset, req.get_int("invisibleTime"))
+        if new is None:
+            return req.response(ResponseCode.SYSTEM_ERROR, "checkpoint not written")
+        return req.response(ext_fields={"popTime": new.pop_time, "invisibleTime": new.invisible_time,
+                                        "reviveQid": new.revive_qid, "extraInfo": new.build()})

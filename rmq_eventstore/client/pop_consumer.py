@@ -1,0 +1,109 @@
+"""`PopConsumer`: RocketMQ 5's POP consumption from the client's side.
+
+`pop` takes up to `max_nums` messages of a topic for the group and makes them invisible to the group's
+other consumers for `invisible_time` ms; `ack` settles one (`ack_batch` several), `change_invisible_time`
+extends or shortens its invisibility (0: give it back now). A message nobody acked comes back after its
+invisible time with its reconsume count raised, through the group's pop retry topic, and goes to the
+group's DLQ past its retry maximum. Each popped message carries its receipt handle in the `POP_CK`
+property; the message keeps the topic it was popped for, even when it came from the retry topic.
+"""
+
+from __future__ import annotations
+
+from ..common import MessageExt
+from ..common.pop import ExtraInfo, pop_retry_topic
+from ..common.properties import PROPERTY_POP_CK, PROPERTY_RETRY_TOPIC
+from ..common.topic import validate_group, validate_topic
+from ..remoting import RemotingCommand, RequestCode, ResponseCode
+from .base import ClientBase, decode_records
+
+_POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
+
+
+def _parse_starts(info: str) -> dict[tuple[bool, int], int]:
+    out: dict[tuple[bool, int], int] = {}
+    for item in filter(None, info.split(";")):
+        retry, qid, start = item.split(" ")
+        out[(retry != "0", int(qid))] = int(start)
+    return out
+
+
+class PopConsumer:
+    """POP / ACK consumer of one group; thread-safe."""
+
+    def __init__(self, namesrv_addr: str, group: str, timeout_ms: int = 3000, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
+        validate_group(group)
+        self.group = group
+        self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
+
+    def start(self) -> PopConsumer:
+        self._base.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._base.shutdown()
+
+    def __enter__(self) -> PopConsumer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def pop(self, topic: str, max_nums: int = 32, invisible_time: int = 60_000, poll_time: int = 0,
+            tags: str = "*", queue_id: int = -1) -> list[MessageExt]:
+        """Up to `max_nums` messages, invisible to the group for `invisible_time` ms; with `poll_time` > 0
+        the broker waits up to that many ms for one (long polling)."""
+        validate_topic(topic)
+        addr = self._base.broker_for(topic)
+        cmd = RemotingCommand.request(RequestCode.POP_MESSAGE, {
+            "consumerGroup": self.group, "topic": topic, "queueId": queue_id, "maxMsgNums": max_nums,
+            "invisibleTime": invisible_time, "pollTime": poll_time, "bornTime": 0, "initMode": 1,
+            "expType": "TAG", "exp": tags, "order": False})
+        r = self._base.invoke(addr, cmd, self._base.timeout + poll_time / 1000.0, ok=_POP_OK)
+        if r.code != ResponseCode.SUCCESS or not r.body:
+            return []
+        x = r.ext_fields
+        pop_time, invisible, revive_qid = int(x["popTime"]), int(x["invisibleTime"]), int(x["reviveQid"])
+        starts = _parse_starts(x.get("startOffsetInfo", ""))
+        names = list(self._base.route(topic).broker_addrs)
+        broker_name = names[0] if names else ""
+        msgs = decode_records(r.body)
+        for m in msgs:
+            retry = m.topic != topic
+            extra = ExtraInfo(starts.get((retry, m.queue_id), m.queue_offset), pop_time, invisible, revive_qid, retry,
+                              broker_name, m.queue_id, m.queue_offset)
+            m.properties[PROPERTY_POP_CK] = extra.build()
+            if retry:
+                m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+        return msgs
+
+    def _target(self, msg: MessageExt) -> tuple[str, ExtraInfo]:
+        handle = msg.properties.get(PROPERTY_POP_CK)
+        if not handle:
+            raise ValueError("the message has no POP_CK receipt handle: it was not popped by a PopConsumer")
+        extra = ExtraInfo.split(handle)
+        return (pop_retry_topic(self.group, msg.topic) if extra.retry else msg.topic), extra
+
+    def ack(self, msg: MessageExt) -> None:
+        """Settle a popped message: it will not come back."""
+        topic, extra = self._target(msg)
+        self._base.invoke(self._base.broker_for(msg.topic), RemotingCommand.request(RequestCode.ACK_MESSAGE, {
+            "consumerGroup": self.group, "topic": topic, "queueId": extra.queue_id, "extraInfo": extra.build(),
+            "offset": extra.queue_offset}))
+
+    def ack_batch(self, msgs: list[MessageExt]) -> None:
+        """Settle several popped messages (one ACK_MESSAGE each, on one connection)."""
+        for m in msgs:
+            self.ack(m)
+
+    def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:
+        """Make a popped message invisible for `invisible_time` ms from now (0: visible again now); the
+        message's receipt handle is replaced by the new one, which later acks must use."""
+        topic, extra = self._target(msg)
+        r = self._base.invoke(self._base.broker_for(msg.topic), RemotingCommand.request(
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
+                "consumerGroup": self.group, "topic": topic, "queueId": extra.queue_id,
+                "extraInfo": extra.build(), "offset": extra.queue_offset, "invisibleTime": invisible_time}))
+        msg.properties[PROPERTY_POP_CK] = r.ext_fields["extraInfo"]
+        return msg

@@ -1,0 +1,119 @@
+"""POP consumption's shared vocabulary (RocketMQ 5's `ExtraInfoUtil`, `PopCheckPoint`, `AckMsg`, `KeyBuilder`,
+`PopAckConstants`): the receipt handle a popped message carries (`POP_CK`), the checkpoint and ack records of
+the revive topic, and the names of the revive and pop-retry topics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+CK_TAG = "ck"
+ACK_TAG = "ack"
+REVIVE_GROUP = "CID_RMQ_SYS_REVIVE_GROUP"
+REVIVE_QUEUE_NUM = 8
+
+
+def revive_topic(cluster: str) -> str:
+    """`rmq_sys_REVIVE_LOG_<cluster>`."""
+    return f"rmq_sys_REVIVE_LOG_{cluster}"
+
+
+def pop_retry_topic(group: str, topic: str) -> str:
+    """The V1 pop retry topic of a group and topic: `%RETRY%<group>_<topic>` (`KeyBuilder.buildPopRetryTopicV1`)."""
+    return f"%RETRY%{group}_{topic}"
+
+
+@dataclass(frozen=True)
+class ExtraInfo:
+    """A popped message's receipt handle (`POP_CK`): where its checkpoint is and which message it is."""
+
+    ck_queue_offset: int
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+    retry: bool
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+
+    def build(self) -> str:
+        """`ExtraInfoUtil.buildExtraInfo`: space-separated fields, the retry flag as "1" / "0"."""
+        return " ".join(str(x) for x in (self.ck_queue_offset, self.pop_time, self.invisible_time, self.revive_qid,
+                                          "1" if self.retry else "0", self.broker_name, self.queue_id,
+                                          self.queue_offset))
+
+    @classmethod
+    def split(cls, text: str) -> ExtraInfo:
+        """`ExtraInfoUtil.split`; ValueError for a handle that is not one."""
+        parts = text.split(" ")
+        if len(parts) < 8:
+            raise ValueError(f"not a POP receipt handle (8 space-separated fields expected): {text!r}")
+        try:
+            return cls(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), parts[4] not in ("0", ""),
+                       parts[5], int(parts[6]), int(parts[7]))
+        except ValueError:
+            raise ValueError(f"not a POP receipt handle: {text!r}") from None
+
+
+@dataclass
+class PopCheckPoint:
+    """A pop's checkpoint record (`PopCheckPoint`, JSON keys so, pt, it, bm, n, q, t, c, ro, d, bn, rp):
+    `num` messages of (topic, queue) from `start_offset` were popped by `group` at `pop_time`, invisible for
+    `invisible_time`; `queue_offset_diff` are their offsets minus `start_offset`; `bit_map` marks the acked."""
+
+    start_offset: int
+    pop_time: int
+    invisible_time: int
+    num: int
+    queue_id: int
+    topic: str
+    group: str
+    broker_name: str
+    queue_offset_diff: list[int] = field(default_factory=list)
+    bit_map: int = 0
+    revive_offset: int = 0
+    re_put_times: int = 0
+
+    @property
+    def revive_time(self) -> int:
+        return self.pop_time + self.invisible_time
+
+    def offsets(self) -> list[int]:
+        return [self.start_offset + d for d in self.queue_offset_diff]
+
+    def to_json(self) -> str:
+        return json.dumps({"so": self.start_offset, "pt": self.pop_time, "it": self.invisible_time,
+                           "bm": self.bit_map, "n": self.num, "q": self.queue_id, "t": self.topic,
+                           "c": self.group, "ro": self.revive_offset, "d": self.queue_offset_diff,
+                           "bn": self.broker_name, "rp": self.re_put_times}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PopCheckPoint:
+        d = json.loads(text)
+        return cls(int(d["so"]), int(d["pt"]), int(d["it"]), int(d["n"]), int(d["q"]), str(d["t"]), str(d["c"]),
+                   str(d.get("bn", "")), [int(x) for x in d.get("d") or []], int(d.get("bm", 0)),
+                   int(d.get("ro", 0)), int(d.get("rp", 0)))
+
+
+@dataclass
+class AckMsg:
+    """An ack record (`AckMsg`, JSON keys ao, so, c, t, q, pt, bn): the message at `ack_offset` of the pop
+    that started at `start_offset` at `pop_time` is settled."""
+
+    ack_offset: int
+    start_offset: int
+    group: str
+    topic: str
+    queue_id: int
+    pop_time: int
+    broker_name: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"ao": self.ack_offset, "so": self.start_offset, "c": self.group, "t": self.topic,
+                           "q": self.queue_id, "pt": self.pop_time, "bn": self.broker_name}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> AckMsg:
+        d = json.loads(text)
+        return cls(int(d["ao"]), int(d["so"]), str(d["c"]), str(d["t"]), int(d["q"]), int(d["pt"]),
+                   str(d.get("bn", "")))

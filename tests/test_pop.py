@@ -1,0 +1,219 @@
+"""POP / ACK / CHANGE_INVISIBLE_TIME over a real broker on loopback: popped messages are hidden, acks settle,
+unacked messages come back after their invisible time through the pop retry topic (and to the DLQ past the
+group's maximum), long polling wakes on arrival, concurrent consumers in other processes never hold the same
+message, and a SIGKILL of the broker loses no unacked message and brings back no acked one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rmq_eventstore.broker import RunningBroker, serve_in_thread
+from rmq_eventstore.client import Admin, Message, PopConsumer, Producer
+from rmq_eventstore.common.pop import AckMsg, ExtraInfo, PopCheckPoint, pop_retry_topic
+from rmq_eventstore.remoting import RemotingCommand, RequestCode
+
+SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
+         "max_hash_slot_num": 1024, "max_index_num": 4096}
+POP_CRASH_ROUNDS = int(os.environ.get("POP_CRASH_ROUNDS", "3"))
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**41), st.integers(1, 2**31 - 1), st.integers(0, 7), st.booleans(),
+       st.text(alphabet="abcdefghij-_0123456789", min_size=1, max_size=12), st.integers(0, 1023),
+       st.integers(0, 2**40))
+def test_receipt_handles_round_trip(so: int, pt: int, it: int, rq: int, retry: bool, bn: str, q: int,
+                                    off: int) -> None:
+    e = ExtraInfo(so, pt, it, rq, retry, bn, q, off)
+    assert ExtraInfo.split(e.build()) == e
+    assert e.build().split(" ")[4] == ("1" if retry else "0")
+
+
+def test_checkpoint_and_ack_json_use_rocketmqs_keys() -> None:
+    ck = PopCheckPoint(10, 1700000000000, 30000, 3, 2, "orders", "g", "broker-a", [0, 1, 5])
+    d = json.loads(ck.to_json())
+    assert set(d) == {"so", "pt", "it", "bm", "n", "q", "t", "c", "ro", "d", "bn", "rp"}
+    assert PopCheckPoint.from_json(ck.to_json()) == ck and ck.offsets() == [10, 11, 15]
+    ack = AckMsg(11, 10, "g", "orders", 2, 1700000000000, "broker-a")
+    assert set(json.loads(ack.to_json())) == {"ao", "so", "c", "t", "q", "pt", "bn"}
+    assert AckMsg.from_json(ack.to_json()) == ack
+    with pytest.raises(ValueError):
+        ExtraInfo.split("1 2 3")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[RunningBroker]:
+    with serve_in_thread(tmp_path / "store", **SMALL) as rb:
+        yield rb
+
+
+def send(ns: str, topic: str, n: int, tags: str | None = None) -> None:
+    with Producer(ns, "pop-producer") as p:
+        for i in range(n):
+            p.send(Message(topic, f"m{i}".encode(), tags=tags, keys=f"m{i}"))
+
+
+def test_pop_hides_ack_settles_and_the_rest_comes_back_through_the_retry_topic(broker: RunningBroker) -> None:
+    ns = broker.namesrv_address
+    send(ns, "tasks", 6)
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "workers") as c:
+        got = c.pop("tasks", max_nums=32, invisible_time=800)
+        assert sorted(m.body for m in got) == [f"m{i}".encode() for i in range(6)]
+        assert all("POP_CK" in m.properties for m in got)
+        assert c.pop("tasks", invisible_time=800) == []  # invisible to the group meanwhile
+        for m in got[:4]:
+            c.ack(m)
+        time.sleep(1.2)
+        back: list = []
+        deadline = time.monotonic() + 10
+        while len(back) < 2 and time.monotonic() < deadline:
+            back += c.pop("tasks", invisible_time=5000, poll_time=500)
+        assert sorted(m.body for m in back) == sorted(m.body for m in got[4:])
+        assert all(m.reconsume_times == 1 and m.topic == "tasks" for m in back)
+        c.ack_batch(back)
+        time.sleep(0.3)
+        assert c.pop("tasks", invisible_time=1000) == []
+    assert broker.store.get_max_offset_in_queue(pop_retry_topic("workers", "tasks"), 0) == 2
+
+
+def test_change_invisible_time(broker: RunningBroker) -> None:
+    ns = broker.namesrv_address
+    send(ns, "tasks", 2)
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "workers") as c:
+        a, b = sorted(c.pop("tasks", invisible_time=60_000), key=lambda m: m.body)
+        c.change_invisible_time(a, 0)  # give it back now
+        c.change_invisible_time(b, 60_000)  # keep b longer
+        deadline = time.monotonic() + 10
+        again: list = []
+        while not again and time.monotonic() < deadline:
+            again = c.pop("tasks", invisible_time=60_000, poll_time=300)
+        assert [m.body for m in again] == [b"m0"]
+        c.ack(b)  # the new receipt handle acks it
+
+
+def test_past_the_maximum_a_message_goes_to_the_dlq(broker: RunningBroker) -> None:
+    ns = broker.namesrv_address
+    Admin(ns)._base.invoke(broker.broker_address, RemotingCommand.request(
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {},
+        json.dumps({"groupName": "fragile", "retryMaxTimes": 1}).encode()))
+    send(ns, "tasks", 1)
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "fragile") as c:
+        assert len(c.pop("tasks", invisible_time=300)) == 1
+        deadline = time.monotonic() + 10
+        retried: list = []
+        while not retried and time.monotonic() < deadline:
+            retried = c.pop("tasks", invisible_time=300, poll_time=300)
+        assert retried and retried[0].reconsume_times == 1
+        time.sleep(1.0)
+    assert broker.store.get_max_offset_in_queue("%DLQ%fragile", 0) == 1
+
+
+def test_long_polling_wakes_on_arrival(broker: RunningBroker) -> None:
+    ns = broker.namesrv_address
+    send(ns, "tasks", 1)
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "workers") as c:
+        c.ack(c.pop("tasks", invisible_time=1000)[0])
+        threading.Timer(0.3, lambda: send(ns, "tasks", 1)).start()
+        t0 = time.monotonic()
+        got = c.pop("tasks", invisible_time=1000, poll_time=10_000)
+        assert len(got) == 1 and time.monotonic() - t0 < 5
+        assert c.pop("tasks", invisible_time=1000, poll_time=200) == []
+
+
+def test_tag_expressions(broker: RunningBroker) -> None:
+    ns = broker.namesrv_address
+    send(ns, "tagged", 3, tags="A")
+    send(ns, "tagged", 3, tags="B")
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "only-a") as c:
+        got = []
+        for _ in range(5):
+            got += c.pop("tagged", tags="A || C", invisible_time=10_000)
+        assert len(got) == 3 and {m.tags for m in got} == {"A"}
+
+
+POPPER = textwrap.dedent("""
+    import sys, time
+    from rmq_eventstore.client import PopConsumer
+    ns, seconds = sys.argv[1], float(sys.argv[2])
+    with PopConsumer(ns, "crowd") as c:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for m in c.pop("crowd", max_nums=8, invisible_time=60_000, poll_time=200):
+                print(m.body.decode(), flush=True)
+                c.ack(m)
+""")
+
+
+def test_concurrent_consumers_in_other_processes_never_hold_the_same_message(broker: RunningBroker,
+                                                                             tmp_path: Path) -> None:
+    ns = broker.namesrv_address
+    script = tmp_path / "popper.py"
+    script.write_text(POPPER)
+    procs = [subprocess.Popen([sys.executable, str(script), ns, "8"], stdout=subprocess.PIPE, text=True)
+             for _ in range(16)]
+    send(ns, "crowd", 1500)
+    outs = [p.communicate(timeout=60)[0].split() for p in procs]
+    counts = Counter(b for out in outs for b in out)
+    assert len(counts) == 1500 and max(counts.values()) == 1, counts.most_common(3)
+    assert sum(1 for out in outs if out) > 1  # the work was shared
+
+
+def test_a_broker_kill_loses_no_unacked_message_and_brings_back_no_acked_one(tmp_path: Path) -> None:
+    from tests.test_transaction_crash import Broker
+
+    rng = random.Random(int(os.environ.get("POP_CRASH_SEED", str(random.randrange(1 << 30)))))
+    broker = Broker(tmp_path)
+    broker.start()
+    total = 600
+    send(broker.namesrv, "jobs", total)
+    acked: set[str] = set()
+    seen: Counter = Counter()
+    try:
+        for _ in range(POP_CRASH_ROUNDS):
+            deadline = time.monotonic() + rng.uniform(0.3, 1.0)
+            with PopConsumer(broker.namesrv, "jobs-workers") as c:
+                while time.monotonic() < deadline:
+                    try:
+                        for m in c.pop("jobs", max_nums=16, invisible_time=1500):
+                            seen[m.keys] += 1
+                            if rng.random() < 0.7:  # the rest is left unacked: it must come back
+                                c.ack(m)
+                                acked.add(m.keys)
+                    except Exception:
+                        break
+            assert broker.proc is not None
+            broker.proc.send_signal(signal.SIGKILL)
+            broker.proc.wait(30)
+            broker.start()
+        # drain: everything not acked must come back; acked ones may not
+        after: Counter = Counter()
+        with PopConsumer(broker.namesrv, "jobs-workers") as c:
+            deadline = time.monotonic() + 40
+            while len(acked) + len(set(after) - acked) < total and time.monotonic() < deadline:
+                for m in c.pop("jobs", max_nums=32, invisible_time=60_000, poll_time=300):
+                    after[m.keys] += 1
+                    c.ack(m)
+        missing = {f"m{i}" for i in range(total)} - acked - set(after)
+        assert not missing, f"unacked messages lost: {sorted(missing)[:10]}"
+        print(f"{POP_CRASH_ROUNDS} kills: {len(acked)} acked before, {len(after)} delivered after, "
+              f"{len(set(after) & acked)} acked ones delivered again")
+    finally:
+        broker.stop()

@@ -125,6 +125,8 @@ def requests(topic: str = "orders", group: str = "cg") -> dict[str, tuple[int, d
                                           "invisibleTime": 1000, "pollTime": 0}, b""),
         "ack": (RequestCode.ACK_MESSAGE, {"consumerGroup": group, "topic": topic, "queueId": 0,
                                           "extraInfo": "0 1 1000 0 0 broker-a 0 0", "offset": 0}, b""),
+        "batch ack": (RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps({"acks": [
+            {"c": group, "t": topic, "r": "0", "so": 0, "q": 0, "rq": 0, "pt": 1, "it": 1000, "b": [0]}]}).encode()),
         "change invisible time": (RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
             "consumerGroup": group, "topic": topic, "queueId": 0, "extraInfo": "0 1 1000 0 0 broker-a 0 0",
             "offset": 0, "invisibleTime": 1000}, b""),
@@ -179,6 +181,7 @@ MATRIX = {  # request kind -> (writer, reader, boss): True = allowed
     "pull": (True, True, True),
     "pop": (True, True, True),
     "ack": (True, True, True),
+    "batch ack": (True, True, True),
     "change invisible time": (True, True, True),
     "query offset": (True, True, True),
     "update offset": (True, True, True),

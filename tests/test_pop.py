@@ -42,6 +42,15 @@ def test_receipt_handles_round_trip(so: int, pt: int, it: int, rq: int, retry: b
     assert e.build().split(" ")[4] == ("1" if retry else "0")
 
 
+def test_batch_ack_bit_sets() -> None:
+    from rmq_eventstore.common.pop import BatchAck, bitset_indexes
+
+    assert bitset_indexes([3, 0, 3]) == [0, 3]
+    assert bitset_indexes("CQE=") == [0, 3, 8]  # Java's BitSet{0, 3, 8}.toByteArray() = [0x09, 0x01], base64
+    a = BatchAck("g", "t", True, 5, 1, 2, 100, 30000, [0, 2])
+    assert BatchAck.from_dict(a.to_dict()) == a and a.to_dict()["r"] == "1"
+
+
 def test_checkpoint_and_ack_json_use_rocketmqs_keys() -> None:
     ck = PopCheckPoint(10, 1700000000000, 30000, 3, 2, "orders", "g", "broker-a", [0, 1, 5])
     d = json.loads(ck.to_json())

@@ -208,6 +208,15 @@ def resources(cmd: RemotingCommand) -> list[tuple[str, str, int]]:
                   RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
         topic(ext.get("topic"), SUB)
         group(ext.get("consumerGroup"))
+    elif code == RequestCode.BATCH_ACK_MESSAGE:
+        try:
+            acks = json.loads(cmd.body or b"{}").get("acks") or []
+        except (ValueError, AttributeError):
+            acks = []
+        for a in acks if isinstance(acks, list) else []:
+            if isinstance(a, dict):
+                topic(a.get("t"), SUB)
+                group(a.get("c"))
     elif code == RequestCode.QUERY_MESSAGE:
         topic(ext.get("topic"), SUB)
     elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):

@@ -23,6 +23,7 @@ does in both cases), so revive needs no timer store.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -35,10 +36,12 @@ from ..common import GetMessageStatus, Message, MessageExt
 from ..common.filter import MessageFilter
 from ..common.pop import (
     ACK_TAG,
+    BATCH_ACK_TAG,
     CK_TAG,
     REVIVE_GROUP,
     REVIVE_QUEUE_NUM,
     AckMsg,
+    BatchAck,
     ExtraInfo,
     PopCheckPoint,
     pop_retry_topic,
@@ -225,6 +228,13 @@ class PopService:
                      extra.broker_name)
         return self._put_revive(ack.to_json(), ACK_TAG, extra.revive_qid)
 
+    def batch_ack(self, ack: BatchAck) -> bool:
+        """Settle several messages of one pop with one revive record (tag `bAck`, ack offset list `aol`)."""
+        body = json.dumps({"aol": [ack.start_offset + b for b in ack.bits], "so": ack.start_offset, "c": ack.group,
+                           "t": ack.topic, "q": ack.queue_id, "pt": ack.pop_time,
+                           "bn": self.broker.config.broker_name}, separators=(",", ":"))
+        return self._put_revive(body, BATCH_ACK_TAG, ack.revive_qid)
+
     def change_invisible_time(self, group: str, topic: str, extra: ExtraInfo, offset: int,
                               invisible_time: int) -> ExtraInfo | None:
         """A new checkpoint for the message (due `invisible_time` ms from now), then the old one acked;
@@ -275,14 +285,12 @@ class PopService:
                         pending[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = (ck, m.queue_offset)
                     elif m.tags == ACK_TAG:
                         ack = AckMsg.from_json(bytes(m.body))
-                        entry = pending.get((ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time))
-                        if entry is not None:
-                            ck = entry[0]
-                            diff = ack.ack_offset - ck.start_offset
-                            if diff in ck.queue_offset_diff:
-                                ck.bit_map |= 1 << ck.queue_offset_diff.index(diff)
-                            if ck.bit_map == (1 << len(ck.queue_offset_diff)) - 1:
-                                del pending[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)]
+                        self._mark(pending, (ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time),
+                                   [ack.ack_offset])
+                    elif m.tags == BATCH_ACK_TAG:
+                        d = json.loads(bytes(m.body))
+                        self._mark(pending, (str(d["c"]), str(d["t"]), int(d["q"]), int(d["so"]), int(d["pt"])),
+                                   [int(x) for x in d["aol"]])
                 except (ValueError, KeyError) as e:
                     log.warning("revive queue %d offset %d: unreadable record skipped (%s)", qid, m.queue_offset, e)
         n = 0
@@ -298,6 +306,20 @@ class PopService:
             offsets.commit(REVIVE_GROUP, self.revive_topic, qid, settled)
         self.revived += n
         return n
+
+    @staticmethod
+    def _mark(pending: OrderedDict, key: tuple, offsets: list[int]) -> None:
+        """Set the acked bits of the pending checkpoint `key`; a fully acked one is settled."""
+        entry = pending.get(key)
+        if entry is None:
+            return
+        ck = entry[0]
+        for off in offsets:
+            diff = off - ck.start_offset
+            if diff in ck.queue_offset_diff:
+                ck.bit_map |= 1 << ck.queue_offset_diff.index(diff)
+        if ck.bit_map == (1 << len(ck.queue_offset_diff)) - 1:
+            del pending[key]
 
     def _put_back(self, ck: PopCheckPoint, offset: int) -> bool:
         """An unacked message of `ck` goes to the pop retry topic (or the DLQ past the group's maximum)."""

@@ -10,8 +10,10 @@ property; the message keeps the topic it was popped for, even when it came from 
 
 from __future__ import annotations
 
+import json
+
 from ..common import MessageExt
-from ..common.pop import ExtraInfo, pop_retry_topic
+from ..common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK, PROPERTY_RETRY_TOPIC
 from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
@@ -93,9 +95,21 @@ class PopConsumer:
             "offset": extra.queue_offset}))
 
     def ack_batch(self, msgs: list[MessageExt]) -> None:
-        """Settle several popped messages (one ACK_MESSAGE each, on one connection)."""
+        """Settle several popped messages with one BATCH_ACK_MESSAGE per broker (one entry per pop)."""
+        groups: dict[tuple, BatchAck] = {}
+        by_broker: dict[str, list[BatchAck]] = {}
         for m in msgs:
-            self.ack(m)
+            topic, extra = self._target(m)
+            key = (topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time, extra.revive_qid)
+            ack = groups.get(key)
+            if ack is None:
+                ack = groups[key] = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
+                                             extra.revive_qid, extra.pop_time, extra.invisible_time, [])
+                by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
+            ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
+        for addr, acks in by_broker.items():
+            body = json.dumps({"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()
+            self._base.invoke(addr, RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:
         """Make a popped message invisible for `invisible_time` ms from now (0: visible again now); the

@@ -4,11 +4,13 @@ the revive topic, and the names of the revive and pop-retry topics."""
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 
 CK_TAG = "ck"
 ACK_TAG = "ack"
+BATCH_ACK_TAG = "bAck"
 REVIVE_GROUP = "CID_RMQ_SYS_REVIVE_GROUP"
 REVIVE_QUEUE_NUM = 8
 
@@ -117,3 +119,40 @@ class AckMsg:
         d = json.loads(text)
         return cls(int(d["ao"]), int(d["so"]), str(d["c"]), str(d["t"]), int(d["q"]), int(d["pt"]),
                    str(d.get("bn", "")))
+
+
+def bitset_indexes(value: object) -> list[int]:
+    """The set bits of a `BatchAck`'s `b`: a list of indexes (what our client sends) or the base64 of Java's
+    `BitSet.toByteArray()` (little-endian bytes)."""
+    if isinstance(value, list):
+        return sorted({int(x) for x in value})
+    if isinstance(value, str):
+        raw = base64.b64decode(value)
+        return [i * 8 + b for i, byte in enumerate(raw) for b in range(8) if byte >> b & 1]
+    raise ValueError(f"a BatchAck bit set must be a list of indexes or base64 bytes, not {type(value).__name__}")
+
+
+@dataclass
+class BatchAck:
+    """One entry of a BATCH_ACK_MESSAGE body (`BatchAck`, JSON keys c, t, r, so, q, rq, pt, it, b): the
+    messages at `start_offset` + each bit of `bits` of one pop are settled."""
+
+    group: str
+    topic: str
+    retry: bool
+    start_offset: int
+    queue_id: int
+    revive_qid: int
+    pop_time: int
+    invisible_time: int
+    bits: list[int]
+
+    def to_dict(self) -> dict:
+        return {"c": self.group, "t": self.topic, "r": "1" if self.retry else "0", "so": self.start_offset,
+                "q": self.queue_id, "rq": self.revive_qid, "pt": self.pop_time, "it": self.invisible_time,
+                "b": self.bits}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BatchAck:
+        return cls(str(d["c"]), str(d["t"]), str(d.get("r", "0")) == "1", int(d["so"]), int(d["q"]), int(d["rq"]),
+                   int(d["pt"]), int(d.get("it", 0)), bitset_indexes(d.get("b", [])))

@@ -43,6 +43,7 @@ class RequestCode(enum.IntEnum):
     POP_MESSAGE = 200050
     ACK_MESSAGE = 200051
     CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
     # our extension (outside RocketMQ's ranges): which rmq_eventstore features a broker serves
     GET_BROKER_EXTENSIONS = 4400
 

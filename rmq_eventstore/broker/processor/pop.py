@@ -8,9 +8,10 @@ server runs it on a worker thread) and then answers POLLING_TIMEOUT."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
-from ...common.pop import ExtraInfo
+from ...common.pop import BatchAck, ExtraInfo
 from ...common.topic_config import PermName
 from ...remoting import RemotingCommand, RequestCode, ResponseCode
 
@@ -63,14 +64,16 @@ class PopMessageProcessor:
 
 
 class AckMessageProcessor:
-    """ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME."""
+    """ACK_MESSAGE, BATCH_ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME."""
 
-    CODES = (RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
+    CODES = (RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+        if req.code == RequestCode.BATCH_ACK_MESSAGE:
+            return self._batch_ack(req)
         group = req.get_str("consumerGroup")
         topic = req.get_str("topic")
         offset = req.get_int("offset")
@@ -87,3 +90,15 @@ class AckMessageProcessor:
             return req.response(ResponseCode.SYSTEM_ERROR, "checkpoint not written")
         return req.response(ext_fields={"popTime": new.pop_time, "invisibleTime": new.invisible_time,
                                         "reviveQid": new.revive_qid, "extraInfo": new.build()})
+
+    def _batch_ack(self, req: RemotingCommand) -> RemotingCommand:
+        """BATCH_ACK_MESSAGE: a JSON body `{"acks": [BatchAck, ...]}` (`BatchAckMessageRequestBody`)."""
+        try:
+            doc = json.loads(req.body or b"{}")
+            acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return req.response(ResponseCode.ILLEGAL_OPERATION, f"bad BATCH_ACK_MESSAGE body: {e}")
+        for ack in acks:
+            if not self.broker.pop_service.batch_ack(ack):
+                return req.response(ResponseCode.SYSTEM_ERROR, "ack not written")
+        return req.response()

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run quickstart test lint bench crashtest txcrashtest racetest clean
+.PHONY: run quickstart test lint bench crashtest txcrashtest timercrashtest racetest clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ crashtest: $(VENV)/.installed
 ## txcrashtest: transactions across 200 SIGKILLs of the broker (CI runs 4; TX_CRASH_SEED=N reproduces a run)
 txcrashtest: $(VENV)/.installed
 	TX_CRASH_ROUNDS=$${TX_CRASH_ROUNDS:-200} $(PY) -m pytest -q -s --timeout=0 tests/test_transaction_crash.py
+
+## timercrashtest: timers across 50 SIGKILLs of the broker (TIMER_CRASH_SEED=N reproduces a run)
+timercrashtest: $(VENV)/.installed
+	TIMER_CRASH_ROUNDS=$${TIMER_CRASH_ROUNDS:-50} $(PY) -m pytest -q -s --timeout=0 tests/test_timer.py -k kills
 
 ## racetest: 16 writer processes racing at one expected version, 1000 rounds, also through broker kills
 racetest: $(VENV)/.installed

@@ -19,8 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,57 +27,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import broker_process  # noqa: E402
+
 from rmq_eventstore.client import Message, PopConsumer, Producer  # noqa: E402
 
 BODY = b"x" * 200
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ours(n: int, batches: list[int], tmp: Path) -> tuple[dict[int, float], list[float]]:
-    ports = (free_port(), free_port())
-    proc = subprocess.Popen([sys.executable, "-m", "rmq_eventstore", "serve", "--store", str(tmp / "broker"),
-                             "--namesrv-port", str(ports[0]), "--broker-port", str(ports[1]), "--log-level",
-                             "ERROR"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    ns = f"127.0.0.1:{ports[0]}"
     rates: dict[int, float] = {}
     redelivery: list[float] = []
-    try:
-        assert proc.stdout is not None and "serving" in proc.stdout.readline()
-        with Producer(ns, "bench-pop") as p:
-            for b in batches:
-                topic = f"pop{b}"
-                for _ in range(n // 100):
-                    p.send_batch([Message(topic, BODY)] * 100)
-                with PopConsumer(ns, f"g{b}") as c:
-                    got = 0
-                    t0 = time.perf_counter()
-                    while got < n:
-                        msgs = c.pop(topic, max_nums=b, invisible_time=60_000, poll_time=1000)
-                        c.ack_batch(msgs)
-                        got += len(msgs)
-                    rates[b] = n / (time.perf_counter() - t0)
-            for _ in range(20):
-                p.send(Message("redeliver", BODY))
-            with PopConsumer(ns, "gr") as c:
-                popped: dict[str, float] = {}
-                deadline = time.time() + 10
-                while len(popped) < 20 and time.time() < deadline:
-                    for m in c.pop("redeliver", max_nums=20, invisible_time=1000, poll_time=200):
-                        popped[m.uniq_key or ""] = time.time()
-                deadline = time.time() + 15
-                while len(redelivery) < len(popped) and time.time() < deadline:
-                    for m in c.pop("redeliver", max_nums=20, invisible_time=60_000, poll_time=200):
-                        if m.uniq_key in popped:
-                            redelivery.append((time.time() - popped[m.uniq_key] - 1.0) * 1000)
-                        c.ack(m)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with broker_process(tmp / "broker") as (_, ns), Producer(ns, "bench-pop") as p:
+        for b in batches:
+            topic = f"pop{b}"
+            for _ in range(n // 100):
+                p.send_batch([Message(topic, BODY)] * 100)
+            with PopConsumer(ns, f"g{b}") as c:
+                got = 0
+                t0 = time.perf_counter()
+                while got < n:
+                    msgs = c.pop(topic, max_nums=b, invisible_time=60_000, poll_time=1000)
+                    c.ack_batch(msgs)
+                    got += len(msgs)
+                rates[b] = n / (time.perf_counter() - t0)
+        for _ in range(20):
+            p.send(Message("redeliver", BODY))
+        with PopConsumer(ns, "gr") as c:
+            popped: dict[str, float] = {}
+            deadline = time.time() + 10
+            while len(popped) < 20 and time.time() < deadline:
+                for m in c.pop("redeliver", max_nums=20, invisible_time=1000, poll_time=200):
+                    popped[m.uniq_key or ""] = time.time()
+            deadline = time.time() + 15
+            while len(redelivery) < len(popped) and time.time() < deadline:
+                for m in c.pop("redeliver", max_nums=20, invisible_time=60_000, poll_time=200):
+                    if m.uniq_key in popped:
+                        redelivery.append((time.time() - popped[m.uniq_key] - 1.0) * 1000)
+                    c.ack(m)
     return rates, redelivery
 
 

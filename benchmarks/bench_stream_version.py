@@ -18,9 +18,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,17 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import broker_process  # noqa: E402
+
 from rmq_eventstore.broker import Broker  # noqa: E402
 from rmq_eventstore.client import Message, Producer  # noqa: E402
 from rmq_eventstore.store import MessageStore  # noqa: E402
 
 BODY = b"x" * 200
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(fn, n: int) -> float:
@@ -107,13 +101,8 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="streams-", dir=base))
     results: dict[str, list[float]] = {}
-    ports = (free_port(), free_port())
-    proc = subprocess.Popen([sys.executable, "-m", "rmq_eventstore", "serve", "--store", str(tmp / "broker"),
-                             "--namesrv-port", str(ports[0]), "--broker-port", str(ports[1]), "--log-level",
-                             "ERROR"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        assert proc.stdout is not None and "serving" in proc.stdout.readline()
-        with Producer(f"127.0.0.1:{ports[0]}", "bench") as p, \
+        with broker_process(tmp / "broker") as (_, ns), Producer(ns, "bench") as p, \
                 MessageStore.open(tmp / "embedded") as store:
             b = Broker(store)
             b.start()
@@ -128,8 +117,6 @@ def main() -> None:
                     print(f"  round {rep + 1}/{reps} {name}: {results[name][-1]:,.0f} msgs/s", flush=True)
             b.shutdown()
     finally:
-        proc.terminate()
-        proc.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     rows = [("through the broker, single", "plain send", ["stream append, no check", "conditional, one stream",

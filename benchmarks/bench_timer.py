@@ -20,9 +20,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,15 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import broker_process  # noqa: E402
+
 from rmq_eventstore.broker import Broker  # noqa: E402
 from rmq_eventstore.client import FOUND, Message, Producer, PullConsumer  # noqa: E402
 from rmq_eventstore.store import MessageStore  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int | str = "self", field: str = "RssAnon") -> float:
@@ -59,11 +53,6 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 def lateness(tmp: Path, n: int, window: float) -> dict:
-    ports = (free_port(), free_port())
-    proc = subprocess.Popen([sys.executable, "-m", "rmq_eventstore", "serve", "--store", str(tmp / "broker"),
-                             "--namesrv-port", str(ports[0]), "--broker-port", str(ports[1]), "--log-level",
-                             "ERROR"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    ns = f"127.0.0.1:{ports[0]}"
     arrivals: dict[int, float] = {}
     stop = threading.Event()
 
@@ -79,8 +68,7 @@ def lateness(tmp: Path, n: int, window: float) -> dict:
                             arrivals[int(bytes(m.body))] = now
                         offsets[q] = r.next_begin_offset
 
-    try:
-        assert proc.stdout is not None and "serving" in proc.stdout.readline()
+    with broker_process(tmp / "broker") as (proc, ns):
         with Producer(ns, "bench-timer") as p:
             p.send(Message("timers", b"-1"))  # creates the topic; its queues exist before the consumer starts
             consumer = threading.Thread(target=consume, daemon=True)
@@ -97,9 +85,6 @@ def lateness(tmp: Path, n: int, window: float) -> dict:
             rss = rss_mib(proc.pid)
         stop.set()
         consumer.join(10)
-    finally:
-        proc.terminate()
-        proc.wait(30)
     late = [(arrivals[i] - due[i]) * 1000 for i in range(n) if i in arrivals]
     return {"timers": n, "window_s": window, "send_s": round(send_s, 1), "received": len(late),
             "lost": n - len(late), "lateness_ms": {"p50": percentile(late, 50), "p99": percentile(late, 99),

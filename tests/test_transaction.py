@@ -9,20 +9,19 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from brokertools import pull_all, wait_until
 
 from rmq_eventstore.broker import RunningBroker, serve_in_thread
 from rmq_eventstore.broker.transaction import CHECK_GROUP, COMMIT, ROLLBACK
 from rmq_eventstore.client import (
-    FOUND,
     Admin,
     Message,
     MessageExt,
     Producer,
-    PullConsumer,
     TransactionProducer,
     TransactionState,
 )
@@ -43,28 +42,9 @@ def broker(tmp_path: Path) -> Iterator[RunningBroker]:
 
 
 def visible(rb: RunningBroker, topic: str, group: str = "reader") -> list[MessageExt]:
-    """Every message a consumer can pull from `topic` (all queues, from offset 0)."""
+    """Every message a consumer can pull from `topic`, once the dispatcher caught up."""
     rb.store.wait_for_dispatch()
-    out: list[MessageExt] = []
-    with PullConsumer(rb.namesrv_address, group) as c:
-        for q in range(4):
-            off = 0
-            while True:
-                r = c.pull(topic, q, off, max_nums=64, suspend_timeout_ms=0)
-                if r.status != FOUND:
-                    break
-                out += r.messages
-                off = r.next_begin_offset
-    return out
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
+    return pull_all(rb.namesrv_address, topic, group)
 
 
 def test_commit_makes_the_message_visible_once_and_rollback_never(broker: RunningBroker) -> None:

@@ -19,13 +19,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from brokertools import pull_all
+
 from rmq_eventstore.client import (
-    FOUND,
     Admin,
     Message,
     MessageExt,
     MQBrokerError,
-    PullConsumer,
     RemotingError,
     TransactionProducer,
     TransactionState,
@@ -95,17 +95,7 @@ class Broker:
 
 
 def visible_counts(namesrv: str) -> Counter:
-    counts: Counter = Counter()
-    with PullConsumer(namesrv, "auditor") as c:
-        for q in range(4):
-            off = 0
-            while True:
-                r = c.pull(TOPIC, q, off, max_nums=256, suspend_timeout_ms=0)
-                if r.status != FOUND:
-                    break
-                counts.update(m.keys for m in r.messages)
-                off = r.next_begin_offset
-    return counts
+    return Counter(m.keys for m in pull_all(namesrv, TOPIC, "auditor"))
 
 
 def test_every_transaction_ends_once_across_broker_kills(tmp_path: Path) -> None:

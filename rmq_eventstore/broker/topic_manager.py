@@ -17,7 +17,8 @@ from ..common.topic import (
 from ..common.topic_config import PermName, TopicConfig
 from ..store.config_files import TopicConfigManager as TopicConfigFile
 from .config import BrokerConfig
-from .subscription_group_manager import CACHE_LIMIT, SubscriptionGroupManager
+from .config_cache import ConfigCache
+from .subscription_group_manager import SubscriptionGroupManager
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +31,16 @@ class TopicManager:
         self.groups = groups
         self.config = config
         self._lock = threading.Lock()
-        self._cache: dict[str, TopicConfig] = {}
-        self._key: tuple[int, int] = (-1, -1)
+        self._cache: ConfigCache[TopicConfig] = ConfigCache(file)
 
     def get(self, topic: str) -> TopicConfig | None:
         """The topic's config (read-only: do not modify), cached until topics.json's data version moves."""
-        dv = self.file.data_version
-        key = (dv.counter, dv.timestamp)
-        cache = self._cache
-        if key != self._key:
-            cache = self._cache = {}
-            self._key = key
+        cache = self._cache.entries()
         tc = cache.get(topic)
         if tc is None:
             tc = self.file.get(topic)
-            if tc is not None and len(cache) < CACHE_LIMIT:
-                cache[topic] = tc
+            if tc is not None:
+                ConfigCache.remember(cache, topic, tc)
         return tc
 
     def ensure(self, topic: str, queue_nums: int, perm: int = PermName.PERM_READ | PermName.PERM_WRITE,

@@ -35,7 +35,7 @@ FAMILIES = {
     AdminBrokerProcessor: ("UPDATE_AND_CREATE_TOPIC", "GET_ALL_TOPIC_CONFIG", "GET_ALL_CONSUMER_OFFSET",
                            "GET_ALL_DELAY_OFFSET", "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP"),
     EndTransactionProcessor: ("END_TRANSACTION",),
-    ExtensionProcessor: ("GET_BROKER_EXTENSIONS",),
+    ExtensionProcessor: ("GET_BROKER_EXTENSIONS", "QUERY_STREAM"),
     PopMessageProcessor: ("POP_MESSAGE",),
     AckMessageProcessor: ("ACK_MESSAGE", "BATCH_ACK_MESSAGE", "CHANGE_MESSAGE_INVISIBLETIME"),
 }

@@ -21,6 +21,7 @@ from rmq_eventstore.client import (
     Admin,
     Message,
     MessageExt,
+    MQBrokerError,
     Producer,
     TransactionProducer,
     TransactionState,
@@ -29,6 +30,7 @@ from rmq_eventstore.common import codec
 from rmq_eventstore.common.fastjson import fastjson_loads
 from rmq_eventstore.common.topic import RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, RMQ_SYS_TRANS_HALF_TOPIC
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
+from rmq_eventstore.spark.source import RocketMQReader
 
 SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
          "max_hash_slot_num": 1024, "max_index_num": 4096}
@@ -98,6 +100,32 @@ def test_half_message_is_invisible_until_the_end(broker: RunningBroker) -> None:
         gate.set()
         t.join(10)
     assert wait_until(lambda: [m.body for m in visible(broker, "payments")] == [b"paid"])
+
+
+def spark_rows(root: Path, topic: str, use_cq: bool) -> list[tuple[str, bytes]]:
+    """(topic, body) of every row Spark's reader gives for a topic filter, with or without consume queues."""
+    reader = RocketMQReader(str(root), {"topic": topic, "useConsumeQueue": str(use_cq).lower()})
+    rows = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            d = batch.to_pydict()
+            rows += list(zip(d["topic"], d["body"], strict=True))
+    return rows
+
+
+def test_spark_topic_filter_never_reads_a_half_message(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with serve_in_thread(root, **SMALL, transaction_timeout=60_000) as rb, \
+            TransactionProducer(rb.namesrv_address, "pay-app", lambda m: TransactionState.UNKNOWN) as p:
+        p.send_in_transaction(Message("payments", b"open"), lambda m: TransactionState.UNKNOWN)
+        p.send_in_transaction(Message("payments", b"rolled back"), lambda m: TransactionState.ROLLBACK)
+        p.send_in_transaction(Message("payments", b"paid"), lambda m: TransactionState.COMMIT)
+        rb.store.wait_for_dispatch()
+        assert rb.store.get_max_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0) == 3
+        for use_cq in (True, False):
+            assert spark_rows(root, "payments", use_cq) == [("payments", b"paid")]
+            halves = spark_rows(root, RMQ_SYS_TRANS_HALF_TOPIC, use_cq)
+            assert sorted(body for _, body in halves) == [b"open", b"paid", b"rolled back"]
 
 
 def test_unknown_is_settled_by_the_check_back(broker: RunningBroker) -> None:
@@ -234,8 +262,6 @@ def test_ends_are_checked_against_the_half_message(broker: RunningBroker) -> Non
 def test_transactional_batches_and_rejected_transactions_are_refused(tmp_path: Path) -> None:
     with serve_in_thread(tmp_path / "store", **SMALL, reject_transaction_message=True) as rb:
         with TransactionProducer(rb.namesrv_address, "g", lambda m: TransactionState.UNKNOWN) as p:
-            from rmq_eventstore.client import MQBrokerError
-
             with pytest.raises(MQBrokerError) as e:
                 p.send_in_transaction(Message("orders", b"x"), lambda m: TransactionState.COMMIT)
             assert e.value.code == ResponseCode.NO_PERMISSION

@@ -3,7 +3,7 @@ the check-back) while the broker process (`rmq-eventstore serve`, SYNC_FLUSH) is
 instants and restarted on the same ports. At the end every transaction whose half message was stored is
 committed exactly once or rolled back: never both, never twice, none lost.
 
-`TX_CRASH_ROUNDS` (default 4) sets the number of kills, `TX_CRASH_SEED` reproduces a run.
+`TX_CRASH_ROUNDS` (default 10) sets the number of kills, `TX_CRASH_SEED` reproduces a run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rmq_eventstore.client import (
 )
 from rmq_eventstore.common.topic import RMQ_SYS_TRANS_HALF_TOPIC
 
-ROUNDS = int(os.environ.get("TX_CRASH_ROUNDS", "4"))
+ROUNDS = int(os.environ.get("TX_CRASH_ROUNDS", "10"))
 SEED = int(os.environ.get("TX_CRASH_SEED", str(random.randrange(1 << 30))))
 TOPIC = "ledger"
 

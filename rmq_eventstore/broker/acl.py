@@ -217,7 +217,7 @@ def resources(cmd: RemotingCommand) -> list[tuple[str, str, int]]:
             if isinstance(a, dict):
                 topic(a.get("t"), SUB)
                 group(a.get("c"))
-    elif code == RequestCode.QUERY_MESSAGE:
+    elif code in (RequestCode.QUERY_MESSAGE, RequestCode.QUERY_STREAM):
         topic(ext.get("topic"), SUB)
     elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
         group(ext.get("consumerGroup"))

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
                          RequestCode.CONSUMER_SEND_MSG_BACK})
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.POP_MESSAGE})
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 
 

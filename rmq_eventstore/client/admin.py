@@ -3,10 +3,14 @@ list them, look messages up by key or id, queue offsets, a group's consumer offs
 
 from __future__ import annotations
 
+import json
+import threading
+
 from ..common import MessageExt, codec
 from ..common.topic import validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase, TopicRoute, decode_records, loads_body
+from .producer import ExtensionNotSupportedError
 
 
 class Admin:
@@ -15,6 +19,8 @@ class Admin:
     def __init__(self, namesrv_addr: str, timeout_ms: int = 5000, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
         self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
+        self._extensions: dict[str, dict] = {}
+        self._ext_lock = threading.Lock()
 
     def start(self) -> Admin:
         return self
@@ -104,3 +110,48 @@ class Admin:
         if not msgs:
             raise LookupError(f"no message {offset_msg_id}")
         return msgs[0]
+
+    def supports(self, address: str, extension: str) -> bool:
+        """Whether the broker at `address` serves one of rmq_eventstore's extensions (asked once, cached;
+        an Apache RocketMQ broker serves none)."""
+        with self._ext_lock:
+            known = self._extensions.get(address)
+        if known is None:
+            r = self._base.remoting.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_EXTENSIONS, {}),
+                                           self._base.timeout)
+            known = dict(json.loads(r.body or b"{}").get("extensions") or {}) if r.code == ResponseCode.SUCCESS else {}
+            with self._ext_lock:
+                self._extensions[address] = known
+        return bool(known.get(extension))
+
+    def read_stream(self, topic: str, stream: str, from_version: int = 1, max_num: int = 100_000) -> list[MessageExt]:
+        """The events of `stream` on `topic` from `from_version` on, in version order (QUERY_STREAM, our
+        extension: RocketMQ's QUERY_MESSAGE returns at most 64 messages per key). `LookupError`-free: an
+        unknown stream is an empty list. Raises `ExtensionNotSupportedError` against Apache RocketMQ."""
+        validate_topic(topic)
+        out: list[MessageExt] = []
+        for addr in self._base.route(topic).broker_addrs.values():
+            if not self.supports(addr, "queryStream"):
+                raise ExtensionNotSupportedError(
+                    f"broker {addr} does not serve stream reads (an Apache RocketMQ broker?); use query_message, "
+                    "which RocketMQ caps at 64 messages per key")
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.QUERY_STREAM, {
+                "topic": topic, "stream": stream, "fromVersion": from_version, "maxNum": max_num}),
+                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            if r.code == ResponseCode.SUCCESS:
+                out += decode_records(r.body)
+        out.sort(key=lambda m: int(m.properties.get("STREAM_VERSION", "0") or 0))
+        return out[:max_num]
+
+    def view_message_at(self, topic: str, commit_log_offset: int) -> MessageExt | None:
+        """The record at `commit_log_offset` on the broker serving `topic` (VIEW_MESSAGE_BY_ID by offset), or
+        None when there is none."""
+        for addr in self._base.route(topic).broker_addrs.values():
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID,
+                                                                {"offset": commit_log_offset}),
+                                  ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+            if r.code == ResponseCode.SUCCESS:
+                msgs = decode_records(r.body)
+                if msgs:
+                    return msgs[0]
+        return None

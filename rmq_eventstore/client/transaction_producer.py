@@ -97,6 +97,27 @@ class TransactionProducer(Producer):
         With `stream` (and `expected_version`), the message is the stream's next event as in
         `Producer.send`; the version is reserved while the transaction is open and the stream takes no
         other append until it ends (a conflict raises `ConcurrencyError` before `execute` runs)."""
+        sent = self.prepare(msg, stream=stream, expected_version=expected_version)
+        state = TransactionState.ROLLBACK
+        error: BaseException | None = None
+        if sent.status == "SEND_OK":
+            try:
+                state = execute(msg)
+                if not isinstance(state, TransactionState):
+                    raise TypeError(f"execute returned {state!r}, not a TransactionState")
+            except Exception as e:  # the local transaction failed or did not say: the check-back decides
+                log.warning("local transaction of %s raised %s: %s; its state is UNKNOWN", sent.transaction_id,
+                            type(e).__name__, e)
+                state, error = TransactionState.UNKNOWN, e
+        self.end_transaction(sent, state, error)
+        return sent
+
+    def prepare(self, msg: Message, *, stream: str | None = None,
+                expected_version: int | None = None) -> TransactionSendResult:
+        """The first half of `send_in_transaction`: store `msg` as a half message (invisible until its end)
+        and return its result, whose `transaction_id` is the message's UNIQ_KEY (`msg.uniq_key` when set,
+        so a caller can record the id before sending). End it with `end_transaction`; if nobody does, the
+        broker asks the group's checker."""
         validate_topic(msg.topic)
         uniq = msg.uniq_key or self._ids.create()
         props, uniq = self._properties(msg, uniq, 0)
@@ -106,25 +127,23 @@ class TransactionProducer(Producer):
         sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
         sent = self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
                           msg.reconsume_times, uniq, False, None, stream, expected_version)
-        state = TransactionState.ROLLBACK
-        error: BaseException | None = None
-        if sent.status == "SEND_OK":
-            try:
-                state = execute(msg)
-                if not isinstance(state, TransactionState):
-                    raise TypeError(f"execute returned {state!r}, not a TransactionState")
-            except Exception as e:  # the local transaction failed or did not say: the check-back decides
-                log.warning("local transaction of %s raised %s: %s; its state is UNKNOWN", uniq,
-                            type(e).__name__, e)
-                state, error = TransactionState.UNKNOWN, e
-        try:
-            self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, uniq, state, False, error,
-                      msg.topic)
-        except RemotingError as e:  # the broker will ask
-            log.warning("END_TRANSACTION for %s not delivered (%s); the broker's check-back settles it", uniq, e)
         return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
                                      sent.queue_offset, sent.topic, sent.broker_address, sent.stream_version,
-                                     uniq, state)
+                                     uniq, TransactionState.UNKNOWN)
+
+    def end_transaction(self, sent: TransactionSendResult, state: TransactionState,
+                        error: BaseException | None = None) -> None:
+        """End a prepared transaction: COMMIT makes the message visible, ROLLBACK drops it, UNKNOWN leaves it
+        to the check-back. A lost END_TRANSACTION is logged, not raised: the check-back settles it."""
+        sent.local_transaction_state = state
+        if sent.status != "SEND_OK":
+            return
+        try:
+            self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, sent.transaction_id, state, False,
+                      error, sent.topic)
+        except RemotingError as e:  # the broker will ask
+            log.warning("END_TRANSACTION for %s not delivered (%s); the broker's check-back settles it",
+                        sent.transaction_id, e)
 
     def _end(self, address: str, offset_msg_id: str, queue_offset: int, txid: str, state: TransactionState,
              from_check: bool, error: BaseException | None = None, topic: str | None = None) -> None:

@@ -46,6 +46,8 @@ class RequestCode(enum.IntEnum):
     BATCH_ACK_MESSAGE = 200151
     # our extension (outside RocketMQ's ranges): which rmq_eventstore features a broker serves
     GET_BROKER_EXTENSIONS = 4400
+    # our extension: a stream's events in version order (index lookup without RocketMQ's 64-message cap)
+    QUERY_STREAM = 4401
 
 
 class ResponseCode(enum.IntEnum):

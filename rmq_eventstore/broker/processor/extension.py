@@ -1,4 +1,5 @@
-"""What this broker serves beyond Apache RocketMQ (GET_BROKER_EXTENSIONS, our request code 4400).
+"""What this broker serves beyond Apache RocketMQ (GET_BROKER_EXTENSIONS, our request code 4400), and the
+extension requests themselves (QUERY_STREAM, 4401).
 
 Clients ask before using an extension: an Apache RocketMQ broker answers REQUEST_CODE_NOT_SUPPORTED, and
 since it ignores header fields it does not know, a client that skipped the question would have its
@@ -9,21 +10,46 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ...remoting import RemotingCommand, RequestCode
+from ...common.topic import validate_topic
+from ...remoting import RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
     from ..broker import Broker
 
-EXTENSIONS = {"expectedVersionAppend": 1}
+EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1}
+MAX_STREAM_EVENTS = 100_000  # one answer; a longer stream is read in pages with fromVersion
 
 
 class ExtensionProcessor:
-    """GET_BROKER_EXTENSIONS."""
+    """GET_BROKER_EXTENSIONS; QUERY_STREAM: a stream's events from a version on, in version order, as
+    stored records (RocketMQ's QUERY_MESSAGE caps an index lookup at 64 messages, too few for a stream)."""
 
-    CODES = (RequestCode.GET_BROKER_EXTENSIONS,)
+    CODES = (RequestCode.GET_BROKER_EXTENSIONS, RequestCode.QUERY_STREAM)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+        if req.code == RequestCode.QUERY_STREAM:
+            return self._query_stream(req)
         return req.response(body=json.dumps({"broker": "rmq_eventstore", "extensions": EXTENSIONS}).encode())
+
+    def _query_stream(self, req: RemotingCommand) -> RemotingCommand:
+        topic = req.get_str("topic", "")
+        stream = req.get_str("stream", "")
+        try:
+            validate_topic(topic)
+        except ValueError as e:
+            return req.response(ResponseCode.SYSTEM_ERROR, str(e))
+        if not stream:
+            return req.response(ResponseCode.SYSTEM_ERROR, "QUERY_STREAM needs a stream")
+        from_version = max(req.get_int("fromVersion", 1), 1)
+        max_num = min(max(req.get_int("maxNum", MAX_STREAM_EVENTS), 1), MAX_STREAM_EVENTS)
+        self.broker.store.wait_for_dispatch(5.0)  # what was appended before the request is indexed
+        events = self.broker.stream_versions.read(topic, stream, from_version, MAX_STREAM_EVENTS)[:max_num]
+        store = self.broker.store
+        bufs = [b for b in (store.select_one_message_by_offset(m.commit_log_offset) for m in events) if b]
+        if not bufs:
+            return req.response(ResponseCode.QUERY_NOT_FOUND, f"stream {stream!r} of {topic} has no events "
+                                                               f"from version {from_version}")
+        return req.response(body=b"".join(bufs))

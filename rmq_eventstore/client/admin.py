@@ -143,6 +143,26 @@ class Admin:
         out.sort(key=lambda m: int(m.properties.get("STREAM_VERSION", "0") or 0))
         return out[:max_num]
 
+    def query_key_all(self, topic: str, key: str, max_num: int = 100_000) -> list[MessageExt]:
+        """Every message of `topic` whose KEYS (or UNIQ_KEY) hold `key`, oldest first, without
+        QUERY_MESSAGE's cap (QUERY_STREAM with a key; our extension). Against a broker without it, falls
+        back to QUERY_MESSAGE and raises `ExtensionNotSupportedError` if that may have been cut short."""
+        validate_topic(topic)
+        out: list[MessageExt] = []
+        for addr in self._base.route(topic).broker_addrs.values():
+            if not self.supports(addr, "queryStream"):
+                part = self.query_message(topic, key, 64)
+                if len(part) >= 32:
+                    raise ExtensionNotSupportedError(
+                        f"broker {addr} caps key lookups (an Apache RocketMQ broker?) and {key!r} may have more")
+                out += part
+                continue
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.QUERY_STREAM, {
+                "topic": topic, "key": key, "maxNum": max_num}), ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            if r.code == ResponseCode.SUCCESS:
+                out += decode_records(r.body)
+        return out
+
     def view_message_at(self, topic: str, commit_log_offset: int) -> MessageExt | None:
         """The record at `commit_log_offset` on the broker serving `topic` (VIEW_MESSAGE_BY_ID by offset), or
         None when there is none."""

@@ -21,8 +21,9 @@ MAX_STREAM_EVENTS = 100_000  # one answer; a longer stream is read in pages with
 
 
 class ExtensionProcessor:
-    """GET_BROKER_EXTENSIONS; QUERY_STREAM: a stream's events from a version on, in version order, as
-    stored records (RocketMQ's QUERY_MESSAGE caps an index lookup at 64 messages, too few for a stream)."""
+    """GET_BROKER_EXTENSIONS; QUERY_STREAM: a stream's events from a version on, in version order, or every
+    message of a key, oldest first, as stored records (RocketMQ's QUERY_MESSAGE caps an index lookup at 64
+    messages, too few for a stream or a busy key)."""
 
     CODES = (RequestCode.GET_BROKER_EXTENSIONS, RequestCode.QUERY_STREAM)
 
@@ -37,19 +38,23 @@ class ExtensionProcessor:
     def _query_stream(self, req: RemotingCommand) -> RemotingCommand:
         topic = req.get_str("topic", "")
         stream = req.get_str("stream", "")
+        key = req.get_str("key", "")
         try:
             validate_topic(topic)
         except ValueError as e:
             return req.response(ResponseCode.SYSTEM_ERROR, str(e))
-        if not stream:
-            return req.response(ResponseCode.SYSTEM_ERROR, "QUERY_STREAM needs a stream")
+        if not stream and not key:
+            return req.response(ResponseCode.SYSTEM_ERROR, "QUERY_STREAM needs a stream or a key")
         from_version = max(req.get_int("fromVersion", 1), 1)
         max_num = min(max(req.get_int("maxNum", MAX_STREAM_EVENTS), 1), MAX_STREAM_EVENTS)
-        self.broker.store.wait_for_dispatch(5.0)  # what was appended before the request is indexed
-        events = self.broker.stream_versions.read(topic, stream, from_version, MAX_STREAM_EVENTS)[:max_num]
         store = self.broker.store
+        store.wait_for_dispatch(5.0)  # what was appended before the request is indexed
+        if stream:
+            events = self.broker.stream_versions.read(topic, stream, from_version, MAX_STREAM_EVENTS)[:max_num]
+        else:  # every message of the key (KEYS token or UNIQ_KEY, verified by the store), oldest first
+            events = sorted(store.query_message(topic, key, max_num, batch_limit=max_num).messages,
+                            key=lambda m: m.commit_log_offset)
         bufs = [b for b in (store.select_one_message_by_offset(m.commit_log_offset) for m in events) if b]
         if not bufs:
-            return req.response(ResponseCode.QUERY_NOT_FOUND, f"stream {stream!r} of {topic} has no events "
-                                                               f"from version {from_version}")
+            return req.response(ResponseCode.QUERY_NOT_FOUND, f"no messages of {topic} for {stream or key!r}")
         return req.response(body=b"".join(bufs))

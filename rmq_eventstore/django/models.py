@@ -1,0 +1,261 @@
+"""Event models: ``class OrderEvent(EventModel): topic = "orders"``.
+
+An event model is an unmanaged Django model (no table) whose rows are the messages of one topic (optionally
+only those with tags in ``tag_set``). Its fields mirror the stored record; ``data`` is the body decoded by
+the model's codec (JSON by default). ``objects`` is an `EventManager`: QuerySets over the store
+(`query.EventQuerySet`) and appends (`append`, `bulk_append`, `aappend`, `abulk_append`).
+
+`EventTransaction` is the app's own table (migrated): the marker rows of appends made inside
+``transaction.atomic()`` (see ``transactions``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from asgiref.sync import sync_to_async
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models.base import ModelBase
+from django.utils.module_loading import import_string
+
+from ..common.properties import PROPERTY_STREAM_ID, PROPERTY_STREAM_VERSION
+from .query import EventQuerySet
+
+SYSTEM_PROPERTIES = ("KEYS", "TAGS", "UNIQ_KEY", "WAIT", "STREAM_ID", "STREAM_VERSION", "TRAN_MSG", "PGROUP",
+                     "REAL_TOPIC", "REAL_QID", "TRAN_PREPARED_QUEUE_OFFSET", "MAX_OFFSET", "MIN_OFFSET")
+
+
+class JSONCodec:
+    """The default codec: ``data`` ↔ UTF-8 JSON (Django's encoder: datetimes, decimals, UUIDs)."""
+
+    content_type = "application/json"
+
+    def encode(self, data: Any) -> bytes:
+        return json.dumps(data, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def decode(self, body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return None  # not JSON (written by another producer): `body` still has the bytes
+
+
+class RawCodec:
+    """``data`` is the body's bytes as text (UTF-8, undecodable bytes replaced); appends take str or bytes."""
+
+    content_type = "application/octet-stream"
+
+    def encode(self, data: Any) -> bytes:
+        return data if isinstance(data, bytes) else str(data).encode()
+
+    def decode(self, body: bytes) -> Any:
+        return bytes(body).decode("utf-8", "replace")
+
+
+CODECS: dict[str, Any] = {"json": JSONCodec(), "raw": RawCodec()}
+
+
+def get_codec(spec: Any) -> Any:
+    """A codec from a name (``json``, ``raw``), a dotted path to a codec object or class, or an object with
+    ``encode(data) -> bytes`` and ``decode(body) -> data``."""
+    if isinstance(spec, str):
+        if spec in CODECS:
+            return CODECS[spec]
+        obj = import_string(spec)
+        return obj() if isinstance(obj, type) else obj
+    if not (hasattr(spec, "encode") and hasattr(spec, "decode")):
+        raise TypeError(f"a codec needs encode(data) -> bytes and decode(body) -> data, not {spec!r}")
+    return spec
+
+
+def _aware(ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+
+
+class EventModelBase(ModelBase):
+    """Keeps event models unmanaged (no table, no migration operations beyond the model state) and checks
+    what a subclass declares."""
+
+    def __new__(mcs, name: str, bases: tuple, attrs: dict[str, Any], **kwargs: Any) -> Any:
+        cls = super().__new__(mcs, name, bases, attrs, **kwargs)
+        if not cls._meta.abstract:
+            cls._meta.managed = False
+            tags = getattr(cls, "tag_set", None)
+            if isinstance(tags, str):
+                cls.tag_set = frozenset([tags])
+            elif tags is not None:
+                cls.tag_set = frozenset(tags)
+        return cls
+
+
+class EventManager(models.Manager.from_queryset(EventQuerySet)):  # type: ignore[misc]
+    """QuerySets over the model's topic, and appends. Inside ``transaction.atomic()`` an append is a half
+    message plus a marker row in the same database transaction (visible when the database commits);
+    outside, a plain send."""
+
+    def get_queryset(self) -> EventQuerySet:
+        return EventQuerySet(self.model, using=self._db)
+
+    def append(self, data: Any = None, *, keys: str | Sequence[str] | None = None, tags: str | None = None,
+               stream: str | None = None, expected_version: int | None = None, body: bytes | None = None,
+               properties: dict[str, str] | None = None, using: str | None = None) -> EventModel:
+        """Append one event to the model's topic and return it: ``msg_id``, queue, offsets and, for a stream,
+        its ``version``. ``born_at``/``stored_at`` are None until read back (``refresh_from_db()``); inside a
+        transaction the offsets are those of the half message until the commit.
+
+        ``keys`` (one or a list) are indexed; ``stream`` numbers the event within its stream and
+        ``expected_version`` (0: the stream must not exist) makes the append conditional: another current
+        version raises `rmq_eventstore.django.ConcurrencyError`. ``body`` bypasses the codec."""
+        from .transactions import append_events
+
+        return append_events(self.model, [(data, keys, tags, body, properties)], stream, expected_version, using)[0]
+
+    def bulk_append(self, items: Iterable[Any], *, keys: str | Sequence[str] | None = None, tags: str | None = None,
+                    stream: str | None = None, expected_version: int | None = None,
+                    using: str | None = None) -> list[EventModel]:
+        """Append several events at once: one batch on one queue, consecutive offsets, all or none. Each item
+        is the event's ``data``, or a dict ``{"data": ..., "keys": ..., "tags": ...}`` when the keys or tags
+        differ per event. With ``stream``, they are the stream's next events (versions in order)."""
+        rows = []
+        for item in items:
+            if isinstance(item, dict) and "data" in item and set(item) <= {"data", "keys", "tags", "body", "properties"}:
+                rows.append((item.get("data"), item.get("keys", keys), item.get("tags", tags), item.get("body"),
+                             item.get("properties")))
+            else:
+                rows.append((item, keys, tags, None, None))
+        if not rows:
+            return []
+        from .transactions import append_events
+
+        return append_events(self.model, rows, stream, expected_version, using)
+
+    async def aappend(self, data: Any = None, **kwargs: Any) -> EventModel:
+        return await sync_to_async(self.append)(data, **kwargs)
+
+    async def abulk_append(self, items: Iterable[Any], **kwargs: Any) -> list[EventModel]:
+        return await sync_to_async(self.bulk_append)(list(items), **kwargs)
+
+
+class EventModel(models.Model, metaclass=EventModelBase):
+    """The base of event models: ``class OrderEvent(EventModel): topic = "orders"``.
+
+    Class attributes: ``topic`` (required), ``tag_set`` (only events with these tags; appends default to the
+    single tag when there is one), ``store_alias`` (an alias of ``RMQ_EVENTSTORE``), ``codec`` (``"json"``,
+    ``"raw"``, a dotted path or a codec object; default: the alias's ``CODEC`` option). Rows are read-only
+    and have no table: the store is the source of truth."""
+
+    msg_id = models.CharField("message id", max_length=64, primary_key=True,
+                              help_text="RocketMQ's msgId (UNIQ_KEY), or the offsetMsgId of a message without one")
+    queue_id = models.IntegerField("queue")
+    queue_offset = models.BigIntegerField("queue offset")
+    commit_log_offset = models.BigIntegerField("commitlog offset", unique=True)
+    born_at = models.DateTimeField("born at")
+    stored_at = models.DateTimeField("stored at")
+    keys = models.CharField(max_length=4096, blank=True, default="",
+                            help_text="the message's keys, space-separated (each one is indexed)")
+    tags = models.CharField(max_length=255, blank=True, null=True)
+    stream = models.CharField(max_length=255, blank=True, null=True)
+    version = models.BigIntegerField(blank=True, null=True, help_text="the event's number within its stream")
+    properties = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    body = models.BinaryField(default=b"")
+    data = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder, help_text="the body, decoded")
+
+    topic: ClassVar[str]
+    tag_set: ClassVar[frozenset[str] | None] = None
+    store_alias: ClassVar[str] = "default"
+    codec: ClassVar[Any] = None
+
+    objects = EventManager()
+
+    class Meta:
+        abstract = True
+        managed = False
+        ordering = ["commit_log_offset"]
+        base_manager_name = "objects"
+
+    def __str__(self) -> str:
+        where = f"{self.stream}@{self.version}" if self.stream else f"q{self.queue_id}:{self.queue_offset}"
+        return f"{type(self).__name__} {self.msg_id} ({where})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"events are immutable; append new ones with {type(self).__name__}.objects.append()")
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("events are never deleted one by one; the store expires whole files (fileReservedTime)")
+
+    @classmethod
+    def get_codec(cls) -> Any:
+        spec = cls.codec
+        if spec is None:
+            from .conf import store_settings
+
+            spec = store_settings(cls.store_alias).options.get("CODEC", "json")
+        return get_codec(spec)
+
+    @classmethod
+    def row_from_message(cls, m: Any) -> dict[str, Any]:
+        """The field values (by attname) of a stored message."""
+        props = m.properties
+        stream = props.get(PROPERTY_STREAM_ID)
+        version = props.get(PROPERTY_STREAM_VERSION)
+        keys = [k for k in (props.get("KEYS") or "").split(" ") if k]
+        if stream is not None and stream in keys and keys[-1] == stream:
+            keys = keys[:-1]  # the broker adds the stream id to the keys so the index finds the stream
+        body = bytes(m.body)
+        codec = cls._codec_cache()
+        return {
+            "msg_id": m.uniq_key or m.msg_id, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+            "commit_log_offset": m.commit_log_offset, "born_at": _aware(m.born_timestamp),
+            "stored_at": _aware(m.store_timestamp), "keys": " ".join(keys), "tags": props.get("TAGS"),
+            "stream": stream, "version": int(version) if version and version.isdigit() else None,
+            "properties": {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
+            "body": body, "data": codec.decode(body),
+        }
+
+    @classmethod
+    def _codec_cache(cls) -> Any:
+        c = cls.__dict__.get("_resolved_codec")
+        if c is None:
+            c = cls.get_codec()
+            cls._resolved_codec = c
+        return c
+
+    @classmethod
+    def from_row(cls, db: str | None, attnames: list[str], row: dict[str, Any]) -> EventModel:
+        obj = cls.from_db(db, attnames, [row[a] for a in attnames])
+        obj.topic = cls.topic
+        return obj
+
+    @property
+    def offset_msg_id(self) -> str:
+        return self.msg_id
+
+
+class EventTransaction(models.Model):
+    """The marker of an append made inside a database transaction, written in that transaction.
+
+    Its presence after the database committed is the proof the broker's check-back asks for: a process of
+    the producer group answers COMMIT when it finds the row. A check that finds no row inserts one with
+    ``outcome = ROLLBACK`` in its own transaction, so a transaction still open either commits first (the
+    insert then conflicts and the answer is COMMIT) or can never commit its marker. Rows are deleted once
+    the broker confirmed the end."""
+
+    COMMIT = "C"
+    ROLLBACK = "R"
+
+    transaction_id = models.CharField(max_length=64, primary_key=True)
+    store_alias = models.CharField(max_length=64, default="default")
+    topic = models.CharField(max_length=127)
+    outcome = models.CharField(max_length=1, choices=[(COMMIT, "commit"), (ROLLBACK, "rollback")], default=COMMIT)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        verbose_name = "event transaction marker"
+        db_table = "rmq_eventstore_transaction"
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id} ({self.get_outcome_display()})"

@@ -1,0 +1,303 @@
+"""Appends bound to the database transaction: RocketMQ half messages plus a marker row.
+
+Inside ``transaction.atomic()`` an append (1) inserts an `EventTransaction` marker row in the caller's
+transaction, (2) stores the event as a half message (invisible; it also reserves a stream version), and
+(3) registers ``on_commit`` to end it with COMMIT. So:
+
+* the database commits → the event is committed right after (``on_commit``);
+* the block raises, or the database commit fails → no ``on_commit``; the half message is rolled back,
+  promptly by this process's watcher (it notices that the callback was discarded), else by the check-back;
+* the process dies after the database commit, before the end → the broker asks any live member of the
+  producer group (`check_transaction`), which finds the marker row and answers COMMIT.
+
+The check-back decides with one insert: a check that finds no marker inserts one with outcome ROLLBACK in
+its own transaction. While the original transaction is open its uncommitted marker holds the key (the
+insert waits on PostgreSQL, or the database is locked on SQLite: the answer is then UNKNOWN and the broker
+asks again), so either the original committed first (the insert conflicts: COMMIT) or the original can
+never commit (its marker would conflict: its commit fails). The answer is the same for every process that
+asks, and never both.
+
+Marker rows are deleted once the committed event is visible in the store (or a ROLLBACK marker has done
+its work), by the same watcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+
+from ..client import ConcurrencyError as ClientConcurrencyError
+from ..client import Message, TransactionState
+from ..common import codec
+from .exceptions import ConcurrencyError
+
+if TYPE_CHECKING:
+    from .connection import EventStore
+    from .models import EventModel
+
+log = logging.getLogger(__name__)
+
+PROPERTY_DB_ALIAS = "DJANGO_DB"  # which database holds the marker row (read by the check-back)
+WATCH_INTERVAL = 0.5
+CLEANUP_AFTER_SECONDS = 10.0
+
+
+def _keys_list(keys: str | Sequence[str] | None) -> list[str]:
+    if keys is None:
+        return []
+    if isinstance(keys, str):
+        return [k for k in keys.split(" ") if k]
+    return [str(k) for k in keys if k]
+
+
+def _message(model: type[EventModel], data: Any, keys: Any, tags: str | None, body: bytes | None,
+             properties: dict[str, str] | None) -> Message:
+    if tags is None and model.tag_set and len(model.tag_set) == 1:
+        tags = next(iter(model.tag_set))
+    if model.tag_set and tags not in model.tag_set:
+        raise ValueError(f"{model.__name__} holds events tagged {sorted(model.tag_set)}, not {tags!r}")
+    payload = body if body is not None else model._codec_cache().encode(data)
+    return Message(topic=model.topic, body=payload, tags=tags, keys=_keys_list(keys) or None,
+                   properties=dict(properties) if properties else None)
+
+
+def _instance(model: type[EventModel], msg: Message, sent: Any, uniq: str, version: int | None,
+              stream: str | None, queue_offset: int) -> EventModel:
+    _, _, offset = codec.decode_message_id(sent.offset_msg_id) if sent.offset_msg_id else (None, None, -1)
+    row = {
+        "msg_id": uniq, "queue_id": sent.queue_id, "queue_offset": queue_offset, "commit_log_offset": offset,
+        "born_at": None, "stored_at": None, "keys": " ".join(msg.keys_list()), "tags": msg.tags, "stream": stream,
+        "version": version, "properties": dict(msg.properties or {}), "body": bytes(msg.body),
+    }
+    row["data"] = model._codec_cache().decode(row["body"])
+    names = [f.attname for f in model._meta.concrete_fields]
+    return model.from_row(None, names, row)
+
+
+def append_events(model: type[EventModel], rows: list[tuple], stream: str | None, expected_version: int | None,
+                  using: str | None) -> list[EventModel]:
+    """Append `rows` ((data, keys, tags, body, properties) each) to the model's topic; see the module
+    docstring for the transactional path."""
+    from .connection import stores
+
+    store = stores[model.store_alias]
+    db = using or store.options["DATABASE"]
+    msgs = [_message(model, *r) for r in rows]
+    if connections[db].in_atomic_block:
+        return _append_in_transaction(model, store, db, msgs, stream, expected_version)
+    producer = store.producer
+    try:
+        if len(msgs) == 1:
+            sent = producer.send(msgs[0], stream=stream, expected_version=expected_version)
+            uniqs = [sent.msg_id]
+        else:
+            sent = producer.send_batch(msgs, stream=stream, expected_version=expected_version)
+            uniqs = sent.msg_id.split(",")
+    except ClientConcurrencyError as e:
+        raise ConcurrencyError.from_client(e) from None
+    last = sent.stream_version
+    out = []
+    for i, (m, u) in enumerate(zip(msgs, uniqs, strict=True)):
+        version = None if last is None else last - (len(msgs) - 1 - i)
+        out.append(_instance(model, m, sent, u, version, stream, sent.queue_offset + i))
+    if len(out) > 1:  # a batch's offsetMsgId names its first record only
+        for o in out[1:]:
+            o.commit_log_offset = -1
+    return out
+
+
+def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, msgs: list[Message],
+                           stream: str | None, expected_version: int | None) -> list[EventModel]:
+    from .models import EventTransaction
+
+    producer = store.transaction_producer
+    out = []
+    for i, msg in enumerate(msgs):
+        uniq = producer._ids.create()
+        msg.uniq_key = uniq
+        msg.properties = {**(msg.properties or {}), PROPERTY_DB_ALIAS: db}
+        expected = None if expected_version is None else expected_version + i
+        EventTransaction.objects.using(db).create(transaction_id=uniq, store_alias=store.alias, topic=model.topic,
+                                                  outcome=EventTransaction.COMMIT)
+        try:
+            sent = producer.prepare(msg, stream=stream, expected_version=expected)
+        except ClientConcurrencyError as e:
+            raise ConcurrencyError.from_client(e) from None
+        if sent.status != "SEND_OK":
+            raise DatabaseError(f"the half message of {model.__name__} was not stored ({sent.status})")
+        watcher.watch(store, db, sent)
+        out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset))
+    return out
+
+
+# -- the decision, shared by the check-back and the watcher -----------------------------------------------
+
+def decide(db: str, txid: str, store_alias: str = "default", topic: str = "") -> TransactionState:
+    """COMMIT if the transaction's marker row is committed, ROLLBACK if it never can be, else UNKNOWN."""
+    from .models import EventTransaction
+
+    conn = connections[db]
+    try:
+        with transaction.atomic(using=db):
+            if conn.vendor == "postgresql":
+                with conn.cursor() as c:
+                    c.execute("SET LOCAL lock_timeout = '2s'")
+            EventTransaction.objects.using(db).create(transaction_id=txid, store_alias=store_alias, topic=topic,
+                                                      outcome=EventTransaction.ROLLBACK)
+        return TransactionState.ROLLBACK
+    except IntegrityError:
+        row = EventTransaction.objects.using(db).filter(pk=txid).values_list("outcome", flat=True).first()
+        if row is None:
+            return TransactionState.UNKNOWN
+        return TransactionState.COMMIT if row == EventTransaction.COMMIT else TransactionState.ROLLBACK
+    except DatabaseError as e:  # locked / lock timeout: the original transaction is still open
+        log.info("transaction %s is undecided for now (%s)", txid, e)
+        return TransactionState.UNKNOWN
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            conn.close()
+
+
+def check_transaction(store: EventStore, half: Any) -> TransactionState:
+    """The broker's check-back for a half message of this store's producer group."""
+    txid = half.uniq_key or ""
+    db = half.properties.get(PROPERTY_DB_ALIAS) or store.options["DATABASE"]
+    if not txid:
+        return TransactionState.ROLLBACK
+    if db not in connections.settings:
+        log.error("check-back for %s names database %r, which is not configured here", txid, db)
+        return TransactionState.UNKNOWN
+    topic = half.properties.get("REAL_TOPIC", "")
+    state = decide(db, txid, store.alias, topic)
+    log.info("check-back for %s: %s", txid, state.name)
+    if state is TransactionState.COMMIT:  # its marker goes once the committed event is visible
+        watcher.forget_after_visible(store, db, topic, txid)
+    return state
+
+
+# -- the watcher: prompt rollbacks and marker cleanup -----------------------------------------------------
+
+@dataclass
+class _Pending:
+    store: EventStore
+    db: str
+    sent: Any
+    conn_ref: Any
+    callback: Any
+    created: float = field(default_factory=time.monotonic)
+    done: bool = False
+
+
+class _Watcher:
+    """Ends this process's transactional appends: COMMIT from ``on_commit``; ROLLBACK once the callback was
+    discarded (Django has no rollback hook); and deletes resolved markers."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Pending] = {}
+        self._committed: dict[str, tuple[EventStore, str, str, float]] = {}  # txid -> (store, db, topic, when)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def watch(self, store: EventStore, db: str, sent: Any) -> None:
+        conn = connections[db]
+        txid = sent.transaction_id
+
+        def on_commit() -> None:
+            self._end(txid, TransactionState.COMMIT)
+
+        p = _Pending(store, db, sent, weakref.ref(conn), on_commit)
+        with self._lock:
+            self._pending[txid] = p
+        transaction.on_commit(on_commit, using=db)
+        self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rmq-eventstore-tx-watcher", daemon=True)
+                self._thread.start()
+
+    def _end(self, txid: str, state: TransactionState) -> None:
+        with self._lock:
+            p = self._pending.pop(txid, None)
+        if p is None or p.done:
+            return
+        p.done = True
+        p.store.transaction_producer.end_transaction(p.sent, state)
+        if state is TransactionState.COMMIT:
+            with self._lock:
+                self._committed[txid] = (p.store, p.db, p.sent.topic, time.monotonic())
+        self._wake.set()
+
+    def forget_after_visible(self, store: EventStore, db: str, topic: str, txid: str) -> None:
+        with self._lock:
+            self._committed[txid] = (store, db, topic, time.monotonic())
+        self._start()
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _discarded(self, p: _Pending) -> bool:
+        conn = p.conn_ref()
+        if conn is None:
+            return True
+        return not any(cb is p.callback for _, cb, _ in list(conn.run_on_commit))
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(WATCH_INTERVAL)
+            self._wake.clear()
+            try:
+                self.sweep()
+            except Exception:  # pragma: no cover - keep watching
+                log.exception("transaction watcher sweep failed")
+            finally:
+                for alias in connections:
+                    connections[alias].close()
+
+    def sweep(self) -> None:
+        with self._lock:
+            pending = [(t, p) for t, p in self._pending.items() if time.monotonic() - p.created > 0.05]
+            committed = [(t, v) for t, v in self._committed.items() if time.monotonic() - v[3] > 1.0]
+        for txid, p in pending:
+            if p.done or not self._discarded(p):
+                continue
+            state = decide(p.db, txid, p.store.alias, p.sent.topic)
+            if state is TransactionState.UNKNOWN:
+                continue
+            self._end(txid, state)
+            if state is TransactionState.ROLLBACK:
+                self._delete_marker(p.db, txid)
+        for txid, (store, db, topic, _) in committed:
+            if self._visible(store, topic, txid):
+                self._delete_marker(db, txid)
+                with self._lock:
+                    self._committed.pop(txid, None)
+
+    @staticmethod
+    def _visible(store: EventStore, topic: str, txid: str) -> bool:
+        try:
+            return any(m.uniq_key == txid for m in store.admin.query_message(topic, txid, 4))
+        except Exception:
+            return False
+
+    @staticmethod
+    def _delete_marker(db: str, txid: str) -> None:
+        from .models import EventTransaction
+
+        try:
+            EventTransaction.objects.using(db).filter(pk=txid).delete()
+        except DatabaseError as e:
+            log.info("marker %s not deleted yet: %s", txid, e)
+
+
+watcher = _Watcher()

@@ -1,0 +1,63 @@
+"""Settings of the Django face's tests: SQLite by default, PostgreSQL with RMQ_TEST_DB=postgres."""
+
+import os
+import tempfile
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.django_face.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rmq_eventstore.django",
+    "tests.django_face.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "rmq_eventstore.django.exceptions.ConcurrencyErrorMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+STATIC_URL = "/static/"
+
+if os.environ.get("RMQ_TEST_DB") == "postgres":
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": "rmq_eventstore", "USER": "postgres",
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"), "PORT": os.environ.get("PGPORT", "5432"),
+    }}
+else:
+    _db_dir = tempfile.mkdtemp(prefix="rmq-django-db-")
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(_db_dir, "db.sqlite3"),
+        "TEST": {"NAME": os.path.join(_db_dir, "test.sqlite3")}, "OPTIONS": {"timeout": 20},
+    }}
+
+RMQ_EVENTSTORE = {
+    "default": {
+        "URL": "file://" + tempfile.mkdtemp(prefix="rmq-django-store-"),
+        "OPTIONS": {"MODE": "embedded", "PRODUCER_GROUP": "django_tests",
+                    "BROKER": {"transaction_timeout": 1000, "transaction_check_interval": 500}},
+    },
+}

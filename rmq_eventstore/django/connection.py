@@ -124,25 +124,15 @@ class EventStore:
                                           self.options["SEND_TIMEOUT_MS"], **self._credentials()).start()
             return self._producer
 
-    @property
-    def transaction_producer(self) -> TransactionProducer:
-        """The member of ``PRODUCER_GROUP`` in this process; it answers the broker's check-back from the
-        marker table, so it is started with the store (any live process can settle a transaction)."""
+    def transaction_producer_with(self, checker: Any) -> TransactionProducer:
+        """The member of ``PRODUCER_GROUP`` in this process (created on first use with `checker`, which
+        answers the broker's check-back; any live process of the group can settle a transaction)."""
         with self._lock:
             if self._tx_producer is None:
-                from .transactions import check_transaction
-
-                def checker(half: Any) -> Any:
-                    return check_transaction(self, half)
-
                 self._tx_producer = TransactionProducer(
                     self.namesrv, self.options["PRODUCER_GROUP"], checker,
                     send_timeout_ms=self.options["SEND_TIMEOUT_MS"], **self._credentials()).start()
             return self._tx_producer
-
-    def ensure_ready(self) -> None:
-        """Reach the store now (and register this process's transaction producer)."""
-        _ = self.transaction_producer
 
     def queue_ids(self, topic: str) -> list[int]:
         """The readable queues of `topic`; none for a topic nobody wrote to yet."""

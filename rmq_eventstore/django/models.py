@@ -5,8 +5,8 @@ only those with tags in ``tag_set``). Its fields mirror the stored record; ``dat
 the model's codec (JSON by default). ``objects`` is an `EventManager`: QuerySets over the store
 (`query.EventQuerySet`) and appends (`append`, `bulk_append`, `aappend`, `abulk_append`).
 
-`EventTransaction` is the app's own table (migrated): the marker rows of appends made inside
-``transaction.atomic()`` (see ``transactions``).
+`EventTransaction` (from ``marker``) is the app's own table (migrated): the marker rows of appends made
+inside ``transaction.atomic()`` (see ``transactions``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from django.db.models.base import ModelBase
 from django.utils.module_loading import import_string
 
 from ..common.properties import PROPERTY_STREAM_ID, PROPERTY_STREAM_VERSION
+from .marker import EventTransaction
 from .query import EventQuerySet
+from .transactions import append_events
+
+__all__ = ["EventManager", "EventModel", "EventModelBase", "EventTransaction", "JSONCodec", "RawCodec", "get_codec"]
 
 SYSTEM_PROPERTIES = ("KEYS", "TAGS", "UNIQ_KEY", "WAIT", "STREAM_ID", "STREAM_VERSION", "TRAN_MSG", "PGROUP",
                      "REAL_TOPIC", "REAL_QID", "TRAN_PREPARED_QUEUE_OFFSET", "MAX_OFFSET", "MIN_OFFSET")
@@ -110,8 +114,6 @@ class EventManager(models.Manager.from_queryset(EventQuerySet)):  # type: ignore
         ``keys`` (one or a list) are indexed; ``stream`` numbers the event within its stream and
         ``expected_version`` (0: the stream must not exist) makes the append conditional: another current
         version raises `rmq_eventstore.django.ConcurrencyError`. ``body`` bypasses the codec."""
-        from .transactions import append_events
-
         return append_events(self.model, [(data, keys, tags, body, properties)], stream, expected_version, using)[0]
 
     def bulk_append(self, items: Iterable[Any], *, keys: str | Sequence[str] | None = None, tags: str | None = None,
@@ -129,8 +131,6 @@ class EventManager(models.Manager.from_queryset(EventQuerySet)):  # type: ignore
                 rows.append((item, keys, tags, None, None))
         if not rows:
             return []
-        from .transactions import append_events
-
         return append_events(self.model, rows, stream, expected_version, using)
 
     async def aappend(self, data: Any = None, **kwargs: Any) -> EventModel:
@@ -233,29 +233,3 @@ class EventModel(models.Model, metaclass=EventModelBase):
     @property
     def offset_msg_id(self) -> str:
         return self.msg_id
-
-
-class EventTransaction(models.Model):
-    """The marker of an append made inside a database transaction, written in that transaction.
-
-    Its presence after the database committed is the proof the broker's check-back asks for: a process of
-    the producer group answers COMMIT when it finds the row. A check that finds no row inserts one with
-    ``outcome = ROLLBACK`` in its own transaction, so a transaction still open either commits first (the
-    insert then conflicts and the answer is COMMIT) or can never commit its marker. Rows are deleted once
-    the broker confirmed the end."""
-
-    COMMIT = "C"
-    ROLLBACK = "R"
-
-    transaction_id = models.CharField(max_length=64, primary_key=True)
-    store_alias = models.CharField(max_length=64, default="default")
-    topic = models.CharField(max_length=127)
-    outcome = models.CharField(max_length=1, choices=[(COMMIT, "commit"), (ROLLBACK, "rollback")], default=COMMIT)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    class Meta:
-        verbose_name = "event transaction marker"
-        db_table = "rmq_eventstore_transaction"
-
-    def __str__(self) -> str:
-        return f"{self.transaction_id} ({self.get_outcome_display()})"

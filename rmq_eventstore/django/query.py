@@ -51,6 +51,7 @@ SUPPORTED_HELP = ("msg_id / keys / stream (exact, in), commit_log_offset (exact,
                   "queue_id / queue_offset / stored_at (exact, in, gt, gte, lt, lte, range); anything else only "
                   "beside an index lookup (msg_id, keys, stream, commit_log_offset) or after .scan()")
 STREAM_ORDER_FIELDS = {"commit_log_offset", "stored_at"}
+RECORD_FIELDS = INDEX_FIELDS | QUEUE_FIELDS | {"version"}
 MAX_TIME = 2**62
 
 
@@ -75,10 +76,13 @@ def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
     return f
 
 
-def _str_op(op: Callable[[str, str], bool], fold: bool) -> Callable[[Any, Any], bool]:
+def _str_op(op: Callable[[Any, Any], bool], fold: bool) -> Callable[[Any, Any], bool]:
     def f(value: Any, rhs: Any) -> bool:
         if value is None or rhs is None:
             return False
+        if isinstance(value, (bytes, bytearray, memoryview)):  # a BinaryField: compare bytes
+            a, b = bytes(value), rhs if isinstance(rhs, bytes) else str(rhs).encode()
+            return op(a.lower(), b.lower()) if fold else op(a, b)
         a, b = str(value), str(rhs)
         if fold:
             a, b = a.casefold(), b.casefold()
@@ -243,6 +247,14 @@ class Residual:
     """A condition only Python can evaluate: fine beside an index plan, unanswerable alone."""
 
     what: str
+    field: str = ""
+    lookup: str = ""
+
+    @property
+    def null_test(self) -> bool:
+        """`field__isnull` on a record field, which `exclude()` adds for nullable fields: evaluable on any
+        message a negated lookup reads."""
+        return self.lookup == "isnull" and self.field in RECORD_FIELDS
 
 
 FULL = QueuePlan(exact=True)
@@ -301,7 +313,7 @@ def _leaf_plan(node: Lookup) -> Any:
         if name == "queue_id":
             return QueuePlan(exact=False) if hi is None else QueuePlan(queues=frozenset(range(max(lo, 0), hi)))
         return _range_plan(name, lo, hi)
-    return Residual(f"{name}__{lookup}")
+    return Residual(f"{name}__{lookup}", name, lookup)
 
 
 def _range_plan(name: str, lo: int, hi: int | None, exact: bool = True) -> QueuePlan | Empty:
@@ -328,7 +340,7 @@ def plan_where(node: Any) -> Any:
         return FULL
     children = [plan_where(c) for c in node.children]
     if node.negated:  # NOT narrows nothing; it is evaluable when what it negates is
-        bad = [c for c in children if isinstance(c, Residual)]
+        bad = [c for c in children if isinstance(c, Residual) and not c.null_test]
         return bad[0] if bad else QueuePlan(exact=False)
     if node.connector == AND:
         if any(isinstance(c, Empty) for c in children):
@@ -701,7 +713,7 @@ class EventQuerySet(QuerySet):
             kwargs[arg.default_alias] = arg
         funcs: dict[str, tuple[Any, str | None]] = {}
         for alias, agg in kwargs.items():
-            exprs = agg.get_source_expressions()
+            exprs = list(getattr(agg, "source_expressions", agg.get_source_expressions()))
             if type(agg) not in (Count, Min, Max, Sum) or getattr(agg, "filter", None) is not None \
                     or len(exprs) != 1 or getattr(agg, "distinct", False):
                 raise _unsupported(f"the aggregate {agg!r} (Count, Min, Max, Sum of a field are)")

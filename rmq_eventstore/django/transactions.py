@@ -37,6 +37,7 @@ from ..client import ConcurrencyError as ClientConcurrencyError
 from ..client import Message, TransactionState
 from ..common import codec
 from .exceptions import ConcurrencyError
+from .marker import EventTransaction
 
 if TYPE_CHECKING:
     from .connection import EventStore
@@ -115,9 +116,7 @@ def append_events(model: type[EventModel], rows: list[tuple], stream: str | None
 
 def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, msgs: list[Message],
                            stream: str | None, expected_version: int | None) -> list[EventModel]:
-    from .models import EventTransaction
-
-    producer = store.transaction_producer
+    producer = transaction_producer(store)
     out = []
     for i, msg in enumerate(msgs):
         uniq = producer._ids.create()
@@ -141,8 +140,6 @@ def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, 
 
 def decide(db: str, txid: str, store_alias: str = "default", topic: str = "") -> TransactionState:
     """COMMIT if the transaction's marker row is committed, ROLLBACK if it never can be, else UNKNOWN."""
-    from .models import EventTransaction
-
     conn = connections[db]
     try:
         with transaction.atomic(using=db):
@@ -163,6 +160,11 @@ def decide(db: str, txid: str, store_alias: str = "default", topic: str = "") ->
     finally:
         if threading.current_thread() is not threading.main_thread():
             conn.close()
+
+
+def transaction_producer(store: EventStore) -> Any:
+    """The store's member of its producer group in this process, answering check-backs from the markers."""
+    return store.transaction_producer_with(lambda half: check_transaction(store, half))
 
 
 def check_transaction(store: EventStore, half: Any) -> TransactionState:
@@ -231,7 +233,7 @@ class _Watcher:
         if p is None or p.done:
             return
         p.done = True
-        p.store.transaction_producer.end_transaction(p.sent, state)
+        transaction_producer(p.store).end_transaction(p.sent, state)
         if state is TransactionState.COMMIT:
             with self._lock:
                 self._committed[txid] = (p.store, p.db, p.sent.topic, time.monotonic())
@@ -292,8 +294,6 @@ class _Watcher:
 
     @staticmethod
     def _delete_marker(db: str, txid: str) -> None:
-        from .models import EventTransaction
-
         try:
             EventTransaction.objects.using(db).filter(pk=txid).delete()
         except DatabaseError as e:

@@ -1,0 +1,33 @@
+"""`EventTransaction`: the app's one table, the marker rows of appends made inside database transactions
+(see ``transactions``). Its own module so that the append path can use it without importing the event
+models."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class EventTransaction(models.Model):
+    """The marker of an append made inside a database transaction, written in that transaction.
+
+    Its presence after the database committed is the proof the broker's check-back asks for: a process of
+    the producer group answers COMMIT when it finds the row. A check that finds no row inserts one with
+    ``outcome = ROLLBACK`` in its own transaction, so a transaction still open either commits first (the
+    insert then conflicts and the answer is COMMIT) or can never commit its marker. Rows are deleted once
+    the broker confirmed the end."""
+
+    COMMIT = "C"
+    ROLLBACK = "R"
+
+    transaction_id = models.CharField(max_length=64, primary_key=True)
+    store_alias = models.CharField(max_length=64, default="default")
+    topic = models.CharField(max_length=127)
+    outcome = models.CharField(max_length=1, choices=[(COMMIT, "commit"), (ROLLBACK, "rollback")], default=COMMIT)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        verbose_name = "event transaction marker"
+        db_table = "rmq_eventstore_transaction"
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id} ({self.get_outcome_display()})"

@@ -88,6 +88,7 @@ class ClientBase:
                                        sign=sign)
         self._routes: dict[str, TopicRoute] = {}
         self._route_lock = threading.Lock()
+        self._pinned: set[str] = set()  # brokers heartbeated whatever the routes say (see pin_cluster)
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
@@ -139,7 +140,23 @@ class ClientBase:
 
     def _known_brokers(self) -> set[str]:
         with self._route_lock:
-            return {a for r in self._routes.values() for a in r.broker_addrs.values()}
+            return {a for r in self._routes.values() for a in r.broker_addrs.values()} | self._pinned
+
+    def pin_cluster(self) -> set[str]:
+        """Heartbeat every master of the cluster from now on, not only those of the topics used so far: a
+        transaction producer must be reachable by any broker holding one of its half messages, also right
+        after it started in a process that has sent nothing yet (the check-back of a crashed sibling)."""
+        r = self.invoke_namesrv(lambda: RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO))
+        data = loads_body(r.body)
+        addrs = set()
+        for bd in (data.get("brokerAddrTable") or {}).values():
+            master = (bd.get("brokerAddrs") or {}).get("0", (bd.get("brokerAddrs") or {}).get(0))
+            if master:
+                addrs.add(master)
+        with self._route_lock:
+            self._pinned |= addrs
+        self.send_heartbeat(addrs)
+        return addrs
 
     def send_heartbeat(self, addresses: Iterable[str] | None = None) -> None:
         body = json.dumps(self.heartbeat_data()).encode()

@@ -86,6 +86,16 @@ class TransactionProducer(Producer):
                    secret_key: str | None) -> ClientBase:
         return _TransactionProducerBase(namesrv_addr, self, timeout, access_key, secret_key)
 
+    def start(self) -> TransactionProducer:
+        """Start and announce the producer group to every broker of the cluster, so any of them can ask it
+        about a half message (even one sent by another, crashed, member of the group)."""
+        super().start()
+        try:
+            self._base.pin_cluster()
+        except RemotingError as e:
+            log.warning("could not announce producer group %s to the cluster yet: %s", self.group, e)
+        return self
+
     def shutdown(self) -> None:
         super().shutdown()
         self._check_pool.shutdown(wait=False, cancel_futures=True)

@@ -29,8 +29,14 @@ from .transactions import append_events
 
 __all__ = ["EventManager", "EventModel", "EventModelBase", "EventTransaction", "JSONCodec", "RawCodec", "get_codec"]
 
-SYSTEM_PROPERTIES = ("KEYS", "TAGS", "UNIQ_KEY", "WAIT", "STREAM_ID", "STREAM_VERSION", "TRAN_MSG", "PGROUP",
-                     "REAL_TOPIC", "REAL_QID", "TRAN_PREPARED_QUEUE_OFFSET", "MAX_OFFSET", "MIN_OFFSET")
+# RocketMQ's own properties (MessageConst) and ours: shown as fields, or bookkeeping, not user properties
+SYSTEM_PROPERTIES = frozenset((
+    "KEYS", "TAGS", "UNIQ_KEY", "WAIT", "STREAM_ID", "STREAM_VERSION", "TRAN_MSG", "PGROUP", "REAL_TOPIC",
+    "REAL_QID", "TRAN_PREPARED_QUEUE_OFFSET", "MAX_OFFSET", "MIN_OFFSET", "CLUSTER", "MSG_REGION", "TRACE_ON",
+    "DELAY", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "RECONSUME_TIME", "MAX_RECONSUME_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "TRANSACTION_CHECK_TIMES", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_OUT_MS",
+    "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "POP_CK", "DJANGO_DB",
+))
 
 
 class JSONCodec:

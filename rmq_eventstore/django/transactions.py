@@ -70,8 +70,8 @@ def _message(model: type[EventModel], data: Any, keys: Any, tags: str | None, bo
 
 
 def _instance(model: type[EventModel], msg: Message, sent: Any, uniq: str, version: int | None,
-              stream: str | None, queue_offset: int) -> EventModel:
-    _, _, offset = codec.decode_message_id(sent.offset_msg_id) if sent.offset_msg_id else (None, None, -1)
+              stream: str | None, queue_offset: int, offset_msg_id: str) -> EventModel:
+    _, _, offset = codec.decode_message_id(offset_msg_id) if offset_msg_id else (None, None, -1)
     row = {
         "msg_id": uniq, "queue_id": sent.queue_id, "queue_offset": queue_offset, "commit_log_offset": offset,
         "born_at": None, "stored_at": None, "keys": " ".join(msg.keys_list()), "tags": msg.tags, "stream": stream,
@@ -104,13 +104,13 @@ def append_events(model: type[EventModel], rows: list[tuple], stream: str | None
     except ClientConcurrencyError as e:
         raise ConcurrencyError.from_client(e) from None
     last = sent.stream_version
+    offset_ids = sent.offset_msg_id.split(",") if sent.offset_msg_id else []
+    if len(offset_ids) != len(msgs):
+        offset_ids = [""] * len(msgs)
     out = []
-    for i, (m, u) in enumerate(zip(msgs, uniqs, strict=True)):
+    for i, (m, u, oid) in enumerate(zip(msgs, uniqs, offset_ids, strict=True)):
         version = None if last is None else last - (len(msgs) - 1 - i)
-        out.append(_instance(model, m, sent, u, version, stream, sent.queue_offset + i))
-    if len(out) > 1:  # a batch's offsetMsgId names its first record only
-        for o in out[1:]:
-            o.commit_log_offset = -1
+        out.append(_instance(model, m, sent, u, version, stream, sent.queue_offset + i, oid))
     return out
 
 
@@ -132,7 +132,8 @@ def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, 
         if sent.status != "SEND_OK":
             raise DatabaseError(f"the half message of {model.__name__} was not stored ({sent.status})")
         watcher.watch(store, db, sent)
-        out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset))
+        out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset,
+                             sent.offset_msg_id))
     return out
 
 

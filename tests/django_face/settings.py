@@ -44,19 +44,21 @@ STATIC_URL = "/static/"
 
 if os.environ.get("RMQ_TEST_DB") == "postgres":
     DATABASES = {"default": {
-        "ENGINE": "django.db.backends.postgresql", "NAME": "rmq_eventstore", "USER": "postgres",
+        "ENGINE": "django.db.backends.postgresql", "NAME": os.environ.get("RMQ_TEST_DB_NAME", "rmq_eventstore"),
+        "USER": "postgres",
         "HOST": os.environ.get("PGHOST", "127.0.0.1"), "PORT": os.environ.get("PGPORT", "5432"),
     }}
 else:
     _db_dir = tempfile.mkdtemp(prefix="rmq-django-db-")
     DATABASES = {"default": {
-        "ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(_db_dir, "db.sqlite3"),
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("RMQ_TEST_DB_NAME") or os.path.join(_db_dir, "db.sqlite3"),
         "TEST": {"NAME": os.path.join(_db_dir, "test.sqlite3")}, "OPTIONS": {"timeout": 20},
     }}
 
 RMQ_EVENTSTORE = {
     "default": {
-        "URL": "file://" + tempfile.mkdtemp(prefix="rmq-django-store-"),
+        "URL": os.environ.get("RMQ_TEST_STORE_URL") or "file://" + tempfile.mkdtemp(prefix="rmq-django-store-"),
         "OPTIONS": {"MODE": "embedded", "PRODUCER_GROUP": "django_tests",
                     "BROKER": {"transaction_timeout": 1000, "transaction_check_interval": 500}},
     },

@@ -1,4 +1,10 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from .testapp import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("orders/<str:number>/", views.place_order),
+    path("streams/<str:stream>/", views.append_to_stream),
+]

@@ -41,3 +41,10 @@ class SqlEvent(models.Model):
 
     class Meta:
         ordering = ["commit_log_offset"]
+
+
+class OrderLine(models.Model):
+    """A row with a foreign key: a dangling one makes the database commit fail (the constraint is deferred)."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE)
+    sku = models.CharField(max_length=32)

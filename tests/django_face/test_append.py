@@ -1,0 +1,212 @@
+"""Appends: plain, batched, conditional (409), and bound to database transactions, with real processes
+killed between the database commit and the end of the half message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from rmq_eventstore.django.exceptions import ConcurrencyError
+from rmq_eventstore.django.marker import EventTransaction
+from rmq_eventstore.django.transactions import transaction_producer, watcher
+from tests.django_face.testapp.models import Order, OrderEvent, OrderLine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def wait_for(predicate, timeout=15.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def test_plain_append_and_batch(event_store):
+    e = OrderEvent.objects.append({"a": 1}, keys=["k1", "k2"], tags="Placed", properties={"source": "web"})
+    got = OrderEvent.objects.get(pk=e.msg_id)
+    assert got.data == {"a": 1} and got.keys == "k1 k2" and got.properties == {"source": "web"}
+    assert (got.queue_id, got.queue_offset, got.commit_log_offset) == (e.queue_id, e.queue_offset, e.commit_log_offset)
+    batch = OrderEvent.objects.bulk_append([{"i": i} for i in range(5)], stream="s-1", expected_version=0)
+    assert [b.version for b in batch] == [1, 2, 3, 4, 5]
+    assert len({b.queue_id for b in batch}) == 1
+    assert [b.queue_offset for b in batch] == list(range(batch[0].queue_offset, batch[0].queue_offset + 5))
+    assert [x.data["i"] for x in OrderEvent.objects.filter(stream="s-1").order_by("version")] == list(range(5))
+    mixed = OrderEvent.objects.bulk_append([{"data": 1, "keys": "x"}, {"data": 2, "tags": "Paid"}])
+    assert [m.keys for m in mixed] == ["x", ""] and [m.tags for m in mixed] == [None, "Paid"]
+
+
+def test_expected_version_conflict(event_store):
+    OrderEvent.objects.append({"v": 1}, stream="acct-1", expected_version=0)
+    with pytest.raises(ConcurrencyError) as info:
+        OrderEvent.objects.append({"v": 2}, stream="acct-1", expected_version=0)
+    assert (info.value.stream, info.value.expected_version, info.value.current_version) == ("acct-1", 0, 1)
+    assert info.value.status_code == 409
+    assert OrderEvent.objects.filter(stream="acct-1").count() == 1
+    assert OrderEvent.objects.append({"v": 2}, stream="acct-1", expected_version=1).version == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_conflict_is_http_409(event_store, client):
+    r = client.post("/streams/acct-9/", json.dumps({"data": 1, "expected": 0}), content_type="application/json")
+    assert r.status_code == 201 and r.json()["version"] == 1
+    r = client.post("/streams/acct-9/", json.dumps({"data": 2, "expected": 0}), content_type="application/json",
+                    headers={"Accept": "application/json"})
+    assert r.status_code == 409
+    assert r.json() == {"error": "conflict", "detail": r.json()["detail"], "stream": "acct-9", "expected_version": 0,
+                        "current_version": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_commit_makes_the_event_visible_with_the_row(event_store):
+    with transaction.atomic():
+        Order.objects.create(number="A-1")
+        e = OrderEvent.objects.append({"number": "A-1"}, keys="A-1", stream="order-A-1", expected_version=0)
+        assert EventTransaction.objects.filter(pk=e.msg_id, outcome=EventTransaction.COMMIT).exists()
+        assert not OrderEvent.objects.filter(keys="A-1").exists()  # a half message: invisible until commit
+    got = wait_for(lambda: OrderEvent.objects.filter(keys="A-1").first())
+    assert got is not None and got.msg_id == e.msg_id and got.version == 1
+    assert wait_for(lambda: not EventTransaction.objects.filter(pk=e.msg_id).exists(), 10)  # marker cleaned
+    assert OrderEvent.objects.append({"n": 2}, stream="order-A-1", expected_version=1).version == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_exception_in_block_never_appears_and_frees_the_stream(event_store):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Order.objects.create(number="B-1")
+        e = OrderEvent.objects.append({"number": "B-1"}, keys="B-1", stream="order-B-1", expected_version=0)
+        raise RuntimeError("the view failed")
+    assert not Order.objects.filter(number="B-1").exists()
+    # the watcher sees the discarded on_commit and rolls the half message back: the stream is free at once
+    start = time.monotonic()
+    version = wait_for(lambda: _try_append("order-B-1", 0), 10)
+    assert version == 1 and time.monotonic() - start < 5
+    time.sleep(1.5)  # past the broker's check-back time as well
+    assert not OrderEvent.objects.filter(keys="B-1").exists()
+    assert not OrderEvent.objects.filter(msg_id=e.msg_id).exists()
+
+
+def _try_append(stream: str, expected: int) -> int | None:
+    try:
+        return OrderEvent.objects.append({"retry": True}, stream=stream, expected_version=expected).version
+    except ConcurrencyError:
+        return None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failed_database_commit_never_appears(event_store):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        order = Order.objects.create(number="C-1")
+        OrderLine.objects.create(order_id=order.pk + 10_000, sku="dangling")  # checked at COMMIT (deferred)
+        OrderEvent.objects.append({"number": "C-1"}, keys="C-1")
+    assert not Order.objects.filter(number="C-1").exists()
+    assert wait_for(lambda: watcher.pending_count() == 0, 10)
+    time.sleep(1.5)
+    assert not OrderEvent.objects.filter(keys="C-1").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_savepoint_rollback_drops_only_its_events(event_store):
+    with transaction.atomic():
+        OrderEvent.objects.append({"outer": True}, keys="D-outer")
+        with pytest.raises(ValueError), transaction.atomic():
+            OrderEvent.objects.append({"inner": True}, keys="D-inner")
+            raise ValueError
+    assert wait_for(lambda: OrderEvent.objects.filter(keys="D-outer").exists())
+    time.sleep(1.5)
+    assert not OrderEvent.objects.filter(keys="D-inner").exists()
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import django
+    django.setup()
+    from django.db import transaction
+    from tests.django_face.testapp.models import Order, OrderEvent
+    number, when = sys.argv[1], sys.argv[2]
+    with transaction.atomic():
+        Order.objects.create(number=number)
+        if when == "after-commit":  # runs before the append's own on_commit: dies between COMMIT and END
+            transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
+        OrderEvent.objects.append({"number": number}, keys=number, stream="order-" + number, expected_version=0)
+        print("appended", flush=True)
+        if when == "before-commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+    print("not killed", flush=True)
+""")
+
+
+def _run_child(event_store, number: str, when: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.django_face.settings",
+               RMQ_TEST_STORE_URL=f"rmq://{event_store.namesrv}",
+               RMQ_TEST_DB_NAME=connection.settings_dict["NAME"], PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-c", CHILD, number, when], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_killed_after_database_commit_event_appears_once(event_store):
+    transaction_producer(event_store)  # this process is a live member of the producer group
+    r = _run_child(event_store, "K-1", "after-commit")
+    assert r.returncode == -signal.SIGKILL and "appended" in r.stdout, r.stderr
+    assert Order.objects.filter(number="K-1").exists()
+    got = wait_for(lambda: list(OrderEvent.objects.filter(keys="K-1")), 20)
+    assert len(got) == 1 and got[0].version == 1
+    time.sleep(2)  # further checks would have found it settled
+    assert OrderEvent.objects.filter(keys="K-1").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_killed_before_database_commit_event_never_appears(event_store):
+    transaction_producer(event_store)
+    r = _run_child(event_store, "K-2", "before-commit")
+    assert r.returncode == -signal.SIGKILL and "appended" in r.stdout, r.stderr
+    assert not Order.objects.filter(number="K-2").exists()
+    # the check-back finds no marker, records a rollback, and the stream is free again
+    assert wait_for(lambda: _try_append("order-K-2", 0), 20) == 1
+    assert EventTransaction.objects.filter(outcome=EventTransaction.ROLLBACK).count() <= 1
+    assert [e.data for e in OrderEvent.objects.filter(stream="order-K-2")] == [{"retry": True}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sixteen_concurrent_requests_one_wins_per_round(event_store, live_server):
+    rounds = int(os.environ.get("DJANGO_RACE_ROUNDS", "5"))
+    for version in range(rounds):
+        codes: list[int] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(16)
+
+        def post(i: int, version: int = version) -> None:
+            req = urllib.request.Request(f"{live_server.url}/streams/race/", method="POST",
+                                         data=json.dumps({"data": i, "expected": version}).encode(),
+                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+            barrier.wait()
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    code = resp.status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            with lock:
+                codes.append(code)
+
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(codes) == [201] + [409] * 15, codes
+        wait_for(lambda v=version: OrderEvent.objects.filter(stream="race").count() == v + 1, 10)
+    assert [e.version for e in OrderEvent.objects.filter(stream="race").order_by("version")] == list(range(1, rounds + 1))

@@ -181,32 +181,38 @@ def test_process_killed_before_database_commit_event_never_appears(event_store):
     assert [e.data for e in OrderEvent.objects.filter(stream="order-K-2")] == [{"retry": True}]
 
 
+def _race_round(url: str, version: int, n: int = 16) -> list[int]:
+    """`n` requests at once, each appending at `version`; their status codes."""
+    codes: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(n)
+
+    def post(i: int) -> None:
+        req = urllib.request.Request(f"{url}/streams/race/", method="POST",
+                                     data=json.dumps({"data": i, "expected": version}).encode(),
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        barrier.wait()
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                code = resp.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        with lock:
+            codes.append(code)
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sixteen_concurrent_requests_one_wins_per_round(event_store, live_server):
     rounds = int(os.environ.get("DJANGO_RACE_ROUNDS", "5"))
     for version in range(rounds):
-        codes: list[int] = []
-        lock = threading.Lock()
-        barrier = threading.Barrier(16)
-
-        def post(i: int, version: int = version) -> None:
-            req = urllib.request.Request(f"{live_server.url}/streams/race/", method="POST",
-                                         data=json.dumps({"data": i, "expected": version}).encode(),
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
-            barrier.wait()
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    code = resp.status
-            except urllib.error.HTTPError as e:
-                code = e.code
-            with lock:
-                codes.append(code)
-
-        threads = [threading.Thread(target=post, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        codes = _race_round(live_server.url, version)
         assert sorted(codes) == [201] + [409] * 15, codes
         wait_for(lambda v=version: OrderEvent.objects.filter(stream="race").count() == v + 1, 10)
     assert [e.version for e in OrderEvent.objects.filter(stream="race").order_by("version")] == list(range(1, rounds + 1))

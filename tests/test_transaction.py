@@ -120,6 +120,8 @@ def test_spark_topic_filter_never_reads_a_half_message(tmp_path: Path) -> None:
         p.send_in_transaction(Message("payments", b"open"), lambda m: TransactionState.UNKNOWN)
         p.send_in_transaction(Message("payments", b"rolled back"), lambda m: TransactionState.ROLLBACK)
         p.send_in_transaction(Message("payments", b"paid"), lambda m: TransactionState.COMMIT)
+        # END_TRANSACTION is one-way: wait for the commit record before reading the files
+        assert wait_until(lambda: sum(rb.store.get_max_offset_in_queue("payments", q) for q in range(16)) >= 1)
         rb.store.wait_for_dispatch()
         assert rb.store.get_max_offset_in_queue(RMQ_SYS_TRANS_HALF_TOPIC, 0) == 3
         for use_cq in (True, False):

@@ -10,7 +10,9 @@ Responses are written in the order they complete; backpressure: when a client do
 responses, reading from it pauses.
 
 `serve_in_thread(path, ...)` opens the store, starts a `Broker` and the server on a background thread
-and returns a `RunningBroker` (ports 0 = pick free ones); `close()` shuts everything down cleanly.
+and returns a `RunningBroker` (ports 0 = pick free ones); `close()` shuts everything down cleanly. Once
+it serves, it announces itself in `<store>/broker.json` (`common/broker_file.py`) so that other
+processes find it (`rmq_eventstore.client.local`); `close()` removes the file if it is still ours.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any
 
+from ..common.broker_file import remove_broker_file_if_ours, write_broker_file
 from ..remoting import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, RemotingCommand, RequestCode
 from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
@@ -71,6 +75,7 @@ class Connection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.connections.add(self)
+        self.server.last_connection_change = time.monotonic()
 
     def data_received(self, data: bytes) -> None:
         self.last_active = self.server.loop.time()
@@ -89,6 +94,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        self.server.last_connection_change = time.monotonic()
         for t in list(self.tasks):
             t.cancel()
         if not self.namesrv:
@@ -136,6 +142,7 @@ class BrokerServer:
         self.channel_max_idle_seconds = channel_max_idle_seconds  # serverChannelMaxIdleTimeSeconds
         self._idle_task: asyncio.Task | None = None
         self.connections: set[Connection] = set()
+        self.last_connection_change = time.monotonic()  # a connection opened or closed (idle exit)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._servers: list[asyncio.AbstractServer] = []
         sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
@@ -151,6 +158,12 @@ class BrokerServer:
             self._servers.append(await self.loop.create_server(lambda: Connection(self, True), sock=namesrv_sock))
         if self.channel_max_idle_seconds > 0:
             self._idle_task = self.loop.create_task(self._close_idle_connections())
+
+    def idle_seconds(self) -> float:
+        """How long no client connection (broker or name-server port) has been open; 0 while one is."""
+        if self.connections:
+            return 0.0
+        return time.monotonic() - self.last_connection_change
 
     async def _close_idle_connections(self) -> None:
         """Close connections that sent nothing for `channel_max_idle_seconds` and wait for nothing (a
@@ -246,11 +259,14 @@ def _advertised(host: str, port: int) -> str:
 
 class RunningBroker:
     """A broker serving on a background thread (`serve_in_thread`): addresses, the `Broker`, its
-    `MessageStore`, and `close()` (clean shutdown, idempotent; also a context manager)."""
+    `MessageStore`, and `close()` (clean shutdown, idempotent; also a context manager). `announced` tells
+    whether `<store>/broker.json` names this broker."""
 
     def __init__(self, store: MessageStore, broker: Broker, server: BrokerServer, loop: asyncio.AbstractEventLoop,
                  thread: threading.Thread, namesrv_address: str, broker_address: str) -> None:
         self.store = store
+        self.store_path = store.config.store_path_root_dir
+        self.announced = False
         self.broker = broker
         self.server = server
         self.loop = loop
@@ -270,13 +286,30 @@ class RunningBroker:
     def closed(self) -> bool:
         return self._closed
 
+    def announce(self) -> None:
+        """Write `<store>/broker.json` naming this broker (atomically); a failure is logged, not raised:
+        the broker serves, it is only not found by other processes."""
+        try:
+            write_broker_file(self.store_path, pid=os.getpid(), namesrv=self.namesrv_address,
+                              broker=self.broker_address, started_ms=int(time.time() * 1000))
+            self.announced = True
+        except OSError as e:
+            log.warning("could not announce the broker in %s/broker.json: %s", self.store_path, e)
+
     def close(self) -> None:
-        """Stop accepting, drop connections, stop the broker's threads, persist offsets, shut the store."""
+        """Remove our `broker.json`, stop accepting, drop connections, stop the broker's threads, persist
+        offsets, shut the store."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         try:
+            if self.announced:  # first, so that nobody finds a broker that is going away
+                self.announced = False
+                try:
+                    remove_broker_file_if_ours(self.store_path, os.getpid(), self.namesrv_address)
+                except OSError as e:
+                    log.warning("could not remove %s/broker.json: %s", self.store_path, e)
             if self.loop.is_running():
                 fut = asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop)
                 try:
@@ -293,12 +326,13 @@ class RunningBroker:
 
 
 def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1", namesrv_port: int = 0,
-                    broker_port: int = 0, **store_config: Any) -> RunningBroker:
+                    broker_port: int = 0, *, announce: bool = True, **store_config: Any) -> RunningBroker:
     """Open the store at `store_path`, start a `Broker` on it and serve it on a background thread.
 
     `store_config` holds `StoreConfig` fields; `BrokerConfig` fields (e.g. `auto_create_topic_enable`,
     `broker_name`), `max_frame_size` and `channel_max_idle_seconds` are picked out of it. `store_host` defaults to the broker's
-    listen address so that records and offsetMsgIds carry it. Port 0 picks a free port.
+    listen address so that records and offsetMsgIds carry it. Port 0 picks a free port. With `announce`
+    (the default) the broker writes `<store>/broker.json` once it serves, with the real addresses.
     """
     broker_kw = {k: store_config.pop(k) for k in list(store_config) if k in BrokerConfig.field_names()}
     if broker_kw.get("message_delay_level"):  # the store writes delivery times with the same levels
@@ -357,4 +391,7 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
             store.shutdown()
         raise
     log.info("broker %s serving %s (name server %s)", broker_address, store_path, namesrv_address)
-    return RunningBroker(store, broker, server, loop, thread, namesrv_address, broker_address)
+    running = RunningBroker(store, broker, server, loop, thread, namesrv_address, broker_address)
+    if announce:
+        running.announce()
+    return running

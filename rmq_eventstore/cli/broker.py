@@ -1,8 +1,11 @@
 """`rmq-eventstore serve --store PATH`: run the broker and its name server in the foreground.
 
-Listens on 127.0.0.1 by default (name server 9876, broker 10911, RocketMQ's ports). SIGTERM or SIGINT
-is a clean shutdown: connections are closed, consumer and delay offsets persisted, the store flushed
-and its `abort` file removed.
+Listens on 127.0.0.1 by default (name server 9876, broker 10911, RocketMQ's ports; 0 = a free port).
+Once serving, the broker announces itself in `<store>/broker.json` (pid and the real addresses) so that
+other processes find it. SIGTERM or SIGINT is a clean shutdown: the announcement is removed, connections
+are closed, consumer and delay offsets persisted, the store flushed and its `abort` file removed.
+`--idle-exit SECONDS` is the same clean shutdown once no client connection has been open for that long
+(brokers started on demand by `rmq_eventstore.client.ensure_local_broker` use it).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ def configure_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, metavar="PATH",
                    help="store directory (default: storePathRootDir of --config, else ./var/store)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default: 9876)")
+    p.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default: 9876; 0: a free port)")
     p.add_argument("--broker-port", type=int, default=None,
-                   help="broker port (default: listenPort of --config, else 10911)")
+                   help="broker port (default: listenPort of --config, else 10911; 0: a free port)")
+    p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                   help="shut down cleanly once no client connection has been open for SECONDS (default: never)")
     p.add_argument("--flush-disk-type", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default=None,
                    help="SYNC_FLUSH answers a send only after its bytes are fsynced")
     p.add_argument("--no-auto-create-topic", action="store_true",
@@ -76,6 +81,8 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger("rmq_eventstore.serve").warning(
             "listening on %s beyond loopback WITHOUT access control: anyone who reaches it can read and write "
             "every topic; give --acl plain_acl.yml (or aclEnable=true) or listen on 127.0.0.1", args.host)
+    if args.idle_exit is not None and args.idle_exit <= 0:
+        raise CliError("--idle-exit must be a positive number of seconds", EXIT_ERROR)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -88,8 +95,11 @@ def run_serve(args: argparse.Namespace) -> int:
         with running:
             print(f"broker {running.broker_address} serving {store_path}; name server {running.namesrv_address}",
                   flush=True)
-            while not stop.wait(0.5):
-                pass
+            tick = 0.5 if args.idle_exit is None else min(0.5, args.idle_exit / 4)
+            while not stop.wait(tick):
+                if args.idle_exit is not None and running.server.idle_seconds() >= args.idle_exit:
+                    print(f"no client connection for {args.idle_exit:g} s (--idle-exit)", flush=True)
+                    break
             print("shutting down", flush=True)
     finally:
         for sig, handler in previous.items():

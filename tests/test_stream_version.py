@@ -277,3 +277,42 @@ def test_racing_writers_through_broker_kills(tmp_path: Path) -> None:
     assert versions == list(range(1, current + 1)), (kills, versions)
     for m in events:  # the event numbered v was written in the round that expected v - 1
         assert int(bytes(m.body).decode().split(":")[1]) == int(m.properties["STREAM_VERSION"]) - 1
+
+
+def test_half_messages_of_one_group_chain_on_a_stream(tmp_path: Path) -> None:
+    """Half messages tagged with one STREAM_TX_GROUP (one database transaction) take consecutive versions of a
+    stream; others wait for the group to end; the chain survives a broker restart; reads see it after commit."""
+    root = tmp_path / "store"
+
+    def half(p: TransactionProducer, body: bytes, group: str | None, expected: int | None):
+        props = {"STREAM_TX_GROUP": group} if group else None
+        return p.prepare(Message("orders", body, properties=props), stream="s", expected_version=expected)
+
+    with serve_in_thread(root, **SMALL, transaction_timeout=600_000) as rb, \
+            TransactionProducer(rb.namesrv_address, "app", lambda m: TransactionState.UNKNOWN) as p:
+        a = half(p, b"a", "g1", 0)
+        b = half(p, b"b", "g1", 1)
+        assert (a.stream_version, b.stream_version) == (1, 2)
+        with pytest.raises(ConcurrencyError, match="pending transaction"):
+            half(p, b"other group", "g2", None)
+        with pytest.raises(ConcurrencyError, match="pending transaction"):
+            p.send(Message("orders", b"plain"), stream="s")
+        with pytest.raises(ConcurrencyError, match="expected 1, current 2"):
+            half(p, b"stale in group", "g1", 1)
+        assert rb.broker.stream_versions.pending_count() == 2
+        ports = (int(rb.namesrv_address.rsplit(":", 1)[1]), int(rb.broker_address.rsplit(":", 1)[1]))
+    with serve_in_thread(root, "127.0.0.1", *ports, **SMALL, transaction_timeout=600_000) as rb, \
+            TransactionProducer(rb.namesrv_address, "app", lambda m: TransactionState.UNKNOWN) as p:
+        assert rb.broker.stream_versions.pending_count() == 2  # rebuilt from the half queue, group included
+        c = half(p, b"c", "g1", 2)
+        assert c.stream_version == 3
+        for sent in (a, b, c):
+            p.end_transaction(sent, TransactionState.COMMIT)
+        deadline = time.monotonic() + 10
+        while rb.broker.stream_versions.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stream_events(rb, "orders", "s") == [(1, b"a"), (2, b"b"), (3, b"c")]
+        assert p.send(Message("orders", b"d"), stream="s", expected_version=3).stream_version == 4
+        with Admin(rb.namesrv_address) as admin:
+            assert [m.body for m in admin.read_stream("orders", "s", from_version=2)] == [b"b", b"c", b"d"]
+            assert len(admin.query_key_all("orders", "s")) == 4

@@ -27,6 +27,7 @@ from ..common.properties import (
     PROPERTY_KEYS,
     PROPERTY_REAL_TOPIC,
     PROPERTY_STREAM_ID,
+    PROPERTY_STREAM_TX_GROUP,
     PROPERTY_STREAM_VERSION,
     get_property,
     set_property,
@@ -65,7 +66,9 @@ class StreamVersionManager:
         self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._cache_lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._pending: dict[tuple[str, str], tuple[str, int]] = {}  # stream -> (transaction id, reserved version)
+        # stream -> [(transaction id, reserved version, transaction group)], oldest first; more than one only for
+        # half messages of one transaction group (one database transaction), which end together
+        self._pending: dict[tuple[str, str], list[tuple[str, int, str | None]]] = {}
 
     def lock_for(self, topic: str, stream: str) -> threading.Lock:
         return self._locks[zlib.crc32(f"{topic}\x00{stream}".encode()) % LOCK_STRIPES]
@@ -103,12 +106,20 @@ class StreamVersionManager:
                 break  # every entry of the key was read
         return 0
 
-    def check(self, topic: str, stream: str, expected: int | None, count: int) -> tuple[int, Conflict | None]:
-        """(first version to assign, None) or (0, the conflict). Call with the stream's lock held."""
+    def check(self, topic: str, stream: str, expected: int | None, count: int,
+              group: str | None = None) -> tuple[int, Conflict | None]:
+        """(first version to assign, None) or (0, the conflict). Call with the stream's lock held. A half
+        message of transaction `group` may follow the pending ones of the same group: it takes the version
+        after theirs, and `expected` is compared with the last of them."""
         pending = self._pending.get((topic, stream))
         current = self.current(topic, stream)
-        if pending is not None:
-            return 0, Conflict(stream, expected, pending[1], pending[0])
+        if pending:
+            last_txid, last_version, _ = pending[-1]
+            if group is None or any(g != group for _, _, g in pending):
+                return 0, Conflict(stream, expected, last_version, last_txid)
+            if expected is not None and expected != last_version:
+                return 0, Conflict(stream, expected, last_version)
+            return last_version + 1, None
         if expected is not None and expected != current:
             return 0, Conflict(stream, expected, current)
         return current + 1, None
@@ -131,9 +142,9 @@ class StreamVersionManager:
         self._set((topic, stream), last)
 
     # -- transactions -------------------------------------------------------------------------------------
-    def reserve(self, topic: str, stream: str, txid: str, version: int) -> None:
+    def reserve(self, topic: str, stream: str, txid: str, version: int, group: str | None = None) -> None:
         """A half message holds `version` of the stream until its end. Call with the stream's lock held."""
-        self._pending[(topic, stream)] = (txid, version)
+        self._pending.setdefault((topic, stream), []).append((txid, version, group))
 
     def release(self, half: MessageExt, committed: bool) -> None:
         """The transaction of `half` ended: its reservation goes, and a commit makes its version current."""
@@ -142,12 +153,22 @@ class StreamVersionManager:
         if not stream:
             return
         topic = props.get(PROPERTY_REAL_TOPIC, half.topic)
+        key = (topic, stream)
+        txid = half.uniq_key or ""
         with self.lock_for(topic, stream):
-            pending = self._pending.get((topic, stream))
-            if pending is not None and pending[0] == (half.uniq_key or ""):
-                del self._pending[(topic, stream)]
-                if committed:
-                    self._set((topic, stream), pending[1])
+            pending = self._pending.get(key) or []
+            mine = [p for p in pending if p[0] == txid]
+            if not mine:
+                return
+            rest = [p for p in pending if p[0] != txid]
+            if rest:
+                self._pending[key] = rest
+            else:
+                del self._pending[key]
+            if committed:
+                with self._cache_lock:
+                    known = self._cache.get(key, 0)
+                self._set(key, max(known, mine[0][1]))
 
     def rebuild_reservations(self, transactions: TransactionalMessageService, halves: list[MessageExt]) -> int:
         """Reserve again the versions of open stream transactions among `halves` (broker start)."""
@@ -159,12 +180,13 @@ class StreamVersionManager:
                 continue
             topic = props.get(PROPERTY_REAL_TOPIC, "")
             with self.lock_for(topic, stream):
-                self.reserve(topic, stream, half.uniq_key or "", int(version))
+                self.reserve(topic, stream, half.uniq_key or "", int(version), props.get(PROPERTY_STREAM_TX_GROUP))
             n += 1
         return n
 
     def pending_count(self) -> int:
-        return len(self._pending)
+        """Versions reserved by open transactions."""
+        return sum(len(v) for v in self._pending.values())
 
     def read(self, topic: str, stream: str, from_version: int = 1, max_events: int = 100_000) -> list[MessageExt]:
         """The stream's events from `from_version` on, in order (one index query and a sort)."""

@@ -42,6 +42,9 @@ PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 # our extension (expected-version appends): the stream an event belongs to and its number in it
 PROPERTY_STREAM_ID = "STREAM_ID"
 PROPERTY_STREAM_VERSION = "STREAM_VERSION"
+# ours: half messages of one local (database) transaction; a later one may take the next version of a stream
+# that an earlier one of the same group holds, since they commit or roll back together
+PROPERTY_STREAM_TX_GROUP = "STREAM_TX_GROUP"
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 KEY_SEPARATOR = " "

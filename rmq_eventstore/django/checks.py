@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from django.core import checks
 
+from ..common.topic import validate_topic
 from .conf import SETTING, configured_aliases, setting_errors, store_settings
 
 TAG = "rmq_eventstore"
@@ -50,3 +52,62 @@ def _path_problem(path: str) -> str | None:
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"is not writable ({probe} is not writable by this process)"
     return None
+
+
+@checks.register(TAG)
+def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W001: a name server (``rmq://``) that does not accept a connection now."""
+    out: list[checks.CheckMessage] = []
+    for alias, conf in configured_aliases().items():
+        if setting_errors(alias, conf):
+            continue
+        s = store_settings(alias)
+        if s.kind != "rmq" or not s.namesrv:
+            continue
+        host, _, port = s.namesrv.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+        except OSError as e:
+            out.append(checks.Warning(f"{SETTING}[{alias!r}]: the name server {s.namesrv} is unreachable ({e})",
+                                      hint="start the broker (rmq-eventstore serve) or fix the URL",
+                                      id="rmq_eventstore.W001"))
+    return out
+
+
+@checks.register(checks.Tags.models, TAG)
+def check_event_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E003: an event model without a legal topic; E004: one naming a store alias that is not configured;
+    E005: a codec that cannot be loaded."""
+    from django.apps import apps
+
+    from .models import EventModel, get_codec
+
+    out: list[checks.CheckMessage] = []
+    models = [m for m in apps.get_models() if issubclass(m, EventModel)]
+    if app_configs is not None:
+        models = [m for m in models if m._meta.app_config in app_configs]
+    aliases = configured_aliases()
+    for model in models:
+        topic = getattr(model, "topic", None)
+        if not isinstance(topic, str):
+            out.append(checks.Error(f"{model.__name__} has no topic", hint='class OrderEvent(EventModel): topic = "orders"',
+                                    obj=model, id="rmq_eventstore.E003"))
+        else:
+            try:
+                validate_topic(topic)
+            except ValueError as e:
+                out.append(checks.Error(f"{model.__name__}.topic: {e}", obj=model, id="rmq_eventstore.E003"))
+        if model.store_alias not in aliases:
+            out.append(checks.Error(f"{model.__name__}.store_alias {model.store_alias!r} is not an alias of {SETTING}",
+                                    obj=model, id="rmq_eventstore.E004"))
+        spec = model.codec
+        if spec is None and model.store_alias in aliases and not setting_errors(model.store_alias,
+                                                                                 aliases[model.store_alias]):
+            spec = store_settings(model.store_alias).options.get("CODEC", "json")
+        if spec is not None:
+            try:
+                get_codec(spec)
+            except Exception as e:
+                out.append(checks.Error(f"{model.__name__}: the codec {spec!r} cannot be loaded: {e}", obj=model,
+                                        id="rmq_eventstore.E005"))
+    return out

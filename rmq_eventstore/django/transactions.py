@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from ..client import ConcurrencyError as ClientConcurrencyError
 from ..client import Message, TransactionState
 from ..common import codec
+from ..common.properties import PROPERTY_STREAM_TX_GROUP
 from .exceptions import ConcurrencyError
 from .marker import EventTransaction
 
@@ -117,11 +119,12 @@ def append_events(model: type[EventModel], rows: list[tuple], stream: str | None
 def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, msgs: list[Message],
                            stream: str | None, expected_version: int | None) -> list[EventModel]:
     producer = transaction_producer(store)
+    group = _transaction_group(db)
     out = []
     for i, msg in enumerate(msgs):
         uniq = producer._ids.create()
         msg.uniq_key = uniq
-        msg.properties = {**(msg.properties or {}), PROPERTY_DB_ALIAS: db}
+        msg.properties = {**(msg.properties or {}), PROPERTY_DB_ALIAS: db, PROPERTY_STREAM_TX_GROUP: group}
         expected = None if expected_version is None else expected_version + i
         EventTransaction.objects.using(db).create(transaction_id=uniq, store_alias=store.alias, topic=model.topic,
                                                   outcome=EventTransaction.COMMIT)
@@ -135,6 +138,25 @@ def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, 
         out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset,
                              sent.offset_msg_id))
     return out
+
+
+def _transaction_group(db: str) -> str:
+    """An id for the current database transaction on `db`: its half messages may follow each other on one
+    stream (the broker chains their versions, as they end together). A transaction is recognised by a
+    no-op ``on_commit`` callback registered with its first append: Django drops it when the transaction
+    ends (or when the savepoint it was registered in rolls back, which then starts a new group)."""
+    conn = connections[db]
+    state = getattr(conn, "_rmq_eventstore_tx_group", None)
+    if state is not None and any(cb is state[1] for _, cb, _ in conn.run_on_commit):
+        return state[0]
+
+    def sentinel() -> None:
+        pass
+
+    group = uuid.uuid4().hex
+    transaction.on_commit(sentinel, using=db)
+    conn._rmq_eventstore_tx_group = (group, sentinel)
+    return group
 
 
 # -- the decision, shared by the check-back and the watcher -----------------------------------------------

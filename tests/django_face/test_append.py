@@ -216,3 +216,47 @@ def test_sixteen_concurrent_requests_one_wins_per_round(event_store, live_server
         assert sorted(codes) == [201] + [409] * 15, codes
         wait_for(lambda v=version: OrderEvent.objects.filter(stream="race").count() == v + 1, 10)
     assert [e.version for e in OrderEvent.objects.filter(stream="race").order_by("version")] == list(range(1, rounds + 1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_several_events_of_one_stream_in_one_transaction(event_store):
+    with transaction.atomic():
+        Order.objects.create(number="E-1")
+        a = OrderEvent.objects.append({"step": "placed"}, stream="order-E-1", expected_version=0)
+        b = OrderEvent.objects.append({"step": "paid"}, stream="order-E-1", expected_version=1)
+        c = OrderEvent.objects.bulk_append([{"step": "packed"}, {"step": "shipped"}], stream="order-E-1")
+    assert (a.version, b.version, [x.version for x in c]) == (1, 2, [3, 4])
+    got = wait_for(lambda: [e.data["step"] for e in OrderEvent.objects.filter(stream="order-E-1").order_by("version")]
+                   if OrderEvent.objects.filter(stream="order-E-1").count() == 4 else None)
+    assert got == ["placed", "paid", "packed", "shipped"]
+    # another transaction (and a plain append) wait for the first to end; after it, they continue the stream
+    with pytest.raises(RuntimeError), transaction.atomic():
+        OrderEvent.objects.append({"step": "x"}, stream="order-E-1", expected_version=4)
+        OrderEvent.objects.append({"step": "y"}, stream="order-E-1", expected_version=5)
+        outside: list[BaseException | None] = []
+
+        def append_elsewhere() -> None:  # another thread: its own connection, no transaction
+            try:
+                OrderEvent.objects.append({"step": "outside"}, stream="order-E-1")
+                outside.append(None)
+            except ConcurrencyError as e:
+                outside.append(e)
+            finally:
+                connection.close()
+
+        t = threading.Thread(target=append_elsewhere)
+        t.start()
+        t.join()
+        assert isinstance(outside[0], ConcurrencyError) and "pending transaction" in str(outside[0])
+        raise RuntimeError
+    assert wait_for(lambda: _try_append("order-E-1", 4), 10) == 5
+
+
+def test_in_testcase_transaction_commit_via_captured_callbacks(event_store, django_capture_on_commit_callbacks, db):
+    """Under pytest-django's `db` (Django's TestCase) nothing commits; capturing on_commit callbacks with
+    execute=True ends the half messages as a real commit would."""
+    with django_capture_on_commit_callbacks(execute=True):
+        e1 = OrderEvent.objects.append({"n": 1}, stream="tc-1", expected_version=0)
+        e2 = OrderEvent.objects.append({"n": 2}, stream="tc-1", expected_version=1)
+    assert (e1.version, e2.version) == (1, 2)
+    assert wait_for(lambda: OrderEvent.objects.filter(stream="tc-1").count() == 2)

@@ -17,6 +17,7 @@ from ...common.properties import (
     PROPERTY_CLUSTER,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_STREAM_TX_GROUP,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     get_property,
@@ -180,7 +181,8 @@ class SendMessageProcessor:
             return ResponseCode.MESSAGE_ILLEGAL, "a stream append cannot be delayed", None
         versions = self.broker.stream_versions
         with versions.lock_for(topic, stream):
-            first_version, conflict = versions.check(topic, stream, expected_version, len(msgs))
+            group = get_property(first.properties_string or "", PROPERTY_STREAM_TX_GROUP) if prepared else None
+            first_version, conflict = versions.check(topic, stream, expected_version, len(msgs), group)
             if conflict is not None:
                 ext = {"streamId": stream, "currentVersion": conflict.current}
                 if expected_version is not None:
@@ -191,7 +193,7 @@ class SendMessageProcessor:
             code, remark, ext = self._store(msgs, topic, queue_id, batch, prepared)
             if ext is not None:
                 if prepared:
-                    versions.reserve(topic, stream, ext.get("transactionId", ""), last)
+                    versions.reserve(topic, stream, ext.get("transactionId", ""), last, group)
                 else:
                     versions.appended(topic, stream, last)
                 ext["streamVersion"] = last

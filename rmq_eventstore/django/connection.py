@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+import time
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
 from ..client import Admin, Producer, PullConsumer, TransactionProducer
 from ..client.remoting_client import MQBrokerError
+from ..common.broker_file import read_broker_file
 from ..remoting import ResponseCode
 from .conf import DEFAULT_ALIAS, StoreSettings, configured_aliases, store_settings
 
@@ -61,6 +64,18 @@ def close_embedded_brokers() -> None:
 atexit.register(close_embedded_brokers)
 
 
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class EventStore:
     """One store alias: its name server and lazily started, thread-safe clients."""
 
@@ -73,6 +88,7 @@ class EventStore:
         self._reader: PullConsumer | None = None
         self._producer: Producer | None = None
         self._tx_producer: TransactionProducer | None = None
+        self._checked_at = 0.0
 
     def __repr__(self) -> str:
         return f"<EventStore {self.alias!r} {self.settings.url}>"
@@ -81,10 +97,25 @@ class EventStore:
     def options(self) -> dict[str, Any]:
         return self.settings.options
 
+    def _follow_local_broker(self) -> None:
+        """Shared mode: when the broker that owned the store is gone (it idled out, crashed, was restarted),
+        drop the clients so the next use finds or starts the new one. Checked at most once a second (a
+        small file read)."""
+        now = time.monotonic()
+        if self._namesrv is None or now - self._checked_at < 1.0:
+            return
+        self._checked_at = now
+        info = read_broker_file(self.settings.path or "")
+        if info is None or info.get("namesrv") != self._namesrv or not _pid_alive(int(info.get("pid") or 0)):
+            log.info("the broker of %s moved or is gone; reconnecting", self.settings.path)
+            self._close_clients()
+
     @property
     def namesrv(self) -> str:
         """The name-server address; for a local store, the broker is found or started here."""
         with self._lock:
+            if self.settings.kind == "file" and self.settings.mode == "shared":
+                self._follow_local_broker()
             if self._namesrv is None:
                 s = self.settings
                 if s.kind == "rmq":
@@ -98,12 +129,17 @@ class EventStore:
                                                         broker_options=s.options.get("BROKER") or {}).namesrv_addr
             return self._namesrv
 
+    def _refresh(self) -> None:
+        if self.settings.kind == "file" and self.settings.mode == "shared":
+            self._follow_local_broker()
+
     def _credentials(self) -> dict[str, Any]:
         return {"access_key": self.options.get("ACCESS_KEY"), "secret_key": self.options.get("SECRET_KEY")}
 
     @property
     def admin(self) -> Admin:
         with self._lock:
+            self._refresh()
             if self._admin is None:
                 self._admin = Admin(self.namesrv, self.options["SEND_TIMEOUT_MS"], **self._credentials()).start()
             return self._admin
@@ -111,6 +147,7 @@ class EventStore:
     @property
     def reader(self) -> PullConsumer:
         with self._lock:
+            self._refresh()
             if self._reader is None:
                 self._reader = PullConsumer(self.namesrv, READER_GROUP, self.options["SEND_TIMEOUT_MS"],
                                             **self._credentials()).start()
@@ -119,6 +156,7 @@ class EventStore:
     @property
     def producer(self) -> Producer:
         with self._lock:
+            self._refresh()
             if self._producer is None:
                 self._producer = Producer(self.namesrv, f"{self.options['PRODUCER_GROUP']}_plain",
                                           self.options["SEND_TIMEOUT_MS"], **self._credentials()).start()
@@ -128,6 +166,7 @@ class EventStore:
         """The member of ``PRODUCER_GROUP`` in this process (created on first use with `checker`, which
         answers the broker's check-back; any live process of the group can settle a transaction)."""
         with self._lock:
+            self._refresh()
             if self._tx_producer is None:
                 self._tx_producer = TransactionProducer(
                     self.namesrv, self.options["PRODUCER_GROUP"], checker,
@@ -144,6 +183,9 @@ class EventStore:
             raise
 
     def close(self) -> None:
+        self._close_clients()
+
+    def _close_clients(self) -> None:
         with self._lock:
             for client in (self._tx_producer, self._producer, self._reader, self._admin):
                 if client is not None:

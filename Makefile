@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run quickstart test lint bench crashtest txcrashtest timercrashtest racetest clean
+.PHONY: run demo quickstart test test-postgres lint bench crashtest txcrashtest timercrashtest racetest clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,8 +12,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $@
 
-## run: the broker on ./var/store (its own process), a demo producer and a long-polling consumer
+## run: the reference shop (django_app/) on http://127.0.0.1:8000/, SQLite in ./var, its store ./var/store
+## (the store's broker process is started on the first request and stops 5 min after the last client)
 run: $(VENV)/.installed
+	$(PY) django_app/manage.py migrate --noinput
+	$(PY) django_app/manage.py demo_admin
+	@echo "shop: http://127.0.0.1:8000/  admin: http://127.0.0.1:8000/admin/ (admin/admin)  store: ./var/store"
+	$(PY) django_app/manage.py runserver 127.0.0.1:8000
+
+## demo: the broker on ./var/store (its own process), a demo producer and a long-polling consumer
+demo: $(VENV)/.installed
 	$(PY) examples/broker_demo.py --store $(STORE)
 
 ## quickstart: the embedded demo: a store under ./var/store, events in, read back by queue and by key
@@ -26,9 +34,14 @@ $(JS_CLIENT)/node_modules/.installed: $(JS_CLIENT)/package.json $(JS_CLIENT)/pac
 	npm ci --prefix $(JS_CLIENT) --no-audit --no-fund
 	touch $@
 
-## test: lint, then every test
+## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL)
 test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed lint
 	$(PY) -m pytest -q
+	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
+
+## test-postgres: the Django face's tests on the local PostgreSQL only
+test-postgres: $(VENV)/.installed
+	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
 
 ## lint: ruff, and the layer rules of pyproject.toml's import-linter contracts
 lint: $(VENV)/.installed

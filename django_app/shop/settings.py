@@ -1,0 +1,78 @@
+"""Settings of the reference shop: the local store under the repository's var/ and SQLite by default.
+
+Environment: ``SHOP_DATABASE=postgres`` (with ``PGHOST``/``PGPORT``/``PGUSER``/``SHOP_DB_NAME``) for PostgreSQL,
+``SHOP_STORE_URL`` for another store (``file:///path`` or ``rmq://host:9876``), ``SHOP_VAR`` for the folder of
+the SQLite file and the store, ``SHOP_DEBUG=0`` to turn debug off.
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.get("SHOP_VAR", BASE_DIR.parent / "var"))
+VAR.mkdir(parents=True, exist_ok=True)  # the SQLite file lives here; the store creates its own folder
+
+SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "reference-project-not-for-production")
+DEBUG = os.environ.get("SHOP_DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "shop.urls"
+WSGI_APPLICATION = "shop.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "/static/"
+LOGIN_URL = "/admin/login/"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rmq_eventstore.django",
+    "orders",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "rmq_eventstore.django.exceptions.ConcurrencyErrorMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+
+if os.environ.get("SHOP_DATABASE") == "postgres":
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": os.environ.get("SHOP_DB_NAME", "shop"),
+        "USER": os.environ.get("PGUSER", "postgres"), "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"), "PORT": os.environ.get("PGPORT", "5432"),
+    }}
+else:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR / "shop.sqlite3",
+                             "OPTIONS": {"timeout": 20}}}
+
+RMQ_EVENTSTORE = {
+    "default": {
+        "URL": os.environ.get("SHOP_STORE_URL", f"file://{VAR / 'store'}"),
+        "OPTIONS": {"PRODUCER_GROUP": "shop"},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"rmq_eventstore": {"handlers": ["console"], "level": "WARNING"}},
+}

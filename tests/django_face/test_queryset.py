@@ -169,3 +169,19 @@ def test_iterator_streams(events):
 def test_explain_names_the_plan(events):
     assert OrderEvent.objects.filter(keys="o-1").explain().startswith("IndexPlan")
     assert OrderEvent.objects.filter(tags="Paid").explain().startswith("QueuePlan")
+
+
+def test_django_rest_framework_generic_views(events, client):
+    r = client.get("/api/events/?limit=5&offset=10")
+    body = r.json()
+    assert r.status_code == 200 and body["count"] == 40 and len(body["results"]) == 5
+    assert [x["data"]["n"] for x in body["results"]] == [10, 11, 12, 13, 14]
+    seen, url = [], "/api/events-by-cursor/"
+    while url:
+        page = client.get(url).json()
+        seen += [x["data"]["n"] for x in page["results"]]
+        url = page["next"]
+    assert seen == list(range(39, -1, -1))
+    one = client.get(f"/api/events/{events[3].msg_id}/").json()
+    assert one["data"] == {"n": 3, "customer": "c0"} and one["msg_id"] == events[3].msg_id
+    assert client.get("/api/events/NOPE/").status_code == 404

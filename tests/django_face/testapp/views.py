@@ -24,3 +24,33 @@ def append_to_stream(request: HttpRequest, stream: str) -> JsonResponse:
     with transaction.atomic():
         event = OrderEvent.objects.append(body.get("data"), stream=stream, expected_version=body.get("expected"))
     return JsonResponse({"event": event.msg_id, "version": event.version}, status=201)
+
+
+# Django REST framework's generic views over an event model
+from rest_framework import generics, pagination, serializers  # noqa: E402
+
+
+class OrderEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = OrderEvent
+        fields = ["msg_id", "stream", "version", "tags", "keys", "data", "stored_at", "queue_id", "queue_offset"]
+
+
+class ByOffsetCursor(pagination.CursorPagination):
+    ordering = "-commit_log_offset"
+    page_size = 7
+
+
+class EventList(generics.ListAPIView):
+    queryset = OrderEvent.objects.all()
+    serializer_class = OrderEventSerializer
+    pagination_class = pagination.LimitOffsetPagination
+
+
+class EventCursorList(EventList):
+    pagination_class = ByOffsetCursor
+
+
+class EventDetail(generics.RetrieveAPIView):
+    queryset = OrderEvent.objects.all()
+    serializer_class = OrderEventSerializer

@@ -67,33 +67,31 @@ def open_reader(args: argparse.Namespace) -> StoreReader:
         raise CliError(e.message) from None
 
 
-def _index_options(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    slots, num = getattr(args, "index_slots", None), getattr(args, "index_num", None)
-    if (slots is not None and slots <= 0) or (num is not None and num <= 0):
-        raise CliError("--index-slots and --index-num must be positive")
-    return slots, num
+def _message(text: str) -> str:
+    """A library message in the command line's words (the options that give an index geometry)."""
+    if text == inspection.GEOMETRY_NOT_POSITIVE:
+        return "--index-slots and --index-num must be positive"
+    return text
 
 
 def infer_index_geometry(file_size: int, hash_slot_num: int | None = None,
                          index_num: int | None = None) -> tuple[int, int]:
     """(hashSlotNum, indexNum) of an index file of `file_size` bytes (`inspection.infer_index_geometry`);
     `CliError` naming the options that give the geometry when the size does not fit."""
-    if (hash_slot_num is not None and hash_slot_num <= 0) or (index_num is not None and index_num <= 0):
-        raise CliError("--index-slots and --index-num must be positive")
     try:
         return inspection.infer_index_geometry(file_size, hash_slot_num, index_num, GEOMETRY_HINT)
     except InspectionError as e:
-        raise CliError(e.message) from None
+        raise CliError(_message(e.message)) from None
 
 
 def open_index(reader: StoreReader, args: argparse.Namespace, max_batch: int = 64) -> IndexService | None:
     """A read-only `IndexService` on the store's index files, geometry inferred from their size (or given);
     None when the store has no index files."""
-    slots, num = _index_options(args)
     try:
-        return inspection.open_index(reader, slots, num, max_batch, GEOMETRY_HINT)
+        return inspection.open_index(reader, getattr(args, "index_slots", None), getattr(args, "index_num", None),
+                                     max_batch, GEOMETRY_HINT)
     except InspectionError as e:
-        raise CliError(e.message) from None
+        raise CliError(_message(e.message)) from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -104,11 +102,18 @@ def open_index(reader: StoreReader, args: argparse.Namespace, max_batch: int = 6
 def collect_inspection(reader: StoreReader, args: argparse.Namespace) -> dict[str, Any]:
     """Everything `inspect` reports, as one JSON-ready dict (`inspection.collect_inspection`), with a
     progress bar on a terminal."""
-    slots, num = _index_options(args)
     desc = "inspect (CRC)" if args.crc else "inspect"
     with Progress(inspection.commit_log_bytes(reader), desc, progress_enabled(args)) as bar:
-        return inspection.collect_inspection(reader, args.path, check_crc=args.crc, progress=bar.advance,
-                                             hash_slot_num=slots, index_num=num, hint=GEOMETRY_HINT)
+        report = inspection.collect_inspection(
+            reader, args.path, check_crc=args.crc, progress=bar.advance,
+            hash_slot_num=getattr(args, "index_slots", None), index_num=getattr(args, "index_num", None),
+            hint=GEOMETRY_HINT)
+    idx = report["index"]
+    if idx and idx["error"]:
+        idx["error"] = _message(idx["error"])
+        report["notes"] = [f"index: {_message(n.removeprefix('index: '))}" if n.startswith("index: ") else n
+                           for n in report["notes"]]
+    return report
 
 
 def render_inspection(r: dict[str, Any]) -> list[str]:
@@ -315,15 +320,15 @@ def configure_msg(p: argparse.ArgumentParser) -> None:
 def run_query(args: argparse.Namespace) -> int:
     if args.max <= 0:
         raise CliError("--max must be positive")
-    slots, num = _index_options(args)
     with open_reader(args) as reader:
         with Progress(inspection.commit_log_bytes(reader), "query (scan)", progress_enabled(args)) as bar:
             try:
                 msgs, how = inspection.query_messages(
                     reader, args.topic, args.key, args.max, args.begin, args.end, scan=args.scan,
-                    hash_slot_num=slots, index_num=num, progress=bar.advance, warn=_warn, hint=GEOMETRY_HINT)
+                    hash_slot_num=args.index_slots, index_num=args.index_num, progress=bar.advance, warn=_warn,
+                    hint=GEOMETRY_HINT)
             except InspectionError as e:
-                raise CliError(f"{e.message} (or query with --scan)") from None
+                raise CliError(f"{_message(e.message)} (or query with --scan)") from None
         out = stdout()
         if args.json:
             doc = {"topic": args.topic, "key": args.key, "how": how, "count": len(msgs),

@@ -55,6 +55,7 @@ DEFAULT_QUERY_MAX = 32  # DefaultMessageStore's defaultQueryMaxNum
 MAX_TIMESTAMP = 2**62
 INDEX_ENTRIES_PER_SLOT = 4  # RocketMQ's default geometry: maxIndexNum = 4 * maxHashSlotNum
 GEOMETRY_HINT = "pass the broker's maxHashSlotNum and/or maxIndexNum (hash_slot_num= / index_num=)"
+GEOMETRY_NOT_POSITIVE = "the number of hash slots and of index entries must be positive"
 CHECKPOINT_FIELDS = ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp", "masterFlushedOffset",
                      "confirmPhyOffset")
 _CHECKPOINT_ATTRS = ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp",
@@ -149,7 +150,7 @@ def infer_index_geometry(file_size: int, hash_slot_num: int | None = None, index
     """
     body = file_size - INDEX_HEADER_SIZE
     if (hash_slot_num is not None and hash_slot_num <= 0) or (index_num is not None and index_num <= 0):
-        raise InspectionError("the number of hash slots and of index entries must be positive")
+        raise InspectionError(GEOMETRY_NOT_POSITIVE)
     if hash_slot_num is not None and index_num is not None:
         if INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE < file_size:
             raise InspectionError(f"index files of {file_size} bytes are larger than {hash_slot_num} slots "

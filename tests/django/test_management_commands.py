@@ -188,9 +188,10 @@ def test_damaged_tail_fails_verify_and_recover_repairs(filled) -> None:
     assert e.returncode == 1 and "damage:" in out
 
     out, _ = run("recover", "--dry-run", "-v", "2")
-    assert f"offset {last.wrote_offset}" in out and "abnormal" in out
+    assert f"the first at offset {last.wrote_offset}" in out and "abnormal" in out
     plan = json.loads(run("recover", "--dry-run", "--json")[0])
-    assert plan["commitLogEnd"] == last.wrote_offset and plan["mode"] == "abnormal" and not plan["refused"]
+    assert plan["firstCommitLogDamage"] == last.wrote_offset and plan["mode"] == "abnormal"
+    assert not plan["refused"] and plan["commitLogProblems"] >= 1
     assert (path / "abort").exists()  # a dry run changes nothing
 
     doc = json.loads(run("recover", "--json")[0])

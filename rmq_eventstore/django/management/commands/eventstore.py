@@ -388,32 +388,38 @@ class Command(BaseCommand):
         holder = lock_holder(path)
         crashed = os.path.exists(os.path.join(path, "abort"))
         log_damage = [p for p in report.problems if p.kind.startswith("commitlog")]
-        cut_at = min((p.offset for p in log_damage if p.offset >= 0), default=None)
+        first = min((p.offset for p in log_damage if p.offset >= 0), default=None)
         plan = {
             "path": path, "dryRun": True, "lockHeldBy": holder, "refused": holder is not None,
-            "mode": "abnormal" if crashed else "normal",
-            "commitLogEnd": report.commit_log_end if cut_at is None else min(cut_at, report.commit_log_end),
-            "commitLogDamage": len(log_damage), "problems": report.problem_count,
-            "verify": report.as_dict(),
+            "mode": "abnormal" if crashed else "normal", "firstCommitLogDamage": first,
+            "commitLogProblems": len(log_damage), "derivedProblems": len(report.problems) - len(log_damage),
+            "problems": report.problem_count, "verify": report.as_dict(),
         }
         if options["json"]:
             self.emit_json(plan)
             return
         if holder is not None:
             self.warn(f"recover would be refused: the lock file is held by pid {holder}")
-        mode = ("abnormal (the abort file says the last stop was a crash: the commitlog is scanned with CRCs)"
-                if crashed else "normal (clean shutdown: recovery starts from the checkpoint)")
+        mode = ("abnormal: the abort file says the last stop was a crash; recovery scans the last commitlog "
+                "files with CRCs" if crashed else
+                "normal: a clean shutdown; recovery checks the commitlog tail past the checkpoint")
         if report.ok:
-            self.say(f"store {path}: no damage found; recover would find nothing to repair ({mode.split(' ')[0]})",
-                     self.style.SUCCESS)
+            self.say(f"store {path}: no damage found; recover would have nothing to repair", self.style.SUCCESS)
         else:
-            self.say(f"store {path}: {report.problem_count} problem(s); recover would keep the commitlog up to "
-                     f"offset {plan['commitLogEnd']}, cut consume queue and index entries past it and "
-                     f"re-dispatch what they lack", self.style.WARNING)
+            at = f" (the first at offset {first})" if first is not None else ""
+            self.say(f"store {path}: {report.problem_count} problem(s): {len(log_damage)} in the commitlog{at}, "
+                     f"{plan['derivedProblems']} in consume queues or the index", self.style.WARNING)
+            if log_damage:
+                self.say("  recover cuts the commitlog at the first damaged record of the tail it scans and "
+                         "re-dispatches what the queues and index lack; damage before that stays (verify "
+                         "keeps reporting it)")
+            if plan["derivedProblems"]:
+                self.say("  recover cuts consume queue and index entries past the commitlog end; "
+                         "`eventstore rebuild` rebuilds them all from the commitlog")
             for p in report.problems:
                 where = f"{p.where} at offset {p.offset}" if p.offset >= 0 else p.where
                 self.say(f"  {p.kind}: {where}: {p.detail}", self.style.WARNING, level=2)
-        self.pairs([("recovery mode", mode), ("commitlog end", plan["commitLogEnd"]),
+        self.pairs([("recovery mode", mode), ("commitlog end", report.commit_log_end),
                     ("lock", f"held by pid {holder}" if holder is not None else "free")])
 
     # -- inspect ---------------------------------------------------------------------------------------

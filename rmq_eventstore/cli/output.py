@@ -9,10 +9,10 @@ import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any, TextIO
 
 from ..common import codec
+from ..store.inspection import iso_local
 
 try:  # a declared dependency; the tool still works (without progress bars) if it is missing
     from tqdm import tqdm as _tqdm
@@ -60,17 +60,6 @@ class Command:
 # ---------------------------------------------------------------------------------------------------
 
 
-def iso_local(ms: int) -> str | None:
-    """A millisecond timestamp as ISO local time (`2023-11-14T23:13:20.005`); None for 0 or nonsense."""
-    if ms <= 0:
-        return None
-    try:
-        dt = datetime.fromtimestamp(ms // 1000) + timedelta(milliseconds=ms % 1000)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return dt.isoformat(timespec="milliseconds")
-
-
 def with_time(ms: int) -> str:
     iso = iso_local(ms)
     return f"{ms} ({iso})" if iso else str(ms)
@@ -83,11 +72,6 @@ def sys_flag_names(sys_flag: int) -> list[str]:
     if tx:
         names.append(_TX_NAMES[tx])
     return names
-
-
-def is_dispatched(sys_flag: int) -> bool:
-    """True for records a consume queue holds (not transaction PREPARED or ROLLBACK), as dispatch decides."""
-    return codec.transaction_value(sys_flag) in (codec.TRANSACTION_NOT_TYPE, codec.TRANSACTION_COMMIT_TYPE)
 
 
 def describe_os_error(e: OSError) -> str:
@@ -168,28 +152,40 @@ class _NoProgress:
 class Progress:
     """A bytes-scanned progress bar on stderr (tqdm), shown only when enabled (stderr is a TTY).
 
-    Updates are batched to one per `PROGRESS_STEP` bytes so that a per-record call costs nothing.
+    Updates are batched to one per `PROGRESS_STEP` bytes so that a per-record call costs nothing. The bar
+    appears with the first update: a run that never advances it (a query answered by the index, a dump
+    through the consume queues) shows none.
     """
 
     def __init__(self, total: int, desc: str, enabled: bool) -> None:
         self._pending = 0
-        if enabled and _tqdm is not None and total > 0:
-            self._bar: Any = _tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                                   file=sys.stderr, leave=False, dynamic_ncols=True, mininterval=0.25)
-        else:
-            self._bar = _NoProgress()
+        self._total = total
+        self._desc = desc
+        self._enabled = enabled and _tqdm is not None and total > 0
+        self._bar: Any = None
+
+    def _update(self, n: int) -> None:
+        if self._bar is None:
+            if not self._enabled:
+                self._bar = _NoProgress()
+            else:
+                self._bar = _tqdm(total=self._total, desc=self._desc, unit="B", unit_scale=True,
+                                  unit_divisor=1024, file=sys.stderr, leave=False, dynamic_ncols=True,
+                                  mininterval=0.25)
+        self._bar.update(n)
 
     def advance(self, n: int) -> None:
         self._pending += n
         if self._pending >= PROGRESS_STEP:
-            self._bar.update(self._pending)
+            self._update(self._pending)
             self._pending = 0
 
     def close(self) -> None:
         if self._pending:
-            self._bar.update(self._pending)
+            self._update(self._pending)
             self._pending = 0
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
 
     def __enter__(self) -> Progress:
         return self

@@ -16,41 +16,21 @@ store, so they are safe beside a live broker.
 from __future__ import annotations
 
 import argparse
-import collections
-import heapq
 import json
-import os
-import re
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..common import codec
 from ..common.message import MessageExt
-from ..store.config_files import (
-    CONSUMER_OFFSET_FILE,
-    DELAY_OFFSET_FILE,
-    SUBSCRIPTION_GROUP_FILE,
-    TOPIC_GROUP_SEPARATOR,
-    TOPICS_FILE,
-    ConfigFileError,
-    fastjson_loads,
-    read_config_file,
-)
-from ..store.index import HASH_SLOT_SIZE, INDEX_HEADER_SIZE, INDEX_SIZE, IndexService
-from ..store.mapped_file import MappedFile
-from ..store.reader import SegmentInfo, StoreReader
-from ..store.reader import is_zero as _is_zero
-from ..store.reader import scan_segment as reader_scan_segment
+from ..store import inspection
+from ..store.index import IndexService
+from ..store.inspection import DEFAULT_QUERY_MAX, InspectionError
+from ..store.reader import StoreReader
 from .output import (
     EXIT_DAMAGE,
     EXIT_OK,
     CliError,
     Command,
     Progress,
-    describe_os_error,
-    is_dispatched,
     iso_local,
     key_values,
     notice,
@@ -61,21 +41,17 @@ from .output import (
     with_time,
 )
 
-try:  # a declared dependency; the tool still works (without progress bars) if it is missing
-    from tqdm import tqdm as _tqdm
-except ImportError:  # pragma: no cover - exercised only without tqdm installed
-    _tqdm = None
-
 BODY_MODES = ("text", "hex", "none")
-DEFAULT_QUERY_MAX = 32  # DefaultMessageStore's defaultQueryMaxNum
-MAX_TIMESTAMP = 2**62
-INDEX_ENTRIES_PER_SLOT = 4  # RocketMQ's default geometry: maxIndexNum = 4 * maxHashSlotNum
-_INDEX_NAME_RE = re.compile(r"^\d{17}$")
-_INDEX_HEADER = struct.Struct(">qqqqii")
-_CHECKPOINT_FIELDS = ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp", "masterFlushedOffset",
-                      "confirmPhyOffset")
-_CHECKPOINT_ATTRS = ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_timestamp",
-                     "master_flushed_offset", "confirm_phy_offset")
+MAX_TIMESTAMP = inspection.MAX_TIMESTAMP
+GEOMETRY_HINT = "pass --index-slots and/or --index-num (the broker's maxHashSlotNum / maxIndexNum)"
+_CHECKPOINT_FIELDS = inspection.CHECKPOINT_FIELDS
+
+# The inspection logic lives in the library (`rmq_eventstore.store.inspection`); this module parses the
+# arguments, draws progress bars and renders the results.
+
+
+def _warn(message: str) -> None:
+    notice(message)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -85,75 +61,37 @@ _CHECKPOINT_ATTRS = ("physic_msg_timestamp", "logics_msg_timestamp", "index_msg_
 
 def open_reader(args: argparse.Namespace) -> StoreReader:
     """A `StoreReader` on `args.path`, with clear errors for a missing path or a directory that is no store."""
-    path = args.path
-    if not os.path.exists(path):
-        raise CliError(f"{path}: no such file or directory")
-    if not os.path.isdir(path):
-        raise CliError(f"{path}: not a directory (give a store root or a commitlog directory)")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise CliError(f"{path}: permission denied")
     try:
-        return StoreReader(path, commit_log_file_size=getattr(args, "commitlog_file_size", None))
-    except FileNotFoundError as e:
-        if e.filename:
-            raise CliError(describe_os_error(e)) from None
-        raise CliError(f"{path}: not a store: {e}") from None
+        return inspection.open_reader(args.path, getattr(args, "commitlog_file_size", None))
+    except InspectionError as e:
+        raise CliError(e.message) from None
 
 
-def index_names(index_path: str | None) -> list[str]:
-    """Names of the index files (17-digit `yyyyMMddHHmmssSSS`) in `index_path`, oldest first."""
-    if not index_path or not os.path.isdir(index_path):
-        return []
-    return sorted(n for n in os.listdir(index_path)
-                  if _INDEX_NAME_RE.match(n) and os.path.isfile(os.path.join(index_path, n)))
+def _message(text: str) -> str:
+    """A library message in the command line's words (the options that give an index geometry)."""
+    if text == inspection.GEOMETRY_NOT_POSITIVE:
+        return "--index-slots and --index-num must be positive"
+    return text
 
 
 def infer_index_geometry(file_size: int, hash_slot_num: int | None = None,
                          index_num: int | None = None) -> tuple[int, int]:
-    """(hashSlotNum, indexNum) of an index file of `file_size` bytes (`40 + 4·slots + 20·entries`).
-
-    With neither given, RocketMQ's 4:1 entries:slots ratio is assumed (`size = 40 + 84·slots`); with one
-    given the other follows from the size. Raises `CliError` when the size does not fit.
-    """
-    body = file_size - INDEX_HEADER_SIZE
-    hint = "pass --index-slots and/or --index-num (the broker's maxHashSlotNum / maxIndexNum)"
-    if (hash_slot_num is not None and hash_slot_num <= 0) or (index_num is not None and index_num <= 0):
-        raise CliError("--index-slots and --index-num must be positive")
-    if hash_slot_num is not None and index_num is not None:
-        if INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE < file_size:
-            raise CliError(f"index files of {file_size} bytes are larger than {hash_slot_num} slots and "
-                           f"{index_num} entries allow")
-        return hash_slot_num, index_num
-    if hash_slot_num is not None:
-        rest = body - hash_slot_num * HASH_SLOT_SIZE
-        if rest <= 0 or rest % INDEX_SIZE:
-            raise CliError(f"index files of {file_size} bytes do not fit {hash_slot_num} hash slots; {hint}")
-        return hash_slot_num, rest // INDEX_SIZE
-    if index_num is not None:
-        rest = body - index_num * INDEX_SIZE
-        if rest <= 0 or rest % HASH_SLOT_SIZE:
-            raise CliError(f"index files of {file_size} bytes do not fit {index_num} entries; {hint}")
-        return rest // HASH_SLOT_SIZE, index_num
-    per_slot = HASH_SLOT_SIZE + INDEX_ENTRIES_PER_SLOT * INDEX_SIZE
-    if body <= 0 or body % per_slot:
-        raise CliError(f"cannot infer the geometry of index files of {file_size} bytes "
-                       f"(not 40 + 84 x slots, RocketMQ's 4:1 ratio); {hint}")
-    slots = body // per_slot
-    return slots, slots * INDEX_ENTRIES_PER_SLOT
+    """(hashSlotNum, indexNum) of an index file of `file_size` bytes (`inspection.infer_index_geometry`);
+    `CliError` naming the options that give the geometry when the size does not fit."""
+    try:
+        return inspection.infer_index_geometry(file_size, hash_slot_num, index_num, GEOMETRY_HINT)
+    except InspectionError as e:
+        raise CliError(_message(e.message)) from None
 
 
 def open_index(reader: StoreReader, args: argparse.Namespace, max_batch: int = 64) -> IndexService | None:
     """A read-only `IndexService` on the store's index files, geometry inferred from their size (or given);
     None when the store has no index files."""
-    names = index_names(reader.index_path)
-    if not names:
-        return None
-    assert reader.index_path is not None
-    size = max(os.path.getsize(os.path.join(reader.index_path, n)) for n in names)
-    slots, num = infer_index_geometry(size, getattr(args, "index_slots", None), getattr(args, "index_num", None))
-    svc = IndexService(reader.index_path, slots, num, max_msgs_num_batch=max_batch, read_only=True)
-    svc.load(True)
-    return svc
+    try:
+        return inspection.open_index(reader, getattr(args, "index_slots", None), getattr(args, "index_num", None),
+                                     max_batch, GEOMETRY_HINT)
+    except InspectionError as e:
+        raise CliError(_message(e.message)) from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -161,291 +99,20 @@ def open_index(reader: StoreReader, args: argparse.Namespace, max_batch: int = 6
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class QueueStats:
-    """Queue offsets seen for one (topic, queue) in commitlog records."""
-
-    min_offset: int
-    max_offset: int  # one past the highest queue offset, like a consume queue's max offset
-    count: int = 1
-
-
-@dataclass
-class CommitLogScan:
-    """What one pass over every commitlog segment found."""
-
-    segments: list[SegmentInfo]
-    queues: dict[tuple[str, int], QueueStats] = field(default_factory=dict)
-    damage: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    min_offset: int = 0
-    max_offset: int = 0
-
-    @property
-    def records(self) -> int:
-        return sum(s.records for s in self.segments)
-
-
-def scan_segment(mf: MappedFile, check_crc: bool, progress: Progress,
-                 queues: dict[tuple[str, int], QueueStats]) -> SegmentInfo:
-    """`StoreReader`'s segment walk, counting queue offsets on the way (for stores without queues)."""
-
-    def count(req: codec.DispatchRequest) -> None:
-        if req is None or not is_dispatched(req.sys_flag):
-            return
-        key = (req.topic, req.queue_id)
-        qs = queues.get(key)
-        qo = req.consume_queue_offset
-        if qs is None:
-            queues[key] = QueueStats(qo, qo + 1)
-        else:
-            qs.count += 1
-            if qo < qs.min_offset:
-                qs.min_offset = qo
-            if qo >= qs.max_offset:
-                qs.max_offset = qo + 1
-
-    info = reader_scan_segment(mf, check_crc, count, progress.advance)
-    return SegmentInfo(info.name, info.from_offset, mf.mapped_size, info.valid_end, info.records,
-                       info.ends_with_blank, info.damage)
-
-
-def scan_commit_log(reader: StoreReader, check_crc: bool, progress_enabled: bool) -> CommitLogScan:
-    """Scan every segment: valid ends, records, BLANKs, damage (and CRCs with `check_crc`)."""
-    files = list(reader.commit_log.mapped_files)
-    scan = CommitLogScan([])
-    total = sum(mf.mapped_size for mf in files)
-    desc = "inspect (CRC)" if check_crc else "inspect"
-    with Progress(total, desc, progress_enabled) as progress:
-        for mf in files:
-            scan.segments.append(scan_segment(mf, check_crc, progress, scan.queues))
-    size = reader.file_size
-    end = scan.min_offset = files[0].file_from_offset if files else 0
-    ended = False
-    for i, seg in enumerate(scan.segments):
-        last = i == len(scan.segments) - 1
-        if seg.damage:
-            scan.damage.append(f"commitlog {seg.name}: {seg.damage} at offset {seg.valid_end}"
-                               + ("" if last else "; the rest of it and later segments are unreachable"))
-        elif not seg.ends_with_blank and not last:
-            scan.damage.append(f"commitlog {seg.name}: records end at offset {seg.valid_end} without the "
-                               "BLANK end-of-file record; later segments are unreachable")
-        if seg.file_size < size:
-            scan.notes.append(f"commitlog {seg.name} is {seg.file_size} bytes, shorter than the segment size "
-                              f"{size}" + ("" if last else " (not the last file)"))
-            if not last:
-                scan.damage.append(f"commitlog {seg.name}: truncated to {seg.file_size} bytes")
-        if not last:
-            nxt = scan.segments[i + 1].from_offset
-            if nxt != seg.from_offset + size:
-                scan.damage.append(f"commitlog: segment {seg.name} is followed by {scan.segments[i + 1].name}, "
-                                   f"expected {seg.from_offset + size:020d} (missing or misplaced files)")
-        if not ended:
-            end = seg.valid_end
-            ended = not seg.ends_with_blank
-    scan.max_offset = end
-    return scan
-
-
-def _present(path: str) -> bool:
-    # Only stat: opening and closing the lock file would drop an fcntl lock this process holds on it.
-    return os.path.exists(path)
-
-
-def inspect_lock_abort(root: str) -> dict[str, Any]:
-    """The `lock` and `abort` files: presence, sizes and abort's PID (and whether that process runs)."""
-    lock = os.path.join(root, "lock")
-    abort = os.path.join(root, "abort")
-    out: dict[str, Any] = {
-        "lock": {"present": _present(lock), "size": os.path.getsize(lock) if _present(lock) else None},
-        "abort": {"present": _present(abort), "pid": None, "running": None,
-                  "bakPresent": _present(abort + ".bak")},
-    }
-    if out["abort"]["present"]:
-        with open(abort, "rb") as f:
-            text = f.read(64).decode("ascii", "replace").strip()
-        if text.isdigit():
-            pid = int(text)
-            out["abort"]["pid"] = pid
-            out["abort"]["running"] = _pid_running(pid)
-    return out
-
-
-def _pid_running(pid: int) -> bool | None:
-    if pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return None
-    return True
-
-
-def inspect_checkpoint(reader: StoreReader) -> dict[str, Any] | None:
-    """The five checkpoint values (and the three timestamps as ISO local time)."""
-    cp = reader.checkpoint()
-    if cp is None:
-        return None
-    path = os.path.join(reader.root or "", "checkpoint")
-    out: dict[str, Any] = {"path": path, "size": os.path.getsize(path)}
-    try:
-        for name, attr in zip(_CHECKPOINT_FIELDS, _CHECKPOINT_ATTRS, strict=True):
-            out[name] = int(getattr(cp, attr))
-    finally:
-        close = getattr(cp, "shutdown", None)
-        if close is not None:
-            close()
-    for name in _CHECKPOINT_FIELDS[:3]:
-        out[name.replace("Timestamp", "Time")] = iso_local(out[name])
-    return out
-
-
-def inspect_topics_from_queues(reader: StoreReader) -> list[dict[str, Any]]:
-    """Topics and queues from the consume queue files: min/max queue offsets and message counts."""
-    out = []
-    for topic in reader.topics():
-        queues = []
-        for qid in reader.queue_ids(topic):
-            cq = reader.consume_queue(topic, qid)
-            if cq is None:
-                continue
-            lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
-            queues.append({"queueId": qid, "minOffset": lo, "maxOffset": hi, "count": max(hi - lo, 0),
-                           "files": len(cq.mapped_file_queue.mapped_files)})
-        out.append({"topic": topic, "queues": queues})
-    return out
-
-
-def inspect_topics_from_scan(scan: CommitLogScan) -> list[dict[str, Any]]:
-    """Topics and queues as the commitlog records give them (for a directory without consume queues)."""
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (topic, qid), qs in sorted(scan.queues.items()):
-        by_topic.setdefault(topic, []).append(
-            {"queueId": qid, "minOffset": qs.min_offset, "maxOffset": qs.max_offset, "count": qs.count})
-    return [{"topic": t, "queues": q} for t, q in by_topic.items()]
-
-
-def inspect_index(reader: StoreReader, args: argparse.Namespace) -> dict[str, Any] | None:
-    """Index files: name, size and header (begin/end timestamp and phy offset, hashSlotCount, indexCount)."""
-    path = reader.index_path
-    if not path or not os.path.isdir(path):
-        return None
-    names = index_names(path)
-    files = []
-    for name in names:
-        fp = os.path.join(path, name)
-        with open(fp, "rb") as f:
-            head = f.read(INDEX_HEADER_SIZE)
-        size = os.path.getsize(fp)
-        if len(head) < INDEX_HEADER_SIZE:
-            head = head + bytes(INDEX_HEADER_SIZE - len(head))
-        bt, et, bp, ep, hsc, ic = _INDEX_HEADER.unpack(head)
-        files.append({"name": name, "size": size, "beginTimestamp": bt, "beginTime": iso_local(bt),
-                      "endTimestamp": et, "endTime": iso_local(et), "beginPhyOffset": bp, "endPhyOffset": ep,
-                      "hashSlotCount": hsc, "indexCount": ic, "entries": max(ic - 1, 0)})
-    out: dict[str, Any] = {"path": path, "hashSlotNum": None, "indexNum": None, "geometry": None,
-                           "files": files, "error": None}
-    if files:
-        given = getattr(args, "index_slots", None) is not None or getattr(args, "index_num", None) is not None
-        try:
-            slots, num = infer_index_geometry(max(f["size"] for f in files), getattr(args, "index_slots", None),
-                                              getattr(args, "index_num", None))
-            out.update(hashSlotNum=slots, indexNum=num, geometry="given" if given else "inferred")
-        except CliError as e:
-            out["error"] = e.message
-    return out
-
-
-def _load_config(path: str) -> tuple[Any, str | None]:
-    """(parsed document or None, error) for one config file, read leniently (main file, then `.bak`)."""
-    try:
-        text = read_config_file(path)
-    except ConfigFileError as e:
-        return None, str(e)
-    except OSError as e:
-        return None, describe_os_error(e)
-    if text is None:
-        return None, None
-    try:
-        return fastjson_loads(text), None
-    except ConfigFileError as e:
-        return None, str(e)
-
-
-def inspect_config(root: str) -> dict[str, Any] | None:
-    """The broker's config files: which exist, topic count of topics.json, groups in consumerOffset.json."""
-    cdir = os.path.join(root, "config")
-    if not os.path.isdir(cdir):
-        return None
-    out: dict[str, Any] = {"path": cdir, "files": {}}
-    for name in (TOPICS_FILE, CONSUMER_OFFSET_FILE, SUBSCRIPTION_GROUP_FILE, DELAY_OFFSET_FILE):
-        fp = os.path.join(cdir, name)
-        info: dict[str, Any] = {"present": os.path.exists(fp), "bakPresent": os.path.exists(fp + ".bak")}
-        if not info["present"] and not info["bakPresent"]:
-            out["files"][name] = info
-            continue
-        doc, error = _load_config(fp)
-        info["error"] = error
-        if isinstance(doc, dict):
-            if name == TOPICS_FILE:
-                table_ = doc.get("topicConfigTable")
-                info["topics"] = len(table_) if isinstance(table_, dict) else 0
-            elif name == CONSUMER_OFFSET_FILE:
-                offsets = doc.get("offsetTable")
-                groups: dict[str, set[str]] = {}
-                if isinstance(offsets, dict):
-                    for key in offsets:
-                        topic, sep, group = str(key).partition(TOPIC_GROUP_SEPARATOR)
-                        if sep:
-                            groups.setdefault(group, set()).add(topic)
-                info["groups"] = {g: sorted(t) for g, t in sorted(groups.items())}
-            elif name == SUBSCRIPTION_GROUP_FILE:
-                table_ = doc.get("subscriptionGroupTable")
-                info["groups"] = len(table_) if isinstance(table_, dict) else 0
-            elif name == DELAY_OFFSET_FILE:
-                offsets = doc.get("offsetTable")
-                info["levels"] = len(offsets) if isinstance(offsets, dict) else 0
-        out["files"][name] = info
-    return out
-
-
 def collect_inspection(reader: StoreReader, args: argparse.Namespace) -> dict[str, Any]:
-    """Everything `inspect` reports, as one JSON-ready dict."""
-    scan = scan_commit_log(reader, args.crc, progress_enabled(args))
-    root = reader.root
-    report: dict[str, Any] = {"path": os.path.abspath(args.path), "kind": "store" if root else "commitlog",
-                              "root": root, "commitLogPath": reader.commit_log_path}
-    if root:
-        report.update(inspect_lock_abort(root))
-    else:
-        report.update(lock=None, abort=None)
-    report["checkpoint"] = inspect_checkpoint(reader)
-    report["commitlog"] = {
-        "path": reader.commit_log_path, "fileSize": reader.file_size, "crcChecked": bool(args.crc),
-        "minOffset": scan.min_offset, "maxOffset": scan.max_offset, "records": scan.records,
-        "segments": [{"name": s.name, "fromOffset": s.from_offset, "size": s.file_size, "validEnd": s.valid_end,
-                      "records": s.records, "endsWithBlank": s.ends_with_blank, "damage": s.damage or None}
-                     for s in scan.segments],
-    }
-    cqp = reader.consume_queue_path
-    if cqp and os.path.isdir(cqp):
-        report["topicsSource"] = "consumequeue"
-        report["topics"] = inspect_topics_from_queues(reader)
-    else:
-        report["topicsSource"] = "commitlog"
-        report["topics"] = inspect_topics_from_scan(scan)
-    report["index"] = inspect_index(reader, args)
-    report["config"] = inspect_config(root) if root else None
-    notes = list(scan.notes)
-    if report["index"] and report["index"]["error"]:
-        notes.append(f"index: {report['index']['error']}")
-    report["damage"] = scan.damage
-    report["notes"] = notes
-    report["ok"] = not scan.damage
+    """Everything `inspect` reports, as one JSON-ready dict (`inspection.collect_inspection`), with a
+    progress bar on a terminal."""
+    desc = "inspect (CRC)" if args.crc else "inspect"
+    with Progress(inspection.commit_log_bytes(reader), desc, progress_enabled(args)) as bar:
+        report = inspection.collect_inspection(
+            reader, args.path, check_crc=args.crc, progress=bar.advance,
+            hash_slot_num=getattr(args, "index_slots", None), index_num=getattr(args, "index_num", None),
+            hint=GEOMETRY_HINT)
+    idx = report["index"]
+    if idx and idx["error"]:
+        idx["error"] = _message(idx["error"])
+        report["notes"] = [f"index: {_message(n.removeprefix('index: '))}" if n.startswith("index: ") else n
+                           for n in report["notes"]]
     return report
 
 
@@ -562,37 +229,16 @@ def configure_inspect(p: argparse.ArgumentParser) -> None:
 
 def message_at(reader: StoreReader, offset: int) -> MessageExt:
     """The message whose record starts at commitlog `offset`; `CliError` saying why when there is none."""
-    mf = reader.commit_log.find_mapped_file_by_offset(offset)
-    if mf is None:
-        lo = reader.commit_log.get_min_offset()
-        hi = reader.commit_log.get_max_offset()
-        raise CliError(f"commitlog offset {offset} is outside the commitlog files [{max(lo, 0)}, {hi})")
-    pos = offset - mf.file_from_offset
-    if pos + 8 > mf.mapped_size or _is_zero(mf.view, pos):
-        raise CliError(f"no record starts at commitlog offset {offset} (never-written space)")
     try:
-        msg = codec.decode_message(mf.view, pos, limit=mf.mapped_size)
-    except codec.CorruptRecordError as e:
-        raise CliError(f"no message starts at commitlog offset {offset}: {e.reason}") from None
-    if msg.commit_log_offset != offset:
-        notice(f"warning: the record at {offset} says its offset is {msg.commit_log_offset} "
-              "(a copied or relocated commitlog?)")
-    return msg
+        return inspection.message_at(reader, offset, _warn)
+    except InspectionError as e:
+        raise CliError(e.message) from None
 
 
-def iter_scan(reader: StoreReader, progress_enabled: bool, desc: str) -> Iterator[tuple[int, codec.CheckResult]]:
+def iter_scan(reader: StoreReader, progress_enabled: bool, desc: str) -> Iterator[tuple[int, Any]]:
     """`reader.iter_records()` with a progress bar; reports on stderr where damage stopped the scan."""
-    files = reader.commit_log.mapped_files
-    total = sum(mf.mapped_size for mf in files)
-    last = reader.min_offset()
-    with Progress(total, desc, progress_enabled) as progress:
-        for off, r in reader.iter_records():
-            if not r.success:
-                notice(f"warning: scan stopped at commitlog offset {off}: {r.reason or 'unreadable record'}")
-                return
-            progress.advance(off + r.size - last)
-            last = off + r.size
-            yield off, r
+    with Progress(inspection.commit_log_bytes(reader), desc, progress_enabled) as bar:
+        yield from inspection.iter_scan(reader, bar.advance, _warn)
 
 
 def _body_mode(args: argparse.Namespace) -> str:
@@ -630,9 +276,9 @@ def run_msg(args: argparse.Namespace) -> int:
     offset = args.offset
     if args.id is not None:
         try:
-            _host, _port, offset = codec.decode_message_id(args.id)
-        except codec.MessageIdError as e:
-            raise CliError(f"{e} (an offsetMsgId: store address + port + commitlog offset)") from None
+            offset = inspection.offset_of_message_id(args.id)
+        except InspectionError as e:
+            raise CliError(e.message) from None
     with open_reader(args) as reader:
         try:
             msg = message_at(reader, offset)
@@ -671,67 +317,18 @@ def configure_msg(p: argparse.ArgumentParser) -> None:
 # -- query ------------------------------------------------------------------------------------------
 
 
-def _matches_key(msg: MessageExt, topic: str, key: str) -> bool:
-    return msg.topic == topic and (msg.uniq_key == key or key in msg.keys_list())
-
-
-def query_by_index(reader: StoreReader, idx: IndexService, topic: str, key: str, max_num: int, begin: int,
-                   end: int) -> list[MessageExt]:
-    """The newest `max_num` messages of `topic` with key `key` stored in [begin, end], via the index.
-
-    The index holds hashes: every candidate is read back and kept only if its topic and key match.
-    """
-    candidates = idx.query_offset(topic, key, idx.max_msgs_num_batch, begin, end).phy_offsets
-    found: dict[int, MessageExt] = {}
-    for off in candidates:  # newest first
-        if off in found:
-            continue
-        m = reader.look_message_by_offset(off)
-        if m is not None and _matches_key(m, topic, key) and begin <= m.store_timestamp <= end:
-            found[off] = m
-            if len(found) >= max_num:
-                break
-    return [found[o] for o in sorted(found)]
-
-
-def query_by_scan(reader: StoreReader, topic: str, key: str, max_num: int, begin: int, end: int,
-                  progress_enabled: bool) -> list[MessageExt]:
-    """The newest `max_num` messages of `topic` with key `key` stored in [begin, end], by a commitlog scan."""
-    found: collections.deque[int] = collections.deque(maxlen=max_num)
-    for off, r in iter_scan(reader, progress_enabled, "query (scan)"):
-        req = r.request
-        if req is None or req.topic != topic or not begin <= req.store_timestamp <= end:
-            continue
-        if req.uniq_key == key or (req.keys and key in req.keys.split(codec.KEY_SEPARATOR)):
-            found.append(off)
-    out = []
-    for off in found:
-        m = reader.look_message_by_offset(off)
-        if m is not None:
-            out.append(m)
-    return out
-
-
 def run_query(args: argparse.Namespace) -> int:
     if args.max <= 0:
         raise CliError("--max must be positive")
-    begin = args.begin if args.begin is not None else 0
-    end = args.end if args.end is not None else MAX_TIMESTAMP
     with open_reader(args) as reader:
-        try:
-            idx = None if args.scan else open_index(reader, args, max_batch=max(64, 4 * args.max))
-        except CliError as e:
-            raise CliError(f"{e.message} (or query with --scan)") from None
-        try:
-            if idx is not None:
-                msgs = query_by_index(reader, idx, args.topic, args.key, args.max, begin, end)
-                how = "index"
-            else:
-                msgs = query_by_scan(reader, args.topic, args.key, args.max, begin, end, progress_enabled(args))
-                how = "scan"
-        finally:
-            if idx is not None:
-                idx.shutdown()
+        with Progress(inspection.commit_log_bytes(reader), "query (scan)", progress_enabled(args)) as bar:
+            try:
+                msgs, how = inspection.query_messages(
+                    reader, args.topic, args.key, args.max, args.begin, args.end, scan=args.scan,
+                    hash_slot_num=args.index_slots, index_num=args.index_num, progress=bar.advance, warn=_warn,
+                    hint=GEOMETRY_HINT)
+            except InspectionError as e:
+                raise CliError(f"{_message(e.message)} (or query with --scan)") from None
         out = stdout()
         if args.json:
             doc = {"topic": args.topic, "key": args.key, "how": how, "count": len(msgs),
@@ -773,64 +370,25 @@ def configure_query(p: argparse.ArgumentParser) -> None:
 # -- dump -------------------------------------------------------------------------------------------
 
 
-def dump_via_queues(reader: StoreReader, topic: str, queue_ids: list[int], from_offset: int) -> Iterator[MessageExt]:
-    """Messages of the given consume queues, merged in commitlog order (each queue from `from_offset`)."""
-    missing = 0
-
-    def one(qid: int) -> Iterator[tuple[int, int, MessageExt]]:
-        nonlocal missing
-        for _qo, m in reader.iter_queue(topic, qid, from_offset):
-            if m is None:
-                missing += 1
-                continue
-            yield m.commit_log_offset, qid, m
-
-    for _off, _qid, m in heapq.merge(*(one(q) for q in queue_ids)):
-        yield m
-    if missing:
-        notice(f"warning: {missing} consume queue entries point at commitlog data that is gone")
-
-
-def dump_via_scan(reader: StoreReader, topic: str, queue_id: int | None, from_offset: int,
-                  progress_enabled: bool) -> Iterator[MessageExt]:
-    """Messages of `topic` (and queue) found by scanning the commitlog, as the consume queues would hold
-    them (transaction PREPARED and ROLLBACK records are skipped)."""
-    for off, r in iter_scan(reader, progress_enabled, "dump (scan)"):
-        req = r.request
-        if req is None or req.topic != topic or not is_dispatched(req.sys_flag):
-            continue
-        if queue_id is not None and req.queue_id != queue_id:
-            continue
-        if req.consume_queue_offset < from_offset:
-            continue
-        m = reader.look_message_by_offset(off, r.size)
-        if m is not None:
-            yield m
-
-
 def run_dump(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
     with open_reader(args) as reader:
-        queues = reader.queue_ids(args.topic)
-        if args.queue is not None:
-            queues = [q for q in queues if q == args.queue]
-        if queues:
-            how = "consume queue"
-            msgs = dump_via_queues(reader, args.topic, queues, args.from_offset)
-        else:
-            how = "commitlog scan"
-            msgs = dump_via_scan(reader, args.topic, args.queue, args.from_offset, progress_enabled(args))
-        out = stdout()
-        n = 0
-        for m in msgs:
-            if args.limit is not None and n >= args.limit:
-                break
-            out.write(_json_line(m, args.body) + "\n")
-            n += 1
-        out.flush()
-        if hasattr(msgs, "close"):
-            msgs.close()
+        with Progress(inspection.commit_log_bytes(reader), "dump (scan)", progress_enabled(args)) as bar:
+            how, msgs = inspection.dump_messages(reader, args.topic, args.queue, args.from_offset,
+                                                 progress=bar.advance, warn=_warn)
+            out = stdout()
+            n = 0
+            try:
+                for m in msgs:
+                    if args.limit is not None and n >= args.limit:
+                        break
+                    out.write(_json_line(m, args.body) + "\n")
+                    n += 1
+                out.flush()
+            finally:
+                if hasattr(msgs, "close"):
+                    msgs.close()
     where = args.topic if args.queue is None else f"{args.topic} queue {args.queue}"
     notice(f"dump: {n} message(s) of {where} via {how}")
     return EXIT_OK

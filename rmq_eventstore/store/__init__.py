@@ -15,6 +15,7 @@ from .message_store import (
     MessageStore,
     QueryMessageResult,
     StoreLockedError,
+    lock_holder,
 )
 from .reader import StoreReader
 
@@ -22,5 +23,5 @@ __all__ = [
     "AppendMessageResult", "AppendMessageStatus", "CorruptRecordError", "DispatchRequest", "EncodeError",
     "FlushDiskType", "GetMessageResult", "GetMessageStatus", "Message", "MessageExt", "MessageFilter",
     "MessageStore", "PutMessageResult", "PutMessageStatus", "QueryMessageResult", "StoreConfig",
-    "StoreLoadError", "StoreLockedError", "StoreReader",
+    "StoreLoadError", "StoreLockedError", "StoreReader", "lock_holder",
 ]

@@ -11,6 +11,8 @@ import fcntl
 import logging
 import os
 import shutil
+import struct
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +58,60 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4  # queues recorded in topics.json for a topic creat
 
 
 class StoreLockedError(RuntimeError):
-    """Another process (or another MessageStore in this one) already owns the store directory."""
+    """Another process (or another MessageStore in this one) already owns the store directory; `pid` is
+    the owner's process id when it could be told (`lock_holder`), else None."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
+# struct flock of 64-bit Linux (l_type, l_whence, l_start, l_len, l_pid), for F_GETLK
+_FLOCK = struct.Struct("@hhqqi4x") if sys.platform.startswith("linux") and struct.calcsize("l") == 8 else None
+
+
+def lock_holder(path: str | os.PathLike[str]) -> int | None:
+    """The pid of the process holding the lock of the store at `path` (this process's own pid when a
+    MessageStore here owns it); None when nobody holds it or it cannot be told.
+
+    The POSIX record lock on byte 0 (the one every owner takes, a Java broker too) is asked about with
+    F_GETLK, which locks nothing. Elsewhere than 64-bit Linux, the pid in `abort` is trusted when that
+    process is running.
+    """
+    root = os.fspath(path)
+    lock = os.path.join(root, "lock")
+    try:
+        st = os.stat(lock)
+    except OSError:
+        return None
+    with _OWNED_LOCK:
+        if (st.st_dev, st.st_ino) in _OWNED:
+            return os.getpid()  # (and never open the file: closing it would drop our own lock)
+    if _FLOCK is not None:
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            got = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+            l_type, _whence, _start, _len, pid = _FLOCK.unpack(got)
+        except OSError:
+            pass
+        else:
+            return pid if l_type != fcntl.F_UNLCK and pid > 0 else None
+        finally:
+            os.close(fd)
+    try:
+        with open(os.path.join(root, "abort")) as f:
+            pid = int(f.read(32).strip() or "0")
+        if pid > 0:
+            os.kill(pid, 0)
+            return pid
+    except PermissionError:
+        return pid
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 @dataclass
@@ -163,9 +218,13 @@ class MessageStore:
         self.shutdown()
 
     def _refuse(self) -> StoreLockedError:
+        root = self.config.store_path_root_dir
+        pid = lock_holder(root)
+        held = "the lock file is held" + ("" if pid is None else f" by pid {pid}"
+                                          + (", this process" if pid == os.getpid() else ""))
         return StoreLockedError(
-            f"store {self.config.store_path_root_dir} is already open in another process or MessageStore "
-            "(the lock file is held); one process owns a store - talk to it through its broker")
+            f"store {root} is already open in another process or MessageStore "
+            f"({held}); one process owns a store - talk to it through its broker", pid)
 
     def _acquire_lock(self) -> None:
         root = self.config.store_path_root_dir
@@ -175,8 +234,9 @@ class MessageStore:
         try:
             st = os.stat(self.config.lock_path)
             with _OWNED_LOCK:
-                if (st.st_dev, st.st_ino) in _OWNED:
-                    raise self._refuse()
+                owned = (st.st_dev, st.st_ino) in _OWNED
+            if owned:
+                raise self._refuse()  # (outside _OWNED_LOCK: _refuse asks lock_holder, which takes it)
         except FileNotFoundError:
             pass
         fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)

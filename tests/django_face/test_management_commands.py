@@ -260,8 +260,8 @@ def test_serve_refuses_a_store_this_process_has_open(store_dir: Path) -> None:
 # -- serve ---------------------------------------------------------------------------------------------
 def test_serve_answers_clients_and_stops_on_sigterm(tmp_path: Path) -> None:
     path = tmp_path / "served"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.django.settings",
-           "RMQ_EVENTSTORE_TEST_STORE": str(path), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.django_face.settings",
+           "RMQ_TEST_STORE_URL": f"file://{path}", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "django", "eventstore", "serve", "--namesrv-port", "0",
                              "--broker-port", "0", "--log-level", "WARNING"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

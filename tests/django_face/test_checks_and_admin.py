@@ -124,3 +124,16 @@ def test_admin_detail_page_is_read_only(admin_client, admin_events):
     assert r.status_code == 302  # Django's "doesn't exist" redirect to the admin index
     r = admin_client.post(f"/admin/testapp/orderevent/{e.msg_id}/delete/")
     assert r.status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_date_hierarchy_from_store_times(admin_client, admin_events, monkeypatch):
+    from django.contrib import admin as django_admin
+
+    model_admin = django_admin.site._registry[OrderEvent]
+    monkeypatch.setattr(model_admin, "date_hierarchy", "stored_at")
+    year = OrderEvent.objects.first().stored_at.year  # append results carry no store time
+    r = admin_client.get("/admin/testapp/orderevent/")
+    assert r.status_code == 200 and f"?stored_at__year={year}" in r.content.decode()
+    r = admin_client.get(f"/admin/testapp/orderevent/?stored_at__year={year}")
+    assert r.status_code == 200 and "60 order events" in r.content.decode()

@@ -57,7 +57,11 @@ class PullConsumer:
         self.message_model = message_model
         self._subs: dict[str, str] = {}
         self._subs_lock = threading.Lock()
-        self._base = _ConsumerBase(namesrv_addr, self, timeout_ms / 1000.0, access_key, secret_key)
+        self._base = self._make_base(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
+
+    def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
+                   secret_key: str | None) -> _ConsumerBase:
+        return _ConsumerBase(namesrv_addr, self, timeout, access_key, secret_key)
 
     @property
     def client_id(self) -> str:

@@ -217,7 +217,9 @@ def _enqueue(store: MessageStore, ts: TimerMessageStore) -> None:
     """Let the enqueue read everything on the timer topic (a call reads at most one pull's worth)."""
     store.wait_for_dispatch()
     while ts.queue_offset < store.get_max_offset_in_queue(TIMER_TOPIC, 0):
+        before = ts.queue_offset
         ts.enqueue_once()
+        assert ts.queue_offset > before, f"the enqueue is stuck at {before}"
 
 
 def _turn_until(ts: TimerMessageStore, clock: _Clock) -> None:

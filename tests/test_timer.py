@@ -296,7 +296,7 @@ class _Killed(Exception):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_random_interleavings_of_sends_services_checkpoints_and_kills(plain_store: MessageStore, clock: _Clock,
+def test_random_interleavings_of_sends_services_checkpoints_and_crashes(plain_store: MessageStore, clock: _Clock,
                                                                       seed: int) -> None:
     """A model check of the restart path: sends, enqueue batches, ticks, checkpoints and kills (also between
     a unit and its slot, inside a tick and inside an enqueue batch) in a random order under the moved clock,

@@ -131,6 +131,7 @@ class TimerMessageStore:
         self.queue_offset = 0
         self.read_time_ms = 0
         self._skip_until_phy = -1  # commitlog offsets up to this one are already in the timer log
+        self._replay_from = 0  # the checkpoint's timer-log position while the enqueue is still skipping
         self._dedup_until_ms = 0  # ticks up to this time may have been delivered before a crash
         self.delivered = 0
         self.enqueued = 0
@@ -142,16 +143,23 @@ class TimerMessageStore:
         cp = self.checkpoint
         self.queue_offset = cp.last_timer_queue_offset
         now = int(time.time() * 1000)
-        self.read_time_ms = (cp.last_read_time_ms or now) // self.precision_ms * self.precision_ms
         replayed = 0
+        earliest = now
+        self._replay_from = cp.last_timer_log_flush_pos
         for pos, unit in self.timer_log.iter_from(cp.last_timer_log_flush_pos):
             slot = self.wheel.get(unit.deliver_ms)
             if slot.last_pos < pos:
                 self.wheel.put(unit.deliver_ms, slot.first_pos if slot.num else pos, pos, slot.num + 1)
                 replayed += 1
             self._skip_until_phy = max(self._skip_until_phy, unit.offset_py)
-        # a restart: ticks due by now may have been delivered before the store stopped
-        self._dedup_until_ms = now if cp.counter else 0
+            earliest = min(earliest, unit.deliver_ms)
+        # Without a checkpoint (killed before the first one was written) the wheel is read again from its
+        # earliest unit: starting at `now` would skip the ticks due while the broker was down.
+        self.read_time_ms = (cp.last_read_time_ms or earliest) // self.precision_ms * self.precision_ms
+        # Ticks due by now may have been delivered before the store stopped; so may the timers the enqueue
+        # delivered at once (their tick had passed), which have no unit. That holds with or without a
+        # checkpoint: a process killed before its first one may have delivered timers too.
+        self._dedup_until_ms = now
         if replayed:
             log.info("timer store: %d timer-log units replayed onto the wheel", replayed)
 
@@ -197,6 +205,10 @@ class TimerMessageStore:
                 if m.commit_log_offset > self._skip_until_phy:
                     self._enqueue(m)
                     n += 1
+                if m.commit_log_offset >= self._skip_until_phy:
+                    # past every message whose unit was replayed at load: from here on the units of the
+                    # consume-queue entries at or after queue_offset are those after the log's end
+                    self._skip_until_phy = -1
                 self.queue_offset = m.queue_offset + 1
         self.enqueued += n
         return n
@@ -289,7 +301,10 @@ class TimerMessageStore:
         """Flush the timer log and the wheel, then record how far both services got."""
         with self._lock:
             queue_offset = self.queue_offset
-            log_end = self.timer_log.max_offset()
+            # While the enqueue still skips the messages filed before a restart, their units lie between
+            # the loaded checkpoint's position and the end: the checkpoint keeps that position, or a crash
+            # now would restart after them with nothing to skip and file them a second time.
+            log_end = self.timer_log.max_offset() if self._skip_until_phy < 0 else self._replay_from
         self.timer_log.flush()
         self.wheel.flush()
         cp = self.checkpoint

@@ -6,7 +6,7 @@ the same code can talk to a real RocketMQ name server and brokers.
 """
 
 from ..common import Message, MessageExt
-from .admin import Admin
+from .admin import Admin, ConsumeStats, QueueConsumeStats, QueueOffsets
 from .base import TopicRoute
 from .consumer import FOUND, NO_MATCHED_MSG, NO_NEW_MSG, OFFSET_ILLEGAL, PullConsumer, PullResult
 from .pop_consumer import PopConsumer
@@ -16,6 +16,6 @@ from .transaction_producer import TransactionProducer, TransactionSendResult, Tr
 
 __all__ = [
     "ConcurrencyError", "ExtensionNotSupportedError", "FOUND", "NO_MATCHED_MSG", "NO_NEW_MSG", "OFFSET_ILLEGAL", "Admin", "MQBrokerError", "Message", "MessageExt",
-    "PopConsumer", "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
+    "ConsumeStats", "QueueConsumeStats", "QueueOffsets", "PopConsumer", "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
     "TransactionProducer", "TransactionSendResult", "TransactionState",
 ]

@@ -210,18 +210,26 @@ def test_every_page_takes_an_alias(staff: Client, tmp_path: Path) -> None:
 
 
 # -- a real browser --------------------------------------------------------------------------------------
-def _chromium() -> tuple[str, str]:
-    """(chromium, chromedriver); skipped when absent outside CI, a failure under CI."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if os.path.exists("/usr/bin/chromedriver")
-                                              else None)
-    if browser and driver:
-        return browser, driver
-    reason = ("Debian's chromium and chromium-driver are not installed (`make chromium`, or "
-              "`apt-get install -y chromium chromium-driver`)")
+def _cannot_run(reason: str) -> None:
+    """Skip when the browser test cannot run here, but fail under CI (CI=true), where it must run."""
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"CI is set and the browser test cannot run: {reason}")
     pytest.skip(reason)
+
+
+def _chromium() -> tuple[str, str]:
+    """(chromium, chromedriver) of Debian's packages."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if os.path.exists("/usr/bin/chromedriver")
+                                              else None)
+    if not (browser and driver):
+        _cannot_run("Debian's chromium and chromium-driver are not installed (`make chromium`, or "
+                    "`apt-get install -y chromium chromium-driver`)")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        _cannot_run("selenium is not installed (pip install -e '.[dev]')")
+    return str(browser), str(driver)
 
 
 @pytest.fixture

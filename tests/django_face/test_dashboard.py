@@ -134,6 +134,7 @@ def test_groups_show_the_lag_per_queue(staff: Client, events: list[Any], dash_st
         assert f'data-lag="{lag}"' in row and f'<td class="num">{high}</td>' in row
     assert total == 12 - len(ms.queue_ids("orders"))
     assert f'<td class="num" data-lag="{total}">{total}</td>' in block
+    assert "rmq_eventstore_django_reader" not in page  # the QuerySets' reader commits nothing: not a consumer
 
 
 # -- lookup ------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ...client import ExtensionNotSupportedError, MessageExt
 from ...client.remoting_client import MQBrokerError
 from ...common import codec
 from ...remoting import ResponseCode
-from ..connection import EventStore
+from ..connection import READER_GROUP, EventStore
 
 SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "%RETRY%", "%DLQ%", "TBW102", "SCHEDULE_TOPIC_", "TRANS_CHECK_",
                          "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "BenchmarkTest", "DefaultCluster", "broker-")
@@ -34,7 +34,8 @@ def is_system_topic(topic: str) -> bool:
 
 
 def is_system_group(group: str) -> bool:
-    return group.startswith(SYSTEM_GROUP_PREFIXES)
+    """RocketMQ's own groups, and the Django face's reader (it pulls for QuerySets and never commits)."""
+    return group.startswith(SYSTEM_GROUP_PREFIXES) or group == READER_GROUP
 
 
 def ms_to_datetime(ms: Any) -> datetime.datetime | None:

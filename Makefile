@@ -34,8 +34,19 @@ $(JS_CLIENT)/node_modules/.installed: $(JS_CLIENT)/package.json $(JS_CLIENT)/pac
 	npm ci --prefix $(JS_CLIENT) --no-audit --no-fund
 	touch $@
 
+# Debian's chromium and chromium-driver for the dashboard's browser test (tests/django_face/test_dashboard.py),
+# installed only when the driver is missing (the file is the stamp); root runs apt-get itself, others via sudo.
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMEDRIVER):
+	$(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver
+
+## chromium: the browser the dashboard's Selenium test drives (apt-get, when missing)
+.PHONY: chromium
+chromium: $(CHROMEDRIVER)
+
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL)
-test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed lint
+test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed chromium lint
 	$(PY) -m pytest -q
 	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
 

@@ -156,6 +156,11 @@ def requests(topic: str = "orders", group: str = "cg") -> dict[str, tuple[int, d
         "all delay offsets": (RequestCode.GET_ALL_DELAY_OFFSET, {}, b""),
         "create group": (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {},
                          json.dumps({"groupName": "g2"}).encode()),
+        "all groups": (RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}, b""),
+        "runtime info": (RequestCode.GET_BROKER_RUNTIME_INFO, {}, b""),
+        "topic stats": (RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}, b""),
+        "consume stats": (RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic}, b""),
+        "stats history": (RequestCode.GET_BROKER_STATS_HISTORY, {}, b""),
     }
 
 
@@ -204,6 +209,11 @@ MATRIX = {  # request kind -> (writer, reader, boss): True = allowed
     "all offsets": (False, False, True),
     "all delay offsets": (False, False, True),
     "create group": (False, False, True),
+    "all groups": (False, False, True),
+    "runtime info": (False, False, True),
+    "topic stats": (True, True, True),
+    "consume stats": (True, True, True),
+    "stats history": (False, False, True),
 }
 
 
@@ -228,6 +238,16 @@ def test_the_permission_matrix(broker: RunningBroker) -> None:
     code, ext, body = requests("%RETRY%banned")["send"]
     r = b.process(signed(code, ext, WRITER, body), Conn())
     assert r.code == ResponseCode.NO_PERMISSION and "group banned" in (r.remark or "")
+    # statistics follow the topic and group permissions
+    for kind, topic, group, allowed in (("topic stats", "secrets", "cg", False), ("topic stats", "orders", "cg", True),
+                                        ("consume stats", "orders", "banned", False),
+                                        ("consume stats", "secrets", "cg", False)):
+        code, ext, body = requests(topic, group)[kind]
+        r = b.process(signed(code, ext, WRITER, body), Conn())
+        assert (r.code != ResponseCode.NO_PERMISSION) is allowed, (kind, topic, group, r.remark)
+    code, ext, body = requests()["consume stats"]
+    ext = {"consumerGroup": "cg", "topicList": "orders;secrets"}
+    assert b.process(signed(code, ext, WRITER, body), Conn()).code == ResponseCode.NO_PERMISSION
 
 
 def test_white_listed_addresses_need_no_signature(broker: RunningBroker) -> None:

@@ -33,9 +33,11 @@ FAMILIES = {
                               "SEARCH_OFFSET_BY_TIMESTAMP"),
     ClientManageProcessor: ("HEART_BEAT", "UNREGISTER_CLIENT"),
     AdminBrokerProcessor: ("UPDATE_AND_CREATE_TOPIC", "GET_ALL_TOPIC_CONFIG", "GET_ALL_CONSUMER_OFFSET",
-                           "GET_ALL_DELAY_OFFSET", "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP"),
+                           "GET_ALL_DELAY_OFFSET", "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP",
+                           "GET_ALL_SUBSCRIPTIONGROUP_CONFIG", "GET_BROKER_RUNTIME_INFO", "GET_TOPIC_STATS_INFO",
+                           "GET_CONSUME_STATS"),
     EndTransactionProcessor: ("END_TRANSACTION",),
-    ExtensionProcessor: ("GET_BROKER_EXTENSIONS", "QUERY_STREAM"),
+    ExtensionProcessor: ("GET_BROKER_EXTENSIONS", "QUERY_STREAM", "GET_BROKER_STATS_HISTORY"),
     PopMessageProcessor: ("POP_MESSAGE",),
     AckMessageProcessor: ("ACK_MESSAGE", "BATCH_ACK_MESSAGE", "CHANGE_MESSAGE_INVISIBLETIME"),
 }

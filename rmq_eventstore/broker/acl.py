@@ -17,7 +17,9 @@ account and a valid `Signature` (HMAC-SHA1 of its sorted extFields and body, `re
 account's own white address matches. Then the request's resources need the account's permission: sends
 need PUB on the topic, pulls, offsets, queries and heartbeats SUB on the topic and the group (a retry topic
 `%RETRY%<group>` is its group), and administration (creating topics and groups, reading every config)
-needs an admin account. Refusals are `AclError`s whose message names the access key and the resource,
+needs an admin account, and so do the broker-wide statistics (runtime info, the stats history, every
+subscription group); a topic's statistics need SUB on it, a group's consume statistics SUB on the group and
+its topics. Refusals are `AclError`s whose message names the access key and the resource,
 never a secret. The file is read again when it changes (checked at most once a second); a file that cannot
 be read keeps the previous rules and logs why.
 """
@@ -49,6 +51,10 @@ _PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB":
 ADMIN_CODES = frozenset({
     RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
     RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_ALL_CONSUMER_OFFSET, RequestCode.GET_ALL_DELAY_OFFSET,
+    # broker-wide reads: every topic's and group's numbers at once (RocketMQ 5's ACL 2.0 asks for the
+    # cluster or every group; ACL 1.0 has no resource for them): admin accounts only
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, RequestCode.GET_BROKER_RUNTIME_INFO,
+    RequestCode.GET_BROKER_STATS_HISTORY,
 })
 SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})
 
@@ -217,8 +223,13 @@ def resources(cmd: RemotingCommand) -> list[tuple[str, str, int]]:
             if isinstance(a, dict):
                 topic(a.get("t"), SUB)
                 group(a.get("c"))
-    elif code in (RequestCode.QUERY_MESSAGE, RequestCode.QUERY_STREAM):
+    elif code in (RequestCode.QUERY_MESSAGE, RequestCode.QUERY_STREAM, RequestCode.GET_TOPIC_STATS_INFO):
         topic(ext.get("topic"), SUB)
+    elif code == RequestCode.GET_CONSUME_STATS:  # ACL 2.0's GET on the group and its topics
+        group(ext.get("consumerGroup"))
+        topic(ext.get("topic"), SUB)
+        for name in str(ext.get("topicList") or "").split(";"):
+            topic(name, SUB)
     elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
         group(ext.get("consumerGroup"))
     elif code == RequestCode.HEART_BEAT:

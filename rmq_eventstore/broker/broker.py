@@ -11,6 +11,7 @@ A plain object (usable in-process, no sockets) that wires together:
 * POP consumption: `PopService` (pop, ack, change of invisible time, the revive thread);
 * transactions: `TransactionalMessageService` (half messages, ends exactly once per transaction) and the
   `TransactionalMessageCheckService` thread that asks producers about half messages nobody ended;
+* statistics: `BrokerStatsService` (runtime info, and a ring buffer of samples for dashboards' charts);
 * request processors, one per family (`processor/`: send, pull, query, consumer-manage, client-manage,
   admin, end-transaction, name server), reached through ONE table from request code to processor.
 
@@ -53,6 +54,7 @@ from .processor.pull import PullMessageProcessor
 from .processor.query import QueryMessageProcessor
 from .processor.send import SendMessageProcessor
 from .schedule import ScheduleMessageService
+from .stats import BrokerStatsService
 from .stream_version import StreamVersionManager
 from .subscription_group_manager import SubscriptionGroupManager
 from .topic_manager import TopicManager
@@ -100,6 +102,7 @@ class Broker:
         self.pop_service = PopService(self)
         self.transaction_service = TransactionalMessageService(self)
         self.transaction_check_service = TransactionalMessageCheckService(self, self.transaction_service)
+        self.stats_service = BrokerStatsService(self, cfg.stats_sample_interval, cfg.stats_history_size)
         # processors: one table from request code to processor
         self._processors: dict[int, Processor] = {}
         self._namesrv_processors: dict[int, Processor] = {}
@@ -149,6 +152,7 @@ class Broker:
         self.stream_versions.rebuild_reservations(self.transaction_service,
                                                   self.transaction_check_service.open_halves())
         self.transaction_check_service.start()
+        self.stats_service.start()
         self._thread = threading.Thread(target=self._housekeeping, name="BrokerScheduledTasks", daemon=True)
         self._thread.start()
 
@@ -164,6 +168,7 @@ class Broker:
         if self.timer_store is not None:
             self.timer_store.shutdown()
         self.transaction_check_service.shutdown()
+        self.stats_service.shutdown()
         self.offset_manager.persist()
 
     def persist_consumer_offsets(self) -> None:

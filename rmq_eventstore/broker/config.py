@@ -37,6 +37,9 @@ class BrokerConfig:
     # access control (RocketMQ's aclEnable; the plain_acl.yml path is ours: default <store>/config/plain_acl.yml)
     acl_enable: bool = False
     acl_file: str | None = None
+    # the statistics history (ours, GET_BROKER_STATS_HISTORY): one sample every interval (ms), this many kept
+    stats_sample_interval: int = 5000
+    stats_history_size: int = 720
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -9,7 +9,7 @@ store, or starts one, and returns its name-server address for these clients.
 """
 
 from ..common import Message, MessageExt
-from .admin import Admin
+from .admin import Admin, ConsumeStats, QueueConsumeStats, QueueOffsets
 from .base import TopicRoute
 from .cluster_consumer import ClusterConsumer, allocate_averagely
 from .consumer import FOUND, NO_MATCHED_MSG, NO_NEW_MSG, OFFSET_ILLEGAL, PullConsumer, PullResult
@@ -28,8 +28,9 @@ from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
 from .transaction_producer import TransactionProducer, TransactionSendResult, TransactionState
 
 __all__ = [
-    "ClusterConsumer", "allocate_averagely", "ConcurrencyError", "ExtensionNotSupportedError", "FOUND", "LocalBroker", "LocalBrokerError", "NO_MATCHED_MSG", "NO_NEW_MSG", "OFFSET_ILLEGAL", "Admin", "MQBrokerError", "Message", "MessageExt",
-    "PopConsumer", "Producer", "PullConsumer", "PullResult", "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute",
-    "TransactionProducer", "TransactionSendResult", "TransactionState", "ensure_local_broker", "find_local_broker",
-    "parse_url", "resolve_namesrv", "stop_local_broker",
+    "ClusterConsumer", "allocate_averagely", "ConcurrencyError", "ExtensionNotSupportedError", "FOUND", "LocalBroker",
+    "LocalBrokerError", "NO_MATCHED_MSG", "NO_NEW_MSG", "OFFSET_ILLEGAL", "Admin", "MQBrokerError", "Message", "MessageExt",
+    "ConsumeStats", "QueueConsumeStats", "QueueOffsets", "PopConsumer", "Producer", "PullConsumer", "PullResult",
+    "RemotingError", "RemotingTimeoutError", "SendResult", "TopicRoute", "TransactionProducer", "TransactionSendResult",
+    "TransactionState", "ensure_local_broker", "find_local_broker", "parse_url", "resolve_namesrv", "stop_local_broker",
 ]

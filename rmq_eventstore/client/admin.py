@@ -1,16 +1,80 @@
 """`Admin`: the tools' side of the protocol (`MQAdminImpl` / `DefaultMQAdminExt`): create topics,
-list them, look messages up by key or id, queue offsets, a group's consumer offset."""
+list them, look messages up by key or id, queue offsets, a group's consumer offset, and the statistics a
+dashboard shows: a broker's runtime info, a topic's queues, a group's lag per queue (RocketMQ's
+GET_BROKER_RUNTIME_INFO, GET_TOPIC_STATS_INFO, GET_CONSUME_STATS, so they work on Apache RocketMQ too)
+and the broker's sampled history (GET_BROKER_STATS_HISTORY, our extension)."""
 
 from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..common import MessageExt, codec
+from ..common.fastjson import ObjectKey, fastjson_loads
 from ..common.topic import validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase, TopicRoute, decode_records, loads_body
 from .producer import ExtensionNotSupportedError
+
+
+@dataclass(frozen=True)
+class QueueOffsets:
+    """One queue of GET_TOPIC_STATS_INFO's TopicStatsTable (`TopicOffset`)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int
+
+    @property
+    def count(self) -> int:
+        """Messages still stored in the queue."""
+        return max(self.max_offset - self.min_offset, 0)
+
+
+@dataclass(frozen=True)
+class QueueConsumeStats:
+    """One queue of GET_CONSUME_STATS's ConsumeStats (`OffsetWrapper`)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    pull_offset: int
+    last_timestamp: int
+
+    @property
+    def lag(self) -> int:
+        return max(self.broker_offset - self.consumer_offset, 0)
+
+
+@dataclass
+class ConsumeStats:
+    """A group's ConsumeStats from every broker: its queues (sorted by topic, broker, queue) and consume TPS."""
+
+    group: str
+    queues: list[QueueConsumeStats] = field(default_factory=list)
+    consume_tps: float = 0.0
+
+    @property
+    def lag(self) -> int:
+        """RocketMQ's `computeTotalDiff`."""
+        return sum(q.lag for q in self.queues)
+
+
+def _queue_table(body: bytes) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """A fastjson body with an ``offsetTable`` keyed by MessageQueue objects: (document, [(queue, value)])."""
+    doc = fastjson_loads(body or b"{}")
+    rows = []
+    for key, value in (doc.get("offsetTable") or {}).items():
+        mq = key.as_dict() if isinstance(key, ObjectKey) else (json.loads(key) if isinstance(key, str) else {})
+        rows.append((mq, value if isinstance(value, dict) else {}))
+    return doc, rows
 
 
 class Admin:
@@ -163,10 +227,11 @@ class Admin:
                 out += decode_records(r.body)
         return out
 
-    def view_message_at(self, topic: str, commit_log_offset: int) -> MessageExt | None:
-        """The record at `commit_log_offset` on the broker serving `topic` (VIEW_MESSAGE_BY_ID by offset), or
-        None when there is none."""
-        for addr in self._base.route(topic).broker_addrs.values():
+    def view_message_at(self, topic: str | None, commit_log_offset: int) -> MessageExt | None:
+        """The record at `commit_log_offset` on the broker serving `topic` (every broker when `topic` is None)
+        (VIEW_MESSAGE_BY_ID by offset), or None when there is none."""
+        addrs = self._base.route(topic).broker_addrs.values() if topic else self.broker_addresses().values()
+        for addr in addrs:
             r = self._base.invoke(addr, RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID,
                                                                 {"offset": commit_log_offset}),
                                   ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
@@ -175,3 +240,80 @@ class Admin:
                 if msgs:
                     return msgs[0]
         return None
+
+    # -- statistics (dashboards) ------------------------------------------------------------------------
+    def _broker_address(self, broker: str | None) -> str:
+        """`broker` as a name or an address; None: the first broker by name."""
+        brokers = self.broker_addresses()
+        if broker is None:
+            if not brokers:
+                raise LookupError("the name server knows no broker")
+            return brokers[sorted(brokers)[0]]
+        return brokers.get(broker, broker)
+
+    def runtime_info(self, broker: str | None = None) -> dict[str, str]:
+        """A broker's KVTable of GET_BROKER_RUNTIME_INFO (`broker`: a name or address; default the first)."""
+        r = self._base.invoke(self._broker_address(broker),
+                              RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}))
+        table = fastjson_loads(r.body or b"{}").get("table") or {}
+        return {str(k): str(v) for k, v in table.items()}
+
+    def topic_stats(self, topic: str) -> list[QueueOffsets]:
+        """Min and max offset and last store time of every queue of `topic` on every broker serving it
+        (GET_TOPIC_STATS_INFO), sorted by broker and queue."""
+        validate_topic(topic)
+        out: list[QueueOffsets] = []
+        for name, addr in sorted(self._base.route(topic, refresh=True).broker_addrs.items()):
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}))
+            for mq, v in _queue_table(r.body)[1]:
+                out.append(QueueOffsets(str(mq.get("topic", topic)), str(mq.get("brokerName", name)),
+                                        int(mq.get("queueId", 0)), int(v.get("minOffset", 0)),
+                                        int(v.get("maxOffset", 0)), int(v.get("lastUpdateTimestamp", 0))))
+        out.sort(key=lambda q: (q.broker_name, q.queue_id))
+        return out
+
+    def consume_stats(self, group: str, topic: str | None = None) -> ConsumeStats:
+        """`group`'s offsets against every broker's (GET_CONSUME_STATS): of `topic`, or of every topic the
+        group committed offsets on."""
+        stats = ConsumeStats(group)
+        header = {"consumerGroup": group, **({"topic": topic} if topic else {})}
+        for name, addr in sorted(self.broker_addresses().items()):
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.GET_CONSUME_STATS, header))
+            doc, rows = _queue_table(r.body)
+            stats.consume_tps += float(doc.get("consumeTps") or 0.0)
+            for mq, v in rows:
+                stats.queues.append(QueueConsumeStats(
+                    str(mq.get("topic", topic or "")), str(mq.get("brokerName", name)), int(mq.get("queueId", 0)),
+                    int(v.get("brokerOffset", 0)), int(v.get("consumerOffset", 0)), int(v.get("pullOffset", 0)),
+                    int(v.get("lastTimestamp", 0))))
+        stats.queues.sort(key=lambda q: (q.topic, q.broker_name, q.queue_id))
+        return stats
+
+    def consumer_groups(self) -> dict[str, list[str]]:
+        """group → the topics it committed offsets on, from every broker: the subscription groups
+        (GET_ALL_SUBSCRIPTIONGROUP_CONFIG) and the groups of the consumer offsets (GET_ALL_CONSUMER_OFFSET)."""
+        groups: dict[str, set[str]] = {}
+        for addr in self.broker_addresses().values():
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}),
+                                  ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))  # SYSTEM_ERROR: none
+            if r.code == ResponseCode.SUCCESS:
+                for name in (fastjson_loads(r.body or b"{}").get("subscriptionGroupTable") or {}):
+                    groups.setdefault(str(name), set())
+            r = self._base.invoke(addr, RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET, {}),
+                                  ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+            if r.code == ResponseCode.SUCCESS:
+                for key in (fastjson_loads(r.body or b"{}").get("offsetTable") or {}):
+                    topic, sep, group = str(key).partition("@")
+                    if sep:
+                        groups.setdefault(group, set()).add(topic)
+        return {g: sorted(t) for g, t in sorted(groups.items())}
+
+    def stats_history(self, broker: str | None = None, since_ms: int = 0) -> dict[str, Any]:
+        """The broker's samples of the last hour (GET_BROKER_STATS_HISTORY, our extension): ``intervalMillis``
+        and ``samples`` (``t``, ``msgPutTotal``, ``commitLogMaxOffset``, ``dispatchBehindBytes``,
+        ``groupLag``), oldest first. Raises `ExtensionNotSupportedError` against Apache RocketMQ."""
+        addr = self._broker_address(broker)
+        if not self.supports(addr, "statsHistory"):
+            raise ExtensionNotSupportedError(f"broker {addr} keeps no statistics history (an Apache RocketMQ broker?)")
+        r = self._base.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_STATS_HISTORY, {"since": since_ms}))
+        return dict(json.loads(r.body or b"{}"))

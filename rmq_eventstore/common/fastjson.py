@@ -24,6 +24,21 @@ class ConfigFileError(ValueError):
     """A config file (or fastjson text) that cannot be parsed or decoded; the message says where and why."""
 
 
+class ObjectKey(tuple):
+    """A map key that is a Java object, as fastjson writes `Map<MessageQueue, ...>`: the object inline as the
+    key (`{{"brokerName":"b","queueId":0,"topic":"t"}:{...}}`). Hashable: the bean's (field, value) pairs
+    sorted by field; `as_dict()` gives the object back. `fastjson_dumps` writes it inline as that bean."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> ObjectKey:
+        return cls(sorted(fields.items()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
 class Bean(dict):
     """A Java bean for `fastjson_dumps`: fields are written sorted by name and `None` fields are omitted.
 
@@ -140,6 +155,9 @@ class _Writer:
                 out.append(("true" if key else "false") + ":")
             elif isinstance(key, int):
                 out.append(str(int(key)) + ":")
+            elif isinstance(key, ObjectKey):
+                self.bean(Bean(key.as_dict()), inner)
+                out.append(":")
             else:
                 raise TypeError(
                     f"fastjson_dumps cannot write a map key of type {type(key).__name__}: {key!r}"
@@ -266,6 +284,13 @@ class _Parser:
             key: Any
             if ch == '"':
                 key, idx = self.string(idx)
+            elif ch == "{":  # an object as the key (fastjson's Map<MessageQueue, ...>)
+                obj, idx = self.obj(idx)
+                try:
+                    key = ObjectKey.of(obj)
+                    hash(key)
+                except TypeError:
+                    raise self.error("an object key must hold plain values", idx) from None
             else:
                 m = _INT_KEY.match(text, idx)
                 if m is None:

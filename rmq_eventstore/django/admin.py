@@ -108,3 +108,16 @@ class EventModelAdmin(admin.ModelAdmin):
         if not obj.properties:
             return "—"
         return format_html("<pre>{}</pre>", json.dumps(obj.properties, indent=2, ensure_ascii=False))
+
+
+def _register_dashboard() -> None:
+    """The staff dashboard on the default admin site (see ``dashboard.admin``); another site registers
+    ``Dashboard`` with ``DashboardAdmin`` itself."""
+    from .dashboard.admin import DashboardAdmin
+    from .marker import Dashboard
+
+    if not admin.site.is_registered(Dashboard):
+        admin.site.register(Dashboard, DashboardAdmin)
+
+
+_register_dashboard()

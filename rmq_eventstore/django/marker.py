@@ -31,3 +31,14 @@ class EventTransaction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.transaction_id} ({self.get_outcome_display()})"
+
+
+class Dashboard(models.Model):
+    """No table and no permissions: the staff dashboard's entry in the admin (``dashboard.admin``). Registering
+    it gives the admin index its "Dashboard" link and the dashboard its URLs under the admin site."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"

@@ -6,7 +6,8 @@ the model's codec (JSON by default). ``objects`` is an `EventManager`: QuerySets
 (`query.EventQuerySet`) and appends (`append`, `bulk_append`, `aappend`, `abulk_append`).
 
 `EventTransaction` (from ``marker``) is the app's own table (migrated): the marker rows of appends made
-inside ``transaction.atomic()`` (see ``transactions``).
+inside ``transaction.atomic()`` (see ``transactions``). `Dashboard` (no table) is the admin's entry for the
+staff dashboard (``dashboard``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from django.db.models.base import ModelBase
 from django.utils.module_loading import import_string
 
 from ..common.properties import PROPERTY_STREAM_ID, PROPERTY_STREAM_VERSION
-from .marker import EventTransaction
+from .marker import Dashboard, EventTransaction
 from .query import EventQuerySet
 from .transactions import append_events
 
-__all__ = ["EventManager", "EventModel", "EventModelBase", "EventTransaction", "JSONCodec", "RawCodec", "get_codec"]
+__all__ = ["Dashboard", "EventManager", "EventModel", "EventModelBase", "EventTransaction", "JSONCodec", "RawCodec", "get_codec"]
 
 # RocketMQ's own properties (MessageConst) and ours: shown as fields, or bookkeeping, not user properties
 SYSTEM_PROPERTIES = frozenset((

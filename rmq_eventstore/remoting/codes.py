@@ -20,6 +20,7 @@ class RequestCode(enum.IntEnum):
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
     GET_ALL_TOPIC_CONFIG = 21
+    GET_BROKER_RUNTIME_INFO = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31
@@ -37,7 +38,10 @@ class RequestCode(enum.IntEnum):
     GET_ROUTEINFO_BY_TOPIC = 105
     GET_BROKER_CLUSTER_INFO = 106
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
+    GET_TOPIC_STATS_INFO = 202
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
+    GET_CONSUME_STATS = 208
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
     POP_MESSAGE = 200050
@@ -48,6 +52,8 @@ class RequestCode(enum.IntEnum):
     GET_BROKER_EXTENSIONS = 4400
     # our extension: a stream's events in version order (index lookup without RocketMQ's 64-message cap)
     QUERY_STREAM = 4401
+    # our extension: the broker's sampled counters over the last hour (dashboards' charts)
+    GET_BROKER_STATS_HISTORY = 4402
 
 
 class ResponseCode(enum.IntEnum):

@@ -3,7 +3,12 @@ extension requests themselves (QUERY_STREAM, 4401).
 
 Clients ask before using an extension: an Apache RocketMQ broker answers REQUEST_CODE_NOT_SUPPORTED, and
 since it ignores header fields it does not know, a client that skipped the question would have its
-expected-version append stored unchecked. The answer is a JSON object of feature names."""
+expected-version append stored unchecked. The answer is a JSON object of feature names.
+
+GET_BROKER_STATS_HISTORY (4402) answers the samples of `BrokerStatsService` (every few seconds, the last
+hour): ``{"intervalMillis": 5000, "samples": [{"t", "msgPutTotal", "commitLogMaxOffset",
+"dispatchBehindBytes", "groupLag": {group: messages}}, ...]}``, oldest first; ``since`` (ms) keeps the
+samples taken after it."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from ...remoting import RemotingCommand, RequestCode, ResponseCode
 if TYPE_CHECKING:
     from ..broker import Broker
 
-EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1}
+EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1, "statsHistory": 1}
 MAX_STREAM_EVENTS = 100_000  # one answer; a longer stream is read in pages with fromVersion
 
 
@@ -25,7 +30,7 @@ class ExtensionProcessor:
     message of a key, oldest first, as stored records (RocketMQ's QUERY_MESSAGE caps an index lookup at 64
     messages, too few for a stream or a busy key)."""
 
-    CODES = (RequestCode.GET_BROKER_EXTENSIONS, RequestCode.QUERY_STREAM)
+    CODES = (RequestCode.GET_BROKER_EXTENSIONS, RequestCode.QUERY_STREAM, RequestCode.GET_BROKER_STATS_HISTORY)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -33,6 +38,11 @@ class ExtensionProcessor:
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
         if req.code == RequestCode.QUERY_STREAM:
             return self._query_stream(req)
+        if req.code == RequestCode.GET_BROKER_STATS_HISTORY:
+            stats = self.broker.stats_service
+            doc = {"brokerName": self.broker.config.broker_name, "intervalMillis": int(stats.interval * 1000),
+                   "samples": stats.history(req.get_int("since", 0))}
+            return req.response(body=json.dumps(doc, separators=(",", ":")).encode())
         return req.response(body=json.dumps({"broker": "rmq_eventstore", "extensions": EXTENSIONS}).encode())
 
     def _query_stream(self, req: RemotingCommand) -> RemotingCommand:

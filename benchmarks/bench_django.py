@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -233,6 +234,7 @@ def main() -> None:
         connections.close_all()
         with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        shutil.rmtree(tmp, ignore_errors=True)
     out = HERE / "results" / f"django{'-quick' if args.quick else ''}.json"
     out.write_text(json.dumps(result, indent=2))
     plot(result, HERE / "results" / "django.png")

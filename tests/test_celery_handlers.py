@@ -62,7 +62,8 @@ def read_handled(path: Path) -> list[dict]:
 
 @pytest.fixture
 def broker(tmp_path):
-    with serve_in_thread(tmp_path / "store") as rb:
+    with serve_in_thread(tmp_path / "store", mapped_file_size_commit_log=4 << 20,
+                         mapped_file_size_consume_queue=20 * 10_000) as rb:
         with Admin(rb.namesrv_address) as admin:
             admin.create_topic("order-events", 4)
         yield rb

@@ -41,7 +41,7 @@ def call(url: str, body: dict | None = None) -> tuple[int, dict | str]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def shop(request, tmp_path):
-    env = dict(os.environ, SHOP_VAR=str(tmp_path / "var"), PYTHONPATH=str(ROOT), SHOP_DEBUG="0")
+    env = dict(os.environ, SHOP_VAR=str(tmp_path / "var"), PYTHONPATH=str(ROOT), SHOP_DEBUG="0", SHOP_COMMITLOG_MB="4")
     env.pop("DJANGO_SETTINGS_MODULE", None)
     if request.param == "postgres":
         import psycopg

@@ -66,7 +66,9 @@ else:
 RMQ_EVENTSTORE = {
     "default": {
         "URL": os.environ.get("SHOP_STORE_URL", f"file://{VAR / 'store'}"),
-        "OPTIONS": {"PRODUCER_GROUP": "shop"},
+        "OPTIONS": {"PRODUCER_GROUP": "shop",
+                    # commitlog segment size: RocketMQ's 1 GiB by default; SHOP_COMMITLOG_MB for small disks
+                    "BROKER": {"mapped_file_size_commit_log": int(os.environ.get("SHOP_COMMITLOG_MB", "1024")) << 20}},
     },
 }
 

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 PROPERTY_DB_ALIAS = "DJANGO_DB"  # which database holds the marker row (read by the check-back)
 WATCH_INTERVAL = 0.5
-CLEANUP_AFTER_SECONDS = 10.0
+CLEANUP_INTERVAL = 5.0  # seconds between two batched deletions of resolved markers
 
 
 def _keys_list(keys: str | Sequence[str] | None) -> list[str]:
@@ -185,6 +185,19 @@ def decide(db: str, txid: str, store_alias: str = "default", topic: str = "") ->
             conn.close()
 
 
+def _settled(db: str, txid: str) -> TransactionState:
+    """The outcome of a transaction of this process that is over (its ``on_commit`` callback is gone): its
+    marker is committed, or it never will be. Django commits before it clears and runs the callbacks, and a
+    rolled-back transaction or savepoint took its marker with it, so a read decides; no write is needed
+    (which matters on SQLite, where a concurrent write can make another transaction's upgrade fail)."""
+    try:
+        found = EventTransaction.objects.using(db).filter(pk=txid, outcome=EventTransaction.COMMIT).exists()
+    except DatabaseError as e:
+        log.info("transaction %s: marker not readable yet (%s); the check-back settles it", txid, e)
+        return TransactionState.UNKNOWN
+    return TransactionState.COMMIT if found else TransactionState.ROLLBACK
+
+
 def transaction_producer(store: EventStore) -> Any:
     """The store's member of its producer group in this process, answering check-backs from the markers."""
     return store.transaction_producer_with(lambda half: check_transaction(store, half))
@@ -230,6 +243,7 @@ class _Watcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self._cleaned = 0.0
 
     def watch(self, store: EventStore, db: str, sent: Any) -> None:
         conn = connections[db]
@@ -239,9 +253,9 @@ class _Watcher:
             self._end(txid, TransactionState.COMMIT)
 
         p = _Pending(store, db, sent, weakref.ref(conn), on_commit)
+        transaction.on_commit(on_commit, using=db)  # before the sweep can see it pending
         with self._lock:
             self._pending[txid] = p
-        transaction.on_commit(on_commit, using=db)
         self._start()
 
     def _start(self) -> None:
@@ -290,22 +304,35 @@ class _Watcher:
                     connections[alias].close()
 
     def sweep(self) -> None:
+        """Settle appends whose ``on_commit`` callback Django discarded, and clean markers up."""
+        now = time.monotonic()
         with self._lock:
-            pending = [(t, p) for t, p in self._pending.items() if time.monotonic() - p.created > 0.05]
-            committed = [(t, v) for t, v in self._committed.items() if time.monotonic() - v[3] > 1.0]
+            pending = [(t, p) for t, p in self._pending.items() if now - p.created > 0.05]
         for txid, p in pending:
             if p.done or not self._discarded(p):
                 continue
-            state = decide(p.db, txid, p.store.alias, p.sent.topic)
-            if state is TransactionState.UNKNOWN:
-                continue
-            self._end(txid, state)
-            if state is TransactionState.ROLLBACK:
-                self._delete_marker(p.db, txid)
+            self._end(txid, _settled(p.db, txid))
+        if now - self._cleaned >= CLEANUP_INTERVAL:
+            self._cleaned = now
+            self.clean_markers()
+
+    def clean_markers(self) -> None:
+        """Delete, in one statement per database, the markers of committed events now visible in the store
+        (a marker must outlive a lost one-way END: the check-back reads it)."""
+        with self._lock:
+            committed = list(self._committed.items())
+        by_db: dict[str, list[str]] = {}
         for txid, (store, db, topic, _) in committed:
             if self._visible(store, topic, txid):
-                self._delete_marker(db, txid)
-                with self._lock:
+                by_db.setdefault(db, []).append(txid)
+        for db, txids in by_db.items():
+            try:
+                EventTransaction.objects.using(db).filter(pk__in=txids).delete()
+            except DatabaseError as e:
+                log.info("markers not deleted yet: %s", e)
+                continue
+            with self._lock:
+                for txid in txids:
                     self._committed.pop(txid, None)
 
     @staticmethod
@@ -314,13 +341,6 @@ class _Watcher:
             return any(m.uniq_key == txid for m in store.admin.query_message(topic, txid, 4))
         except Exception:
             return False
-
-    @staticmethod
-    def _delete_marker(db: str, txid: str) -> None:
-        try:
-            EventTransaction.objects.using(db).filter(pk=txid).delete()
-        except DatabaseError as e:
-            log.info("marker %s not deleted yet: %s", txid, e)
 
 
 watcher = _Watcher()

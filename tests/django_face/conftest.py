@@ -12,7 +12,10 @@ from django.test import override_settings
 
 from rmq_eventstore.django.connection import EventStore, close_embedded_brokers, stores
 
-BROKER = {"transaction_timeout": 1000, "transaction_check_interval": 500}
+# small files (a test store would otherwise preallocate a 1 GiB commitlog segment) and quick check-backs
+BROKER = {"transaction_timeout": 1000, "transaction_check_interval": 500,
+          "mapped_file_size_commit_log": 4 * 1024 * 1024, "mapped_file_size_consume_queue": 20 * 10_000,
+          "max_hash_slot_num": 4096, "max_index_num": 16_384}
 
 
 @contextlib.contextmanager

@@ -49,7 +49,8 @@ if os.environ.get("RMQ_TEST_DB") == "postgres":
         "HOST": os.environ.get("PGHOST", "127.0.0.1"), "PORT": os.environ.get("PGPORT", "5432"),
     }}
 else:
-    _db_dir = tempfile.mkdtemp(prefix="rmq-django-db-")
+    _db_dir = os.path.join(tempfile.gettempdir(), f"rmq-django-db-{os.getpid()}")
+    os.makedirs(_db_dir, exist_ok=True)
     DATABASES = {"default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("RMQ_TEST_DB_NAME") or os.path.join(_db_dir, "db.sqlite3"),
@@ -58,8 +59,13 @@ else:
 
 RMQ_EVENTSTORE = {
     "default": {
-        "URL": os.environ.get("RMQ_TEST_STORE_URL") or "file://" + tempfile.mkdtemp(prefix="rmq-django-store-"),
+        # tests point the alias at their own tmp_path (conftest.store_at); this default only names a path
+        "URL": os.environ.get("RMQ_TEST_STORE_URL") or "file://" + os.path.join(tempfile.gettempdir(),
+                                                                              f"rmq-django-store-{os.getpid()}"),
         "OPTIONS": {"MODE": "embedded", "PRODUCER_GROUP": "django_tests",
-                    "BROKER": {"transaction_timeout": 1000, "transaction_check_interval": 500}},
+                    "BROKER": {"transaction_timeout": 1000, "transaction_check_interval": 500,
+                               "mapped_file_size_commit_log": 4 * 1024 * 1024,
+                               "mapped_file_size_consume_queue": 20 * 10_000, "max_hash_slot_num": 4096,
+                               "max_index_num": 16_384}},
     },
 }

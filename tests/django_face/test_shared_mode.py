@@ -32,7 +32,8 @@ READER = textwrap.dedent("""
 @pytest.fixture
 def shared_store(tmp_path):
     path = tmp_path / "store"
-    conf = {"default": {"URL": f"file://{path}", "OPTIONS": {"PRODUCER_GROUP": "shared_tests"}}}
+    conf = {"default": {"URL": f"file://{path}", "OPTIONS": {"PRODUCER_GROUP": "shared_tests",
+                                                            "BROKER": {"mapped_file_size_commit_log": 4 << 20}}}}
     with override_settings(RMQ_EVENTSTORE=conf):
         try:
             yield path

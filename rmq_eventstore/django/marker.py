@@ -42,3 +42,20 @@ class Dashboard(models.Model):
         default_permissions = ()
         verbose_name = "dashboard"
         verbose_name_plural = "dashboard"
+
+
+class HandledEvent(models.Model):
+    """An event a consumer group has handled, written in the same database transaction as the handler's own
+    writes (`rmq_eventstore.django.handlers.once`): a redelivered event finds its row and is skipped, so
+    at-least-once delivery gives exactly-once effects on the database."""
+
+    group = models.CharField(max_length=255)
+    msg_id = models.CharField(max_length=64)
+    handled_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        db_table = "rmq_eventstore_handled_event"
+        constraints = [models.UniqueConstraint(fields=["group", "msg_id"], name="rmq_eventstore_handled_once")]
+
+    def __str__(self) -> str:
+        return f"{self.group}: {self.msg_id}"

@@ -39,3 +39,38 @@ class OrderEvent(EventModel):
     """Events of every order: tags Placed, Paid, Shipped, Cancelled; the stream is ``order-<number>``."""
 
     topic = "shop-orders"
+
+
+class CustomerStats(models.Model):
+    """A read model kept by the Celery worker's event handler from the order events (celery_app/)."""
+
+    customer = models.CharField(max_length=100, unique=True)
+    orders = models.PositiveIntegerField(default=0)
+    paid = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    total_cents = models.BigIntegerField(default=0)
+    last_event_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["-total_cents"]
+        verbose_name_plural = "customer stats"
+
+
+class DailySales(models.Model):
+    """Orders and revenue per day, kept by an event handler and summarised by a beat task."""
+
+    day = models.DateField(unique=True)
+    orders = models.PositiveIntegerField(default=0)
+    revenue_cents = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-day"]
+        verbose_name_plural = "daily sales"
+
+
+class Notification(models.Model):
+    """What the worker's task 'sent' (the reference project writes notifications instead of e-mails)."""
+
+    order_number = models.CharField(max_length=32)
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)

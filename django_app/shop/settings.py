@@ -6,11 +6,13 @@ the SQLite file and the store, ``SHOP_DEBUG=0`` to turn debug off.
 """
 
 import os
+import sys
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("SHOP_VAR", BASE_DIR.parent / "var"))
 VAR.mkdir(parents=True, exist_ok=True)  # the SQLite file lives here; the store creates its own folder
+sys.path.insert(0, str(BASE_DIR.parent / "celery_app"))  # the shop's Celery app (tasks the views call)
 
 SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "reference-project-not-for-production")
 DEBUG = os.environ.get("SHOP_DEBUG", "1") == "1"
@@ -78,3 +80,14 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"rmq_eventstore": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# Celery (celery_app/shopcelery): the store is the broker; results in SQLite under var/ unless overridden
+STORE_URL = RMQ_EVENTSTORE["default"]["URL"]
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", STORE_URL.replace("file://", "rocketmq://", 1)
+                                   if STORE_URL.startswith("file://") else STORE_URL.replace("rmq://", "rocketmq://", 1))
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", f"db+sqlite:///{VAR / 'celery-results.sqlite3'}")
+CELERY_RMQ_EVENTSTORE_URL = STORE_URL
+CELERY_TASK_DEFAULT_QUEUE = "shop"
+CELERY_BEAT_SCHEDULE = {"summarize-sales": {"task": "shopcelery.tasks.summarize_sales", "schedule": 60.0}}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR / "celerybeat-schedule")
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

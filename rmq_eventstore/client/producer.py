@@ -9,7 +9,7 @@ import json
 import time
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ..common import Message, codec
@@ -84,7 +84,8 @@ class SendResult:
     topic: str = ""
     broker_address: str = ""
     stream_version: int | None = None  # the version of the (last) event, for a stream append
-    stream_versions: dict[str, int] | None = None  # stream -> its last version, for a multi-stream append
+    # stream -> its last version, for a multi-stream append (keyword-only: subclasses add positional fields)
+    stream_versions: dict[str, int] | None = field(default=None, kw_only=True)
 
 
 class Producer:
@@ -275,7 +276,7 @@ class Producer:
                                    int(current) if current is not None else None)
         versions = {k: int(v) for k, v in json.loads(x.get("streamVersions") or "{}").items()}
         return SendResult(_SEND_STATUS[r.code], ",".join(ids), x.get("msgId", ""), int(x.get("queueId", q)),
-                          int(x.get("queueOffset", -1)), topic, addr, None, versions)
+                          int(x.get("queueOffset", -1)), topic, addr, None, stream_versions=versions)
 
     def _stream_queue(self, topic: str, stream: str) -> int:
         """The queue of a stream: the same for every append, so a stream's events keep their order."""

@@ -418,3 +418,12 @@ class TestApplicationSave(TestCase):
 
 del AggregateRecorderTestCase, ApplicationRecorderTestCase, TrackingRecorderTestCase, ProcessRecorderTestCase
 del NonInterleavingNotificationIDsBaseCase, InfrastructureFactoryTestCase, ExampleApplicationTestCase
+
+
+def test_example_shop_runs_twice_on_one_store(tmp_path: Any) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "examples", "eventsourcing_shop.py")
+    outs = [subprocess.run([sys.executable, script, "--store", str(tmp_path / "store")], capture_output=True,
+                           text=True, timeout=120, check=True).stdout for _ in range(2)]
+    assert "notifications: 5; the projection reached 5" in outs[0]
+    assert "orders placed 6, paid 4, revenue 105.00" in outs[1]  # the second run rebuilt the view from #1

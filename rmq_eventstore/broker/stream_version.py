@@ -201,7 +201,7 @@ class StreamVersionManager:
         """The stream's newest `count` events, in order, reading only the newest index entries of its key
         (the chain walk goes newest first): what a "latest event" lookup needs, at a cost that does not
         grow with the stream's length."""
-        probe = max(count, 64)
+        probe = count + 8  # a few more for hash collisions with other keys; grown when they took too many
         while True:
             r = self.store.query_message(topic, stream, probe, batch_limit=probe)
             events = [m for m in r.messages if m.properties.get(PROPERTY_STREAM_ID) == stream

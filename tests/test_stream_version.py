@@ -316,3 +316,67 @@ def test_half_messages_of_one_group_chain_on_a_stream(tmp_path: Path) -> None:
         with Admin(rb.namesrv_address) as admin:
             assert [m.body for m in admin.read_stream("orders", "s", from_version=2)] == [b"b", b"c", b"d"]
             assert len(admin.query_key_all("orders", "s")) == 4
+
+
+# -- multi-stream batches (the eventsourcing face's inserts) ----------------------------------------------
+def test_multi_stream_batch_is_all_or_nothing(broker: RunningBroker) -> None:
+    with Producer(broker.namesrv_address, "multi") as p, Admin(broker.namesrv_address) as a:
+        a.create_topic("multi", 2)
+        r = p.append_streams([Message("multi", b"a1"), Message("multi", b"b1"), Message("multi", b"a2"),
+                              Message("multi", b"t1")], ["a", "b", "a", "trk"], {"a": 0, "b": 0, "trk": 0},
+                             queue_ids=[0, 0, 0, 1])
+        assert (r.queue_id, r.queue_offset, r.stream_versions) == (0, 0, {"a": 2, "b": 1, "trk": 1})
+        with pytest.raises(ConcurrencyError) as e:  # c is new, but b is not at 0: nothing is stored
+            p.append_streams([Message("multi", b"c1"), Message("multi", b"b?")], ["c", "b"], {"c": 0, "b": 0})
+        assert (e.value.stream, e.value.expected_version, e.value.current_version) == ("b", 0, 1)
+        assert a.read_stream("multi", "c") == []
+        assert (a.max_offset("multi", 0), a.max_offset("multi", 1)) == (3, 1)  # queue offsets per queue
+        events = a.read_stream("multi", "a")
+        assert [(m.body, m.queue_offset, m.properties["STREAM_VERSION"]) for m in events] == [
+            (b"a1", 0, "1"), (b"a2", 2, "2")]
+        assert "BATCH_QUEUE_ID" not in a.read_stream("multi", "trk")[0].properties  # removed before storing
+        assert [m.body for m in a.read_stream("multi", "a", last=1)] == [b"a2"]
+        # unchecked streams (None) take the next versions
+        r = p.append_streams([Message("multi", b"a3"), Message("multi", b"d1")], ["a", "d"], {"a": None})
+        assert r.stream_versions == {"a": 3, "d": 1}
+
+
+def test_multi_stream_batches_racing_in_opposite_orders(broker: RunningBroker) -> None:
+    """Two writers append to the same two streams, listed in opposite orders: the stripe-ordered locks
+    never deadlock, and each round exactly one of two conditional appends at the same versions wins."""
+    import threading
+
+    with Producer(broker.namesrv_address, "race") as p, Admin(broker.namesrv_address) as a:
+        a.create_topic("race2", 1)
+        wins = []
+        for rnd in range(20):
+            barrier = threading.Barrier(2)
+
+            def go(order: list[str], rnd: int = rnd, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                try:
+                    p.append_streams([Message("race2", b"x"), Message("race2", b"y")], order,
+                                     {order[0]: rnd, order[1]: rnd})
+                    wins.append(order[0])
+                except ConcurrencyError:
+                    pass
+
+            ts = [threading.Thread(target=go, args=(o,)) for o in (["s", "t"], ["t", "s"])]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(10)
+            assert len(wins) == rnd + 1
+        assert len(a.read_stream("race2", "s")) == len(a.read_stream("race2", "t")) == 20
+
+
+def test_multi_stream_batch_refusals(broker: RunningBroker) -> None:
+    from rmq_eventstore.client import MQBrokerError
+
+    with Producer(broker.namesrv_address, "refuse") as p, Admin(broker.namesrv_address) as a:
+        a.create_topic("refuse", 1)
+        with pytest.raises(MQBrokerError, match="illegal"):  # queue 3 of a one-queue topic
+            p.append_streams([Message("refuse", b"x")], ["s"], queue_ids=[3])
+        with pytest.raises(ValueError, match="no message"):
+            p.append_streams([Message("refuse", b"x")], ["s"], {"other": 0})
+        assert a.max_offset("refuse", 0) == 0

@@ -71,7 +71,16 @@ class StreamVersionManager:
         self._pending: dict[tuple[str, str], list[tuple[str, int, str | None]]] = {}
 
     def lock_for(self, topic: str, stream: str) -> threading.Lock:
-        return self._locks[zlib.crc32(f"{topic}\x00{stream}".encode()) % LOCK_STRIPES]
+        return self._locks[self._stripe(topic, stream)]
+
+    @staticmethod
+    def _stripe(topic: str, stream: str) -> int:
+        return zlib.crc32(f"{topic}\x00{stream}".encode()) % LOCK_STRIPES
+
+    def locks_for(self, topic: str, streams: list[str]) -> list[threading.Lock]:
+        """The locks of several streams, each once, in stripe order: acquired in this order by every
+        multi-stream append, so two of them never wait for each other."""
+        return [self._locks[i] for i in sorted({self._stripe(topic, s) for s in streams})]
 
     # -- versions ---------------------------------------------------------------------------------------
     def current(self, topic: str, stream: str) -> int:
@@ -187,6 +196,20 @@ class StreamVersionManager:
     def pending_count(self) -> int:
         """Versions reserved by open transactions."""
         return sum(len(v) for v in self._pending.values())
+
+    def read_last(self, topic: str, stream: str, count: int) -> list[MessageExt]:
+        """The stream's newest `count` events, in order, reading only the newest index entries of its key
+        (the chain walk goes newest first): what a "latest event" lookup needs, at a cost that does not
+        grow with the stream's length."""
+        probe = count + 8  # a few more for hash collisions with other keys; grown when they took too many
+        while True:
+            r = self.store.query_message(topic, stream, probe, batch_limit=probe)
+            events = [m for m in r.messages if m.properties.get(PROPERTY_STREAM_ID) == stream
+                      and m.properties.get(PROPERTY_STREAM_VERSION, "").isdigit()]
+            if len(events) >= count or len(r.messages) < probe or probe >= 1 << 20:
+                events.sort(key=lambda m: int(m.properties[PROPERTY_STREAM_VERSION]))
+                return events[-count:]
+            probe *= 16  # hash collisions of other keys took some of the entries read
 
     def read(self, topic: str, stream: str, from_version: int = 1, max_events: int = 100_000) -> list[MessageExt]:
         """The stream's events from `from_version` on, in order (one index query and a sort)."""

@@ -8,12 +8,17 @@ import itertools
 import json
 import time
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ..common import Message, codec
-from ..common.properties import PROPERTY_TIMER_DELIVER_MS, set_property
+from ..common.properties import (
+    PROPERTY_BATCH_QUEUE_ID,
+    PROPERTY_STREAM_ID,
+    PROPERTY_TIMER_DELIVER_MS,
+    set_property,
+)
 from ..common.stream import validate_stream_id
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
@@ -79,6 +84,8 @@ class SendResult:
     topic: str = ""
     broker_address: str = ""
     stream_version: int | None = None  # the version of the (last) event, for a stream append
+    # stream -> its last version, for a multi-stream append (keyword-only: subclasses add positional fields)
+    stream_versions: dict[str, int] | None = field(default=None, kw_only=True)
 
 
 class Producer:
@@ -205,6 +212,71 @@ class Producer:
                              f"{self.max_message_size}: split it into smaller batches")
         return self._send(topic, q, RequestCode.SEND_BATCH_MESSAGE, body, "", 0, 0, 0, ",".join(ids), True,
                           timeout_ms, stream, expected_version)
+
+    def append_streams(self, msgs: Sequence[Message], streams: Sequence[str],
+                       expected_versions: Mapping[str, int | None] | None = None, *, queue_id: int = 0,
+                       queue_ids: Sequence[int | None] | None = None, timeout_ms: int | None = None) -> SendResult:
+        """Append messages of one topic to several streams at once, all or nothing (our extension,
+        `multiStreamAppend`): `streams[i]` is the stream of `msgs[i]`; `expected_versions` maps a stream to
+        the version it must be at (0: must not exist yet; missing or None: no check). Every check is made
+        under the broker's stream locks before anything is stored; one conflict raises `ConcurrencyError`
+        (naming that stream) and stores nothing. The messages go, in this order, to `queue_id`, or each to
+        `queue_ids[i]` when given and not None; queue offsets are consecutive per queue, and
+        `SendResult.queue_offset` is the first message's. `SendResult.stream_versions` gives each stream's
+        last version. Never retried after a lost connection (it may have been stored). Raises
+        `ExtensionNotSupportedError` against a broker without the extension."""
+        if not msgs:
+            raise ValueError("append_streams needs at least one message")
+        if len(streams) != len(msgs) or (queue_ids is not None and len(queue_ids) != len(msgs)):
+            raise ValueError("give one stream (and one queue id, with queue_ids) per message")
+        topic = msgs[0].topic
+        validate_topic(topic)
+        if any(m.topic != topic for m in msgs):
+            raise ValueError("all messages of a batch must have the same topic")
+        expected = dict.fromkeys(streams)
+        for st, v in (expected_versions or {}).items():
+            if st not in expected:
+                raise ValueError(f"expected_versions names stream {st!r}, which has no message")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"expected version of {st!r} must be an int >= 0 or None, not {v!r}")
+            expected[st] = v
+        for st in expected:
+            validate_stream_id(st)
+        uniqs = self._ids.create_many(len(msgs))
+        parts = []
+        ids = []
+        for i, (m, u) in enumerate(zip(msgs, uniqs, strict=True)):
+            ps, u = self._properties(m, m.uniq_key or u, 0)
+            ps = set_property(ps, PROPERTY_STREAM_ID, streams[i])
+            q = queue_ids[i] if queue_ids is not None else None
+            if q is not None and q != queue_id:
+                ps = set_property(ps, PROPERTY_BATCH_QUEUE_ID, str(q))
+            parts.append((bytes(m.body), m.flag, ps))
+            ids.append(u)
+        body = codec.encode_batch_body(parts)
+        if len(body) > self.max_message_size:
+            raise ValueError(f"the batch is {len(body)} bytes encoded, more than max_message_size "
+                             f"{self.max_message_size}: split it into smaller batches")
+        timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
+        addr, q = self._pick(topic, queue_id, None)
+        if not self.supports(addr, "multiStreamAppend"):
+            raise ExtensionNotSupportedError(
+                f"the broker at {addr} does not serve multi-stream appends (an Apache RocketMQ broker, or an "
+                "older rmq_eventstore?): nothing was sent")
+        ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": 4, "e": q, "f": 0,
+               "g": int(time.time() * 1000), "h": 0, "i": "", "j": 0, "k": False, "m": True,
+               "streams": json.dumps(expected, separators=(",", ":"))}
+        cmd = RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, ext, body)
+        r = self._base.invoke(addr, cmd, timeout, ok=_STREAM_OK_CODES)
+        x = r.ext_fields
+        if r.code == ResponseCode.STREAM_VERSION_CONFLICT:
+            current = x.get("currentVersion")
+            stream = x.get("streamId", "")
+            raise ConcurrencyError(r.remark or "stream version conflict", stream, expected.get(stream),
+                                   int(current) if current is not None else None)
+        versions = {k: int(v) for k, v in json.loads(x.get("streamVersions") or "{}").items()}
+        return SendResult(_SEND_STATUS[r.code], ",".join(ids), x.get("msgId", ""), int(x.get("queueId", q)),
+                          int(x.get("queueOffset", -1)), topic, addr, None, stream_versions=versions)
 
     def _stream_queue(self, topic: str, stream: str) -> int:
         """The queue of a stream: the same for every append, so a stream's events keep their order."""

@@ -45,6 +45,9 @@ PROPERTY_STREAM_VERSION = "STREAM_VERSION"
 # ours: half messages of one local (database) transaction; a later one may take the next version of a stream
 # that an earlier one of the same group holds, since they commit or roll back together
 PROPERTY_STREAM_TX_GROUP = "STREAM_TX_GROUP"
+# ours: in a multi-stream batch (header `streams`), the queue of one message when not the batch's; the broker
+# removes it before storing
+PROPERTY_BATCH_QUEUE_ID = "BATCH_QUEUE_ID"
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 KEY_SEPARATOR = " "

@@ -1,5 +1,5 @@
 """What this broker serves beyond Apache RocketMQ (GET_BROKER_EXTENSIONS, our request code 4400), and the
-extension requests themselves (QUERY_STREAM, 4401).
+extension requests themselves (QUERY_STREAM, 4401; with ``last`` N, a stream's newest N events only).
 
 Clients ask before using an extension: an Apache RocketMQ broker answers REQUEST_CODE_NOT_SUPPORTED, and
 since it ignores header fields it does not know, a client that skipped the question would have its
@@ -21,7 +21,8 @@ from ...remoting import RemotingCommand, RequestCode, ResponseCode
 if TYPE_CHECKING:
     from ..broker import Broker
 
-EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1, "statsHistory": 1}
+EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1, "statsHistory": 1, "multiStreamAppend": 1,
+              "queryStreamLast": 1}
 MAX_STREAM_EVENTS = 100_000  # one answer; a longer stream is read in pages with fromVersion
 
 
@@ -59,7 +60,10 @@ class ExtensionProcessor:
         max_num = min(max(req.get_int("maxNum", MAX_STREAM_EVENTS), 1), MAX_STREAM_EVENTS)
         store = self.broker.store
         store.wait_for_dispatch(5.0)  # what was appended before the request is indexed
-        if stream:
+        last = req.get_int("last", 0)
+        if stream and last > 0:  # the newest `last` events (queryStreamLast)
+            events = self.broker.stream_versions.read_last(topic, stream, min(last, MAX_STREAM_EVENTS))
+        elif stream:
             events = self.broker.stream_versions.read(topic, stream, from_version, MAX_STREAM_EVENTS)[:max_num]
         else:  # every message of the key (KEYS token or UNIQ_KEY, verified by the store), oldest first
             events = sorted(store.query_message(topic, key, max_num, batch_limit=max_num).messages,

@@ -9,14 +9,17 @@ hook in here.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import TYPE_CHECKING, Any
 
 from ...common import Message, PutMessageStatus, codec
 from ...common.properties import (
+    PROPERTY_BATCH_QUEUE_ID,
     PROPERTY_CLUSTER,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_STREAM_ID,
     PROPERTY_STREAM_TX_GROUP,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
@@ -103,14 +106,31 @@ class SendMessageProcessor:
                             reconsume_times=reconsume)]
         stream = hreq.get_str("streamId", None) or None
         expected = hreq.get_int("expectedVersion", -1)
+        streams_text = hreq.get_str("streams", None)
+        if streams_text is not None:
+            if not batch or stream is not None:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, "a multi-stream append (streams) is a batch "
+                                    "without streamId")
+            try:
+                streams = json.loads(streams_text)
+                if not isinstance(streams, dict) or not all(
+                        isinstance(k, str) and (v is None or (isinstance(v, int) and not isinstance(v, bool)
+                                                              and v >= 0)) for k, v in streams.items()):
+                    raise ValueError("not an object of stream id to expected version (an int >= 0 or null)")
+            except ValueError as e:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL, f"bad streams header: {e}")
+            code, remark, ext = self.put_streams(msgs, streams, default_topic_queue_nums=default_nums)
+            return req.response(code, remark, ext)
         code, remark, ext = self.put(msgs, max_reconsume_times=max_reconsume, default_topic_queue_nums=default_nums,
                                      batch=batch, stream=stream, expected_version=expected if expected >= 0 else None)
         return req.response(code, remark, ext)
 
     def put(self, msgs: list[Message], *, max_reconsume_times: int | None = None,
             default_topic_queue_nums: int | None = None, batch: bool = False, stream: str | None = None,
-            expected_version: int | None = None) -> tuple[int, str | None, dict[str, Any] | None]:
-        """Check, route and store messages of one topic and queue (`SendMessageProcessor`).
+            expected_version: int | None = None,
+            streams: dict[str, int | None] | None = None) -> tuple[int, str | None, dict[str, Any] | None]:
+        """Check, route and store messages of one topic and queue (`SendMessageProcessor`; `streams`: see
+        `put_streams`).
 
         With `stream`, the messages are the next events of that stream (numbered from its current version
         + 1) and `expected_version`, when not None, must be the stream's current version, else nothing is
@@ -152,6 +172,8 @@ class SendMessageProcessor:
                 return ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!", None
         if not PermName.is_writeable(tc.perm):
             return ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden", None
+        if streams is not None:
+            return self._put_streams(msgs, streams, tc)
         queue_id = first.queue_id
         if queue_id < 0:
             queue_id = random.randrange(max(tc.write_queue_nums, 1))
@@ -199,9 +221,91 @@ class SendMessageProcessor:
                 ext["streamVersion"] = last
             return code, remark, ext
 
+    def put_streams(self, msgs: list[Message], streams: dict[str, int | None], *,
+                    default_topic_queue_nums: int | None = None) -> tuple[int, str | None, dict[str, Any] | None]:
+        """Append a batch whose messages belong to several streams of one topic, all or nothing (our
+        extension, `multiStreamAppend`). Each message names its stream in its `STREAM_ID` property; `streams`
+        maps every stream of the batch to its expected version (None: no check). The streams' locks are
+        taken in stripe order, every expected version is checked, the messages are numbered per stream in
+        batch order and stored as one `put_messages`. A message may go to another queue of the topic than
+        the batch's (`BATCH_QUEUE_ID`); queue offsets stay consecutive per queue. A conflict stores nothing
+        and answers STREAM_VERSION_CONFLICT naming the first stream (in batch order) that conflicted."""
+        return self.put(msgs, default_topic_queue_nums=default_topic_queue_nums, batch=True, streams=streams)
+
+    def _put_streams(self, msgs: list[Message], streams: dict[str, int | None],
+                     tc: Any) -> tuple[int, str | None, dict[str, Any] | None]:
+        topic = msgs[0].topic
+        if is_system_topic(topic) or topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            return ResponseCode.MESSAGE_ILLEGAL, f"topic {topic} takes no stream appends", None
+        nqueues = max(tc.write_queue_nums, tc.read_queue_nums)
+        order: list[str] = []
+        counts: dict[str, int] = {}
+        queue_ids: list[int] = []
+        default_queue = msgs[0].queue_id
+        for i, m in enumerate(msgs):
+            props = m.properties_string or ""
+            stream = get_property(props, PROPERTY_STREAM_ID)
+            if not stream or stream not in streams:
+                return (ResponseCode.MESSAGE_ILLEGAL,
+                        f"message {i} of the batch names no stream of the streams header ({stream!r})", None)
+            if "DELAY" in props or "TIMER_" in props:
+                return ResponseCode.MESSAGE_ILLEGAL, "a stream append cannot be delayed", None
+            q = default_queue
+            own = get_property(props, PROPERTY_BATCH_QUEUE_ID)
+            if own is not None:
+                if not own.isdigit():
+                    return ResponseCode.MESSAGE_ILLEGAL, f"message {i} of the batch: bad queue id {own!r}", None
+                q = int(own)
+                m.properties_string = codec.delete_property(props, PROPERTY_BATCH_QUEUE_ID)
+            if q < 0 or q >= nqueues:
+                return (ResponseCode.SYSTEM_ERROR, f"request queueId[{q}] is illegal, topic: {topic} "
+                        f"writeQueueNums: {tc.write_queue_nums} readQueueNums: {tc.read_queue_nums}", None)
+            queue_ids.append(q)
+            if stream not in counts:
+                order.append(stream)
+                counts[stream] = 0
+            counts[stream] += 1
+        if set(order) != set(streams):
+            return ResponseCode.MESSAGE_ILLEGAL, "the streams header names a stream with no message", None
+        for stream in order:
+            try:
+                validate_stream_id(stream)
+            except StreamIdError as e:
+                return ResponseCode.MESSAGE_ILLEGAL, str(e), None
+        versions = self.broker.stream_versions
+        locks = versions.locks_for(topic, order)
+        for lock in locks:
+            lock.acquire()
+        try:
+            firsts: dict[str, int] = {}
+            for stream in order:
+                first_version, conflict = versions.check(topic, stream, streams[stream], counts[stream])
+                if conflict is not None:
+                    ext: dict[str, Any] = {"streamId": stream, "currentVersion": conflict.current}
+                    if streams[stream] is not None:
+                        ext["expectedVersion"] = streams[stream]
+                    return ResponseCode.STREAM_VERSION_CONFLICT, conflict.message(), ext
+                firsts[stream] = first_version
+            per_stream: dict[str, list[Message]] = {s: [] for s in order}
+            for m in msgs:
+                per_stream[get_property(m.properties_string or "", PROPERTY_STREAM_ID) or ""].append(m)
+            for stream, ms in per_stream.items():
+                versions.stamp(ms, stream, firsts[stream])
+            code, remark, ext2 = self._store(msgs, topic, queue_ids[0], True, False, queue_ids)
+            if ext2 is not None:
+                last = {s: firsts[s] + counts[s] - 1 for s in order}
+                for s, v in last.items():
+                    versions.appended(topic, s, v)
+                ext2["streamVersions"] = json.dumps(last, separators=(",", ":"))
+            return code, remark, ext2
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
     def _store(self, msgs: list[Message], topic: str, queue_id: int, batch: bool,
-               prepared: bool) -> tuple[int, str | None, dict[str, Any] | None]:
-        """Decorate (UNIQ_KEY, CLUSTER, half message or delay level) and store routed messages."""
+               prepared: bool, queue_ids: list[int] | None = None) -> tuple[int, str | None, dict[str, Any] | None]:
+        """Decorate (UNIQ_KEY, CLUSTER, half message or delay level) and store routed messages (each to
+        `queue_ids[i]` when given, else all to `queue_id`)."""
         store = self.broker.store
         max_level = self.broker.schedule_service.max_level
         delayed = False
@@ -210,9 +314,9 @@ class SendMessageProcessor:
         cluster = f"{cluster_marker}{self.broker.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
         auto_uniq = store.config.auto_create_uniq_key
         sep = codec.PROPERTY_SEPARATOR
-        for m in msgs:
+        for i, m in enumerate(msgs):
             m.topic = topic
-            m.queue_id = queue_id
+            m.queue_id = queue_id if queue_ids is None else queue_ids[i]
             props = m.properties_string or ""
             # absent properties are appended (what set_property does when there is nothing to remove)
             if auto_uniq and uniq_marker not in props:

@@ -7,14 +7,16 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
-from .models import Order, OrderEvent
+from .models import CustomerStats, DailySales, Notification, Order, OrderEvent
 from .services import TRANSITIONS, InvalidTransition, Line, change_order, history, place_order
 
 
 def order_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(Order.objects.all(), 20).get_page(request.GET.get("page"))
     recent = OrderEvent.objects.order_by("-commit_log_offset")[:10]
-    return render(request, "orders/order_list.html", {"page": page, "recent": recent})
+    return render(request, "orders/order_list.html", {
+        "page": page, "recent": recent, "customers": CustomerStats.objects.all()[:10],
+        "days": DailySales.objects.all()[:7]})
 
 
 @require_http_methods(["POST"])
@@ -85,3 +87,14 @@ def api_order_action(request: HttpRequest, number: str, action: str) -> JsonResp
     except (InvalidTransition, KeyError, ValueError, TypeError) as e:
         return JsonResponse({"error": "bad request", "detail": str(e)}, status=400)
     return JsonResponse(_order_json(order))
+
+
+def api_read_models(request: HttpRequest) -> JsonResponse:
+    """What the worker's event handlers and tasks made of the events (eventually consistent)."""
+    return JsonResponse({
+        "customers": [{"customer": c.customer, "orders": c.orders, "paid": c.paid, "cancelled": c.cancelled,
+                       "total_cents": c.total_cents} for c in CustomerStats.objects.all()],
+        "days": [{"day": d.day.isoformat(), "orders": d.orders, "revenue_cents": d.revenue_cents}
+                 for d in DailySales.objects.all()],
+        "notifications": [{"order": n.order_number, "text": n.text} for n in Notification.objects.order_by("id")],
+    })

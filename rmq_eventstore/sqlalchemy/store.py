@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -140,6 +141,8 @@ class BaseEventStore:
     thread of this process instead, for tests and single-process scripts). `producer_group`: the
     transaction producer group; every process of the application that appends in transactions must use
     the same group and the same marker table, so that any of them can answer a check-back."""
+
+    ROLLBACK_WAIT = 2.0  # seconds an append waits for the broker to handle a rolled-back savepoint's END
 
     def __init__(self, url: str, *, producer_group: str = DEFAULT_GROUP, marker: Any = None,
                  embedded: bool = False, broker_options: dict[str, Any] | None = None, send_timeout_ms: int = 3000,
@@ -345,15 +348,22 @@ class BaseEventStore:
     def _unmark(self, txid: str) -> Any:
         return delete(self.table).where(self.table.c.transaction_id == txid)
 
-    def _prepare(self, msg: Message, txid: str, group: str, stream: str | None,
-                 expected: int | None) -> Any:
-        """Store `msg` as a half message (blocking; the async store runs it on a thread)."""
+    def _prepare(self, msg: Message, txid: str, group: str, stream: str | None, expected: int | None,
+                 retry: bool = False) -> Any:
+        """Store `msg` as a half message (blocking; the async store runs it on a thread). With `retry`, a
+        conflict is retried for up to `ROLLBACK_WAIT` seconds (see `_SessionState.expected_after_rollback`)."""
         msg.uniq_key = txid
         msg.properties = {**(msg.properties or {}), PROPERTY_STREAM_TX_GROUP: group}
-        try:
-            sent = self.transaction_producer.prepare(msg, stream=stream, expected_version=expected)
-        except ClientConcurrencyError as e:
-            raise ConcurrencyError.from_client(e) from None
+        deadline = time.monotonic() + self.ROLLBACK_WAIT
+        while True:
+            try:
+                sent = self.transaction_producer.prepare(msg, stream=stream, expected_version=expected)
+                break
+            except ClientConcurrencyError as e:
+                if retry and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                raise ConcurrencyError.from_client(e) from None
         if sent.status != "SEND_OK":
             raise AppendError(f"the half message was not stored ({sent.status})")
         return sent
@@ -424,16 +434,17 @@ class EventStore(BaseEventStore):
             txid = self._ids.create()
             session.execute(self._marker_row(txid, topic))
             state = transactions.begin_append(session)
-            expected = None if expected_version is None else expected_version + i
+            expected, retry = state.expected_after_rollback(
+                topic, stream, None if expected_version is None else expected_version + i)
             try:
-                sent = self._prepare(msg, txid, state.group, stream, expected)
+                sent = self._prepare(msg, txid, state.group, stream, expected, retry)
             except BaseException:
                 try:  # the transaction stays usable; a half message stored despite the error is rolled back
                     session.execute(self._unmark(txid))
                 except Exception:
                     log.warning("the marker of the failed append %s was not removed", txid, exc_info=True)
                 raise
-            transactions.track(session, self, sent, topic)
+            transactions.track(session, self, sent, topic, stream)
             out.append(self._appended(msg, txid, stream, sent.stream_version, True))
         return out
 
@@ -504,16 +515,17 @@ class AsyncEventStore(BaseEventStore):
             txid = self._ids.create()
             await session.execute(self._marker_row(txid, topic))
             state = transactions.begin_append(session.sync_session)
-            expected = None if expected_version is None else expected_version + i
+            expected, retry = state.expected_after_rollback(
+                topic, stream, None if expected_version is None else expected_version + i)
             try:
-                sent = await asyncio.to_thread(self._prepare, msg, txid, state.group, stream, expected)
+                sent = await asyncio.to_thread(self._prepare, msg, txid, state.group, stream, expected, retry)
             except BaseException:
                 try:
                     await session.execute(self._unmark(txid))
                 except Exception:
                     log.warning("the marker of the failed append %s was not removed", txid, exc_info=True)
                 raise
-            transactions.track(session.sync_session, self, sent, topic)
+            transactions.track(session.sync_session, self, sent, topic, stream)
             out.append(self._appended(msg, txid, stream, sent.stream_version, True))
         return out
 

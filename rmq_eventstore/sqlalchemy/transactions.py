@@ -16,7 +16,7 @@ transaction, (2) stores the event as a half message (invisible; with a stream it
 
 The decision (``MarkerStore.decide``) is one insert of a marker with outcome ROLLBACK in its own
 transaction. While the original transaction is open its uncommitted marker holds the key (the insert waits
-on PostgreSQL, 2 s at most; SQLite reports the database locked): the answer is UNKNOWN and the broker asks
+on PostgreSQL, and on SQLite for the database lock, 2 s at most): the answer is UNKNOWN and the broker asks
 again. Otherwise either the original committed (the insert conflicts: COMMIT) or it never can (ROLLBACK;
 its own marker insert is gone). Every process that asks gets the same answer.
 
@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 STATE_KEY = "rmq_eventstore.sqlalchemy"
 HOOKED_KEY = "rmq_eventstore.sqlalchemy.hooked"
-PG_LOCK_TIMEOUT = "2s"
+PG_LOCK_TIMEOUT = "2s"  # how long a decision waits for an open transaction's marker
+SQLITE_BUSY_MS = 2000
 
 
 # -- the store's own statements on the marker table ---------------------------------------------------------
@@ -73,10 +74,19 @@ class MarkerStore:
         t = self.table
 
         def insert_rollback(conn: Connection) -> None:
+            stmt = insert(t).values(transaction_id=txid, producer_group=self.group, topic=topic, outcome=ROLLBACK,
+                                    created_at=datetime.now(UTC))
             if conn.dialect.name == "postgresql":
                 conn.execute(text(f"SET LOCAL lock_timeout = '{PG_LOCK_TIMEOUT}'"))
-            conn.execute(insert(t).values(transaction_id=txid, producer_group=self.group, topic=topic,
-                                          outcome=ROLLBACK, created_at=datetime.now(UTC)))
+            elif conn.dialect.name == "sqlite":  # wait as long as on PostgreSQL, not the connection's timeout
+                before = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_MS}")
+                try:
+                    conn.execute(stmt)
+                finally:
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(before or 0)}")
+                return
+            conn.execute(stmt)
 
         try:
             self.run(insert_rollback)
@@ -182,6 +192,7 @@ class _Pending:
     store: BaseEventStore
     sent: TransactionSendResult
     topic: str
+    stream: str | None
     owner: SessionTransaction  # the transaction or savepoint the append was made in
     done: bool = False
 
@@ -194,9 +205,26 @@ class _SessionState:
     group: str = field(default_factory=lambda: uuid.uuid4().hex)  # STREAM_TX_GROUP of its half messages
     pendings: list[_Pending] = field(default_factory=list)
     commit_attempted: bool = False
+    # versions of a stream given up by a rolled-back savepoint: the tail of this group's reservations,
+    # released by a one-way END the broker may not have handled when the next append of the stream comes
+    rolled_back: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def live(self) -> list[_Pending]:
         return [p for p in self.pendings if not p.done]
+
+    def expected_after_rollback(self, topic: str, stream: str | None, expected: int | None) -> tuple[int | None, bool]:
+        """The expected version to send for the next append of `stream`, and whether a conflict may be the
+        broker not having handled a savepoint's END ROLLBACK yet (then the append is retried briefly).
+
+        After a savepoint rolled back versions v.. of the stream, the next one of this transaction is v:
+        sending ``expected = v - 1`` makes the broker refuse (rather than number it after the rolled-back
+        reservations, leaving a hole) until it has released them."""
+        if stream is None:
+            return expected, False
+        first = self.rolled_back.get((topic, stream))
+        if first is None:
+            return expected, False
+        return (first - 1 if expected is None else expected), True
 
 
 def _innermost(session: Session) -> SessionTransaction:
@@ -225,10 +253,13 @@ def begin_append(session: Session) -> _SessionState:
     return state
 
 
-def track(session: Session, store: BaseEventStore, sent: TransactionSendResult, topic: str) -> None:
+def track(session: Session, store: BaseEventStore, sent: TransactionSendResult, topic: str,
+          stream: str | None) -> None:
     """Remember a half message until the session's transaction (or its savepoint) ends."""
     state = session.info[STATE_KEY]
-    state.pendings.append(_Pending(store, sent, topic, _innermost(session)))
+    state.pendings.append(_Pending(store, sent, topic, stream, _innermost(session)))
+    if stream is not None:  # the broker numbered it after the live reservations: the rolled-back ones are gone
+        state.rolled_back.pop((topic, stream), None)
 
 
 def pending_count(session: Session) -> int:
@@ -294,8 +325,9 @@ def _after_soft_rollback(session: Session, previous: SessionTransaction) -> None
         return
     for p in hit:
         _settle(p, decide=whole and state.commit_attempted)
-    if not whole:  # later appends of this transaction must not chain onto the rolled-back half messages
-        state.group = uuid.uuid4().hex
+        if not whole and p.stream is not None and p.sent.stream_version is not None:
+            key = (p.topic, p.stream)
+            state.rolled_back[key] = min(state.rolled_back.get(key, p.sent.stream_version), p.sent.stream_version)
 
 
 def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:

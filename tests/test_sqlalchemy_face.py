@@ -228,6 +228,17 @@ def test_commit_makes_the_event_visible_and_cleans_its_marker(es: EventStore, en
     assert try_append(es, f"order-{n}", 1) == 2
 
 
+def test_next_append_right_after_a_commit_does_not_conflict(es: EventStore, engine: Any) -> None:
+    """END COMMIT is one-way: the next request on the stream can reach the broker first; it waits for the
+    end instead of failing with a conflict against this process's own, already committed, transaction."""
+    s = f"seq-{uid()}"
+    for v in range(6):
+        with Session(engine) as session, session.begin():
+            assert es.append(session, TOPIC, {"v": v}, stream=s, expected_version=v).version == v + 1
+    assert es.append(None, TOPIC, {"v": "plain"}, stream=s, expected_version=6).version == 7
+    assert [e.version for e in es.read_stream(TOPIC, s)] == list(range(1, 8))
+
+
 def test_rollback_never_visible_and_the_stream_is_free_at_once(es: EventStore, engine: Any) -> None:
     n = uid()
     with pytest.raises(RuntimeError), Session(engine) as session, session.begin():

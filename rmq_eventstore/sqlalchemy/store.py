@@ -168,6 +168,7 @@ class BaseEventStore:
         self._producer: Producer | None = None
         self._tx_producer: TransactionProducer | None = None
         self._ids = UniqueIdGenerator()
+        self._recent_ends: dict[tuple[str, str], tuple[int, float]] = {}
         self.markers: MarkerStore = MarkerStore(self.table, producer_group, self._runner())
         self.settler = Settler(self, cleanup_interval, sweep_interval, stale_after)
         self._closed = False
@@ -258,6 +259,25 @@ class BaseEventStore:
 
     # -- the check-back ---------------------------------------------------------------------------------
 
+    def ended(self, topic: str, stream: str | None, version: int | None) -> None:
+        """This process sent the END of the half message holding `version` of `stream` (one-way)."""
+        if stream is None or version is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if len(self._recent_ends) > 4096:
+                self._recent_ends = {k: v for k, v in self._recent_ends.items() if now - v[1] < self.ROLLBACK_WAIT}
+            self._recent_ends[(topic, stream)] = (version, now)
+
+    def _ending(self, topic: str, e: ClientConcurrencyError) -> bool:
+        """Whether the conflict `e` is a reservation this process has just ended: END_TRANSACTION is one-way,
+        so an append right after a commit (the next request on the same stream) may reach the broker first.
+        Such an append is retried briefly instead of failing."""
+        with self._lock:
+            seen = self._recent_ends.get((topic, e.stream))
+        return (seen is not None and time.monotonic() - seen[1] < self.ROLLBACK_WAIT
+                and e.current_version == seen[0] and "pending transaction" in str(e))
+
     def check_transaction(self, half: MessageExt) -> TransactionState:
         """The broker's check-back for a half message of this producer group (on a client thread)."""
         txid = half.uniq_key or ""
@@ -325,15 +345,21 @@ class BaseEventStore:
                      born_at=_ms(m.born_timestamp), stored_at=_ms(m.store_timestamp))
 
     def _send_plain(self, msgs: list[Message], stream: str | None, expected_version: int | None) -> list[Event]:
-        try:
-            if len(msgs) == 1:
-                sent = self.producer.send(msgs[0], stream=stream, expected_version=expected_version)
-                ids = [sent.msg_id]
-            else:
-                sent = self.producer.send_batch(msgs, stream=stream, expected_version=expected_version)
-                ids = sent.msg_id.split(",")
-        except ClientConcurrencyError as e:
-            raise ConcurrencyError.from_client(e) from None
+        deadline = time.monotonic() + self.ROLLBACK_WAIT
+        while True:
+            try:
+                if len(msgs) == 1:
+                    sent = self.producer.send(msgs[0], stream=stream, expected_version=expected_version)
+                    ids = [sent.msg_id]
+                else:
+                    sent = self.producer.send_batch(msgs, stream=stream, expected_version=expected_version)
+                    ids = sent.msg_id.split(",")
+                break
+            except ClientConcurrencyError as e:
+                if self._ending(msgs[0].topic, e) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                raise ConcurrencyError.from_client(e) from None
         if sent.status != "SEND_OK":
             raise AppendError(f"the broker answered {sent.status}")
         last = sent.stream_version
@@ -351,7 +377,8 @@ class BaseEventStore:
     def _prepare(self, msg: Message, txid: str, group: str, stream: str | None, expected: int | None,
                  retry: bool = False) -> Any:
         """Store `msg` as a half message (blocking; the async store runs it on a thread). With `retry`, a
-        conflict is retried for up to `ROLLBACK_WAIT` seconds (see `_SessionState.expected_after_rollback`)."""
+        conflict is retried for up to `ROLLBACK_WAIT` seconds (see `_SessionState.expected_after_rollback`),
+        as is one with a transaction this process has just ended (`_ending`)."""
         msg.uniq_key = txid
         msg.properties = {**(msg.properties or {}), PROPERTY_STREAM_TX_GROUP: group}
         deadline = time.monotonic() + self.ROLLBACK_WAIT
@@ -360,7 +387,7 @@ class BaseEventStore:
                 sent = self.transaction_producer.prepare(msg, stream=stream, expected_version=expected)
                 break
             except ClientConcurrencyError as e:
-                if retry and time.monotonic() < deadline:
+                if (retry or self._ending(msg.topic, e)) and time.monotonic() < deadline:
                     time.sleep(0.01)
                     continue
                 raise ConcurrencyError.from_client(e) from None

@@ -279,6 +279,7 @@ def _end(p: _Pending, state: TransactionState) -> None:
     p.done = True
     try:
         p.store.transaction_producer.end_transaction(p.sent, state)
+        p.store.ended(p.topic, p.stream, p.sent.stream_version)
     except Exception:  # never raise from a session event: the check-back settles it
         log.exception("END %s of %s failed; the check-back settles it", state.name, p.sent.transaction_id)
         return

@@ -330,7 +330,8 @@ class BaseEventStore:
                   queue_id: int | None = None, queue_offset: int | None = None) -> Event:
         return Event(topic=msg.topic, msg_id=msg_id, data=self._decode(bytes(msg.body)), body=bytes(msg.body),
                      stream=stream, version=version, keys=tuple(msg.keys_list()), tags=msg.tags,
-                     properties=dict(msg.properties or {}), queue_id=queue_id, queue_offset=queue_offset,
+                     properties={k: v for k, v in (msg.properties or {}).items() if k not in SYSTEM_PROPERTIES},
+                     queue_id=queue_id, queue_offset=queue_offset,
                      pending=pending)
 
     def event_from(self, m: MessageExt) -> Event:

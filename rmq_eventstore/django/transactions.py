@@ -24,11 +24,12 @@ its work), by the same watcher.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,15 +97,14 @@ def append_events(model: type[EventModel], rows: list[tuple], stream: str | None
     if connections[db].in_atomic_block:
         return _append_in_transaction(model, store, db, msgs, stream, expected_version)
     producer = store.producer
-    try:
+
+    def send() -> Any:
         if len(msgs) == 1:
-            sent = producer.send(msgs[0], stream=stream, expected_version=expected_version)
-            uniqs = [sent.msg_id]
-        else:
-            sent = producer.send_batch(msgs, stream=stream, expected_version=expected_version)
-            uniqs = sent.msg_id.split(",")
-    except ClientConcurrencyError as e:
-        raise ConcurrencyError.from_client(e) from None
+            return producer.send(msgs[0], stream=stream, expected_version=expected_version)
+        return producer.send_batch(msgs, stream=stream, expected_version=expected_version)
+
+    sent = _retrying_own_ends(send)
+    uniqs = [sent.msg_id] if len(msgs) == 1 else sent.msg_id.split(",")
     last = sent.stream_version
     offset_ids = sent.offset_msg_id.split(",") if sent.offset_msg_id else []
     if len(offset_ids) != len(msgs):
@@ -128,16 +128,34 @@ def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, 
         expected = None if expected_version is None else expected_version + i
         EventTransaction.objects.using(db).create(transaction_id=uniq, store_alias=store.alias, topic=model.topic,
                                                   outcome=EventTransaction.COMMIT)
-        try:
-            sent = producer.prepare(msg, stream=stream, expected_version=expected)
-        except ClientConcurrencyError as e:
-            raise ConcurrencyError.from_client(e) from None
+        sent = _retrying_own_ends(lambda m=msg, x=expected: producer.prepare(m, stream=stream, expected_version=x))
         if sent.status != "SEND_OK":
             raise DatabaseError(f"the half message of {model.__name__} was not stored ({sent.status})")
         watcher.watch(store, db, sent)
         out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset,
                              sent.offset_msg_id))
     return out
+
+
+_PENDING_TX = re.compile(r"pending transaction (\S+)")
+OWN_END_GRACE = 2.0  # seconds an append waits for the broker to process an END this process sent
+
+
+def _retrying_own_ends(send: Callable[[], Any]) -> Any:
+    """`send()`, retried while the only conflict is a transaction this process ended moments ago.
+
+    END_TRANSACTION is one-way: a request that commits and answers, followed at once by another append to
+    the same stream, can reach the broker before the END did and find the stream still held. That is not
+    a conflict with anybody else, so it is waited out (briefly); any other conflict raises at once."""
+    deadline = time.monotonic() + OWN_END_GRACE
+    while True:
+        try:
+            return send()
+        except ClientConcurrencyError as e:
+            m = _PENDING_TX.search(str(e))
+            if m is None or not watcher.ended_recently(m.group(1)) or time.monotonic() > deadline:
+                raise ConcurrencyError.from_client(e) from None
+            time.sleep(0.005)
 
 
 def _transaction_group(db: str) -> str:
@@ -244,6 +262,7 @@ class _Watcher:
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._cleaned = 0.0
+        self._ended: dict[str, float] = {}  # txid -> when this process sent its END (for OWN_END_GRACE)
 
     def watch(self, store: EventStore, db: str, sent: Any) -> None:
         conn = connections[db]
@@ -270,11 +289,21 @@ class _Watcher:
         if p is None or p.done:
             return
         p.done = True
+        now = time.monotonic()
+        with self._lock:
+            self._ended[txid] = now
+            if len(self._ended) > 10_000:
+                self._ended = {t: w for t, w in self._ended.items() if now - w < OWN_END_GRACE}
         transaction_producer(p.store).end_transaction(p.sent, state)
         if state is TransactionState.COMMIT:
             with self._lock:
                 self._committed[txid] = (p.store, p.db, p.sent.topic, time.monotonic())
         self._wake.set()
+
+    def ended_recently(self, txid: str) -> bool:
+        with self._lock:
+            when = self._ended.get(txid)
+        return when is not None and time.monotonic() - when < OWN_END_GRACE
 
     def forget_after_visible(self, store: EventStore, db: str, topic: str, txid: str) -> None:
         with self._lock:

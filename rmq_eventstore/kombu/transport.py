@@ -333,8 +333,13 @@ class Channel(virtual.Channel):
     def fetch(self, queue: str, n: int, poll_ms: int = 0) -> list[dict[str, Any]]:
         """Pop up to `n` messages of `queue`, highest lane first; with `poll_ms` the broker waits that long
         for one. Returns kombu's raw messages (delivery tag = receipt), expired ones acked and left out."""
-        if n <= 0:
-            return []
+        while n > 0:
+            popped, raws = self._fetch_once(queue, n, poll_ms)
+            if raws or not popped:  # popped and all expired: look again
+                return raws
+        return []
+
+    def _fetch_once(self, queue: str, n: int, poll_ms: int) -> tuple[list[Any], list[dict[str, Any]]]:
         c = self.clients
         topic = self._topic(queue)
         inv = self._invisible_ms()
@@ -349,7 +354,7 @@ class Channel(virtual.Channel):
                     break
             if not popped and poll_ms > 0:
                 popped = c.pop.pop(topic, max_nums=n, invisible_time=inv, poll_time=poll_ms)
-        return self._to_raw(queue, topic, popped)
+        return popped, self._to_raw(queue, topic, popped)
 
     def _to_raw(self, queue: str, topic: str, popped: Iterable[Any]) -> list[dict[str, Any]]:
         out: list[tuple[int, int, dict[str, Any]]] = []

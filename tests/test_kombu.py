@@ -358,3 +358,50 @@ def test_celery_names() -> None:
     assert topic_name("a_b") == "kombu-a__b" and topic_name("é") == "kombu-_c3_a9"
     with pytest.raises(ValueError):
         unescape("_2e")  # '.' is written _P, never as hex: one spelling per name
+
+
+# -- Celery ----------------------------------------------------------------------------------------------------
+CELERY_APP = """
+import rmq_eventstore.kombu  # noqa: F401
+from celery import Celery
+
+app = Celery("kapp", broker="rocketmq://{store}", backend="file://{results}")
+app.conf.broker_connection_retry_on_startup = True
+
+
+@app.task
+def add(x, y):
+    return x + y
+"""
+
+
+def test_celery_worker_answers_remote_control_and_runs_tasks(tmp_path: Path) -> None:
+    """A Celery worker process on `rocketmq:///path` (Celery fills in kombu's default host and port, the path
+    still names the store): `inspect ping` (fanout to the worker, direct reply to the client's queue) and
+    task round trips from another process."""
+    store, results = tmp_path / "store", tmp_path / "results"
+    results.mkdir()
+    (tmp_path / "kapp.py").write_text(CELERY_APP.format(store=store, results=results))
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    celery = [sys.executable, "-m", "celery", "-A", "kapp"]
+    worker = subprocess.Popen([*celery, "worker", "-P", "solo", "--without-mingle", "--without-gossip", "-l",
+                               "warning"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            r = subprocess.run([*celery, "inspect", "ping", "-t", "2"], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=60)
+            if "pong" in r.stdout:
+                break
+            assert time.monotonic() < deadline, r.stdout + r.stderr
+        r = subprocess.run([sys.executable, "-c", "from kapp import add; "
+                            "print(sum(add.delay(i, i).get(timeout=30) for i in range(10)))"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        assert r.stdout.strip() == "90", r.stderr
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        stop_local_broker(store)

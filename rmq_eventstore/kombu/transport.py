@@ -529,12 +529,14 @@ class Transport(virtual.Transport):
         names (`rocketmq:///path`: no host, the path is kombu's virtual host), found or started."""
         c = self.client
         host = c.hostname
-        if not host:
-            path = (c.virtual_host or "").strip()
-            if path and path != "/":
-                kw = {"broker_options": self.broker_options} if self.broker_options else {}
-                return ensure_local_broker("/" + path.lstrip("/"), **kw).namesrv_addr
-            host = "127.0.0.1"
+        path = (c.virtual_host or "").strip().strip("/")
+        if path:  # Celery fills in kombu's default host ('localhost') and port: the path decides
+            if host not in (None, "", "localhost", "127.0.0.1"):
+                raise ValueError(f"rocketmq://{host}/{path}: a name server URL has no path, and a local store "
+                                 "URL has no host (rocketmq:///path/to/store)")
+            kw = {"broker_options": self.broker_options} if self.broker_options else {}
+            return ensure_local_broker("/" + path, **kw).namesrv_addr
+        host = host or "127.0.0.1"
         host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         return f"{host}:{c.port or DEFAULT_PORT}"
 

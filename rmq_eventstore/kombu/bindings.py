@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +31,11 @@ __all__ = ["Binding", "SharedState"]
 
 
 class SharedState:
-    """The replayed log. `send(record_bytes)` appends a record; `pull(offset)` returns the records from
-    `offset` on as `(next_offset, [bytes, ...])` with an empty list when there is nothing new."""
+    """The replayed log. `send(record_bytes)` appends a record and returns its offset; `pull(offset, wait_ms)`
+    returns the records from `offset` on as `(next_offset, [bytes, ...])`, waiting up to `wait_ms` for one
+    (an empty list when there is nothing new)."""
 
-    def __init__(self, send: Callable[[bytes], None], pull: Callable[[int], tuple[int, list[bytes]]]) -> None:
+    def __init__(self, send: Callable[[bytes], int], pull: Callable[[int, int], tuple[int, list[bytes]]]) -> None:
         self._send = send
         self._pull = pull
         self._lock = threading.Lock()
@@ -43,20 +45,28 @@ class SharedState:
         self.queues: dict[str, dict[str, Any]] = {}
 
     # -- reading ----------------------------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Apply every record appended since the last call (by any process)."""
+    def refresh(self, until: int = 0, timeout: float = 10.0) -> None:
+        """Apply every record appended since the last call (by any process); with `until`, first wait (up to
+        `timeout`) until the record at offset `until - 1` is readable: the broker makes a record readable
+        shortly after the send that stored it returns."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                nxt, records = self._pull(self._offset)
+                wait = 0
+                if self._offset < until:
+                    wait = max(int((deadline - time.monotonic()) * 1000), 0)
+                nxt, records = self._pull(self._offset, wait)
                 for raw in records:
                     try:
                         self._apply(json.loads(raw))
                     except (ValueError, KeyError, TypeError) as e:
                         log.warning("kombu bindings: unreadable record skipped (%s)", e)
-                if nxt <= self._offset and not records:
+                if records or nxt > self._offset:
+                    self._offset = nxt
+                if self._offset >= until and not records:
                     return
-                self._offset = nxt
-                if not records:
+                if not records and time.monotonic() >= deadline:
+                    log.warning("kombu bindings: record %d not readable after %.0f s", until - 1, timeout)
                     return
 
     def _apply(self, rec: dict[str, Any]) -> None:
@@ -109,8 +119,8 @@ class SharedState:
     # -- writing ----------------------------------------------------------------------------------------
     def append(self, record: dict[str, Any]) -> None:
         """Append a record and catch up, so this process sees it (and what came before it) at once."""
-        self._send(json.dumps(record, separators=(",", ":"), sort_keys=True).encode())
-        self.refresh()
+        offset = self._send(json.dumps(record, separators=(",", ":"), sort_keys=True).encode())
+        self.refresh(until=offset + 1)
 
     def declare_exchange(self, name: str, type: str, durable: bool, auto_delete: bool,
                          arguments: dict[str, Any] | None) -> None:

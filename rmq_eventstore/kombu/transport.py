@@ -66,6 +66,7 @@ DEFAULT_VISIBILITY_TIMEOUT = 3600.0
 DEFAULT_BATCH = 32  # messages asked for per POP when the channel's prefetch is unlimited
 DEFAULT_MAX_POLL = 1.0  # longest POP long poll (s) while waiting on several queues at once
 DEFAULT_REQUEUE_WAIT = 2.0  # how long a get waits for a message this channel requeued to come back (s)
+DEFAULT_PUBLISH_WAIT = 1.0  # how long a get waits for a message this connection just sent to be readable (s)
 DEFAULT_RETRY_MAX_TIMES = 10_000  # redeliveries before RocketMQ moves a message to %DLQ%<group>
 _TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: later deliveries are sent at once
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
@@ -142,11 +143,11 @@ class _Clients:
             self._topics[topic] = lanes
         self.producer.refresh_route(topic)
 
-    def _send_record(self, body: bytes) -> None:
-        self.producer.send(Message(self.bindings_topic, body), queue_id=0)
+    def _send_record(self, body: bytes) -> int:
+        return self.producer.send(Message(self.bindings_topic, body), queue_id=0).queue_offset
 
-    def _pull_records(self, offset: int) -> tuple[int, list[bytes]]:
-        r = self.reader.pull(self.bindings_topic, 0, offset, max_nums=256, suspend_timeout_ms=0)
+    def _pull_records(self, offset: int, wait_ms: int) -> tuple[int, list[bytes]]:
+        r = self.reader.pull(self.bindings_topic, 0, offset, max_nums=256, suspend_timeout_ms=wait_ms)
         if r.status == OFFSET_ILLEGAL:
             log.error("kombu: binding records before offset %d of %s are gone (retention?); bindings made "
                       "before then are lost", r.next_begin_offset, self.bindings_topic)
@@ -188,13 +189,13 @@ class Channel(virtual.Channel):
     visibility_timeout = DEFAULT_VISIBILITY_TIMEOUT
     batch_size = DEFAULT_BATCH
     requeue_wait = DEFAULT_REQUEUE_WAIT
+    publish_wait = DEFAULT_PUBLISH_WAIT
     from_transport_options = (*virtual.Channel.from_transport_options, "visibility_timeout", "batch_size",
-                              "requeue_wait")
+                              "requeue_wait", "publish_wait")
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._no_ack: set[str] = set()
-        self._requeued: dict[str, float] = {}  # queue -> until when a requeued message is expected back
 
     # -- plumbing ----------------------------------------------------------------------------------------------
     @property
@@ -310,6 +311,8 @@ class Channel(virtual.Channel):
             c.producer.refresh_route(topic)
             c.producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0,
                             deliver_at=due)
+        if due is None:
+            self.connection.expect(queue, float(self.publish_wait))
 
     def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
         for queue in sorted({q for _, _, q in self.get_table(exchange)}):
@@ -378,7 +381,6 @@ class Channel(virtual.Channel):
             if m.reconsume_times > 0:
                 raw["redelivered"] = True
                 props.setdefault("delivery_info", {})["redelivered"] = True
-                self._requeued.pop(queue, None)
             out.append((-_clamp_priority(raw), i, raw))
         if expired:
             self.clients.pop.ack_batch(expired)
@@ -393,13 +395,9 @@ class Channel(virtual.Channel):
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         raws = self.fetch(queue, 1)
-        until = self._requeued.get(queue)
-        if not raws and until is not None:
-            wait = until - time.monotonic()
-            if wait > 0:
-                raws = self.fetch(queue, 1, poll_ms=max(int(wait * 1000), 1))
-            else:
-                self._requeued.pop(queue, None)
+        wait = self.connection.expected(queue)
+        if not raws and wait > 0:  # a message this connection sent or gave back is on its way
+            raws = self.fetch(queue, 1, poll_ms=max(int(wait * 1000), 1))
         if not raws:
             raise Empty()
         return raws[0]
@@ -471,18 +469,13 @@ class Channel(virtual.Channel):
             queue = queue_name(receipt.topic, self.clients.namespace)
         except ValueError:
             return
-        self._requeued[queue] = time.monotonic() + float(self.requeue_wait)
+        self.connection.expect(queue, float(self.requeue_wait))
 
     def _restore(self, message: Any) -> None:
         self._give_back(message.delivery_tag)
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._give_back(message.delivery_tag)
-
-    def requeue_pending(self, queue: str) -> float:
-        until = self._requeued.get(queue)
-        return 0.0 if until is None else max(until - time.monotonic(), 0.0)
-
 
 class Transport(virtual.Transport):
     """kombu transport for rmq_eventstore's broker (or Apache RocketMQ 5): see the module docstring.
@@ -518,10 +511,28 @@ class Transport(virtual.Transport):
         self._inflight: dict[tuple[int, str], tuple[concurrent.futures.Future, Channel, str, int]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rr = count()
+        self._expected: dict[str, float] = {}  # queue -> until when a message sent or given back is due
         self._pid = os.getpid()
 
     def driver_version(self) -> str:
         return __version__
+
+    def expect(self, queue: str, seconds: float) -> None:
+        """A message is on its way to `queue` (sent, or given back) and readable within `seconds`: a get
+        that finds nothing long-polls that long rather than answering "empty" (read your writes; the
+        broker makes a sent message readable, and revives a given-back one, asynchronously)."""
+        until = time.monotonic() + seconds
+        if self._expected.get(queue, 0.0) < until:
+            self._expected[queue] = until
+
+    def expected(self, queue: str) -> float:
+        until = self._expected.get(queue)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            self._expected.pop(queue, None)
+        return max(left, 0.0)
 
     # -- connecting --------------------------------------------------------------------------------------------
     def _namesrv(self) -> str:

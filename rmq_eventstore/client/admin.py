@@ -13,7 +13,7 @@ from typing import Any
 
 from ..common import MessageExt, codec
 from ..common.fastjson import ObjectKey, fastjson_loads
-from ..common.topic import validate_topic
+from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase, TopicRoute, decode_records, loads_body
 from .producer import ExtensionNotSupportedError
@@ -117,6 +117,16 @@ class Admin:
             self._base.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
                 "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queue_nums, "writeQueueNums": queue_nums,
                 "perm": perm, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": order}))
+
+    def create_subscription_group(self, group: str, retry_max_times: int = 16, **config: object) -> None:
+        """Create (or update) a consumer group on every broker (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP);
+        `retry_max_times` is how often a message may come back before it goes to the group's DLQ.
+        `config` takes more `SubscriptionGroupConfig` fields by RocketMQ's names (`consumeEnable`, ...)."""
+        validate_group(group)
+        body = json.dumps({"groupName": group, "retryMaxTimes": retry_max_times, **config}).encode()
+        for addr in self.broker_addresses().values():
+            self._base.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {},
+                                                            body))
 
     def topic_list(self) -> list[str]:
         r = self._base.invoke_namesrv(lambda: RemotingCommand.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))

@@ -124,6 +124,10 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    def refresh_route(self, topic: str) -> None:
+        """Forget the cached route of `topic` and ask the name server again (after its queues changed)."""
+        self._base.route(topic, refresh=True)
+
     def _properties(self, msg: Message, uniq: str, delay_level: int) -> tuple[str, str]:
         """The properties string to send and the UNIQ_KEY (client message id) it carries."""
         if msg.properties_string is not None:

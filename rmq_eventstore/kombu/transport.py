@@ -1,0 +1,667 @@
+"""kombu virtual transport on RocketMQ 5's POP / ACK (`rocketmq://host:9876//`, `rocketmq:///path/to/store`).
+
+- A kombu queue is a topic (`names.topic_name`), consumed by one POP consumer group (`kombu`, or
+  `<namespace>%kombu`). Delivery is POP with the `visibility_timeout` (seconds, default 3600 as Redis) as
+  invisible time; ack is ACK; reject with requeue, `basic_recover` and restore on close change the
+  invisible time to zero (the same message comes back, no copy is sent). Nothing about unacked messages
+  is kept in memory only: a worker that dies holding messages loses nothing, the broker's revive puts them
+  back once their invisible time is over.
+- The delivery tag is `<topic>/<receipt handle>`: unique per delivery, and all an ACK needs, so acks from
+  other threads need no lookup.
+- Exchanges, bindings and queue declarations live in the broker as a log (`bindings.SharedState`), so
+  direct, topic and fanout routing work across processes; everything uses RocketMQ's protocol only.
+- Priorities: a queue declared with `x-max-priority` (`Queue(max_priority=…)`) gets 10 queues (lanes)
+  in its topic; priority p (0..9, higher first, as AMQP) is sent to lane p and lanes are popped from 9
+  down. Other queues have one lane and ignore priorities (as RabbitMQ does).
+- Prefetch is exact: a channel never holds (delivered and unacked, plus asked for in POPs under way)
+  more than its `basic_qos` prefetch count.
+- TTL: a message's `expiration` and a queue's `x-message-ttl` are checked when it is popped; expired
+  messages are acked and dropped.
+- A `deliver_at` message property (epoch seconds) makes `_put` send a RocketMQ timer message, delivered
+  by the broker when due (the hint Celery's ETA support can use).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from itertools import count
+from queue import Empty
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
+
+from .. import __version__
+from ..client import (
+    Admin,
+    LocalBrokerError,
+    Message,
+    MQBrokerError,
+    PopConsumer,
+    Producer,
+    PullConsumer,
+    RemotingError,
+    ensure_local_broker,
+)
+from ..client.consumer import FOUND, OFFSET_ILLEGAL
+from ..common.pop import pop_retry_topic
+from ..common.properties import PROPERTY_POP_CK
+from ..common.topic import TopicValidationError
+from .bindings import SharedState
+from .names import queue_name, system_topic, topic_name, validate_namespace
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9876
+LANES = 10  # queues of a priority queue's topic: priorities 0..9
+DEFAULT_VISIBILITY_TIMEOUT = 3600.0
+DEFAULT_BATCH = 32  # messages asked for per POP when the channel's prefetch is unlimited
+DEFAULT_MAX_POLL = 1.0  # longest POP long poll (s) while waiting on several queues at once
+DEFAULT_REQUEUE_WAIT = 2.0  # how long a get waits for a message this channel requeued to come back (s)
+DEFAULT_PUBLISH_WAIT = 1.0  # how long a get waits for a message this connection just sent to be readable (s)
+DEFAULT_RETRY_MAX_TIMES = 10_000  # redeliveries before RocketMQ moves a message to %DLQ%<group>
+_TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: later deliveries are sent at once
+PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
+
+__all__ = ["Channel", "QoS", "Transport"]
+
+
+class _Receipt:
+    """What `PopConsumer.ack` / `change_invisible_time` need of a popped message: topic and handle."""
+
+    __slots__ = ("topic", "properties")
+
+    def __init__(self, topic: str, handle: str) -> None:
+        self.topic = topic
+        self.properties = {PROPERTY_POP_CK: handle}
+
+
+def _receipt(delivery_tag: str) -> _Receipt:
+    topic, _, handle = str(delivery_tag).partition("/")
+    if not handle:
+        raise ValueError(f"{delivery_tag!r} is not a delivery tag of this transport")
+    return _Receipt(topic, handle)
+
+
+def _clamp_priority(message: dict[str, Any]) -> int:
+    try:
+        return max(0, min(int(message["properties"]["priority"]), LANES - 1))
+    except (TypeError, ValueError, KeyError):
+        return 0
+
+
+class _Clients:
+    """The RocketMQ clients of one kombu connection, and the shared exchange/binding state."""
+
+    def __init__(self, namesrv: str, namespace: str, group: str, access_key: str | None, secret_key: str | None,
+                 retry_max_times: int) -> None:
+        self.namespace = namespace
+        self.group = group
+        keys = {"access_key": access_key, "secret_key": secret_key}
+        self.admin = Admin(namesrv, **keys)
+        try:
+            if not self.admin.broker_addresses():
+                raise RemotingError(f"the name server at {namesrv} knows no broker")
+            self.producer = Producer(namesrv, group=f"{group}_producer", **keys).start()
+            self.pop = PopConsumer(namesrv, group, **keys).start()
+            self.reader = PullConsumer(namesrv, f"{group}_bindings", **keys).start()
+        except BaseException:
+            self.admin.shutdown()
+            raise
+        self.bindings_topic = system_topic("bindings", namespace)
+        self._topics: dict[str, int] = {}  # topics known to exist -> lanes
+        self._topics_lock = threading.Lock()
+        self.ensure_topic(self.bindings_topic, 1)
+        try:
+            self.admin.create_subscription_group(group, retry_max_times=retry_max_times)
+        except MQBrokerError as e:  # no admin rights (ACL) or a broker that refuses: keep its default
+            log.warning("kombu: could not set up consumer group %s (%s); its retryMaxTimes stays the broker's", group, e)
+        self.shared = SharedState(self._send_record, self._pull_records)
+
+    def shutdown(self) -> None:
+        for c in (self.pop, self.producer, self.reader, self.admin):
+            try:
+                c.shutdown()
+            except Exception:  # pragma: no cover - best effort
+                log.debug("kombu: client shutdown failed", exc_info=True)
+
+    def ensure_topic(self, topic: str, lanes: int) -> None:
+        if self._topics.get(topic, 0) >= lanes:
+            return
+        with self._topics_lock:
+            if self._topics.get(topic, 0) >= lanes:
+                return
+            self.admin.create_topic(topic, queue_nums=lanes)
+            self._topics[topic] = lanes
+        self.producer.refresh_route(topic)
+
+    def _send_record(self, body: bytes) -> int:
+        return self.producer.send(Message(self.bindings_topic, body), queue_id=0).queue_offset
+
+    def _pull_records(self, offset: int, wait_ms: int) -> tuple[int, list[bytes]]:
+        r = self.reader.pull(self.bindings_topic, 0, offset, max_nums=256, suspend_timeout_ms=wait_ms)
+        if r.status == OFFSET_ILLEGAL:
+            log.error("kombu: binding records before offset %d of %s are gone (retention?); bindings made "
+                      "before then are lost", r.next_begin_offset, self.bindings_topic)
+            return max(r.next_begin_offset, r.min_offset), []
+        if r.status != FOUND:
+            return offset, []
+        return r.next_begin_offset, [bytes(m.body) for m in r.messages]
+
+
+class QoS(virtual.QoS):
+    """kombu's prefetch accounting, counting the messages asked for by POPs under way as held."""
+
+    def __init__(self, channel: Channel, prefetch_count: int = 0) -> None:
+        super().__init__(channel, prefetch_count)
+        self.reserved = 0  # changed by the draining thread only
+
+    def can_consume(self) -> bool:
+        p = self.prefetch_count
+        return not p or len(self._delivered) - len(self._dirty) + self.reserved < p
+
+    def can_consume_max_estimate(self) -> int | None:
+        p = self.prefetch_count
+        if p:
+            return max(p - (len(self._delivered) - len(self._dirty)) - self.reserved, 0)
+        return None
+
+    def credit(self, batch: int) -> int:
+        """How many messages the channel may ask for now (`batch` when the prefetch is unlimited)."""
+        est = self.can_consume_max_estimate()
+        return batch if est is None else min(est, batch)
+
+
+class Channel(virtual.Channel):
+    """A kombu channel over POP / ACK (see the module docstring)."""
+
+    QoS = QoS
+    supports_fanout = True
+    do_restore = True
+    visibility_timeout = DEFAULT_VISIBILITY_TIMEOUT
+    batch_size = DEFAULT_BATCH
+    requeue_wait = DEFAULT_REQUEUE_WAIT
+    publish_wait = DEFAULT_PUBLISH_WAIT
+    from_transport_options = (*virtual.Channel.from_transport_options, "visibility_timeout", "batch_size",
+                              "requeue_wait", "publish_wait")
+
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        self._no_ack: set[str] = set()
+
+    # -- plumbing ----------------------------------------------------------------------------------------------
+    @property
+    def clients(self) -> _Clients:
+        return self.connection.clients()
+
+    def _topic(self, queue: str) -> str:
+        return topic_name(queue, self.clients.namespace)
+
+    def _invisible_ms(self) -> int:
+        return max(int(float(self.visibility_timeout) * 1000), 1000)
+
+    def _queue_args(self, queue: str, refresh: bool = False) -> dict[str, Any]:
+        return self.clients.shared.queue(queue, refresh=refresh) or {}
+
+    def _lanes(self, queue: str) -> int:
+        return LANES if self._queue_args(queue).get("x-max-priority") else 1
+
+    # -- declarations and bindings (shared through the broker) ---------------------------------------------------
+    def exchange_declare(self, exchange: str | None = None, type: str = "direct", durable: bool = False,
+                         auto_delete: bool = False, arguments: dict | None = None, nowait: bool = False,
+                         passive: bool = False) -> None:
+        type = type or "direct"
+        exchange = exchange or f"amq.{type}"
+        if passive:
+            if exchange not in self.state.exchanges and self.clients.shared.exchange(exchange) is None:
+                raise ChannelError(f"NOT_FOUND - no exchange {exchange!r}", (50, 10), "Channel.exchange_declare",
+                                   "404")
+            return
+        super().exchange_declare(exchange, type, durable, auto_delete, arguments, nowait, passive)
+        self.clients.shared.declare_exchange(exchange, type, bool(durable), bool(auto_delete), arguments)
+
+    def exchange_delete(self, exchange: str, if_unused: bool = False, nowait: bool = False) -> None:
+        self.clients.shared.delete_exchange(exchange)
+        self.state.exchanges.pop(exchange, None)
+
+    def typeof(self, exchange: str, default: str = "direct") -> Any:
+        try:
+            type = self.state.exchanges[exchange]["type"]
+        except KeyError:
+            shared = self.clients.shared.exchange(exchange) if exchange else None
+            type = shared["type"] if shared else default
+        return self.exchange_types[type]
+
+    def queue_bind(self, queue: str, exchange: str | None = None, routing_key: str = "",
+                   arguments: dict | None = None, **kwargs: Any) -> None:
+        exchange = exchange or "amq.direct"
+        meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
+        if not self.state.has_binding(queue, exchange, routing_key):
+            self.state.binding_declare(queue, exchange, routing_key, arguments)
+        self.clients.shared.bind(exchange, *meta)
+
+    def queue_unbind(self, queue: str, exchange: str | None = None, routing_key: str = "",
+                     arguments: dict | None = None, **kwargs: Any) -> None:
+        exchange = exchange or "amq.direct"
+        self.state.binding_delete(queue, exchange, routing_key)
+        meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
+        self.clients.shared.unbind(exchange, *meta)
+
+    def get_table(self, exchange: str) -> list[tuple[str, str | None, str]]:
+        return self.clients.shared.table(exchange)
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        arguments = kwargs.get("arguments") or {}
+        args = {k: arguments[k] for k in ("x-max-priority", "x-message-ttl", "x-expires") if arguments.get(k)}
+        self.clients.ensure_topic(self._topic(queue), LANES if args.get("x-max-priority") else 1)
+        self.clients.shared.declare_queue(queue, args)
+
+    def prepare_queue_arguments(self, arguments: dict[str, Any] | None, **kwargs: Any) -> dict[str, Any]:
+        """`Queue(max_priority=, message_ttl=, expires=)` as RabbitMQ's `x-` arguments, which `_new_queue`
+        keeps in the shared declaration."""
+        return to_rabbitmq_queue_arguments(arguments or {}, **kwargs)
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return self.clients.shared.queue(queue) is not None
+
+    def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any) -> int | None:
+        if if_empty and self._size(queue):
+            return None
+        n = self._purge(queue)
+        self.clients.shared.delete_queue(queue)
+        self.state.queue_bindings_delete(queue)
+        return n
+
+    # -- publishing ------------------------------------------------------------------------------------------------
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        c = self.clients
+        topic = self._topic(queue)
+        args = self._queue_args(queue)
+        if not args and c.shared.queue(queue, refresh=False) is None:
+            args = self._queue_args(queue, refresh=True)
+        lanes = LANES if args.get("x-max-priority") else 1
+        c.ensure_topic(topic, 1)
+        props: dict[str, str] = {}
+        expiration = (message.get("properties") or {}).get("expiration")
+        if expiration not in (None, ""):
+            try:
+                props[PROPERTY_EXPIRE_AT] = str(int(time.time() * 1000) + int(float(expiration)))
+            except ValueError:
+                pass
+        deliver_at = (message.get("properties") or {}).get("deliver_at")
+        due = None
+        if deliver_at not in (None, ""):
+            due_s = float(deliver_at)
+            if time.time() < due_s < time.time() + _TIMER_MAX_DELAY:
+                due = int(due_s * 1000)
+        body = json.dumps(message, separators=(",", ":")).encode()
+        lane = _clamp_priority(message) if lanes > 1 else 0
+        msg = Message(topic, body, properties=props or None)
+        try:
+            c.producer.send(msg, queue_id=lane, deliver_at=due)
+        except ValueError:  # the route we hold predates the lanes: ask again
+            c.producer.refresh_route(topic)
+            c.producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0,
+                            deliver_at=due)
+        if due is None:
+            self.connection.expect(queue, float(self.publish_wait))
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        for queue in sorted({q for _, _, q in self.get_table(exchange)}):
+            self._put(queue, message, **kwargs)
+
+    # -- consuming ---------------------------------------------------------------------------------------------------
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        if no_ack:
+            self._no_ack.add(queue)
+        else:
+            self._no_ack.discard(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        r = super().basic_cancel(consumer_tag)
+        if queue is not None and queue not in self._active_queues:
+            self._no_ack.discard(queue)
+        return r
+
+    def fetch(self, queue: str, n: int, poll_ms: int = 0) -> list[dict[str, Any]]:
+        """Pop up to `n` messages of `queue`, highest lane first; with `poll_ms` the broker waits that long
+        for one. Returns kombu's raw messages (delivery tag = receipt), expired ones acked and left out."""
+        while n > 0:
+            popped, raws = self._fetch_once(queue, n, poll_ms)
+            if raws or not popped:  # popped and all expired: look again
+                return raws
+        return []
+
+    def _fetch_once(self, queue: str, n: int, poll_ms: int) -> tuple[list[Any], list[dict[str, Any]]]:
+        c = self.clients
+        topic = self._topic(queue)
+        inv = self._invisible_ms()
+        lanes = self._lanes(queue)
+        if lanes == 1:
+            popped = c.pop.pop(topic, max_nums=n, invisible_time=inv, poll_time=poll_ms)
+        else:
+            popped = []
+            for lane in range(lanes - 1, -1, -1):
+                popped += c.pop.pop(topic, max_nums=n - len(popped), invisible_time=inv, queue_id=lane)
+                if len(popped) >= n:
+                    break
+            if not popped and poll_ms > 0:
+                popped = c.pop.pop(topic, max_nums=n, invisible_time=inv, poll_time=poll_ms)
+        return popped, self._to_raw(queue, topic, popped)
+
+    def _to_raw(self, queue: str, topic: str, popped: Iterable[Any]) -> list[dict[str, Any]]:
+        out: list[tuple[int, int, dict[str, Any]]] = []
+        expired = []
+        now = int(time.time() * 1000)
+        ttl = self._queue_args(queue).get("x-message-ttl")
+        for i, m in enumerate(popped):
+            receipt = _Receipt(topic, m.properties[PROPERTY_POP_CK])
+            expire_at = m.properties.get(PROPERTY_EXPIRE_AT)
+            if (expire_at and int(expire_at) <= now) or (ttl and m.born_timestamp + int(ttl) <= now):
+                expired.append(receipt)
+                continue
+            try:
+                raw = json.loads(bytes(m.body))
+                props = raw["properties"]
+            except (ValueError, KeyError, TypeError):
+                log.error("kombu: %s offset %d is not a kombu message; dropped", topic, m.queue_offset)
+                expired.append(receipt)
+                continue
+            props["delivery_tag"] = f"{topic}/{receipt.properties[PROPERTY_POP_CK]}"
+            if m.reconsume_times > 0:
+                raw["redelivered"] = True
+                props.setdefault("delivery_info", {})["redelivered"] = True
+            out.append((-_clamp_priority(raw), i, raw))
+        if expired:
+            self.clients.pop.ack_batch(expired)
+        if self._lanes(queue) > 1:
+            out.sort(key=lambda t: (t[0], t[1]))
+        return [raw for _, _, raw in out]
+
+    def settle_no_ack(self, queue: str, raws: list[dict[str, Any]]) -> None:
+        """Ack at once what a no-ack consumer of `queue` gets."""
+        if raws and queue in self._no_ack:
+            self.clients.pop.ack_batch([_receipt(r["properties"]["delivery_tag"]) for r in raws])
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        raws = self.fetch(queue, 1)
+        wait = self.connection.expected(queue)
+        if not raws and wait > 0:  # a message this connection sent or gave back is on its way
+            raws = self.fetch(queue, 1, poll_ms=max(int(wait * 1000), 1))
+        if not raws:
+            raise Empty()
+        return raws[0]
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        try:
+            raw = self._get(queue)
+        except Empty:
+            return None
+        message = self.Message(raw, channel=self)
+        if no_ack:
+            self.clients.pop.ack(_receipt(message.delivery_tag))
+        else:
+            self.qos.append(message, message.delivery_tag)
+        return message
+
+    def _size(self, queue: str) -> int:
+        c = self.clients
+        topic = self._topic(queue)
+        if c.shared.queue(queue) is None and topic not in c._topics:
+            return 0
+        n = 0
+        try:
+            queues = sorted({q for _, q in c.admin.topic_route(topic).read_queues})
+            for t, qs in ((topic, queues), (pop_retry_topic(c.group, topic), [0])):
+                for q in qs:
+                    top = c.admin.max_offset(t, q)
+                    if top <= 0:
+                        continue
+                    done = c.admin.consumer_offset(c.group, t, q)
+                    n += top - max(done, c.admin.min_offset(t, q), 0)
+        except MQBrokerError:
+            return n
+        return max(n, 0)
+
+    def _purge(self, queue: str) -> int:
+        c = self.clients
+        topic = self._topic(queue)
+        if c.shared.queue(queue) is None and topic not in c._topics:
+            return 0
+        n = 0
+        while True:
+            popped = c.pop.pop(topic, max_nums=32, invisible_time=60_000)
+            if not popped:
+                return n
+            c.pop.ack_batch(popped)
+            n += len(popped)
+
+    # -- acks ------------------------------------------------------------------------------------------------------
+    def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+        try:
+            self.clients.pop.ack(_receipt(delivery_tag))
+        finally:
+            super().basic_ack(delivery_tag)
+
+    def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        try:
+            if requeue:
+                self._give_back(delivery_tag)
+            else:
+                self.clients.pop.ack(_receipt(delivery_tag))
+        finally:
+            self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
+
+    def _give_back(self, delivery_tag: str) -> None:
+        receipt = _receipt(delivery_tag)
+        self.clients.pop.change_invisible_time(receipt, 0)
+        try:
+            queue = queue_name(receipt.topic, self.clients.namespace)
+        except ValueError:
+            return
+        self.connection.expect(queue, float(self.requeue_wait))
+
+    def _restore(self, message: Any) -> None:
+        self._give_back(message.delivery_tag)
+
+    def _restore_at_beginning(self, message: Any) -> None:
+        self._give_back(message.delivery_tag)
+
+class Transport(virtual.Transport):
+    """kombu transport for rmq_eventstore's broker (or Apache RocketMQ 5): see the module docstring.
+
+    URLs: `rocketmq://host:9876//` (a name server; `rocketmq://AK:SK@host:9876//` signs requests with ACL
+    keys) or `rocketmq:///path/to/store` (the broker owning that local store, found or started).
+    Transport options: `visibility_timeout` (s, 3600), `namespace` (''), `group` ('kombu'),
+    `batch_size` (32), `max_poll` (s, 1.0), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
+    `broker_options` (settings for a local broker this process starts)."""
+
+    Channel = Channel
+    default_port = DEFAULT_PORT
+    driver_type = "rocketmq"
+    driver_name = "rmq_eventstore"
+    polling_interval = 0.1  # only used when no channel can take a message (its prefetch is used up)
+    connection_errors = (*virtual.Transport.connection_errors, RemotingError, LocalBrokerError, OSError,
+                         socket.timeout)
+    channel_errors = (*virtual.Transport.channel_errors, MQBrokerError, TopicValidationError)
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"]), heartbeats=False)
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        opts = client.transport_options or {}
+        self.namespace = validate_namespace(opts.get("namespace", ""))
+        group = opts.get("group", "kombu")
+        self.group = f"{self.namespace}%{group}" if self.namespace else group
+        self.max_poll = float(opts.get("max_poll", DEFAULT_MAX_POLL))
+        self.retry_max_times = int(opts.get("retry_max_times", DEFAULT_RETRY_MAX_TIMES))
+        self.broker_options = opts.get("broker_options")
+        self._clients: _Clients | None = None
+        self._clients_lock = threading.Lock()
+        self._inflight: dict[tuple[int, str], tuple[concurrent.futures.Future, Channel, str, int]] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._rr = count()
+        self._expected: dict[str, float] = {}  # queue -> until when a message sent or given back is due
+        self._pid = os.getpid()
+
+    def driver_version(self) -> str:
+        return __version__
+
+    def expect(self, queue: str, seconds: float) -> None:
+        """A message is on its way to `queue` (sent, or given back) and readable within `seconds`: a get
+        that finds nothing long-polls that long rather than answering "empty" (read your writes; the
+        broker makes a sent message readable, and revives a given-back one, asynchronously)."""
+        until = time.monotonic() + seconds
+        if self._expected.get(queue, 0.0) < until:
+            self._expected[queue] = until
+
+    def expected(self, queue: str) -> float:
+        until = self._expected.get(queue)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            self._expected.pop(queue, None)
+        return max(left, 0.0)
+
+    # -- connecting --------------------------------------------------------------------------------------------
+    def _namesrv(self) -> str:
+        """The name server: `host:port` from the URL, or that of the broker owning the local store the URL
+        names (`rocketmq:///path`: no host, the path is kombu's virtual host), found or started."""
+        c = self.client
+        host = c.hostname
+        path = (c.virtual_host or "").strip().strip("/")
+        if path:  # Celery fills in kombu's default host ('localhost') and port: the path decides
+            if host not in (None, "", "localhost", "127.0.0.1"):
+                raise ValueError(f"rocketmq://{host}/{path}: a name server URL has no path, and a local store "
+                                 "URL has no host (rocketmq:///path/to/store)")
+            kw = {"broker_options": self.broker_options} if self.broker_options else {}
+            return ensure_local_broker("/" + path, **kw).namesrv_addr
+        host = host or "127.0.0.1"
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"{host}:{c.port or DEFAULT_PORT}"
+
+    def clients(self) -> _Clients:
+        if self._clients is None:
+            with self._clients_lock:
+                if self._clients is None:
+                    self._clients = _Clients(self._namesrv(), self.namespace, self.group, self.client.userid or None,
+                                             self.client.password or None, self.retry_max_times)
+        return self._clients
+
+    def establish_connection(self) -> Transport:
+        self.clients()
+        return super().establish_connection()
+
+    def close_connection(self, connection: Any) -> None:
+        try:
+            self._settle_inflight(wait=True)
+            super().close_connection(connection)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+            if self._clients is not None:
+                self._clients.shutdown()
+                self._clients = None
+
+    # -- draining ----------------------------------------------------------------------------------------------
+    def _candidates(self) -> list[tuple[Channel, str]]:
+        out = []
+        for ch in list(self.channels):
+            if ch.closed or not ch._consumers:
+                continue
+            for q in list(ch._active_queues):
+                if (id(ch), q) not in self._inflight and q in self._callbacks:
+                    out.append((ch, q))
+        if out:
+            k = next(self._rr) % len(out)
+            out = out[k:] + out[:k]
+        return out
+
+    def _deliver_raws(self, ch: Channel, queue: str, raws: list[dict[str, Any]]) -> int:
+        if not raws:
+            return 0
+        ch.settle_no_ack(queue, raws)
+        for raw in raws:
+            self._deliver(raw, queue)
+        return len(raws)
+
+    def _settle_inflight(self, wait: bool = False) -> int:
+        """Deliver what finished POPs under way brought; give back what nobody consumes any more."""
+        delivered = 0
+        error: BaseException | None = None
+        for key, (fut, ch, queue, n) in list(self._inflight.items()):
+            if not fut.done():
+                if not wait:
+                    continue
+                concurrent.futures.wait([fut], timeout=self.max_poll + 10)
+            del self._inflight[key]
+            ch.qos.reserved -= n
+            try:
+                raws = fut.result(timeout=0)
+            except BaseException as e:  # a lost connection: raised after the others are settled
+                error = error or e
+                continue
+            if not ch.closed and queue in ch._active_queues and queue in self._callbacks and not wait:
+                delivered += self._deliver_raws(ch, queue, raws)
+            else:
+                for raw in raws:
+                    try:
+                        self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
+                    except Exception:
+                        log.warning("kombu: could not give back a message nobody consumes; it comes back after "
+                                    "its visibility timeout", exc_info=True)
+        if error is not None:
+            raise error
+        return delivered
+
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._settle_inflight():
+                return
+            cands = self._candidates()
+            delivered = 0
+            for ch, q in cands:  # what is there already, without waiting
+                n = ch.qos.credit(ch.batch_size)
+                if n > 0:
+                    delivered += self._deliver_raws(ch, q, ch.fetch(q, n))
+            if delivered:
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError()  # socket.timeout
+            waiting = [(ch, q) for ch, q in cands if ch.qos.credit(1) > 0]
+            if len(waiting) == 1 and not self._inflight:  # one queue: the long poll waits in this thread
+                ch, q = waiting[0]
+                wait = 20.0 if remaining is None else remaining
+                raws = ch.fetch(q, ch.qos.credit(ch.batch_size), poll_ms=max(int(wait * 1000), 1))
+                if self._deliver_raws(ch, q, raws):
+                    return
+                continue
+            wait = self.max_poll if remaining is None else min(remaining, self.max_poll)
+            if not waiting and not self._inflight:  # nothing to wait on: no consumer, or no credit
+                time.sleep(min(self.polling_interval, wait))
+                continue
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=16,
+                                                                       thread_name_prefix="kombu-rocketmq-pop")
+            for ch, q in waiting:  # several queues: one long poll each, reserving its credit
+                if ch.qos.credit(1) <= 0:
+                    continue
+                ch.qos.reserved += 1
+                fut = self._executor.submit(ch.fetch, q, 1, max(int(wait * 1000), 1))
+                self._inflight[(id(ch), q)] = (fut, ch, q, 1)
+            concurrent.futures.wait([f for f, *_ in self._inflight.values()], timeout=wait,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)

@@ -12,13 +12,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $@
 
-## run: the reference shop (django_app/) on http://127.0.0.1:8000/, SQLite in ./var, its store ./var/store
-## (the store's broker process is started on the first request and stops 5 min after the last client)
+## run: the whole stack on embedded defaults: the reference shop (django_app/) on http://127.0.0.1:8000/, a
+## Celery worker with beat (celery_app/), and the broker of ./var/store (started by whichever needs it first,
+## stops 5 min after its last client); SQLite in ./var. Ctrl-C stops the web server and the worker.
 run: $(VENV)/.installed
-	$(PY) django_app/manage.py migrate --noinput
-	$(PY) django_app/manage.py demo_admin
-	@echo "shop: http://127.0.0.1:8000/  admin: http://127.0.0.1:8000/admin/ (admin/admin)  store: ./var/store"
-	$(PY) django_app/manage.py runserver 127.0.0.1:8000
+	$(PY) django_app/run_stack.py
 
 ## demo: the broker on ./var/store (its own process), a demo producer and a long-polling consumer
 demo: $(VENV)/.installed

@@ -36,7 +36,15 @@ def place_order(customer: str, lines: list[Line]) -> Order:
             keys=[number, f"customer-{customer}"], tags="Placed", stream=order.stream, expected_version=0)
         order.version = event.version
         order.save(update_fields=["version"])
+        transaction.on_commit(lambda: _notify(number))
     return order
+
+
+def _notify(number: str) -> None:
+    """Ask the worker to confirm the order (a Celery task through the store's broker)."""
+    from shopcelery.tasks import notify_order_placed
+
+    notify_order_placed.delay(number)
 
 
 TRANSITIONS = {

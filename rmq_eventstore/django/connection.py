@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ..client import Admin, Producer, PullConsumer, TransactionProducer
+from ..client.local import _pid_alive
 from ..client.remoting_client import MQBrokerError
 from ..common.broker_file import read_broker_file
 from ..remoting import ResponseCode
@@ -62,18 +62,6 @@ def close_embedded_brokers() -> None:
 
 
 atexit.register(close_embedded_brokers)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class EventStore:

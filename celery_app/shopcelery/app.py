@@ -9,9 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-import rmq_eventstore.kombu  # noqa: F401  (registers the rocketmq:// transport alias with kombu)
 from celery import Celery
 
+import rmq_eventstore.kombu  # noqa: F401  (registers the rocketmq:// transport alias with kombu)
 from rmq_eventstore.celery import install
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,6 @@ and the broker's sampled history (GET_BROKER_STATS_HISTORY, our extension)."""
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +82,6 @@ class Admin:
     def __init__(self, namesrv_addr: str, timeout_ms: int = 5000, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
         self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
-        self._extensions: dict[str, dict] = {}
-        self._ext_lock = threading.Lock()
 
     def start(self) -> Admin:
         return self
@@ -186,17 +183,8 @@ class Admin:
         return msgs[0]
 
     def supports(self, address: str, extension: str) -> bool:
-        """Whether the broker at `address` serves one of rmq_eventstore's extensions (asked once, cached;
-        an Apache RocketMQ broker serves none)."""
-        with self._ext_lock:
-            known = self._extensions.get(address)
-        if known is None:
-            r = self._base.remoting.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_EXTENSIONS, {}),
-                                           self._base.timeout)
-            known = dict(json.loads(r.body or b"{}").get("extensions") or {}) if r.code == ResponseCode.SUCCESS else {}
-            with self._ext_lock:
-                self._extensions[address] = known
-        return bool(known.get(extension))
+        """Whether the broker at `address` serves one of rmq_eventstore's extensions (asked once, cached)."""
+        return self._base.supports(address, extension)
 
     def read_stream(self, topic: str, stream: str, from_version: int = 1, max_num: int = 100_000, *,
                     last: int | None = None) -> list[MessageExt]:

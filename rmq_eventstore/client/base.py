@@ -89,6 +89,7 @@ class ClientBase:
         self._routes: dict[str, TopicRoute] = {}
         self._route_lock = threading.Lock()
         self._pinned: set[str] = set()  # brokers heartbeated whatever the routes say (see pin_cluster)
+        self._extensions: dict[str, dict[str, Any]] = {}  # broker address -> rmq_eventstore extensions it serves
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
@@ -227,6 +228,19 @@ class ClientBase:
         if new_brokers:
             self.send_heartbeat(new_brokers)
         return r
+
+    def supports(self, address: str, extension: str) -> bool:
+        """Whether the broker at `address` serves one of rmq_eventstore's extensions (GET_BROKER_EXTENSIONS,
+        asked once per broker and cached; an Apache RocketMQ broker answers REQUEST_CODE_NOT_SUPPORTED)."""
+        with self._route_lock:
+            known = self._extensions.get(address)
+        if known is None:
+            r = self.remoting.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_EXTENSIONS, {}),
+                                     self.timeout)
+            known = dict(json.loads(r.body or b"{}").get("extensions") or {}) if r.code == ResponseCode.SUCCESS else {}
+            with self._route_lock:
+                self._extensions[address] = known
+        return bool(known.get(extension))
 
     def broker_for(self, topic: str) -> str:
         """The master address of the (first) broker serving `topic`."""

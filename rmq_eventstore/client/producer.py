@@ -101,7 +101,6 @@ class Producer:
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._ids = codec.UniqueIdGenerator()
         self._rr = itertools.count()
-        self._extensions: dict[str, dict[str, object]] = {}  # broker address -> extensions it serves
 
     def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
                    secret_key: str | None) -> ClientBase:
@@ -291,15 +290,7 @@ class Producer:
 
     def supports(self, address: str, extension: str) -> bool:
         """Whether the broker at `address` serves one of rmq_eventstore's extensions (asked once, cached)."""
-        known = self._extensions.get(address)
-        if known is None:
-            r = self._base.remoting.invoke(address, RemotingCommand.request(RequestCode.GET_BROKER_EXTENSIONS, {}),
-                                           self._base.timeout)
-            known = {}
-            if r.code == ResponseCode.SUCCESS:
-                known = dict(json.loads(r.body or b"{}").get("extensions") or {})
-            self._extensions[address] = known
-        return bool(known.get(extension))
+        return self._base.supports(address, extension)
 
     def _send(self, topic: str, queue_id: int | None, code: int, body: bytes, props: str, flag: int,
               sys_flag: int, reconsume: int, msg_id: str, batch: bool, timeout_ms: int | None,

@@ -62,28 +62,27 @@ def overview(request: HttpRequest, model_admin: Any) -> HttpResponse:
                    brokers=brokers, error=error)
 
 
-def topics(request: HttpRequest, model_admin: Any) -> HttpResponse:
+def _table_page(request: HttpRequest, model_admin: Any, rows_of: Any, template: str, tab: str,
+                title: str) -> HttpResponse:
+    """A page listing `rows_of(store, show_system)` (system topics and groups only with ?system=1)."""
     store = _store(request)
     show_system = request.GET.get("system") == "1"
     rows, error = [], ""
     try:
-        rows = data.topic_rows(store, show_system)
+        rows = rows_of(store, show_system)
     except STORE_ERRORS as e:
         error = _failure(e)
-    return _render(request, model_admin, "topics.html", "topics", "Event store: topics", store,
-                   rows=rows, error=error, show_system=show_system)
+    return _render(request, model_admin, template, tab, title, store, rows=rows, error=error,
+                   show_system=show_system)
+
+
+def topics(request: HttpRequest, model_admin: Any) -> HttpResponse:
+    return _table_page(request, model_admin, data.topic_rows, "topics.html", "topics", "Event store: topics")
 
 
 def groups(request: HttpRequest, model_admin: Any) -> HttpResponse:
-    store = _store(request)
-    show_system = request.GET.get("system") == "1"
-    rows, error = [], ""
-    try:
-        rows = data.group_rows(store, show_system)
-    except STORE_ERRORS as e:
-        error = _failure(e)
-    return _render(request, model_admin, "groups.html", "groups", "Event store: consumer groups", store,
-                   rows=rows, error=error, show_system=show_system)
+    return _table_page(request, model_admin, data.group_rows, "groups.html", "groups",
+                       "Event store: consumer groups")
 
 
 def lookup(request: HttpRequest, model_admin: Any) -> HttpResponse:

@@ -15,12 +15,17 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     port = os.environ.get("SHOP_PORT", "8000")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO / "celery_app"), str(REPO),
                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                DJANGO_SETTINGS_MODULE="shop.settings")
     py = sys.executable
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the stack as Ctrl-C does
     subprocess.run([py, str(HERE / "manage.py"), "migrate", "--noinput", "-v", "0"], env=env, check=True)
     subprocess.run([py, str(HERE / "manage.py"), "demo_admin"], env=env, check=True)
     var = Path(os.environ.get("SHOP_VAR", REPO / "var"))

@@ -42,8 +42,13 @@ def test_order_reaches_the_worker_as_task_and_as_events(tmp_path):
     var = tmp_path / "var"
     env = dict(os.environ, SHOP_VAR=str(var), SHOP_PORT=str(port), SHOP_COMMITLOG_MB="4", SHOP_DEBUG="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    log = (tmp_path / "stack.log").open("w")
     stack = subprocess.Popen([sys.executable, str(ROOT / "django_app" / "run_stack.py")], env=env, cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def tail() -> str:  # what the web server and the worker said, for a failure's message
+        return "\n".join((tmp_path / "stack.log").read_text(errors="replace").splitlines()[-40:])
+
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -52,7 +57,7 @@ def test_order_reaches_the_worker_as_task_and_as_events(tmp_path):
                 get(f"{url}/api/orders/")
                 break
             except OSError:
-                assert time.monotonic() < deadline and stack.poll() is None, "the stack did not start"
+                assert time.monotonic() < deadline and stack.poll() is None, "the stack did not start:\n" + tail()
                 time.sleep(0.3)
         order = post(f"{url}/api/orders/", {"customer": "ada", "lines": [{"sku": "tea", "quantity": 2,
                                                                           "price_cents": 350}]})
@@ -65,12 +70,17 @@ def test_order_reaches_the_worker_as_task_and_as_events(tmp_path):
                     and rm["days"] and rm["days"][0]["orders"] == 1)
             if done:
                 break
-            assert time.monotonic() < deadline, rm
+            assert time.monotonic() < deadline, f"{rm}\n{tail()}"
             time.sleep(0.5)
     finally:
         os.killpg(stack.pid, signal.SIGTERM)
         try:
             stack.wait(30)
         except subprocess.TimeoutExpired:
+            pass
+        time.sleep(1)
+        try:  # anything of the session left (a worker's pool process) goes too
             os.killpg(stack.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         stop_local_broker(var / "store")

@@ -13,7 +13,9 @@ A file's unused tail is preceded by a BLANK record `[int remaining][int BLANK_MA
 
 from __future__ import annotations
 
+import logging
 import mmap
+import os
 import struct
 import time
 import zlib
@@ -80,6 +82,30 @@ from .tags import (  # noqa: F401  (re-exported: the codec is the one module cal
 )
 
 Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read from (mmap views included)
+
+log = logging.getLogger(__name__)
+
+
+# -- the native core (issue 16) -----------------------------------------------------------------------
+def _load_native():  # noqa: ANN202  (the module, or None)
+    """`rmq_eventstore._native` (the C loops), unless `RMQ_EVENTSTORE_PURE` is set to anything but 0 or
+    the extension is not importable (not built: no C compiler, or a source checkout without `make`)."""
+    if os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0"):
+        log.debug("RMQ_EVENTSTORE_PURE is set: the store uses its pure-Python record loops")
+        return None
+    try:
+        from .. import _native
+    except ImportError as e:
+        log.debug("rmq_eventstore._native is not importable (%s): the store uses its pure-Python record loops", e)
+        return None
+    _native.init(Message)
+    return _native
+
+
+native = _load_native()
+# Which record loops are active: True for the C extension, False for the pure-Python reference. The Python
+# functions stay the definition: each native call falls back to them when it returns None.
+NATIVE: bool = native is not None
 
 # -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
 END_FILE_MIN_BLANK_LENGTH = 8
@@ -547,6 +573,22 @@ class RecordEncoder:
 
     def encode_plain_batch(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
                            queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
+        """The batch put's fast path (see `encode_plain_batch_py`, the reference): the C loop of
+        `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
+        Python loop. The native loop leaves every batch with the `__CRC32#` trailer to the Python path."""
+        if native is not None and not self.append_crc:
+            addr, port = self.store_host
+            r = native.encode_plain_batch(
+                msgs, uniq_keys, queue_table, base_offset, now, self._topics, addr, port,
+                (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0, self.max_message_size,
+                self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
+                DispatchRequest)
+            if r is not None:
+                return _new_tuple(PlainBatch, r)
+        return self.encode_plain_batch_py(msgs, uniq_keys, queue_table, base_offset, now)
+
+    def encode_plain_batch_py(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
+                              queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
         """The batch put's fast path: whole records for plain messages in one loop, offsets included.
 
         Plain means what most event appends are: no raw properties string, no user properties, no born
@@ -1120,8 +1162,22 @@ assert tuple(h.size for h in _SKIM_HEADERS) == _HEADER_SIZES
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 
 
+_SKIM_STATES = (SKIM_OK, SKIM_BLANK, SKIM_END, SKIM_DAMAGE)
+
+
 def skim_records(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16,
                  keep: bool = True) -> tuple[list[tuple], int, str, str]:
+    """The walk of recovery and `verify` (see `skim_records_py`, the reference): the C loop of
+    `rmq_eventstore._native` when it is active (`NATIVE`), else the Python loop. Same results."""
+    if native is not None:
+        r = native.skim_records(buf, pos, limit, check_crc, max_records, keep, _SKIM_STATES)
+        if r is not None:
+            return r
+    return skim_records_py(buf, pos, limit, check_crc, max_records, keep)
+
+
+def skim_records_py(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16,
+                    keep: bool = True) -> tuple[list[tuple], int, str, str]:
     """Hop from record to record by TOTALSIZE with the checks of `check_message_and_return_size`
     (magic, lengths, the computed total size, the body CRC when `check_crc`) but without decoding
     properties: the fast walk of recovery and `verify` (a few microseconds per record).

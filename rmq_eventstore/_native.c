@@ -676,6 +676,45 @@ done:
     return result;
 }
 
+/* cq_pack(units int64 (n, 4) bytes, expect_q, prev_end) -> (20-byte units, last end) or None
+ * ConsumeQueue._put_small_in_order's check and pack: every unit's queue offset must be the next one and its
+ * record must end past the one before (else None: the general path decides). */
+static PyObject *cq_pack(PyObject *self, PyObject *args) {
+    Py_buffer ub;
+    long long expect_q, prev_end;
+    if (!PyArg_ParseTuple(args, "y*LL", &ub, &expect_q, &prev_end)) return NULL;
+    Py_ssize_t n = ub.len / 32;
+    PyObject *out = NULL;
+    if (ub.len != n * 32) { PyErr_SetString(PyExc_ValueError, "units must be rows of 4 int64"); goto done; }
+    out = PyBytes_FromStringAndSize(NULL, n * 20);
+    if (out == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *u = ub.buf;
+    for (Py_ssize_t i = 0; i < n; i++, u += 32, p += 20) {
+        int64_t v[4];
+        memcpy(v, u, 32);
+        if (v[1] < INT32_MIN || v[1] > INT32_MAX || (v[1] > 0 && v[0] > INT64_MAX - v[1]) ||
+            (v[1] < 0 && v[0] < INT64_MIN - v[1])) {  /* the reference's struct.pack / int math decides */
+            Py_CLEAR(out);
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        int64_t end = v[0] + v[1];
+        if (v[3] != expect_q || end <= prev_end) {
+            Py_CLEAR(out);
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        put_i64(p, v[0]); put_i32(p + 8, (int32_t)v[1]); put_i64(p + 12, v[2]);
+        prev_end = end;
+        expect_q++;
+    }
+    out = Py_BuildValue("(NL)", out, prev_end);
+done:
+    PyBuffer_Release(&ub);
+    return out;
+}
+
 /* put_index_entries(mm, entries_base, hash_slot_num, index_num, count, begin_timestamp, hashes int32,
  *                   phy int64, ts int64) -> (written, slots newly used, begin phy offset or None, begin ts)
  * IndexFile._put_hash once per entry, in order, into the mapped file (entries and slot table; the caller
@@ -868,6 +907,7 @@ static PyMethodDef methods[] = {
      "IndexService.build_index's key loop: (int32 hashes, int64 offsets, int64 timestamps) as bytes, or None."},
     {"group_units", group_units, METH_VARARGS,
      "MessageStore._dispatch's grouping: [((topic, queue_id), int64 units bytes)], or None."},
+    {"cq_pack", cq_pack, METH_VARARGS, "ConsumeQueue._put_small_in_order's check and pack: (bytes, last end) or None."},
     {"put_index_entries", put_index_entries, METH_VARARGS,
      "IndexFile._put_hash per entry into the mapped file: (written, slots used, begin phy or None, begin ts)."},
     {"skim_records", skim_records, METH_VARARGS, "codec.skim_records's walk (states passed in)."},

@@ -14,6 +14,7 @@ The tests skip when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_N
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import zlib
@@ -282,3 +283,60 @@ def test_skim_records_native_declines_limits_past_the_buffer():
 def test_crc32_equals_zlib(data, start):
     assert _native.crc32(data, start) == zlib.crc32(data, start)
     assert _native.crc32(data) == zlib.crc32(data)
+
+
+_unit_batches = st.lists(  # batches of (size, tags, queue-offset step, offset step): mostly in order
+    st.lists(st.tuples(st.integers(1, 500), st.integers(-(2 ** 63), 2 ** 63 - 1),
+                       st.sampled_from([1, 1, 1, 1, 0, 2, -1]), st.sampled_from([1, 1, 1, 0, -1])),
+             min_size=1, max_size=40),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=_unit_batches, start_q=st.sampled_from([0, 0, 3]))
+def test_consume_queue_native_arrays_write_what_lists_write(tmp_path_factory, batches, start_q):
+    from rmq_eventstore.store.consume_queue import ConsumeQueue
+
+    root = tmp_path_factory.mktemp("cq")
+    queues = []
+    for name in ("lists", "arrays"):
+        cq = ConsumeQueue("T", 0, str(root / name), 20 * 50)  # 50 units per file: batches roll files
+        cq.load()
+        queues.append(cq)
+    q, off = start_q, 1000
+    written = []
+    for batch in batches:
+        units = []
+        for size, tags, dq, doff in batch:
+            units.append((off, size, tags, q))
+            q = max(0, q + dq)
+            off = max(0, off + doff * size)
+        ref = queues[0].put_message_position_infos(units)
+        got = queues[1].put_message_position_infos(np.asarray(units, dtype=np.int64))
+        written.append((ref, got))
+    try:
+        assert all(a == b for a, b in written), written
+        files = [[bytes(mf.mm) for mf in cq.mapped_file_queue.mapped_files] for cq in queues]
+        assert files[0] == files[1]
+        assert queues[0].get_max_offset_in_queue() == queues[1].get_max_offset_in_queue()
+    finally:
+        for cq in queues:
+            cq.destroy()
+
+
+@settings(max_examples=60, deadline=None)
+@given(units=st.lists(st.tuples(st.integers(0, 2 ** 40), st.integers(-5, 2 ** 31), st.integers(-(2 ** 63), 2 ** 63 - 1),
+                                st.integers(0, 8)), max_size=12),
+       expect_q=st.integers(0, 3), prev_end=st.integers(0, 2 ** 40))
+def test_cq_pack_checks_what_put_small_in_order_checks(units, expect_q, prev_end):
+    raw = _native.cq_pack(np.asarray(units, dtype=np.int64).reshape(-1, 4).tobytes(), expect_q, prev_end)
+    ok, parts = True, []
+    for off, size, tags, q in units:  # the reference's checks, unit by unit
+        if q != expect_q or off + size <= prev_end or size > 2 ** 31 - 1:
+            ok = False
+            break
+        parts.append(struct.pack(">qiq", off, size, tags))
+        prev_end, expect_q = off + size, expect_q + 1
+    assert (raw is not None) == ok
+    if ok:
+        assert raw == (b"".join(parts), prev_end)

@@ -676,6 +676,30 @@ done:
     return result;
 }
 
+/* format_ids(head, c0, k) -> [head + "%04X" % ((c0 + i) & 0xFFFF) for i in range(k)]  (UNIQ_KEY ids) */
+static PyObject *format_ids(PyObject *self, PyObject *args) {
+    PyObject *head;
+    long c0;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "Uln", &head, &c0, &k)) return NULL;
+    if (!PyUnicode_IS_ASCII(head) || k < 0) Py_RETURN_NONE;
+    Py_ssize_t hl = PyUnicode_GET_LENGTH(head);
+    const char *h = (const char *)PyUnicode_1BYTE_DATA(head);
+    PyObject *out = PyList_New(k);
+    if (out == NULL) return NULL;
+    static const char hex[] = "0123456789ABCDEF";
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *s = PyUnicode_New(hl + 4, 127);
+        if (s == NULL) { Py_DECREF(out); return NULL; }
+        char *d = (char *)PyUnicode_1BYTE_DATA(s);
+        memcpy(d, h, hl);
+        unsigned c = (unsigned)((c0 + i) & 0xFFFF);
+        d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
+        PyList_SET_ITEM(out, i, s);
+    }
+    return out;
+}
+
 /* cq_pack(units int64 (n, 4) bytes, expect_q, prev_end) -> (20-byte units, last end) or None
  * ConsumeQueue._put_small_in_order's check and pack: every unit's queue offset must be the next one and its
  * record must end past the one before (else None: the general path decides). */
@@ -907,6 +931,7 @@ static PyMethodDef methods[] = {
      "IndexService.build_index's key loop: (int32 hashes, int64 offsets, int64 timestamps) as bytes, or None."},
     {"group_units", group_units, METH_VARARGS,
      "MessageStore._dispatch's grouping: [((topic, queue_id), int64 units bytes)], or None."},
+    {"format_ids", format_ids, METH_VARARGS, "UniqueIdGenerator.create_many's formatting (None: not ASCII)."},
     {"cq_pack", cq_pack, METH_VARARGS, "ConsumeQueue._put_small_in_order's check and pack: (bytes, last end) or None."},
     {"put_index_entries", put_index_entries, METH_VARARGS,
      "IndexFile._put_hash per entry into the mapped file: (written, slots used, begin phy or None, begin ts)."},

@@ -340,3 +340,21 @@ def test_cq_pack_checks_what_put_small_in_order_checks(units, expect_q, prev_end
     assert (raw is not None) == ok
     if ok:
         assert raw == (b"".join(parts), prev_end)
+
+
+# -- UNIQ_KEY ids -------------------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(head=st.text(alphabet="0123456789ABCDEF", max_size=40), c0=st.integers(0, 0xFFFF), k=st.integers(0, 70))
+def test_format_ids_native_equals_python(head, c0, k):
+    assert _native.format_ids(head, c0, k) == [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(k)]
+    assert _native.format_ids("é" + head, c0, k) is None  # not ASCII: the reference formats
+
+
+def test_uniq_ids_from_create_and_create_many_are_unique_and_well_formed():
+    from rmq_eventstore.common.message_id import UniqueIdGenerator
+
+    gen = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+    ids = [gen.create() for _ in range(300)] + gen.create_many(70_000) + [gen.create() for _ in range(300)]
+    assert len(set(ids)) == len(ids)  # 70,600 ids: past one millisecond's 65,536 counters
+    assert all(len(i) == 32 and i == i.upper() and bytes.fromhex(i)[:4] == b"\x0a\x00\x00\x01" for i in ids)
+    assert len({i[:28] for i in ids}) >= 2  # the burst borrowed the next millisecond

@@ -13,9 +13,7 @@ A file's unused tail is preceded by a BLANK record `[int remaining][int BLANK_MA
 
 from __future__ import annotations
 
-import logging
 import mmap
-import os
 import struct
 import time
 import zlib
@@ -34,6 +32,7 @@ from .message_id import (  # noqa: F401  (re-exported: the codec is the one modu
     format_host,
     parse_host,
 )
+from .native import NATIVE, native  # noqa: F401  (re-exported: codec.NATIVE says which loops run)
 from .properties import (  # noqa: F401  (re-exported: the codec is the one module callers use)
     KEY_SEPARATOR,
     NAME_VALUE_SEPARATOR,
@@ -83,29 +82,11 @@ from .tags import (  # noqa: F401  (re-exported: the codec is the one module cal
 
 Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read from (mmap views included)
 
-log = logging.getLogger(__name__)
 
-
-# -- the native core (issue 16) -----------------------------------------------------------------------
-def _load_native():  # noqa: ANN202  (the module, or None)
-    """`rmq_eventstore._native` (the C loops), unless `RMQ_EVENTSTORE_PURE` is set to anything but 0 or
-    the extension is not importable (not built: no C compiler, or a source checkout without `make`)."""
-    if os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0"):
-        log.debug("RMQ_EVENTSTORE_PURE is set: the store uses its pure-Python record loops")
-        return None
-    try:
-        from .. import _native
-    except ImportError as e:
-        log.debug("rmq_eventstore._native is not importable (%s): the store uses its pure-Python record loops", e)
-        return None
-    _native.init(Message)
-    return _native
-
-
-native = _load_native()
-# Which record loops are active: True for the C extension, False for the pure-Python reference. The Python
-# functions stay the definition: each native call falls back to them when it returns None.
-NATIVE: bool = native is not None
+# The native core (issue 16): which loops run (see common/native.py). The Python functions stay the
+# definition: each native call falls back to them when it returns None.
+if native is not None:
+    native.init(Message)
 
 # -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
 END_FILE_MIN_BLANK_LENGTH = 8

@@ -8,6 +8,7 @@
  * construction, and the test suite checks byte identity on everything that is handled here.
  *
  *   encode_plain_batch  RecordEncoder.encode_plain_batch: whole V1/V2 records for plain messages
+ *   encode_network_batch RecordEncoder.encode_network_batch: the same for messages with a properties string
  *   index_keys          IndexService.build_index's key loop + index_key_hashes (Java String.hashCode)
  *   group_units         MessageStore._dispatch's grouping of consume-queue units per queue
  *   skim_records        codec.skim_records: the record walk of recovery and verify (body CRC included)
@@ -470,6 +471,274 @@ decline_early:
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* encode_network_batch                                                                             */
+typedef struct {
+    PyObject *topic, *body, *ps;             /* borrowed */
+    const char *pu; Py_ssize_t pl;           /* UTF-8 of ps (cached in the str) */
+    Py_ssize_t tags_at, tags_len, keys_at, keys_len, uniq_at, uniq_len;  /* -1: absent */
+    const char *topic_part; Py_ssize_t topic_part_len;
+    char born_addr[16]; Py_ssize_t born_len; int32_t born_port;
+    int32_t magic, qid, flag, sys_flag, reconsume;
+    int64_t born_ts, ptx, q;
+    Py_ssize_t total, hsize;
+} net_rec;
+
+/* the value of the last "\x02NAME\x01" in "\x02" + props (UTF-8): 1 found non-empty, 0 absent, -1 empty */
+static int find_prop(const char *u, Py_ssize_t n, const char *name, Py_ssize_t nl, Py_ssize_t *at, Py_ssize_t *len) {
+    for (Py_ssize_t p = n - nl; p >= 0; p--) {
+        if ((p == 0 || u[p - 1] == 2) && memcmp(u + p, name, nl) == 0) {
+            Py_ssize_t v = p + nl, e = v;
+            while (e < n && u[e] != 2) e++;
+            if (e == v) return -1;
+            *at = v;
+            *len = e - v;
+            return 1;
+        }
+    }
+    *at = -1;
+    *len = 0;
+    return 0;
+}
+
+static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *queue_table, *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
+    long long base, now, max_body, max_record;
+    const char *store_addr; Py_ssize_t addr_len;
+    int store_port;
+    if (!PyArg_ParseTuple(args, "OO!LLO!y#iLLO!OO!OU", &msgs, &PyDict_Type, &queue_table, &base, &now,
+                          &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &max_body, &max_record,
+                          &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type, &request_type, &parse_host,
+                          &schedule_topic))
+        return NULL;
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    PyTypeObject *rtype = (PyTypeObject *)request_type;
+    if (!PyType_IsSubtype(rtype, &PyTuple_Type)) { PyErr_SetString(PyExc_TypeError, "request type must be a tuple"); return NULL; }
+    PyObject *seq = PySequence_Fast(msgs, "msgs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    const int store_v6 = addr_len == 16 ? 0x20 : 0;
+    net_rec *recs = PyMem_Calloc(n ? n : 1, sizeof(net_rec));
+    queue_slot *queues = PyMem_Malloc(sizeof(queue_slot) * 64);
+    Py_ssize_t nqueues = 0, cap_queues = 64;
+    PyObject *result = NULL, *data = NULL, *requests = NULL, *offsets = NULL, *uniqs = NULL, *seen = NULL;
+    if (recs == NULL || queues == NULL) { PyErr_NoMemory(); goto fail; }
+    Py_ssize_t sum = 0;
+    int last_queue = -1;
+    int64_t first_q = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = items[i];
+        net_rec *r = &recs[i];
+        if (Py_TYPE(m) != message_type) goto decline;
+        PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING);
+        if (topic == NULL || body == NULL || ps == NULL || !PyUnicode_CheckExact(topic) ||
+            !PyBytes_CheckExact(body) || !PyUnicode_CheckExact(ps))
+            goto decline;
+        PyObject *tp = PyDict_GetItemWithError(topics, topic);
+        if (tp == NULL) { PyErr_Clear(); goto decline; }
+        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
+            goto decline;
+        PyObject *fv = field(m, F_FORCE_V2);
+        if (fv == NULL || is_falsy_default(fv) != 1) goto decline;
+        int64_t v;
+        PyObject *o = field(m, F_SYS_FLAG);
+        if (o == NULL || !as_i64(o, INT32_MIN, INT32_MAX, &v)) goto decline;
+        int32_t sys_flag = (int32_t)v;
+        int tx = sys_flag & 0xC;
+        if (tx != 0 && tx != 0x8) goto decline;
+        int cmp = PyUnicode_Compare(topic, schedule_topic);
+        if (cmp == -1 && PyErr_Occurred()) { PyErr_Clear(); goto decline; }
+        if (cmp == 0) goto decline;
+        r->pu = PyUnicode_AsUTF8AndSize(ps, &r->pl);
+        if (r->pu == NULL) { PyErr_Clear(); goto decline; }
+        if (find_prop(r->pu, r->pl, "TAGS\x01", 5, &r->tags_at, &r->tags_len) < 0 ||
+            find_prop(r->pu, r->pl, "KEYS\x01", 5, &r->keys_at, &r->keys_len) < 0 ||
+            find_prop(r->pu, r->pl, "UNIQ_KEY\x01", 9, &r->uniq_at, &r->uniq_len) < 0)
+            goto decline;
+        if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &v)) goto decline;
+        r->magic = (int32_t)v;
+        r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
+        r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
+        PyObject *born = field(m, F_BORN_HOST);
+        if (born == NULL) goto decline;
+        int bf = is_falsy_default(born);
+        if (bf < 0) goto decline;
+        if (!bf) {
+            if (!PyUnicode_CheckExact(born)) goto decline;
+            PyObject *h = PyObject_CallOneArg(parse_host, born);
+            if (h == NULL) { PyErr_Clear(); goto decline; }
+            int64_t port;
+            if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 0)) ||
+                (PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 4 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 16) ||
+                !as_i64(PyTuple_GET_ITEM(h, 1), INT32_MIN, INT32_MAX, &port)) {
+                Py_DECREF(h);
+                goto decline;
+            }
+            r->born_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0));
+            memcpy(r->born_addr, PyBytes_AS_STRING(PyTuple_GET_ITEM(h, 0)), r->born_len);
+            r->born_port = (int32_t)port;
+            Py_DECREF(h);
+        } else {
+            r->born_len = addr_len;
+            memcpy(r->born_addr, store_addr, addr_len);
+            r->born_port = store_port;
+        }
+        r->sys_flag = (sys_flag & ~0x30) | store_v6 | (r->born_len == 16 ? 0x10 : 0);
+        r->hsize = 72 + (r->born_len == 16 ? 20 : 8) + (store_v6 ? 20 : 8);
+        int64_t qid, flag, bts, rc, ptx;
+        PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG), *bo = field(m, F_BORN_TIMESTAMP),
+                 *ro = field(m, F_RECONSUME_TIMES), *po = field(m, F_PREPARED_TX);
+        if (qo == NULL || fo == NULL || bo == NULL || ro == NULL || po == NULL ||
+            !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag) ||
+            !as_i64(bo, INT64_MIN, INT64_MAX, &bts) || !as_i64(ro, INT32_MIN, INT32_MAX, &rc) ||
+            !as_i64(po, INT64_MIN, INT64_MAX, &ptx))
+            goto decline;
+        r->qid = (int32_t)qid; r->flag = (int32_t)flag; r->born_ts = bts ? bts : now;
+        r->reconsume = (int32_t)rc; r->ptx = ptx;
+        r->topic = topic; r->body = body; r->ps = ps;
+        Py_ssize_t bl = PyBytes_GET_SIZE(body);
+        Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->pl;
+        if (r->pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
+        r->total = total;
+        int qi = -1;
+        if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
+            (queues[last_queue].topic == topic || PyUnicode_Compare(queues[last_queue].topic, topic) == 0))
+            qi = last_queue;
+        else
+            for (Py_ssize_t j = 0; j < nqueues; j++)
+                if (queues[j].qid == r->qid && (queues[j].topic == topic || PyUnicode_Compare(queues[j].topic, topic) == 0)) {
+                    qi = (int)j;
+                    break;
+                }
+        if (qi < 0) {
+            if (nqueues == MAX_QUEUES) goto decline;
+            if (nqueues == cap_queues) {
+                queue_slot *nq = PyMem_Realloc(queues, sizeof(queue_slot) * cap_queues * 2);
+                if (nq == NULL) { PyErr_NoMemory(); goto fail; }
+                queues = nq;
+                cap_queues *= 2;
+            }
+            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            if (qkey == NULL) goto fail;
+            PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
+            int64_t start = 0;
+            if (cur == NULL && PyErr_Occurred()) { Py_DECREF(qkey); goto fail; }
+            if (cur != NULL && !as_i64(cur, INT64_MIN, INT64_MAX - 1 - n, &start)) { Py_DECREF(qkey); goto decline; }
+            queues[nqueues].topic = topic;
+            queues[nqueues].qid = r->qid;
+            queues[nqueues].qkey = qkey;
+            queues[nqueues].next = start;
+            qi = (int)nqueues++;
+        }
+        last_queue = qi;
+        r->q = queues[qi].next++;
+        if (first_q < 0) first_q = r->q;
+        sum += total;
+        if (sum > PY_SSIZE_T_MAX / 2) goto decline;
+    }
+    if (base < 0 || base > INT64_MAX - sum) goto decline;
+    data = PyBytes_FromStringAndSize(NULL, sum);
+    requests = PyList_New(n);
+    offsets = PyList_New(n);
+    uniqs = PyList_New(n);
+    seen = PyDict_New();
+    if (data == NULL || requests == NULL || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    PyObject *now_obj = PyLong_FromLongLong(now), *zero = PyLong_FromLong(0);
+    if (now_obj == NULL || zero == NULL) { Py_XDECREF(now_obj); Py_XDECREF(zero); goto fail; }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(data);
+    int64_t phys = base;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        net_rec *r = &recs[i];
+        unsigned char *p = out;
+        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
+        Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
+        put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
+        put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
+        put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
+        put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, r->sys_flag); put_i64(p + 40, r->born_ts);
+        p += 48;
+        memcpy(p, r->born_addr, r->born_len); p += r->born_len; put_i32(p, r->born_port); p += 4;
+        put_i64(p, now); p += 8;
+        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+        put_i32(p, r->reconsume); put_i64(p + 4, r->ptx); put_i32(p + 12, (int32_t)bl); p += 16;
+        memcpy(p, body, bl); p += bl;
+        memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
+        put_i16(p, (int)r->pl); p += 2;
+        memcpy(p, r->pu, r->pl);
+        out += r->total;
+        PyObject *tags = NULL, *keys = NULL, *uniq = NULL, *code = NULL;
+        if (r->tags_at >= 0) tags = PyUnicode_DecodeUTF8(r->pu + r->tags_at, r->tags_len, "strict");
+        keys = r->keys_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->keys_at, r->keys_len, "strict") : Py_NewRef(Py_None);
+        uniq = r->uniq_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->uniq_at, r->uniq_len, "strict") : Py_NewRef(Py_None);
+        if (r->tags_at >= 0) {
+            if (tags != NULL) {
+                code = PyDict_GetItemWithError(tags_cache, tags);
+                if (code != NULL) Py_INCREF(code);
+                else if (!PyErr_Occurred()) code = PyObject_CallOneArg(tags_fn, tags);
+            }
+        } else code = Py_NewRef(zero);
+        Py_XDECREF(tags);
+        PyObject *phys_obj = PyLong_FromLongLong(phys);
+        PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
+        PyObject *q_obj = PyLong_FromLongLong(r->q), *sys_obj = PyLong_FromLong(r->sys_flag);
+        PyObject *ptx_obj = PyLong_FromLongLong(r->ptx);
+        PyObject *req = rtype->tp_alloc(rtype, 12);
+        if (keys == NULL || uniq == NULL || code == NULL || phys_obj == NULL || qid_obj == NULL ||
+            total_obj == NULL || q_obj == NULL || sys_obj == NULL || ptx_obj == NULL || req == NULL) {
+            Py_XDECREF(keys); Py_XDECREF(uniq); Py_XDECREF(code); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
+            Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(sys_obj); Py_XDECREF(ptx_obj); Py_XDECREF(req);
+            ok = 0;
+            break;
+        }
+        PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
+        PyTuple_SET_ITEM(req, 1, qid_obj);
+        PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
+        PyTuple_SET_ITEM(req, 3, total_obj);
+        PyTuple_SET_ITEM(req, 4, code);
+        PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
+        PyTuple_SET_ITEM(req, 6, q_obj);
+        PyTuple_SET_ITEM(req, 7, keys);
+        PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
+        PyTuple_SET_ITEM(req, 9, sys_obj);
+        PyTuple_SET_ITEM(req, 10, ptx_obj);
+        PyTuple_SET_ITEM(req, 11, Py_NewRef(r->ps));
+        PyObject_GC_UnTrack(req);  /* str, int and None only (see encode_plain_batch) */
+        PyList_SET_ITEM(requests, i, req);
+        PyList_SET_ITEM(offsets, i, phys_obj);
+        PyList_SET_ITEM(uniqs, i, uniq);
+        phys += r->total;
+    }
+    Py_DECREF(now_obj); Py_DECREF(zero);
+    if (!ok) {
+        /* a strict UTF-8 decode of a slice cannot fail where the whole string encoded; anything else is real */
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < nqueues; j++) {
+        PyObject *v = PyLong_FromLongLong(queues[j].next);
+        if (v == NULL || PyDict_SetItem(seen, queues[j].qkey, v) < 0) { Py_XDECREF(v); goto fail; }
+        Py_DECREF(v);
+    }
+    result = Py_BuildValue("(NNNNNL)", data, requests, offsets, uniqs, seen, (long long)first_q);
+    data = requests = offsets = uniqs = seen = NULL;
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    Py_XDECREF(data); Py_XDECREF(requests); Py_XDECREF(offsets); Py_XDECREF(uniqs); Py_XDECREF(seen);
+    if (queues != NULL)
+        for (Py_ssize_t j = 0; j < nqueues; j++) Py_DECREF(queues[j].qkey);
+    PyMem_Free(recs);
+    PyMem_Free(queues);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Java String.hashCode over a str's UTF-16 code units, continuing from h; -1 for a lone surrogate  */
 static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end, uint32_t *h) {
     int kind = PyUnicode_KIND(s);
@@ -927,6 +1196,8 @@ static PyMethodDef methods[] = {
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "RecordEncoder.encode_plain_batch's loop: (data, requests, offsets, uniq_keys, queue_offsets, first_q) "
      "or None when the Python reference must decide."},
+    {"encode_network_batch", encode_network_batch, METH_VARARGS,
+     "RecordEncoder.encode_network_batch's loop: as encode_plain_batch, or None when the reference decides."},
     {"index_keys", index_keys, METH_VARARGS,
      "IndexService.build_index's key loop: (int32 hashes, int64 offsets, int64 timestamps) as bytes, or None."},
     {"group_units", group_units, METH_VARARGS,

@@ -649,6 +649,21 @@ class RecordEncoder:
 
     def encode_network_batch(self, msgs: Sequence[Message], queue_table: dict[str, int], base_offset: int,
                              now: int) -> PlainBatch | None:
+        """The network put's fast path (see `encode_network_batch_py`, the reference): the C loop of
+        `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
+        Python loop. The native loop leaves every batch with the `__CRC32#` trailer to the Python path."""
+        if native is not None and not self.append_crc:
+            addr, port = self.store_host
+            r = native.encode_network_batch(
+                msgs, queue_table, base_offset, now, self._topics, addr, port, self.max_message_size,
+                self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
+                DispatchRequest, parse_host, SCHEDULE_TOPIC)
+            if r is not None:
+                return _new_tuple(PlainBatch, r)
+        return self.encode_network_batch_py(msgs, queue_table, base_offset, now)
+
+    def encode_network_batch_py(self, msgs: Sequence[Message], queue_table: dict[str, int], base_offset: int,
+                                now: int) -> PlainBatch | None:
         """The put fast path for what a producer sends over the network: whole records in one loop,
         offsets included, for messages that carry a properties string (encoded by the client, with the
         broker's UNIQ_KEY / CLUSTER added). Only TAGS, KEYS and UNIQ_KEY are looked up in it (three

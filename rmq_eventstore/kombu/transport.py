@@ -15,6 +15,9 @@
   down. Other queues have one lane and ignore priorities (as RabbitMQ does).
 - Prefetch is exact: a channel never holds (delivered and unacked, plus asked for in POPs under way)
   more than its `basic_qos` prefetch count.
+- Asynchronous (`implements.asynchronous`): on kombu's hub (Celery's asynloop) POP long polls run on pool
+  threads and wake the hub through a socket pair registered as a reader; `drain_events` stays for users
+  without a hub. See `Transport.register_with_event_loop`.
 - TTL: a message's `expiration` and a queue's `x-message-ttl` are checked when it is popped; expired
   messages are acked and dropped.
 - A `deliver_at` message property (epoch seconds) makes `_put` send a RocketMQ timer message, delivered
@@ -30,6 +33,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from itertools import count
 from queue import Empty
@@ -452,6 +456,7 @@ class Channel(virtual.Channel):
             self.clients.pop.ack(_receipt(delivery_tag))
         finally:
             super().basic_ack(delivery_tag)
+            self.connection.credit_freed(self)
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
@@ -461,6 +466,7 @@ class Channel(virtual.Channel):
                 self.clients.pop.ack(_receipt(delivery_tag))
         finally:
             self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
+            self.connection.credit_freed(self)
 
     def _give_back(self, delivery_tag: str) -> None:
         receipt = _receipt(delivery_tag)
@@ -495,7 +501,7 @@ class Transport(virtual.Transport):
                          socket.timeout)
     channel_errors = (*virtual.Transport.channel_errors, MQBrokerError, TopicValidationError)
     implements = virtual.Transport.implements.extend(
-        asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"]), heartbeats=False)
+        asynchronous=True, exchange_type=frozenset(["direct", "topic", "fanout"]), heartbeats=False)
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -509,7 +515,13 @@ class Transport(virtual.Transport):
         self._clients: _Clients | None = None
         self._clients_lock = threading.Lock()
         self._inflight: dict[tuple[int, str], tuple[concurrent.futures.Future, Channel, str, int]] = {}
+        # what finished POPs brought and is not delivered yet: (id(channel), queue) -> (channel, queue, raws)
+        self._held: dict[tuple[int, str], tuple[Channel, str, deque[dict[str, Any]]]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._hub: Any = None  # kombu's Hub this connection is registered with (Celery's asynloop)
+        self._hub_thread: int | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # read end is the hub's reader
+        self._wake_pid = 0
         self._rr = count()
         self._expected: dict[str, float] = {}  # queue -> until when a message sent or given back is due
         self._pid = os.getpid()
@@ -565,18 +577,26 @@ class Transport(virtual.Transport):
 
     def close_connection(self, connection: Any) -> None:
         try:
-            self._settle_inflight(wait=True)
-            super().close_connection(connection)
+            self.unregister_from_event_loop(connection, self._hub)
+            try:
+                self._settle_pops(wait=True)
+            finally:
+                super().close_connection(connection)
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
+            if self._wake is not None:
+                for s in self._wake:
+                    s.close()
+                self._wake = None
             if self._clients is not None:
                 self._clients.shutdown()
                 self._clients = None
 
     # -- draining ----------------------------------------------------------------------------------------------
     def _candidates(self) -> list[tuple[Channel, str]]:
+        """(channel, queue) pairs being consumed and without a POP under way, rotated for fairness."""
         out = []
         for ch in list(self.channels):
             if ch.closed or not ch._consumers:
@@ -597,9 +617,27 @@ class Transport(virtual.Transport):
             self._deliver(raw, queue)
         return len(raws)
 
-    def _settle_inflight(self, wait: bool = False) -> int:
-        """Deliver what finished POPs under way brought; give back what nobody consumes any more."""
-        delivered = 0
+    def _start_pop(self, ch: Channel, queue: str, n: int, poll_ms: int) -> None:
+        """A POP of up to `n` messages of `queue` under way on a pool thread (it waits in the remoting client
+        for its response), its `n` counted as held by the channel's QoS until it is settled; with a hub, its
+        end wakes the hub through the wake-up socket."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=16,
+                                                                   thread_name_prefix="kombu-rocketmq-pop")
+        ch.qos.reserved += n
+        try:
+            fut = self._executor.submit(ch.fetch, queue, n, poll_ms)
+        except BaseException:
+            ch.qos.reserved -= n
+            raise
+        self._inflight[(id(ch), queue)] = (fut, ch, queue, n)
+        if self._hub is not None:
+            fut.add_done_callback(self._signal)
+
+    def _settle_pops(self, wait: bool = False) -> None:
+        """Move what finished POPs brought into the channels' held messages (still counted as held by their
+        QoS); raise the first error a POP met (a lost connection) once all are settled. `wait`: wait for
+        the POPs under way (at close)."""
         error: BaseException | None = None
         for key, (fut, ch, queue, n) in list(self._inflight.items()):
             if not fut.done():
@@ -613,28 +651,65 @@ class Transport(virtual.Transport):
             except BaseException as e:  # a lost connection: raised after the others are settled
                 error = error or e
                 continue
-            if not ch.closed and queue in ch._active_queues and queue in self._callbacks and not wait:
-                delivered += self._deliver_raws(ch, queue, raws)
-            else:
-                for raw in raws:
-                    try:
-                        self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
-                    except Exception:
-                        log.warning("kombu: could not give back a message nobody consumes; it comes back after "
-                                    "its visibility timeout", exc_info=True)
+            if raws:
+                held = self._held.setdefault(key, (ch, queue, deque()))[2]
+                held.extend(raws)
+                ch.qos.reserved += len(raws)
+        if self._held:
+            self._release_held(everything=wait)
         if error is not None:
             raise error
+
+    def _release_held(self, everything: bool = False) -> None:
+        """Give back (invisible time 0) held messages nobody consumes any more (all of them at close)."""
+        for key, (ch, queue, held) in list(self._held.items()):
+            if not (everything or ch.closed or queue not in ch._active_queues or queue not in self._callbacks):
+                continue
+            del self._held[key]
+            ch.qos.reserved -= len(held)
+            for raw in held:
+                if self._clients is None:
+                    break
+                try:
+                    self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
+                except Exception:
+                    log.warning("kombu: could not give back a message nobody consumes; it comes back after "
+                                "its visibility timeout", exc_info=True)
+
+    def _may_deliver(self, ch: Channel) -> bool:
+        """Whether `ch` may take one of its held messages: `qos.can_consume()` with that message no longer
+        counted as held (kombu's own test, so a patched `can_consume` is honoured too)."""
+        ch.qos.reserved -= 1
+        try:
+            return bool(ch.qos.can_consume())
+        finally:
+            ch.qos.reserved += 1
+
+    def _deliver_held(self) -> int:
+        """Deliver held messages through `_deliver` while each channel's QoS lets it take one."""
+        delivered = 0
+        for key, (ch, queue, held) in list(self._held.items()):
+            while held and not ch.closed and queue in self._callbacks and self._may_deliver(ch):
+                raw = held.popleft()
+                ch.qos.reserved -= 1
+                if not held:
+                    self._held.pop(key, None)
+                ch.settle_no_ack(queue, [raw])
+                self._deliver(raw, queue)
+                delivered += 1
         return delivered
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        """Deliver what there is, waiting up to `timeout` (the synchronous path, without kombu's hub)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._settle_inflight():
+            self._settle_pops()
+            if self._deliver_held():
                 return
             cands = self._candidates()
             delivered = 0
             for ch, q in cands:  # what is there already, without waiting
-                n = ch.qos.credit(ch.batch_size)
+                n = ch.qos.credit(ch.batch_size) if ch.qos.can_consume() else 0
                 if n > 0:
                     delivered += self._deliver_raws(ch, q, ch.fetch(q, n))
             if delivered:
@@ -642,7 +717,7 @@ class Transport(virtual.Transport):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError()  # socket.timeout
-            waiting = [(ch, q) for ch, q in cands if ch.qos.credit(1) > 0]
+            waiting = [(ch, q) for ch, q in cands if ch.qos.can_consume() and ch.qos.credit(1) > 0]
             if len(waiting) == 1 and not self._inflight:  # one queue: the long poll waits in this thread
                 ch, q = waiting[0]
                 wait = 20.0 if remaining is None else remaining
@@ -654,14 +729,93 @@ class Transport(virtual.Transport):
             if not waiting and not self._inflight:  # nothing to wait on: no consumer, or no credit
                 time.sleep(min(self.polling_interval, wait))
                 continue
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=16,
-                                                                       thread_name_prefix="kombu-rocketmq-pop")
             for ch, q in waiting:  # several queues: one long poll each, reserving its credit
-                if ch.qos.credit(1) <= 0:
-                    continue
-                ch.qos.reserved += 1
-                fut = self._executor.submit(ch.fetch, q, 1, max(int(wait * 1000), 1))
-                self._inflight[(id(ch), q)] = (fut, ch, q, 1)
+                if ch.qos.can_consume() and ch.qos.credit(1) > 0:
+                    self._start_pop(ch, q, 1, max(int(wait * 1000), 1))
             concurrent.futures.wait([f for f, *_ in self._inflight.values()], timeout=wait,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
+
+    # -- kombu's event loop (Celery's asynloop) ----------------------------------------------------------------
+    def _wake_pair(self) -> tuple[socket.socket, socket.socket]:
+        """The wake-up socket pair of this process (a forked child makes its own)."""
+        if self._wake is None or self._wake_pid != os.getpid():
+            r, w = socket.socketpair()
+            r.setblocking(False)
+            w.setblocking(False)
+            self._wake, self._wake_pid = (r, w), os.getpid()
+        return self._wake
+
+    def _signal(self, *_: Any) -> None:
+        """Make the wake-up socket readable (from any thread: a POP's end, an ack freeing credit)."""
+        wake = self._wake
+        if wake is not None:
+            try:
+                wake[1].send(b"\0")
+            except OSError:  # full (a wake-up is pending anyway) or closed
+                pass
+
+    def credit_freed(self, channel: Channel) -> None:
+        """An ack or reject freed `channel`'s credit: from a thread other than the hub's, wake the hub so it
+        starts the next POP now (in the hub's thread its next tick does)."""
+        if self._hub is not None and threading.get_ident() != self._hub_thread:
+            self._signal()
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Put this connection on kombu's hub (Celery's asynloop): the read end of a wake-up socket pair as a
+        reader (`on_readable`), and a tick callback that starts a POP long poll on a pool thread for each
+        consumed queue with credit. A POP's end makes the socket readable; no thread sleeps to poll.
+        Idempotent: a previous registration (this hub or another) is removed first."""
+        if self._hub is not None:
+            self.unregister_from_event_loop(connection, self._hub)
+        r, _ = self._wake_pair()
+        self._hub, self._hub_thread = loop, threading.get_ident()
+        loop.add_reader(r.fileno(), self.on_readable, connection, loop)
+        loop.on_tick.add(self._on_tick)
+
+    def unregister_from_event_loop(self, connection: Any, loop: Any) -> None:
+        """Take this connection off `loop`: its tick callback, and its reader if the fd is still ours (after a
+        `hub.reset()` and a reconnect the same fd number may be another connection's)."""
+        if loop is None:
+            return
+        loop.on_tick.discard(self._on_tick)
+        if self._wake is not None:
+            fd = self._wake[0].fileno()
+            entry = loop.readers.get(fd) if fd >= 0 else None
+            if entry is not None and entry[0] == self.on_readable:
+                loop.remove_reader(fd)
+        if loop is self._hub:
+            self._hub = None
+
+    def _on_tick(self) -> None:
+        """Every hub iteration: start POPs where there is credit and none is under way; wake the hub if held
+        messages may be delivered now (credit came back). Without credit nothing is asked for and the
+        socket stays quiet: the consumer is paused."""
+        if self._held:
+            self._release_held()
+            if any(not ch.closed and self._may_deliver(ch) for ch, _, _ in list(self._held.values())):
+                self._signal()
+        self._issue_pops()
+
+    def _issue_pops(self) -> None:
+        poll_ms = max(int(self.max_poll * 1000), 1)
+        for ch, q in self._candidates():
+            if ch.qos.can_consume():
+                n = ch.qos.credit(ch.batch_size)
+                if n > 0:
+                    self._start_pop(ch, q, n, poll_ms)
+
+    def on_readable(self, connection: Any, loop: Any) -> None:
+        """The wake-up socket is readable: settle the POPs that ended, start the next POPs (with the credit
+        left), and deliver held messages through `_deliver` while `qos.can_consume()`. A POP's error (a lost
+        connection, in `connection_errors`) is raised here, so Celery reconnects."""
+        wake = self._wake
+        if wake is not None:
+            try:
+                while wake[0].recv(4096):
+                    pass
+            except OSError:  # drained (EAGAIN), or closed
+                pass
+        self._settle_pops()
+        if self._hub is loop:  # ask for the next ones first: a solo pool runs each task inside `_deliver`
+            self._issue_pops()
+        self._deliver_held()

@@ -13,6 +13,7 @@ Each of these fails on the synchronous transport (no reader on the hub, Celery p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -182,8 +183,16 @@ app.conf.task_ignore_result = True
 @inspect_command()
 def event_loop(state):
     c = state.consumer
-    return {"loop": c.loop.__name__, "hub": c.hub is not None, "prefetch": c.qos.value,
-            "asynchronous": c.connection.transport.implements.asynchronous}
+    t = c.connection.transport
+    info = {"loop": c.loop.__name__, "hub": c.hub is not None, "prefetch": c.qos.value,
+            "asynchronous": t.implements.asynchronous}
+    if c.hub is not None:  # what transports of ours have on the hub: readers and tick callbacks
+        ours = [getattr(cb, "__self__", None) for cb, _ in c.hub.readers.values() if cb is not None]
+        ours += [getattr(cb, "__self__", None) for cb in c.hub.on_tick]
+        ours = [o for o in ours if type(o).__module__ == "rmq_eventstore.kombu.transport"]
+        info["registrations"] = len(ours)
+        info["current"] = all(o is t for o in ours)
+    return info
 
 
 @app.task
@@ -194,37 +203,74 @@ def work(i, seconds):
 """
 
 
-@pytest.mark.parametrize("pool,concurrency", [("solo", 1), ("prefork", 2)])
-def test_celery_worker_runs_its_asynloop_on_the_transport(namesrv: str, ns: str, tmp_path: Path, pool: str,
-                                                          concurrency: int) -> None:
+@contextlib.contextmanager
+def celery_worker(tmp_path: Path, broker_url: str, ns: str, pool: str, concurrency: int) -> Iterator[Any]:
+    """A worker process of the app above (`-P pool -c concurrency`), and the app imported here as its client:
+    yields the app module, with `node` (the worker's name) and `done` (the directory tasks write to) set."""
     done = tmp_path / "done"
     done.mkdir()
     (tmp_path / "aapp.py").write_text(CELERY_APP)
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", AAPP_BROKER=f"rocketmq://{namesrv}//",
-               AAPP_NS=ns, AAPP_DONE=str(done))
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", AAPP_BROKER=broker_url, AAPP_NS=ns,
+               AAPP_DONE=str(done))
     sys.path.insert(0, str(tmp_path))
     old_env = {k: os.environ.get(k) for k in ("AAPP_BROKER", "AAPP_NS", "AAPP_DONE")}
     os.environ.update({k: env[k] for k in old_env})
     sys.modules.pop("aapp", None)
-    import aapp  # the same app, as a client
+    import aapp
 
-    node = f"w-{ns}@{socket.gethostname()}"
-
+    aapp.node = f"w-{ns}@{socket.gethostname()}"
+    aapp.done = done
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "aapp", "worker", "-P", pool, "-c",
-                               str(concurrency), "-n", node, "--without-mingle", "--without-gossip",
+                               str(concurrency), "-n", aapp.node, "--without-mingle", "--without-gossip",
                                "--without-heartbeat", "-l", "warning"], cwd=tmp_path, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    app = aapp.app
     try:
         deadline = time.monotonic() + 60
-        while not app.control.ping(timeout=1):
+        while not aapp.app.control.ping(destination=[aapp.node], timeout=1):
             assert worker.poll() is None, worker.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the worker never answered ping"
-        [reply] = app.control.broadcast("event_loop", reply=True, timeout=10, destination=[node], limit=1)
-        info = next(iter(reply.values()))
-        prefetch = 2 * concurrency
-        assert info == {"loop": "asynloop", "hub": True, "prefetch": prefetch, "asynchronous": True}
+        yield aapp
+    finally:
+        try:
+            os.killpg(worker.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        aapp.app.pool.force_close_all()
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        sys.modules.pop("aapp", None)
+        sys.path.remove(str(tmp_path))
 
+
+def event_loop_info(aapp: Any) -> dict[str, Any]:
+    [reply] = aapp.app.control.broadcast("event_loop", reply=True, timeout=10, destination=[aapp.node], limit=1)
+    return reply[aapp.node]
+
+
+def wait_done(aapp: Any, n: int, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while len(os.listdir(aapp.done)) < n:
+        assert time.monotonic() < deadline, f"{len(os.listdir(aapp.done))}/{n} tasks ran"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("pool,concurrency", [("solo", 1), ("prefork", 2)])
+def test_celery_worker_runs_its_asynloop_on_the_transport(namesrv: str, ns: str, tmp_path: Path, pool: str,
+                                                          concurrency: int) -> None:
+    with celery_worker(tmp_path, f"rocketmq://{namesrv}//", ns, pool, concurrency) as aapp:
+        app, done = aapp.app, aapp.done
+        prefetch = 2 * concurrency  # worker_prefetch_multiplier 2
+        assert event_loop_info(aapp) == {"loop": "asynloop", "hub": True, "prefetch": prefetch,
+                                         "asynchronous": True, "registrations": 2,  # one reader, one tick
+                                         "current": True}
         n = 12
         for i in range(n):
             aapp.work.delay(i, 0.25)
@@ -243,24 +289,42 @@ def test_celery_worker_runs_its_asynloop_on_the_transport(namesrv: str, ns: str,
         assert held_max <= prefetch, f"{held_max} tasks held at once, prefetch is {prefetch}"
         assert held_max >= 2  # it did prefetch ahead of the running task
         assert sorted(int(f) for f in os.listdir(done)) == list(range(n))
-        assert app.control.ping(destination=[node], timeout=10) == [{node: {"ok": "pong"}}]  # after the work
+        assert app.control.ping(destination=[aapp.node], timeout=10) == [{aapp.node: {"ok": "pong"}}]
         time.sleep(0.5)
         with app.connection_for_write() as c:
-            assert waiting(c, "celery") == 0
+            assert waiting(c, "celery") == 0  # all acked: nothing comes back
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_celery_worker_reregisters_once_after_the_broker_restarts(tmp_path: Path, ns: str) -> None:
+    """The broker goes away twice under a worker's asynloop: each time the worker reconnects and the hub holds
+    the new connection's reader and tick callback only (the old ones are gone), and tasks run again."""
+    ports = {"namesrv_port": _free_port(), "broker_port": _free_port()}
+    store = tmp_path / "store"
+    rb = serve_in_thread(store, **ports, **SMALL)
+    try:
+        with celery_worker(tmp_path, f"rocketmq://{rb.namesrv_address}//", ns, "solo", 1) as aapp:
+            aapp.work.delay(0, 0)
+            wait_done(aapp, 1)
+            for k in (1, 2):
+                rb.close()
+                time.sleep(0.5)
+                rb = serve_in_thread(store, **ports, **SMALL)
+                # this process's pooled connections went with the broker too: fresh ones from here on
+                with aapp.app.connection_for_write() as c:
+                    deadline = time.monotonic() + 60
+                    while not aapp.app.control.ping(destination=[aapp.node], timeout=1, connection=c):
+                        assert time.monotonic() < deadline, "the worker did not come back"
+                    [reply] = aapp.app.control.broadcast("event_loop", reply=True, timeout=10, limit=1,
+                                                         destination=[aapp.node], connection=c)
+                    info = reply[aapp.node]
+                    assert info["loop"] == "asynloop" and info["registrations"] == 2 and info["current"], info
+                    aapp.app.send_task("aapp.work", args=(k, 0), connection=c)
+                wait_done(aapp, k + 1)
     finally:
-        try:
-            os.killpg(worker.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        sys.modules.pop("aapp", None)
-        sys.path.remove(str(tmp_path))
+        rb.close()

@@ -580,6 +580,8 @@ class Transport(virtual.Transport):
             self.unregister_from_event_loop(connection, self._hub)
             try:
                 self._settle_pops(wait=True)
+            except self.connection_errors as e:  # the connection is lost already: closing goes on
+                log.debug("kombu: a POP under way failed at close: %r", e)
             finally:
                 super().close_connection(connection)
         finally:

@@ -230,10 +230,7 @@ def celery_worker(tmp_path: Path, broker_url: str, ns: str, pool: str, concurren
             assert time.monotonic() < deadline, "the worker never answered ping"
         yield aapp
     finally:
-        try:
-            os.killpg(worker.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        worker.terminate()  # the main process only: SIGTERM to the whole group can leave billiard's pool hung
         try:
             worker.wait(timeout=20)
         except subprocess.TimeoutExpired:

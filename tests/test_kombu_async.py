@@ -106,6 +106,61 @@ def test_hub_delivers_within_credit_and_resumes_on_ack(namesrv: str, ns: str) ->
             hub.close()
 
 
+def test_hub_holds_what_a_lowered_prefetch_does_not_allow(namesrv: str, ns: str) -> None:
+    """The prefetch count drops while a POP's messages are being delivered: the rest is held (popped,
+    counted as held, not delivered) until acks make room again."""
+    queue = Queue("lq")
+    got: list = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(message)
+        if len(got) == 1:
+            message.channel.basic_qos(0, 1, False)
+
+    with conn(namesrv, ns) as c, conn(namesrv, ns) as pub:
+        p = Producer(pub.channel())
+        for i in range(3):
+            p.publish({"i": i}, routing_key="lq", declare=[queue])
+        hub = Hub()
+        try:
+            with Consumer(c.channel(), [queue], callbacks=[on_message], prefetch_count=3):
+                c.register_with_event_loop(hub)
+                assert run_until(hub, lambda: len(got) == 1 and waiting(pub, "lq") == 0, 5)
+                run_until(hub, lambda: False, 1.5)
+                assert len(got) == 1  # two popped by the same POP, held
+                for k in (2, 3):
+                    hub.call_soon(got[-1].ack)
+                    assert run_until(hub, lambda k=k: len(got) == k, 3)
+                    run_until(hub, lambda: False, 0.3)
+                    assert len(got) == k and sum(not m.acknowledged for m in got) == 1
+                got[-1].ack()
+            assert sorted(m.payload["i"] for m in got) == [0, 1, 2]
+        finally:
+            hub.close()
+
+
+def test_hub_gives_back_what_a_cancelled_consumer_was_popping(namesrv: str, ns: str) -> None:
+    queue = Queue("cq")
+    got: list = []
+    with conn(namesrv, ns) as c, conn(namesrv, ns) as pub:
+        hub = Hub()
+        try:
+            consumer = Consumer(c.channel(), [queue], callbacks=[lambda body, m: got.append(m)])
+            consumer.consume()
+            c.register_with_event_loop(hub)
+            hub.run_once()  # a POP long poll is under way
+            consumer.cancel()
+            Producer(pub.channel()).publish({"x": 1}, routing_key="cq", declare=[queue])
+            run_until(hub, lambda: False, 2)  # the POP brings it: nobody consumes it any more
+            assert got == []
+            other = pub.SimpleQueue("cq")
+            m = other.get(timeout=5)  # given back at once, not after the 60 s visibility timeout
+            assert m.payload == {"x": 1}
+            m.ack()
+        finally:
+            hub.close()
+
+
 def ack_in_thread(message: Any) -> None:
     t = threading.Thread(target=message.ack)
     t.start()

@@ -679,13 +679,16 @@ class Transport(virtual.Transport):
                                 "its visibility timeout", exc_info=True)
 
     def _may_deliver(self, ch: Channel) -> bool:
-        """Whether `ch` may take one of its held messages: `qos.can_consume()` with that message no longer
-        counted as held (kombu's own test, so a patched `can_consume` is honoured too)."""
-        ch.qos.reserved -= 1
+        """Whether `ch` may take one of its held messages: `qos.can_consume()` (kombu's own test, so a patched
+        `can_consume` is honoured too) counting delivered messages and POPs under way, not the held ones
+        (already popped: after the prefetch count was lowered they may outnumber the credit, and must not
+        block each other)."""
+        held = sum(len(h) for c, _, h in self._held.values() if c is ch)
+        ch.qos.reserved -= held
         try:
             return bool(ch.qos.can_consume())
         finally:
-            ch.qos.reserved += 1
+            ch.qos.reserved += held
 
     def _deliver_held(self) -> int:
         """Deliver held messages through `_deliver` while each channel's QoS lets it take one."""

@@ -489,7 +489,8 @@ class Transport(virtual.Transport):
     URLs: `rocketmq://host:9876//` (a name server; `rocketmq://AK:SK@host:9876//` signs requests with ACL
     keys) or `rocketmq:///path/to/store` (the broker owning that local store, found or started).
     Transport options: `visibility_timeout` (s, 3600), `namespace` (''), `group` ('kombu'),
-    `batch_size` (32), `max_poll` (s, 1.0), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
+    `batch_size` (32), `max_poll` (s, 1.0: the longest POP long poll on kombu's hub, or while several queues
+    wait in `drain_events`), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
     `broker_options` (settings for a local broker this process starts)."""
 
     Channel = Channel

@@ -2,7 +2,7 @@
 
 Configured by environment: RESIL_BROKER (broker URL), RESIL_LOG (the run log, JSON lines), RESIL_VT
 (visibility_timeout, s), RESIL_REJECT_ON_LOST ("1": task_reject_on_worker_lost), RESIL_LOST_WAIT
-(worker_lost_wait, s).
+(worker_lost_wait, s), RESIL_BROKER_OPTIONS (JSON: settings of a local broker a worker starts).
 """
 
 import json
@@ -15,7 +15,8 @@ import rmq_eventstore.kombu  # noqa: F401  (registers the rocketmq:// scheme)
 
 app = Celery("resil", broker=os.environ.get("RESIL_BROKER", "rocketmq://127.0.0.1:9876//"))
 app.conf.update(
-    broker_transport_options={"visibility_timeout": float(os.environ.get("RESIL_VT", "4"))},
+    broker_transport_options={"visibility_timeout": float(os.environ.get("RESIL_VT", "4")),
+                              "broker_options": json.loads(os.environ.get("RESIL_BROKER_OPTIONS", "{}"))},
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,
     task_acks_late=True,

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -254,3 +257,325 @@ def test_without_reject_on_worker_lost_a_killed_pool_child_loses_its_task(broker
     assert wait_for(lambda: "WorkerLostError" in a.text(), 20), tail(a.log)
     time.sleep(VT + 2)  # past the lease: an unacked task would be back by now
     assert len(starts(run_log, 1)) == 1
+
+
+# -- 2. the broker killed mid-stream -----------------------------------------------------------------------------
+class Publisher(threading.Thread):
+    """Publishes tasks 0..n-1 in order, as a web app would: a publish that raises is tried again (after a pause)
+    until `apply_async` returns; `acked` are the tasks whose `apply_async` returned."""
+
+    def __init__(self, url: str, n: int, pace: float = 0.005) -> None:
+        super().__init__(daemon=True, name="publisher")
+        self.url, self.n, self.pace = url, n, pace
+        self.acked: list[int] = []
+        self.failures = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            app = producer_app(self.url)
+            task = app.signature("tests.celery_resilience_app.record")
+            deadline = time.monotonic() + 120
+            for i in range(self.n):
+                while True:
+                    try:
+                        task.apply_async((i, 0.01), retry_policy={"max_retries": 1, "interval_start": 0.2})
+                        break
+                    except Exception:
+                        self.failures += 1
+                        assert time.monotonic() < deadline, "publishing did not recover within 120 s"
+                        time.sleep(0.2)
+                self.acked.append(i)
+                time.sleep(self.pace)
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+
+SMALL_BROKER = {"mapped_file_size_commit_log": 4 << 20, "mapped_file_size_consume_queue": 200_000,
+                "max_hash_slot_num": 4096, "max_index_num": 16384}
+
+
+class LocalStoreBroker:
+    """The broker of a `rocketmq:///path` URL: started by whichever process comes first (a worker, the
+    producer), found through `<store>/broker.json`; after a SIGKILL the next one to connect starts a new one."""
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.url = f"rocketmq://{store}"
+
+    def pid(self) -> int | None:
+        from rmq_eventstore.common.broker_file import read_broker_file
+
+        data = read_broker_file(str(self.store))
+        return data["pid"] if data else None
+
+    def kill(self) -> None:
+        pid = self.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
+                        open(f"/proc/{pid}/stat").read().split(") ")[1][:1] == "Z", 10)
+
+    def stop(self) -> None:
+        from rmq_eventstore.client import stop_local_broker
+
+        stop_local_broker(self.store)
+        for entry in os.listdir("/proc"):  # a broker that never announced itself
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in args and os.fsencode(str(self.store)) in args:
+                os.kill(int(entry), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("where", ["same-ports", "local-store"])
+def test_broker_sigkill_mid_stream_loses_no_acknowledged_publish(where: str, tmp_path: Path, cleanup: list) -> None:
+    """same-ports: `rocketmq://host:port//`, the broker restarted by hand on the same store and ports.
+    local-store: `rocketmq:///path`, nobody restarts it: the first process to reconnect (a worker or the
+    producer) starts a new broker on the store, at new ports, which everyone finds in broker.json."""
+    broker: BrokerProcess | LocalStoreBroker
+    env = {}
+    if where == "same-ports":
+        broker = BrokerProcess(tmp_path / "store")
+        broker.start()
+        url = f"rocketmq://{broker.namesrv}//"
+    else:
+        broker = LocalStoreBroker(tmp_path / "store")
+        url = broker.url
+        env["RESIL_BROKER_OPTIONS"] = json.dumps(SMALL_BROKER)
+    cleanup.append(broker.stop)
+    run_log = tmp_path / "runs.jsonl"
+    workers = [Worker(tmp_path, name, url, run_log, pool="solo", env=env) for name in ("a", "b")]
+    for w in workers:
+        cleanup.append(w.killpg)
+    for w in workers:
+        w.wait_ready()
+    n = 400
+    pub = Publisher(url, n)
+    pub.start()
+    assert wait_for(lambda: len(pub.acked) >= n // 3 and len({r["n"] for r in runs(run_log)}) >= n // 6, 60), \
+        (len(pub.acked), len(runs(run_log)), pub.error)
+    broker.kill()
+    killed_at = len(pub.acked)
+    down = time.monotonic()
+    if isinstance(broker, BrokerProcess):
+        time.sleep(1.0)
+        broker.start()
+    print(f"\n{where}: broker SIGKILLed after {killed_at} publishes")
+    pub.join(150)
+    assert not pub.is_alive() and pub.error is None, pub.error
+    print(f"publishing resumed; all {n} publishes acknowledged {time.monotonic() - down:.1f} s after the kill")
+    acked = set(pub.acked)
+    assert len(acked) == n
+
+    def missing() -> set[int]:
+        return acked - {r["n"] for r in runs(run_log) if r["phase"] == "end"}
+
+    ok = wait_for(lambda: not missing(), 90, 0.2)
+    resumed = {r["host"].split("@")[0] for r in runs(run_log) if r["n"] >= killed_at + 50}
+    counts = Counter(r["n"] for r in runs(run_log) if r["phase"] == "start")
+    dups = {i: c for i, c in counts.items() if c > 1}
+    print(f"publish failures during the outage: {pub.failures}; executions {sum(counts.values())} of {n} tasks; "
+          f"tasks run more than once: {len(dups)} {sorted(dups)[:20]}; workers after the restart: {sorted(resumed)}")
+    assert ok, f"{len(missing())} acknowledged publishes never ran: {sorted(missing())[:20]}\n" + \
+        "\n---\n".join(tail(w.log) for w in workers)
+    assert all(w.proc.poll() is None for w in workers)
+    assert resumed == {"a", "b"}, "a worker did not resume consuming after the broker restarted"
+    for w in workers:
+        assert "Connection to broker lost" in w.text()
+    # at most the messages held at the kill run twice: one per worker (solo, prefetch 1), whose ack was lost
+    assert len(dups) <= len(workers), dups
+
+
+# -- 3. a silent network stall -------------------------------------------------------------------------------------
+class BlackholeProxy:
+    """A TCP proxy `listen` -> `target` that can stop forwarding without closing anything (no FIN, no RST): in
+    `blackhole()` it neither accepts, reads nor writes, so the peers see a silent network, as with Celery's
+    BlackholeProxy (`t/integration/test_connection_recovery.py`); `forward()` resumes where it stopped."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(listen)
+        self._forwarding = threading.Event()
+        self._forwarding.set()
+        self._stop = threading.Event()
+        self._sever = threading.Event()
+        self._peer: dict[socket.socket, socket.socket] = {}
+        self._severed: list[socket.socket] = []  # kept open, unread
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"blackhole-proxy-{listen[1]}")
+        self._thread.start()
+
+    def blackhole(self) -> None:
+        self._forwarding.clear()
+
+    def forward(self) -> None:
+        self._forwarding.set()
+
+    def sever(self) -> None:
+        """Make every connection open now half-open: never forwarded again, never closed (as after a NAT or
+        load balancer dropped its state); new connections are forwarded."""
+        self._sever.set()
+        assert wait_for(lambda: not self._sever.is_set(), 5)
+
+    def _drop(self, sel: selectors.BaseSelector, s: socket.socket) -> None:
+        for x in (s, self._peer.pop(s, None)):
+            if x is None:
+                continue
+            self._peer.pop(x, None)
+            try:
+                sel.unregister(x)
+            except (KeyError, ValueError):
+                pass
+            x.close()
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.server, selectors.EVENT_READ)
+        while not self._stop.is_set():
+            if not self._forwarding.is_set():
+                self._forwarding.wait(0.05)
+                continue
+            if self._sever.is_set():
+                for x in list(self._peer):
+                    sel.unregister(x)
+                    self._severed.append(x)
+                self._peer.clear()
+                self._sever.clear()
+            for key, _ in sel.select(0.05):
+                if not self._forwarding.is_set():
+                    break
+                s = key.fileobj
+                if s is self.server:
+                    client, _ = self.server.accept()
+                    try:
+                        upstream = socket.create_connection(self.target, timeout=5)
+                    except OSError:
+                        client.close()
+                        continue
+                    for x in (client, upstream):
+                        x.settimeout(10)
+                        sel.register(x, selectors.EVENT_READ)
+                    self._peer[client], self._peer[upstream] = upstream, client
+                    continue
+                assert isinstance(s, socket.socket)
+                try:
+                    data = s.recv(1 << 16)
+                    if data:
+                        self._peer[s].sendall(data)
+                        continue
+                except (OSError, KeyError):
+                    pass
+                self._drop(sel, s)
+        for s in list(self._peer):
+            self._drop(sel, s)
+        for s in self._severed:
+            s.close()
+        sel.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._forwarding.set()
+        self._thread.join(5)
+        self.server.close()
+
+
+@pytest.fixture
+def stalled_broker(tmp_path: Path, cleanup: list) -> tuple[BrokerProcess, list[BlackholeProxy], str]:
+    """A broker that registers itself as 127.0.0.2 (brokerIP1), and proxies on 127.0.0.2 in front of its name
+    server and broker ports: clients given `rocketmq://127.0.0.2:<port>//` go through the proxies only."""
+    b = BrokerProcess(tmp_path / "store", {"brokerIP1": "127.0.0.2"})
+    b.start()
+    cleanup.append(b.stop)
+    proxies = [BlackholeProxy(("127.0.0.2", port), ("127.0.0.1", port)) for port in (b.namesrv_port, b.broker_port)]
+    for p in proxies:
+        cleanup.append(p.close)
+    return b, proxies, f"rocketmq://127.0.0.2:{b.namesrv_port}//"
+
+
+def first_line_after(text: str, needle: str, after: float) -> float | None:
+    """The time of the first log line holding `needle` stamped at or after `after` (epoch s)."""
+    for line in text.splitlines():
+        if needle in line and line.startswith("[20"):
+            t = time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S")) + int(line[21:24]) / 1000
+            if t >= after:
+                return t
+    return None
+
+
+def test_silent_stall_is_detected_and_survived(stalled_broker: tuple, tmp_path: Path, cleanup: list) -> None:
+    _, proxies, url = stalled_broker
+    run_log = tmp_path / "runs.jsonl"
+    w = Worker(tmp_path, "a", url, run_log, pool="solo")
+    cleanup.append(w.killpg)
+    w.wait_ready()
+    n = 60
+    app = producer_app(url)
+    task = app.signature("tests.celery_resilience_app.record")
+    with app.connection_for_write() as conn:
+        for i in range(n):
+            task.apply_async((i, 0.1), connection=conn)
+    assert wait_for(lambda: len({r["n"] for r in runs(run_log)}) >= n // 3, 60), tail(w.log)
+    stalled = time.time()
+    for p in proxies:
+        p.blackhole()
+    assert wait_for(lambda: first_line_after(w.text(), "Connection to broker lost", stalled), 60), tail(w.log)
+    detected = first_line_after(w.text(), "Connection to broker lost", stalled) - stalled
+    time.sleep(3.0)  # the worker tries to reconnect while the network is still silent
+    resumed = time.time()
+    for p in proxies:
+        p.forward()
+    assert wait_for(lambda: first_line_after(w.text(), "Connected to", resumed), 60), tail(w.log)
+    reconnected = first_line_after(w.text(), "Connected to", resumed) - resumed
+    ok = wait_for(lambda: {r["n"] for r in runs(run_log) if r["phase"] == "end"} >= set(range(n)), 60, 0.2)
+    counts = Counter(r["n"] for r in runs(run_log) if r["phase"] == "start")
+    dups = sorted(i for i, c in counts.items() if c > 1)
+    print(f"\nstall detected after {detected:.1f} s; reconnected {reconnected:.1f} s after the network came back; "
+          f"tasks run twice: {dups}")
+    assert ok, tail(w.log)
+    assert detected < 15
+    assert reconnected < 40
+    assert w.proc.poll() is None
+
+
+def test_worker_stopped_during_a_silent_stall_exits_in_bounded_time(stalled_broker: tuple, tmp_path: Path,
+                                                                    cleanup: list) -> None:
+    """celery#975: a warm shutdown (SIGTERM) while the broker is silent must not hang forever; the task that was
+    running finishes, its ack cannot reach the broker, and it runs again after the stall (at least once)."""
+    _, proxies, url = stalled_broker
+    run_log = tmp_path / "runs.jsonl"
+    w = Worker(tmp_path, "a", url, run_log, pool="solo")
+    cleanup.append(w.killpg)
+    w.wait_ready()
+    app = producer_app(url)
+    with app.connection_for_write() as conn:
+        app.send_task("tests.celery_resilience_app.record", (1, 2.0, True), connection=conn)
+    assert wait_for(lambda: starts(run_log, 1), 30), tail(w.log)
+    for p in proxies:
+        p.blackhole()
+    took = w.stop(timeout=60)
+    print(f"\nworker stopped during a stall: exited after {took:.1f} s")
+    assert took < 30, tail(w.log)
+    for p in proxies:
+        p.forward()
+    b = Worker(tmp_path, "b", url, run_log, pool="solo")
+    cleanup.append(b.killpg)
+    b.wait_ready()
+    assert wait_for(lambda: len(starts(run_log, 1)) >= 2, 30), tail(b.log)
+
+
+def test_a_half_open_connection_is_replaced_after_one_timeout(stalled_broker: tuple) -> None:
+    """A request that times out on a connection silent for the whole wait closes it (RocketMQ's
+    clientCloseSocketIfTimeout), so the next request connects afresh rather than waiting on it forever."""
+    from rmq_eventstore.client import Message, Producer, RemotingTimeoutError
+
+    broker, proxies, _ = stalled_broker
+    with Producer(broker.namesrv, "half-open", retry_times_when_send_failed=0, send_timeout_ms=1000) as p:
+        p.send(Message("half-open", b"1"))  # route and connection made (to the proxy, 127.0.0.2)
+        proxies[1].sever()
+        t0 = time.monotonic()
+        with pytest.raises(RemotingTimeoutError):
+            p.send(Message("half-open", b"2"))
+        assert time.monotonic() - t0 < 3
+        assert p.send(Message("half-open", b"3")).queue_offset >= 0  # a new connection

@@ -89,6 +89,7 @@ class ClientConnection:
         self._reader_busy = False  # someone holds the read role
         self._idle_reading = False  # ... and it is the idle reader
         self._last_read = time.monotonic()
+        self._last_rx = time.monotonic()  # when bytes last came in (a timed-out request closes a silent connection)
         self._decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
         self._error: RemotingError | None = None
         self._on_request = on_request
@@ -126,6 +127,7 @@ class ClientConnection:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
         if not data:
             raise RemotingError(f"connection to {self.address} closed")
+        self._last_rx = time.monotonic()
         try:
             frames = self._decoder.feed(data)
         except FrameError as e:
@@ -292,8 +294,14 @@ class ClientConnection:
                 self._pending.pop(cmd.opaque, None)
             self._kick()
             if not slot.done:
-                raise RemotingTimeoutError(
-                    f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s") from None
+                error = RemotingTimeoutError(f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s")
+                if time.monotonic() - self._last_rx >= timeout:
+                    # Not a byte for the whole wait: a silent peer (network stall, half-open connection after
+                    # a NAT or broker restart). Close it, as RocketMQ's clientCloseSocketIfTimeout does, so the
+                    # next request connects afresh instead of waiting on the same dead socket again.
+                    self._fail(RemotingTimeoutError(f"connection to {self.address} closed: silent for "
+                                                    f"{timeout:.1f}s"))
+                raise error from None
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None

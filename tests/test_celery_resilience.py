@@ -86,7 +86,13 @@ class BrokerProcess:
                 [sys.executable, "-m", "rmq_eventstore", "serve", "--store", str(self.store), "-c", str(self.conf),
                  "--namesrv-port", str(self.namesrv_port), "--broker-port", str(self.broker_port)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        ok = wait_for(lambda: (self.store / "broker.json").exists() or self.proc.poll() is not None, 30)
+        def announced() -> bool:  # broker.json names this process (a SIGKILLed one leaves its file behind)
+            try:
+                return json.loads((self.store / "broker.json").read_text())["pid"] == self.proc.pid
+            except (OSError, ValueError, KeyError):
+                return False
+
+        ok = wait_for(lambda: announced() or self.proc.poll() is not None, 30)
         assert ok and self.proc.poll() is None, "broker did not start:\n" + tail(self.log)
 
     def kill(self) -> None:
@@ -579,3 +585,33 @@ def test_a_half_open_connection_is_replaced_after_one_timeout(stalled_broker: tu
             p.send(Message("half-open", b"2"))
         assert time.monotonic() - t0 < 3
         assert p.send(Message("half-open", b"3")).queue_offset >= 0  # a new connection
+
+
+@pytest.mark.parametrize("outage", ["broker-restart", "half-open"])
+def test_a_task_running_across_a_reconnect_runs_once(outage: str, stalled_broker: tuple, tmp_path: Path,
+                                                     cleanup: list) -> None:
+    """acks_late: a task still running when the worker loses its connection keeps its lease (it is not given
+    back when the old connection closes), and its ack, sent after the worker reconnected, settles it: it runs
+    once. (With the lease over before the ack, the broker would deliver it again: at least once.)"""
+    broker, proxies, url = stalled_broker
+    run_log = tmp_path / "runs.jsonl"
+    vt = 8.0
+    w = Worker(tmp_path, "a", url, run_log, env={"RESIL_VT": str(vt)})
+    cleanup.append(w.killpg)
+    w.wait_ready()
+    app = producer_app(url)
+    with app.connection_for_write() as conn:
+        app.send_task("tests.celery_resilience_app.record", (1, 4.0), connection=conn)
+    assert wait_for(lambda: starts(run_log, 1), 30), tail(w.log)
+    t0 = time.time()
+    if outage == "broker-restart":
+        broker.kill()
+        time.sleep(1.0)
+        broker.start()
+    else:
+        proxies[1].sever()
+    assert wait_for(lambda: first_line_after(w.text(), "Connected to", t0), 30), tail(w.log)
+    assert wait_for(lambda: any(r["phase"] == "end" for r in runs(run_log)), 30), tail(w.log)
+    time.sleep(max(starts(run_log, 1)[0]["t"] + vt + 2 - time.time(), 0))  # past the lease
+    assert len(starts(run_log, 1)) == 1, tail(w.log)
+    assert "Couldn't ack" not in w.text() and "Traceback" not in w.text(), tail(w.log)

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import json
 import logging
@@ -50,6 +51,7 @@ from ..client import (
     PullConsumer,
     RemotingError,
     ensure_local_broker,
+    find_local_broker,
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
 from ..common.pop import pop_retry_topic
@@ -96,6 +98,38 @@ def _clamp_priority(message: dict[str, Any]) -> int:
         return max(0, min(int(message["properties"]["priority"]), LANES - 1))
     except (TypeError, ValueError, KeyError):
         return 0
+
+
+_settlers: dict[tuple[str, str, str | None, str | None], PopConsumer] = {}
+_settlers_lock = threading.Lock()
+
+
+def _settler(namesrv: str, group: str, access_key: str | None, secret_key: str | None) -> PopConsumer:
+    """A process-wide POP consumer of `group` that settles (acks, rejects, gives back) messages delivered on
+    a connection closed since: Celery replaces its connection after a loss, while tasks delivered on the
+    old one still run and ack later. Receipt handles belong to the broker, not to a connection, so any
+    connection of the group can settle them. One per name server and group, not one per reconnect."""
+    key = (namesrv, group, access_key, secret_key)
+    with _settlers_lock:
+        c = _settlers.get(key)
+        if c is None:
+            c = _settlers[key] = PopConsumer(namesrv, group, access_key=access_key, secret_key=secret_key).start()
+        return c
+
+
+def _shutdown_settlers() -> None:
+    with _settlers_lock:
+        settlers = list(_settlers.values())
+        _settlers.clear()
+    for c in settlers:
+        try:
+            c.shutdown()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+atexit.register(_shutdown_settlers)
+os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
 
 
 class _Clients:
@@ -196,6 +230,7 @@ class Channel(virtual.Channel):
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._no_ack: set[str] = set()
+        self._transport = connection  # kept after close (kombu then sets `connection` to None): late acks
 
     # -- plumbing ----------------------------------------------------------------------------------------------
     @property
@@ -449,7 +484,7 @@ class Channel(virtual.Channel):
     # -- acks ------------------------------------------------------------------------------------------------------
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         try:
-            self.clients.pop.ack(_receipt(delivery_tag))
+            self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)))
         finally:
             super().basic_ack(delivery_tag)
 
@@ -458,24 +493,30 @@ class Channel(virtual.Channel):
             if requeue:
                 self._give_back(delivery_tag)
             else:
-                self.clients.pop.ack(_receipt(delivery_tag))
+                self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)))
         finally:
             self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
 
     def _give_back(self, delivery_tag: str) -> None:
         receipt = _receipt(delivery_tag)
-        self.clients.pop.change_invisible_time(receipt, 0)
+        self._transport.settle(lambda pop: pop.change_invisible_time(receipt, 0))
         try:
-            queue = queue_name(receipt.topic, self.clients.namespace)
+            queue = queue_name(receipt.topic, self._transport.namespace)
         except ValueError:
             return
-        self.connection.expect(queue, float(self.requeue_wait))
+        self._transport.expect(queue, float(self.requeue_wait))
 
     def _restore(self, message: Any) -> None:
+        if self._transport.lost is not None:
+            # The connection was lost: leave the message to its lease. It may still be running (Celery keeps
+            # acks_late tasks running across a reconnect and acks them later through `settle`); giving it
+            # back now would run it twice. If nobody settles it, the broker's revive brings it back when its
+            # visibility_timeout is over.
+            return
         self._give_back(message.delivery_tag)
 
     def _restore_at_beginning(self, message: Any) -> None:
-        self._give_back(message.delivery_tag)
+        self._restore(message)
 
 class Transport(virtual.Transport):
     """kombu transport for rmq_eventstore's broker (or Apache RocketMQ 5): see the module docstring.
@@ -513,6 +554,10 @@ class Transport(virtual.Transport):
         self._rr = count()
         self._expected: dict[str, float] = {}  # queue -> until when a message sent or given back is due
         self._pid = os.getpid()
+        self._closed = False
+        self.lost: BaseException | None = None  # the connection error that ended this connection, if any
+        self._settle_from: tuple[str, str | None] | None = None  # (name server, local store) once connected
+        self._keys: tuple[str | None, str | None] = (None, None)
 
     def driver_version(self) -> str:
         return __version__
@@ -555,9 +600,37 @@ class Transport(virtual.Transport):
         if self._clients is None:
             with self._clients_lock:
                 if self._clients is None:
-                    self._clients = _Clients(self._namesrv(), self.namespace, self.group, self.client.userid or None,
-                                             self.client.password or None, self.retry_max_times)
+                    if self._closed:
+                        raise RemotingError("this kombu connection is closed")
+                    namesrv = self._namesrv()
+                    self._keys = (self.client.userid or None, self.client.password or None)
+                    self._clients = _Clients(namesrv, self.namespace, self.group, *self._keys, self.retry_max_times)
+                    path = (self.client.virtual_host or "").strip().strip("/")
+                    self._settle_from = (namesrv, "/" + path if path else None)
         return self._clients
+
+    def settle(self, op: Any) -> Any:
+        """Run `op(pop_consumer)` (an ack, a reject, a give-back) on this connection's POP consumer, or, once
+        the connection is closed, on the process-wide settler of the group (`_settler`): an ack that comes
+        after Celery replaced the connection still lands. A connection error marks the connection lost, so
+        the next `drain_events` raises it and the consumer reconnects at once."""
+        clients = self._clients
+        try:
+            if clients is not None and not self._closed:
+                return op(clients.pop)
+            if self._settle_from is None:
+                if self._closed:
+                    raise RemotingError("this kombu connection was closed before it was established")
+                return op(self.clients().pop)
+            namesrv, store = self._settle_from
+            if store is not None:  # the store's broker may have been replaced (new ports) since
+                found = find_local_broker(store)
+                namesrv = found.namesrv_addr if found is not None else namesrv
+            return op(_settler(namesrv, self.group, *self._keys))
+        except (RemotingError, OSError) as e:
+            if not self._closed and self.lost is None:
+                self.lost = e
+            raise
 
     def establish_connection(self) -> Transport:
         self.clients()
@@ -568,6 +641,7 @@ class Transport(virtual.Transport):
             self._settle_inflight(wait=True)
             super().close_connection(connection)
         finally:
+            self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
@@ -615,7 +689,7 @@ class Transport(virtual.Transport):
                 continue
             if not ch.closed and queue in ch._active_queues and queue in self._callbacks and not wait:
                 delivered += self._deliver_raws(ch, queue, raws)
-            else:
+            elif self.lost is None:  # (on a lost connection they come back when their lease ends)
                 for raw in raws:
                     try:
                         self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
@@ -627,6 +701,21 @@ class Transport(virtual.Transport):
         return delivered
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        """Deliver what the consumed queues have (see `_drain`). A connection error marks the connection
+        lost (its unacked messages are then left to their leases when it closes, see `Channel._restore`);
+        an ack that failed on a lost connection is raised here, so the consumer reconnects at once."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            self._drain(connection, timeout)
+        except TimeoutError:  # socket.timeout: nothing came in time, the connection is fine
+            raise
+        except self.connection_errors as e:
+            if self.lost is None:
+                self.lost = e
+            raise
+
+    def _drain(self, connection: Any, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._settle_inflight():

@@ -2,7 +2,8 @@
 
 Configured by environment: RESIL_BROKER (broker URL), RESIL_LOG (the run log, JSON lines), RESIL_VT
 (visibility_timeout, s), RESIL_REJECT_ON_LOST ("1": task_reject_on_worker_lost), RESIL_LOST_WAIT
-(worker_lost_wait, s), RESIL_BROKER_OPTIONS (JSON: settings of a local broker a worker starts).
+(worker_lost_wait, s), RESIL_BROKER_OPTIONS (JSON: settings of a local broker a worker starts), RESIL_CANCEL_ON_LOSS ("1":
+worker_cancel_long_running_tasks_on_connection_loss, Celery 6's default).
 """
 
 import json
@@ -24,7 +25,7 @@ app.conf.update(
     worker_lost_wait=float(os.environ.get("RESIL_LOST_WAIT", "10")),
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
-    worker_cancel_long_running_tasks_on_connection_loss=False,
+    worker_cancel_long_running_tasks_on_connection_loss=os.environ.get("RESIL_CANCEL_ON_LOSS") == "1",
     task_default_queue="resil",
     task_ignore_result=True,
 )

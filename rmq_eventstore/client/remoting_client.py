@@ -89,7 +89,6 @@ class ClientConnection:
         self._reader_busy = False  # someone holds the read role
         self._idle_reading = False  # ... and it is the idle reader
         self._last_read = time.monotonic()
-        self._last_rx = time.monotonic()  # when bytes last came in (a timed-out request closes a silent connection)
         self._decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
         self._error: RemotingError | None = None
         self._on_request = on_request
@@ -127,7 +126,6 @@ class ClientConnection:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
         if not data:
             raise RemotingError(f"connection to {self.address} closed")
-        self._last_rx = time.monotonic()
         try:
             frames = self._decoder.feed(data)
         except FrameError as e:
@@ -294,14 +292,15 @@ class ClientConnection:
                 self._pending.pop(cmd.opaque, None)
             self._kick()
             if not slot.done:
-                error = RemotingTimeoutError(f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s")
-                if time.monotonic() - self._last_rx >= timeout:
-                    # Not a byte for the whole wait: a silent peer (network stall, half-open connection after
-                    # a NAT or broker restart). Close it, as RocketMQ's clientCloseSocketIfTimeout does, so the
-                    # next request connects afresh instead of waiting on the same dead socket again.
-                    self._fail(RemotingTimeoutError(f"connection to {self.address} closed: silent for "
-                                                    f"{timeout:.1f}s"))
-                raise error from None
+                # Close the connection, as RocketMQ's client does (clientCloseSocketIfTimeout, true by default):
+                # a peer that left a request unanswered for its whole timeout is most likely gone silent (a
+                # network stall, a half-open connection after a NAT forgot it), and the next request should
+                # connect afresh rather than wait on the same dead socket again. Requests still waiting on it
+                # fail at once.
+                self._fail(RemotingTimeoutError(f"connection to {self.address} closed: request {cmd.code} "
+                                                f"unanswered in {timeout:.1f}s"))
+                raise RemotingTimeoutError(
+                    f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s") from None
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -54,7 +55,7 @@ from ..client import (
     find_local_broker,
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
-from ..common.pop import pop_retry_topic
+from ..common.pop import ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK
 from ..common.topic import TopicValidationError
 from .bindings import SharedState
@@ -128,8 +129,64 @@ def _shutdown_settlers() -> None:
             pass
 
 
+class _AckRetry:
+    """Acks that failed because the broker could not be reached, sent again in the background until they land
+    or their lease is over (after that the message has come back anyway, and acking the old receipt is
+    void). An ack is idempotent, so a retry of one that did land changes nothing. A broker back within the
+    lease thus settles a task that finished while it was away: it does not run twice."""
+
+    INTERVAL = 0.5  # seconds between rounds
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, _Receipt, float]] = []  # (pop consumer getter, receipt, give up at)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, getter: Any, receipt: _Receipt) -> None:
+        try:
+            extra = ExtraInfo.split(receipt.properties[PROPERTY_POP_CK])
+            until = (extra.pop_time + extra.invisible_time) / 1000.0
+        except (ValueError, KeyError, IndexError):
+            return
+        if until <= time.time():
+            return
+        with self._lock:
+            self._pending.append((getter, receipt, until))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="kombu-rocketmq-ack-retry", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.INTERVAL)
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                with self._lock:
+                    if not self._pending:
+                        self._thread = None
+                        return
+                continue
+            keep = []
+            for getter, receipt, until in batch:
+                if time.time() >= until:
+                    log.warning("kombu: gave up acking %s/%s: its lease is over, the broker delivers it again",
+                                receipt.topic, receipt.properties[PROPERTY_POP_CK])
+                    continue
+                try:
+                    getter().ack(receipt)
+                    log.info("kombu: the ack of %s/%s that failed on a lost connection landed",
+                             receipt.topic, receipt.properties[PROPERTY_POP_CK])
+                except Exception:
+                    keep.append((getter, receipt, until))
+            with self._lock:
+                self._pending[:0] = keep
+
+
+_ack_retry = _AckRetry()
 atexit.register(_shutdown_settlers)
 os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
+os.register_at_fork(after_in_child=lambda: _ack_retry.__init__())
 
 
 class _Clients:
@@ -484,7 +541,7 @@ class Channel(virtual.Channel):
     # -- acks ------------------------------------------------------------------------------------------------------
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         try:
-            self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)))
+            self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
         finally:
             super().basic_ack(delivery_tag)
 
@@ -493,7 +550,7 @@ class Channel(virtual.Channel):
             if requeue:
                 self._give_back(delivery_tag)
             else:
-                self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)))
+                self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
         finally:
             self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
 
@@ -507,8 +564,8 @@ class Channel(virtual.Channel):
         self._transport.expect(queue, float(self.requeue_wait))
 
     def _restore(self, message: Any) -> None:
-        if self._transport.lost is not None:
-            # The connection was lost: leave the message to its lease. It may still be running (Celery keeps
+        if self._transport.lost is not None and not self._transport.restore_on_connection_loss():
+            # The connection was lost: leave the message to its lease. It may still be running (Celery 5 keeps
             # acks_late tasks running across a reconnect and acks them later through `settle`); giving it
             # back now would run it twice. If nobody settles it, the broker's revive brings it back when its
             # visibility_timeout is over.
@@ -525,7 +582,8 @@ class Transport(virtual.Transport):
     keys) or `rocketmq:///path/to/store` (the broker owning that local store, found or started).
     Transport options: `visibility_timeout` (s, 3600), `namespace` (''), `group` ('kombu'),
     `batch_size` (32), `max_poll` (s, 1.0), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
-    `broker_options` (settings for a local broker this process starts)."""
+    `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
+    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT
@@ -547,6 +605,8 @@ class Transport(virtual.Transport):
         self.max_poll = float(opts.get("max_poll", DEFAULT_MAX_POLL))
         self.retry_max_times = int(opts.get("retry_max_times", DEFAULT_RETRY_MAX_TIMES))
         self.broker_options = opts.get("broker_options")
+        restore = opts.get("restore_on_connection_loss")
+        self._restore_on_loss = None if restore is None else bool(restore)
         self._clients: _Clients | None = None
         self._clients_lock = threading.Lock()
         self._inflight: dict[tuple[int, str], tuple[concurrent.futures.Future, Channel, str, int]] = {}
@@ -609,27 +669,50 @@ class Transport(virtual.Transport):
                     self._settle_from = (namesrv, "/" + path if path else None)
         return self._clients
 
-    def settle(self, op: Any) -> Any:
+    def restore_on_connection_loss(self) -> bool:
+        """Whether a connection closed after a loss gives its unacked messages back at once (transport option
+        `restore_on_connection_loss`). Unset: what the Celery worker of this process does with acks_late
+        tasks running at a loss: with `worker_cancel_long_running_tasks_on_connection_loss` (Celery 6's
+        default) it cancels them, expecting the broker to redeliver them, so give them back; without it (Celery
+        5's default) they keep running and ack later, so leave them to their leases. No Celery: leases."""
+        if self._restore_on_loss is not None:
+            return self._restore_on_loss
+        celery = sys.modules.get("celery")
+        if celery is None:
+            return False
+        try:
+            return bool(celery.current_app.conf.worker_cancel_long_running_tasks_on_connection_loss)
+        except Exception:  # no app configured, or a Celery without the setting
+            return False
+
+    def _late_pop(self) -> PopConsumer:
+        """The process-wide settler of this connection's group (`_settler`), at the broker's current address."""
+        if self._settle_from is None:
+            raise RemotingError("this kombu connection was closed before it was established")
+        namesrv, store = self._settle_from
+        if store is not None:  # the store's broker may have been replaced (new ports) since
+            found = find_local_broker(store)
+            namesrv = found.namesrv_addr if found is not None else namesrv
+        return _settler(namesrv, self.group, *self._keys)
+
+    def settle(self, op: Any, ack: _Receipt | None = None) -> Any:
         """Run `op(pop_consumer)` (an ack, a reject, a give-back) on this connection's POP consumer, or, once
         the connection is closed, on the process-wide settler of the group (`_settler`): an ack that comes
         after Celery replaced the connection still lands. A connection error marks the connection lost, so
-        the next `drain_events` raises it and the consumer reconnects at once."""
+        the next `drain_events` raises it and the consumer reconnects at once; an ack (`ack`: its receipt)
+        that failed so is also sent again in the background until it lands or its lease is over (`_AckRetry`)."""
         clients = self._clients
         try:
             if clients is not None and not self._closed:
                 return op(clients.pop)
-            if self._settle_from is None:
-                if self._closed:
-                    raise RemotingError("this kombu connection was closed before it was established")
+            if self._settle_from is None and not self._closed:
                 return op(self.clients().pop)
-            namesrv, store = self._settle_from
-            if store is not None:  # the store's broker may have been replaced (new ports) since
-                found = find_local_broker(store)
-                namesrv = found.namesrv_addr if found is not None else namesrv
-            return op(_settler(namesrv, self.group, *self._keys))
+            return op(self._late_pop())
         except (RemotingError, OSError) as e:
             if not self._closed and self.lost is None:
                 self.lost = e
+            if ack is not None and self._settle_from is not None:
+                _ack_retry.add(self._late_pop, ack)
             raise
 
     def establish_connection(self) -> Transport:

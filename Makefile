@@ -79,7 +79,7 @@ racetest: $(VENV)/.installed
 	STREAM_RACE_ROUNDS=$${STREAM_RACE_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_stream_version.py -k racing
 
 ## resiltest: every variant of the Celery at-least-once tests (worker and broker SIGKILLs, silent network
-## stalls; ~3 min; CI runs one variant per guarantee)
+## stalls; ~4 min; CI runs one variant per guarantee)
 resiltest: $(VENV)/.installed
 	CELERY_RESILIENCE_FULL=1 $(PY) -m pytest -q -s tests/test_celery_resilience.py
 

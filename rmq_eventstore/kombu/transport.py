@@ -26,11 +26,13 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -54,9 +56,10 @@ from ..client import (
     PullConsumer,
     RemotingError,
     ensure_local_broker,
+    find_local_broker,
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
-from ..common.pop import pop_retry_topic
+from ..common.pop import ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK
 from ..common.topic import TopicValidationError
 from .bindings import SharedState
@@ -100,6 +103,94 @@ def _clamp_priority(message: dict[str, Any]) -> int:
         return max(0, min(int(message["properties"]["priority"]), LANES - 1))
     except (TypeError, ValueError, KeyError):
         return 0
+
+
+_settlers: dict[tuple[str, str, str | None, str | None], PopConsumer] = {}
+_settlers_lock = threading.Lock()
+
+
+def _settler(namesrv: str, group: str, access_key: str | None, secret_key: str | None) -> PopConsumer:
+    """A process-wide POP consumer of `group` that settles (acks, rejects, gives back) messages delivered on
+    a connection closed since: Celery replaces its connection after a loss, while tasks delivered on the
+    old one still run and ack later. Receipt handles belong to the broker, not to a connection, so any
+    connection of the group can settle them. One per name server and group, not one per reconnect."""
+    key = (namesrv, group, access_key, secret_key)
+    with _settlers_lock:
+        c = _settlers.get(key)
+        if c is None:
+            c = _settlers[key] = PopConsumer(namesrv, group, access_key=access_key, secret_key=secret_key).start()
+        return c
+
+
+def _shutdown_settlers() -> None:
+    with _settlers_lock:
+        settlers = list(_settlers.values())
+        _settlers.clear()
+    for c in settlers:
+        try:
+            c.shutdown()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+class _AckRetry:
+    """Acks that failed because the broker could not be reached, sent again in the background until they land
+    or their lease is over (after that the message has come back anyway, and acking the old receipt is
+    void). An ack is idempotent, so a retry of one that did land changes nothing. A broker back within the
+    lease thus settles a task that finished while it was away: it does not run twice."""
+
+    INTERVAL = 0.5  # seconds between rounds
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, _Receipt, float]] = []  # (pop consumer getter, receipt, give up at)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, getter: Any, receipt: _Receipt) -> None:
+        try:
+            extra = ExtraInfo.split(receipt.properties[PROPERTY_POP_CK])
+            until = (extra.pop_time + extra.invisible_time) / 1000.0
+        except (ValueError, KeyError, IndexError):
+            return
+        if until <= time.time():
+            return
+        with self._lock:
+            self._pending.append((getter, receipt, until))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="kombu-rocketmq-ack-retry", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.INTERVAL)
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                with self._lock:
+                    if not self._pending:
+                        self._thread = None
+                        return
+                continue
+            keep = []
+            for getter, receipt, until in batch:
+                if time.time() >= until:
+                    log.warning("kombu: gave up acking %s/%s: its lease is over, the broker delivers it again",
+                                receipt.topic, receipt.properties[PROPERTY_POP_CK])
+                    continue
+                try:
+                    getter().ack(receipt)
+                    log.info("kombu: the ack of %s/%s that failed on a lost connection landed",
+                             receipt.topic, receipt.properties[PROPERTY_POP_CK])
+                except Exception:
+                    keep.append((getter, receipt, until))
+            with self._lock:
+                self._pending[:0] = keep
+
+
+_ack_retry = _AckRetry()
+atexit.register(_shutdown_settlers)
+os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
+os.register_at_fork(after_in_child=lambda: _ack_retry.__init__())
 
 
 class _Clients:
@@ -200,6 +291,7 @@ class Channel(virtual.Channel):
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._no_ack: set[str] = set()
+        self._transport = connection  # kept after close (kombu then sets `connection` to None): late acks
 
     # -- plumbing ----------------------------------------------------------------------------------------------
     @property
@@ -453,7 +545,7 @@ class Channel(virtual.Channel):
     # -- acks ------------------------------------------------------------------------------------------------------
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         try:
-            self.clients.pop.ack(_receipt(delivery_tag))
+            self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
         finally:
             super().basic_ack(delivery_tag)
             self.connection.credit_freed(self)
@@ -463,25 +555,31 @@ class Channel(virtual.Channel):
             if requeue:
                 self._give_back(delivery_tag)
             else:
-                self.clients.pop.ack(_receipt(delivery_tag))
+                self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
         finally:
             self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
             self.connection.credit_freed(self)
 
     def _give_back(self, delivery_tag: str) -> None:
         receipt = _receipt(delivery_tag)
-        self.clients.pop.change_invisible_time(receipt, 0)
+        self._transport.settle(lambda pop: pop.change_invisible_time(receipt, 0))
         try:
-            queue = queue_name(receipt.topic, self.clients.namespace)
+            queue = queue_name(receipt.topic, self._transport.namespace)
         except ValueError:
             return
-        self.connection.expect(queue, float(self.requeue_wait))
+        self._transport.expect(queue, float(self.requeue_wait))
 
     def _restore(self, message: Any) -> None:
+        if self._transport.lost is not None and not self._transport.restore_on_connection_loss():
+            # The connection was lost: leave the message to its lease. It may still be running (Celery 5 keeps
+            # acks_late tasks running across a reconnect and acks them later through `settle`); giving it
+            # back now would run it twice. If nobody settles it, the broker's revive brings it back when its
+            # visibility_timeout is over.
+            return
         self._give_back(message.delivery_tag)
 
     def _restore_at_beginning(self, message: Any) -> None:
-        self._give_back(message.delivery_tag)
+        self._restore(message)
 
 class Transport(virtual.Transport):
     """kombu transport for rmq_eventstore's broker (or Apache RocketMQ 5): see the module docstring.
@@ -491,7 +589,8 @@ class Transport(virtual.Transport):
     Transport options: `visibility_timeout` (s, 3600), `namespace` (''), `group` ('kombu'),
     `batch_size` (32), `max_poll` (s, 1.0: the longest POP long poll on kombu's hub, or while several queues
     wait in `drain_events`), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
-    `broker_options` (settings for a local broker this process starts)."""
+    `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
+    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT
@@ -513,6 +612,8 @@ class Transport(virtual.Transport):
         self.max_poll = float(opts.get("max_poll", DEFAULT_MAX_POLL))
         self.retry_max_times = int(opts.get("retry_max_times", DEFAULT_RETRY_MAX_TIMES))
         self.broker_options = opts.get("broker_options")
+        restore = opts.get("restore_on_connection_loss")
+        self._restore_on_loss = None if restore is None else bool(restore)
         self._clients: _Clients | None = None
         self._clients_lock = threading.Lock()
         self._inflight: dict[tuple[int, str], tuple[concurrent.futures.Future, Channel, str, int]] = {}
@@ -526,6 +627,10 @@ class Transport(virtual.Transport):
         self._rr = count()
         self._expected: dict[str, float] = {}  # queue -> until when a message sent or given back is due
         self._pid = os.getpid()
+        self._closed = False
+        self.lost: BaseException | None = None  # the connection error that ended this connection, if any
+        self._settle_from: tuple[str, str | None] | None = None  # (name server, local store) once connected
+        self._keys: tuple[str | None, str | None] = (None, None)
 
     def driver_version(self) -> str:
         return __version__
@@ -568,9 +673,60 @@ class Transport(virtual.Transport):
         if self._clients is None:
             with self._clients_lock:
                 if self._clients is None:
-                    self._clients = _Clients(self._namesrv(), self.namespace, self.group, self.client.userid or None,
-                                             self.client.password or None, self.retry_max_times)
+                    if self._closed:
+                        raise RemotingError("this kombu connection is closed")
+                    namesrv = self._namesrv()
+                    self._keys = (self.client.userid or None, self.client.password or None)
+                    self._clients = _Clients(namesrv, self.namespace, self.group, *self._keys, self.retry_max_times)
+                    path = (self.client.virtual_host or "").strip().strip("/")
+                    self._settle_from = (namesrv, "/" + path if path else None)
         return self._clients
+
+    def restore_on_connection_loss(self) -> bool:
+        """Whether a connection closed after a loss gives its unacked messages back at once (transport option
+        `restore_on_connection_loss`). Unset: what the Celery worker of this process does with acks_late
+        tasks running at a loss: with `worker_cancel_long_running_tasks_on_connection_loss` (Celery 6's
+        default) it cancels them, expecting the broker to redeliver them, so give them back; without it (Celery
+        5's default) they keep running and ack later, so leave them to their leases. No Celery: leases."""
+        if self._restore_on_loss is not None:
+            return self._restore_on_loss
+        celery = sys.modules.get("celery")
+        if celery is None:
+            return False
+        try:
+            return bool(celery.current_app.conf.worker_cancel_long_running_tasks_on_connection_loss)
+        except Exception:  # no app configured, or a Celery without the setting
+            return False
+
+    def _late_pop(self) -> PopConsumer:
+        """The process-wide settler of this connection's group (`_settler`), at the broker's current address."""
+        if self._settle_from is None:
+            raise RemotingError("this kombu connection was closed before it was established")
+        namesrv, store = self._settle_from
+        if store is not None:  # the store's broker may have been replaced (new ports) since
+            found = find_local_broker(store)
+            namesrv = found.namesrv_addr if found is not None else namesrv
+        return _settler(namesrv, self.group, *self._keys)
+
+    def settle(self, op: Any, ack: _Receipt | None = None) -> Any:
+        """Run `op(pop_consumer)` (an ack, a reject, a give-back) on this connection's POP consumer, or, once
+        the connection is closed, on the process-wide settler of the group (`_settler`): an ack that comes
+        after Celery replaced the connection still lands. A connection error marks the connection lost, so
+        the next `drain_events` raises it and the consumer reconnects at once; an ack (`ack`: its receipt)
+        that failed so is also sent again in the background until it lands or its lease is over (`_AckRetry`)."""
+        clients = self._clients
+        try:
+            if clients is not None and not self._closed:
+                return op(clients.pop)
+            if self._settle_from is None and not self._closed:
+                return op(self.clients().pop)
+            return op(self._late_pop())
+        except (RemotingError, OSError) as e:
+            if not self._closed and self.lost is None:
+                self.lost = e
+            if ack is not None and self._settle_from is not None:
+                _ack_retry.add(self._late_pop, ack)
+            raise
 
     def establish_connection(self) -> Transport:
         self.clients()
@@ -586,6 +742,7 @@ class Transport(virtual.Transport):
             finally:
                 super().close_connection(connection)
         finally:
+            self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
@@ -671,7 +828,7 @@ class Transport(virtual.Transport):
             del self._held[key]
             ch.qos.reserved -= len(held)
             for raw in held:
-                if self._clients is None:
+                if self._clients is None or self.lost is not None:  # lost: they come back when their lease ends
                     break
                 try:
                     self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
@@ -706,7 +863,21 @@ class Transport(virtual.Transport):
         return delivered
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
-        """Deliver what there is, waiting up to `timeout` (the synchronous path, without kombu's hub)."""
+        """Deliver what the consumed queues have (see `_drain`). A connection error marks the connection
+        lost (its unacked messages are then left to their leases when it closes, see `Channel._restore`);
+        an ack that failed on a lost connection is raised here, so the consumer reconnects at once."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            self._drain(connection, timeout)
+        except TimeoutError:  # socket.timeout: nothing came in time, the connection is fine
+            raise
+        except self.connection_errors as e:
+            if self.lost is None:
+                self.lost = e
+            raise
+
+    def _drain(self, connection: Any, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._settle_pops()
@@ -814,6 +985,8 @@ class Transport(virtual.Transport):
         """The wake-up socket is readable: settle the POPs that ended, start the next POPs (with the credit
         left), and deliver held messages through `_deliver` while `qos.can_consume()`. A POP's error (a lost
         connection, in `connection_errors`) is raised here, so Celery reconnects."""
+        if self.lost is not None:
+            raise self.lost
         wake = self._wake
         if wake is not None:
             try:
@@ -821,7 +994,12 @@ class Transport(virtual.Transport):
                     pass
             except OSError:  # drained (EAGAIN), or closed
                 pass
-        self._settle_pops()
+        try:
+            self._settle_pops()
+        except self.connection_errors as e:
+            if self.lost is None:
+                self.lost = e
+            raise
         if self._hub is loop:  # ask for the next ones first: a solo pool runs each task inside `_deliver`
             self._issue_pops()
         self._deliver_held()

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run demo quickstart test test-postgres lint bench crashtest txcrashtest timercrashtest racetest clean native
+.PHONY: run demo quickstart test test-postgres lint bench crashtest txcrashtest timercrashtest racetest resiltest clean native
 
 # pip builds the native core (setup.py: rmq_eventstore/_native.c, optional: without a C compiler the
 # store runs its pure-Python loops) into the source tree, as the install is editable.
@@ -92,6 +92,11 @@ timercrashtest: $(VENV)/.installed
 ## racetest: 16 writer processes racing at one expected version, 1000 rounds, also through broker kills
 racetest: $(VENV)/.installed
 	STREAM_RACE_ROUNDS=$${STREAM_RACE_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_stream_version.py -k racing
+
+## resiltest: every variant of the Celery at-least-once tests (worker and broker SIGKILLs, silent network
+## stalls; ~4 min; CI runs one variant per guarantee)
+resiltest: $(VENV)/.installed
+	CELERY_RESILIENCE_FULL=1 $(PY) -m pytest -q -s tests/test_celery_resilience.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules

@@ -116,9 +116,9 @@ class Side:
         with app.connection_for_write() as conn:
             ch = conn.default_channel
             ch.queue_delete(queue)
-            if self.name == "redis":  # kombu's binding set of the queue's exchange
+            if self.name == "redis":  # kombu's binding keys of the queue's exchange
                 client = ch.client
-                for k in client.keys(f"_kombu.binding.{queue}*"):
+                for k in client.keys(f"_kombu.binding*.{queue}"):
                     client.delete(k)
             elif self.name == "rabbitmq":
                 ch.exchange_delete(queue)
@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="celery-", dir=base))
     runs: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
     variants = [(pool, late) for pool in POOLS for late in (False, True)]
     if "drain" not in only:
         variants = [("solo", False)] if "apply" in only else []
@@ -339,6 +340,12 @@ def main(argv: list[str] | None = None) -> None:
                         queue = f"bench.celery.{os.getpid()}.{k}.{side.name}"
                         try:
                             st = apply_and_drain(side, queue, n, pool, late, tmp)
+                        except Exception as e:  # one failed variant is reported; the run goes on
+                            failures.append({"side": side.name, "pool": pool, "acks_late": late, "round": r,
+                                             "error": f"{type(e).__name__}: {e}"[-3000:]})
+                            print(f"round {r + 1}/{rounds} {side.name:8s} {pool:7s} acks_late={late!s:5s} "
+                                  f"FAILED: {failures[-1]['error'][:300]}", flush=True)
+                            continue
                         finally:
                             side.delete_queue(queue)
                         st["round"] = r
@@ -362,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + md)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_run)), "seconds": time.time() - t_run,
               "tasks": n, "rounds": rounds, "machine": {"node": os.uname().nodename, "cores": os.cpu_count()},
-              "load_before": load_before, "load_after": os.getloadavg(), "skipped_peers": skipped,
+              "load_before": load_before, "load_after": os.getloadavg(), "skipped_peers": skipped, "failures": failures,
               "runs": runs, "events": events, "summary": summary, "markdown": md}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

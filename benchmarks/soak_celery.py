@@ -135,25 +135,34 @@ def growth(samples: list[dict[str, Any]], name: str, field: str = "RssAnon") -> 
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    """Three panels: the heap (RssAnon) and RSS of every process; the broker's mapped store files (RssFile:
+    page cache of the commitlog it maps, which grows with the data, not a leak); tasks and load."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     samples = result["samples"]
-    fig, (a, b) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    fig, (a, f, b) = plt.subplots(3, 1, figsize=(11, 9), sharex=True, gridspec_kw={"height_ratios": [2, 1, 1]})
     t = [s["t"] / 60 for s in samples]
     names = sorted({n for s in samples for n in s["rss_kib"]}, key=lambda n: (n != "broker", n))
+
+    def series(name: str, field: str) -> list[float | None]:
+        return [s["rss_kib"][name][field] / 1024 if name in s["rss_kib"] else None for s in samples]
+
     for name in names:
-        for field, style in (("VmRSS", "-"), ("RssAnon", "--")):
-            ys = [s["rss_kib"][name][field] / 1024 if name in s["rss_kib"] else None for s in samples]
-            a.plot(t, ys, style, lw=1.2 if name == "broker" else 0.9,
-                   label=f"{name} {'RSS' if field == 'VmRSS' else 'anon'}")
+        line, = a.plot(t, series(name, "RssAnon"), lw=1.4 if name == "broker" else 0.9, label=f"{name} heap (RssAnon)")
+        if name != "broker":
+            a.plot(t, series(name, "VmRSS"), ":", color=line.get_color(), lw=0.9, label=f"{name} RSS")
     a.set_ylabel("MiB")
     a.set_ylim(bottom=0)
-    a.set_title(f"Soak: {result['ran_distinct']:,} tasks through {result['workers']} {result['pool']} workers "
-                f"(missing {result['missing']}, duplicates {result['duplicates']})")
-    a.legend(fontsize=7, ncol=3)
+    a.set_title(f"Soak: {result['ran_distinct']:,} tasks through {result['workers']} {result['pool']} workers on our "
+                f"transport (missing {result['missing']}, duplicates {result['duplicates']})")
+    a.legend(fontsize=7, ncol=3, loc="lower right")
+    f.plot(t, series("broker", "VmRSS"), label="broker RSS")
+    f.plot(t, series("broker", "RssFile"), "--", label="of which mapped store files (RssFile)")
+    f.set_ylabel("MiB")
+    f.legend(fontsize=8, loc="upper left")
     b.plot(t, [s["published"] for s in samples], label="published")
     b.plot(t, [s["ran"] for s in samples], label="ran")
     b2 = b.twinx()
@@ -179,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall", type=float, default=120.0, help="give up when nothing ran for this long (s)")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--name", default=None, help="file name stem (default soak-celery-<date>)")
+    ap.add_argument("--replot", default=None, help="redraw the PNG of a result JSON and exit")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
+        return 0
     base = ROOT / "var" / "bench"
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="soak-", dir=base))

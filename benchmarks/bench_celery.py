@@ -77,13 +77,56 @@ def stop_worker(w: subprocess.Popen) -> str:
     return (err or "")[-2000:]
 
 
-def wait_sink(sink: Path, n: int, worker: subprocess.Popen, timeout: float) -> None:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of `pids` so far (from /proc; a process that is gone counts 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+def pids_named(comm: str) -> list[int]:
+    """Processes whose command name is `comm` (the peers' servers: redis-server, beam.smp)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() == comm:
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its children (a prefork worker's pool processes)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [pid, *(int(x) for x in f.read().split())]
+    except OSError:
+        return [pid]
+
+
+def wait_sink(sink: Path, n: int, worker: subprocess.Popen, timeout: float,
+              at_first: list[float] | None = None) -> None:
+    """Until `sink` holds n records; `at_first` gets the worker's CPU seconds when the first task has run."""
     deadline = time.monotonic() + timeout
     last, last_change = -1, time.monotonic()
     while True:
         got = sink_count(str(sink))
         if got >= n:
             return
+        if got and at_first is not None and not at_first:
+            at_first.append(cpu_s(tree(worker.pid)))
         if got != last:
             last, last_change = got, time.monotonic()
         if worker.poll() is not None:
@@ -105,11 +148,12 @@ def sink_stats(sink: Path, n: int, t_start: float) -> dict[str, Any]:
 
 
 class Side:
-    """One broker under test: a name and a Celery broker URL."""
+    """One broker under test: a name, a Celery broker URL and its server processes (for their CPU time)."""
 
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(self, name: str, url: str, server_pids: list[int] | None = None) -> None:
         self.name = name
         self.url = url
+        self.server_pids = server_pids or []
 
     def delete_queue(self, queue: str) -> None:
         app = make_app(self.url, queue)
@@ -133,29 +177,38 @@ def apply_and_drain(side: Side, queue: str, n: int, pool: str, acks_late: bool, 
     warm = min(50, n // 10)
     for i in range(warm):  # the producer pool's connection, the exchange declaration cache
         task.delay(n + i)
+    c0, s0 = time.process_time(), cpu_s(side.server_pids)
     t0 = time.perf_counter()
     for i in range(n):
         task.delay(i)
     apply_s = time.perf_counter() - t0
+    apply_cpu = {"client_us": (time.process_time() - c0) / n * 1e6,
+                 "server_us": (cpu_s(side.server_pids) - s0) / n * 1e6}
     kombu.pools.reset()  # this app's producer pool and connections: closed, and forgotten
     sink = tmp / f"sink-{side.name}-{pool}-{int(acks_late)}-{time.monotonic_ns()}"
     sink.mkdir()
     t_start = time.time()
     w = start_worker(side.url, queue, sink, pool, acks_late)
+    at_first: list[float] = []
     try:
-        wait_sink(sink, n + warm, w, timeout=max(120.0, n / 20))
+        s1 = cpu_s(side.server_pids)
+        wait_sink(sink, n + warm, w, timeout=max(120.0, n / 20), at_first=at_first)
+        worker_cpu = cpu_s(tree(w.pid)) - (at_first[0] if at_first else 0.0)
+        server_cpu = cpu_s(side.server_pids) - s1
     finally:
         err = stop_worker(w)
     st = sink_stats(sink, n, t_start)
     st["duplicates"] = st["ran"] - st["distinct"]
-    st.update(side=side.name, pool=pool, acks_late=acks_late, tasks=n, apply_s=apply_s, apply_per_s=n / apply_s)
+    st.update(side=side.name, pool=pool, acks_late=acks_late, tasks=n, apply_s=apply_s, apply_per_s=n / apply_s,
+              apply_cpu=apply_cpu, drain_cpu={"worker_us": worker_cpu / st["ran"] * 1e6,
+                                              "server_us": server_cpu / st["ran"] * 1e6})
     if st["missing"] or st["duplicates"]:
         st["worker_stderr"] = err
     shutil.rmtree(sink, ignore_errors=True)
     return st
 
 
-def event_path(ns: str, n: int, tmp: Path) -> dict[str, Any]:
+def event_path(ns: str, broker_pid: int, n: int, tmp: Path) -> dict[str, Any]:
     """n events sent one by one to a 4-queue topic, then handled by an @event_handler in one solo worker."""
     from rmq_eventstore.client import Admin, Message, Producer
 
@@ -175,12 +228,17 @@ def event_path(ns: str, n: int, tmp: Path) -> dict[str, Any]:
     t_start = time.time()
     w = start_worker(f"rocketmq://{ns}//", idle, sink, "solo", False,
                      {"BENCH_HANDLER_TOPIC": topic, "BENCH_STORE_URL": f"rmq://{ns}"})
+    at_first: list[float] = []
     try:
-        wait_sink(sink, n + 1, w, timeout=max(120.0, n / 20))
+        s1 = cpu_s([broker_pid])
+        wait_sink(sink, n + 1, w, timeout=max(120.0, n / 20), at_first=at_first)
+        worker_cpu = cpu_s(tree(w.pid)) - (at_first[0] if at_first else 0.0)
+        server_cpu = cpu_s([broker_pid]) - s1
     finally:
         stop_worker(w)
     st = sink_stats(sink, n, t_start)
-    st.update(side="ours", path="event handler", tasks=n, send_s=send_s, send_per_s=n / send_s)
+    st.update(side="ours", path="event handler", tasks=n, send_s=send_s, send_per_s=n / send_s,
+              drain_cpu={"worker_us": worker_cpu / st["ran"] * 1e6, "server_us": server_cpu / st["ran"] * 1e6})
     shutil.rmtree(sink, ignore_errors=True)
     return st
 
@@ -223,9 +281,24 @@ def summarize(runs: list[dict[str, Any]], events: list[dict[str, Any]], sides: l
                 if xs:
                     ratios[f"drain {name}"] = med(xs)
         s["ratios"][f"ours/{peer}"] = ratios
+    s["cpu_us"] = {}
+    for side in sides:
+        mine = [r for r in runs if r["side"] == side]
+        c: dict[str, float] = {"apply client": med([r["apply_cpu"]["client_us"] for r in mine]),
+                               "apply server": med([r["apply_cpu"]["server_us"] for r in mine])}
+        for pool in POOLS:
+            for late in (False, True):
+                xs = [r for r in mine if r["pool"] == pool and r["acks_late"] == late]
+                if xs:
+                    name = f"{pool}{' acks_late' if late else ''}"
+                    c[f"drain {name} worker"] = med([r["drain_cpu"]["worker_us"] for r in xs])
+                    c[f"drain {name} server"] = med([r["drain_cpu"]["server_us"] for r in xs])
+        s["cpu_us"][side] = c
     if events:
         s["events"] = {"send_per_s": med([e["send_per_s"] for e in events]),
-                       "handle_per_s": med([e["drain_per_s"] for e in events])}
+                       "handle_per_s": med([e["drain_per_s"] for e in events]),
+                       "handle_worker_cpu_us": med([e["drain_cpu"]["worker_us"] for e in events]),
+                       "handle_broker_cpu_us": med([e["drain_cpu"]["server_us"] for e in events])}
     return s
 
 
@@ -251,11 +324,25 @@ def markdown(s: dict[str, Any], sides: list[str], n: int, rounds: int) -> str:
         row = [f"{by_side[x]:,.0f}" if x in by_side else "—" for x in sides]
         rat = [f"{s['ratios'][f'ours/{p}'].get(f'drain {name}', float('nan')):.2f}" for p in sides[1:]]
         lines.append(f"| drain, one worker, {name} | " + " | ".join(row + rat) + " |")
+    lines += ["", "| CPU µs per task (median): client or worker + server | " + " | ".join(sides) + " |",
+              "|---|" + "---:|" * len(sides)]
+    keys = ["apply"] + [k for k in s["drain_per_s"]]
+    for k in keys:
+        label = "apply_async: producer + server" if k == "apply" else f"drain {k}: worker + server"
+        cells = []
+        for x in sides:
+            c = s["cpu_us"][x]
+            a, b = (c.get("apply client"), c.get("apply server")) if k == "apply" else \
+                (c.get(f"drain {k} worker"), c.get(f"drain {k} server"))
+            cells.append("—" if a is None else f"{a:,.0f} + {b:,.0f} = {a + b:,.0f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if "events" in s:
         e = s["events"]
         lines += ["", "| event path (ours) | per s |", "|---|---:|",
                   f"| events sent, one `Producer.send` each | {e['send_per_s']:,.0f} |",
-                  f"| events handled by an `@event_handler`, one worker | {e['handle_per_s']:,.0f} |"]
+                  f"| events handled by an `@event_handler`, one worker | {e['handle_per_s']:,.0f} |",
+                  f"| CPU µs per handled event: worker + broker | {e['handle_worker_cpu_us']:,.0f} + "
+                  f"{e['handle_broker_cpu_us']:,.0f} |"]
         solo = s["drain_per_s"].get("solo", {})
         for x in sides:
             if x in solo:
@@ -283,11 +370,11 @@ def plot(s: dict[str, Any], sides: list[str], path: Path, title: str) -> None:
     a.legend()
     if "events" in s:
         solo = s["drain_per_s"].get("solo", {})
-        names = ["event handler\n(ours)"] + [f"task/event\nsolo, {x}" for x in sides if x in solo]
+        names = ["@event_handler\n(ours)"] + [f"task\n{x}" for x in sides if x in solo]
         ys = [s["events"]["handle_per_s"]] + [solo[x] for x in sides if x in solo]
         b.bar(names, ys, color=["#175"] + [colors.get(x, "#888") for x in sides if x in solo])
         b.set_ylabel("events handled/s, one worker")
-        b.set_title("event-handler path")
+        b.set_title("per event: handler vs a task (solo)")
         b.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -304,14 +391,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--no-rabbit", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--replot", default=None, help="redraw the PNG of a result JSON and exit")
     args = ap.parse_args(argv)
+    if args.replot:
+        r = json.loads(Path(args.replot).read_text())
+        names = [x for x in ("ours", "redis", "rabbitmq") if x in r["summary"]["apply_per_s"]]
+        plot(r["summary"], names, Path(args.out) / f"celery{'-quick' if args.quick else ''}.png",
+             f"Celery: one producer, one worker (N={r['tasks']:,}, {r['rounds']} rounds; load "
+             f"{r['load_before'][0]:.0f}→{r['load_after'][0]:.0f} on 2 vCPUs)")
+        return
     n = args.tasks or (1000 if args.quick else 5000)
     rounds = args.rounds or (1 if args.quick else 2)
     only = set(args.only or ["apply", "drain", "events"])
     load_before = os.getloadavg()
     t_run = time.time()
-    peers = [Side("redis", REDIS_URL)] if not args.no_redis else []
-    peers += [Side("rabbitmq", RABBIT_URL)] if not args.no_rabbit else []
+    peers = [Side("redis", REDIS_URL, pids_named("redis-server"))] if not args.no_redis else []
+    peers += [Side("rabbitmq", RABBIT_URL, pids_named("beam.smp"))] if not args.no_rabbit else []
     skipped = {}
     for p in list(peers):
         why = reachable(p)
@@ -329,8 +424,8 @@ def main(argv: list[str] | None = None) -> None:
     if "drain" not in only:
         variants = [("solo", False)] if "apply" in only else []
     try:
-        with broker_process(tmp / "store") as (_, ns):
-            sides = [Side("ours", f"rocketmq://{ns}//"), *peers]
+        with broker_process(tmp / "store") as (broker, ns):
+            sides = [Side("ours", f"rocketmq://{ns}//", [broker.pid]), *peers]
             k = 0
             for r in range(rounds):
                 for pool, late in variants:
@@ -351,11 +446,13 @@ def main(argv: list[str] | None = None) -> None:
                         st["round"] = r
                         runs.append(st)
                         print(f"round {r + 1}/{rounds} {side.name:8s} {pool:7s} acks_late={late!s:5s} "
-                              f"apply {st['apply_per_s']:7,.0f}/s  drain {st['drain_per_s']:7,.0f}/s  "
+                              f"apply {st['apply_per_s']:7,.0f}/s  drain {st['drain_per_s']:7,.0f}/s  CPU µs/task "
+                              f"apply {st['apply_cpu']['client_us']:.0f}+{st['apply_cpu']['server_us']:.0f} drain "
+                              f"{st['drain_cpu']['worker_us']:.0f}+{st['drain_cpu']['server_us']:.0f} "
                               f"(missing {st['missing']}, duplicates {st['duplicates']}, boot→first "
                               f"{st['boot_to_first_s']:.2f} s)", flush=True)
                 if "events" in only:
-                    e = event_path(ns, n, tmp)
+                    e = event_path(ns, broker.pid, n, tmp)
                     e["round"] = r
                     events.append(e)
                     print(f"round {r + 1}/{rounds} events   send {e['send_per_s']:7,.0f}/s  handled "
@@ -378,7 +475,8 @@ def main(argv: list[str] | None = None) -> None:
     path.write_text(json.dumps(result, indent=1))
     if runs:
         plot(summary, names, out / f"celery{suffix}.png",
-             f"Celery: one producer, one worker (N={n:,}, {rounds} round{'s' if rounds > 1 else ''})")
+             f"Celery: one producer, one worker (N={n:,}, {rounds} round{'s' if rounds > 1 else ''}; load "
+             f"{load_before[0]:.0f}→{result['load_after'][0]:.0f} on 2 vCPUs)")
     print(f"wrote {path} ({result['seconds']:.0f} s; load {load_before[0]:.1f} → {result['load_after'][0]:.1f})")
 
 

@@ -380,6 +380,85 @@ def plot(s: dict[str, Any], sides: list[str], path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _folded_top(path: Path, top: int = 40) -> dict[str, Any]:
+    """py-spy's raw (folded) output: samples per thread, and per function counted once per stack."""
+    per_fn: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n_ = line.rpartition(" ")
+        n = int(n_)
+        total += n
+        frames = stack.split(";")
+        threads[frames[0]] = threads.get(frames[0], 0) + n
+        for fn in {f.split(" (")[0] for f in frames}:
+            per_fn[fn] = per_fn.get(fn, 0) + n
+    return {"samples": total, "threads": threads,
+            "functions": dict(sorted(per_fn.items(), key=lambda kv: -kv[1])[:top])}
+
+
+def profile(sides: list[Side], n: int, tmp: Path, broker_pid: int) -> dict[str, Any]:
+    """cProfile of n `apply_async` calls on one shared producer per side (in this process), and py-spy (when
+    installed) of one solo worker draining them and of our broker meanwhile: where the time goes."""
+    import cProfile
+    import pstats
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    have_spy = Path(spy).exists()
+    out: dict[str, Any] = {}
+    for side in sides:
+        queue = f"bench.celery.{os.getpid()}.profile.{side.name}"
+        app = make_app(side.url, queue)
+        task = app.tasks[TASK]
+        try:
+            with app.producer_or_acquire() as producer:
+                for i in range(50):
+                    task.apply_async((n + i,), producer=producer)
+                prof = cProfile.Profile()
+                t0 = time.perf_counter()
+                prof.enable()
+                for i in range(n):
+                    task.apply_async((i,), producer=producer)
+                prof.disable()
+                wall = time.perf_counter() - t0
+            kombu.pools.reset()
+            stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+            rows = sorted(((f"{Path(k[0]).name}:{k[1]}({k[2]})", v[3] / n * 1e6, v[2] / n * 1e6)
+                           for k, v in stats.items()), key=lambda r: -r[1])[:40]
+            res: dict[str, Any] = {"apply_us_profiled": wall / n * 1e6,
+                                   "apply_top_cumulative_us": [{"fn": f, "cum_us": c, "own_us": o} for f, c, o in rows]}
+            if have_spy:
+                sink = tmp / f"sink-profile-{side.name}"
+                sink.mkdir()
+                w = start_worker(side.url, queue, sink, "solo", False)
+                try:
+                    while sink_count(str(sink)) < min(50, n // 10):
+                        if w.poll() is not None:
+                            raise RuntimeError(stop_worker(w))
+                        time.sleep(0.01)
+                    spies = [(name, pid, tmp / f"spy-{side.name}-{name}.txt")
+                             for name, pid in [("worker", w.pid)] + ([("broker", broker_pid)] if side.name == "ours" else [])]
+                    procs = [subprocess.Popen([spy, "record", "-p", str(pid), "-r", "200", "-f", "raw", "-o", str(f),
+                                               "--threads", *(["--gil"] if name == "broker" else ["--idle"])],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             for name, pid, f in spies]
+                    wait_sink(sink, int(n * 0.9), w, timeout=max(120.0, n / 20))
+                    for p in procs:
+                        p.send_signal(signal.SIGINT)
+                        p.wait(30)
+                    wait_sink(sink, n + 50, w, timeout=max(120.0, n / 20))
+                finally:
+                    stop_worker(w)
+                for name, _, f in spies:
+                    if f.exists():
+                        res[f"drain_{name}_pyspy"] = _folded_top(f)
+            out[side.name] = res
+            print(f"profiled {side.name}: apply {res['apply_us_profiled']:.0f} µs/call under cProfile", flush=True)
+        finally:
+            side.delete_queue(queue)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 tasks, 1 round (a smoke run)")
@@ -392,6 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-rabbit", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--replot", default=None, help="redraw the PNG of a result JSON and exit")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the benchmark: cProfile of apply_async and py-spy (if installed) of a solo "
+                         "worker's drain and of our broker, per side; writes results/celery-profile-<date>.json")
     args = ap.parse_args(argv)
     if args.replot:
         r = json.loads(Path(args.replot).read_text())
@@ -423,6 +505,18 @@ def main(argv: list[str] | None = None) -> None:
     variants = [(pool, late) for pool in POOLS for late in (False, True)]
     if "drain" not in only:
         variants = [("solo", False)] if "apply" in only else []
+    if args.profile:
+        try:
+            with broker_process(tmp / "store") as (broker, ns):
+                prof = profile([Side("ours", f"rocketmq://{ns}//", [broker.pid]), *peers], n, tmp, broker.pid)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        path = Path(args.out) / f"celery-profile-{time.strftime('%Y-%m-%d')}.json"
+        path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_run)), "tasks": n,
+                                    "load_before": load_before, "load_after": os.getloadavg(), "profile": prof},
+                                   indent=1))
+        print(f"wrote {path}")
+        return
     try:
         with broker_process(tmp / "store") as (broker, ns):
             sides = [Side("ours", f"rocketmq://{ns}//", [broker.pid]), *peers]

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run demo quickstart test test-postgres lint bench crashtest txcrashtest timercrashtest racetest resiltest clean native
+.PHONY: run demo quickstart test test-postgres lint bench bench-celery soak-celery crashtest txcrashtest timercrashtest racetest resiltest clean native
 
 # pip builds the native core (setup.py: rmq_eventstore/_native.c, optional: without a C compiler the
 # store runs its pure-Python loops) into the source tree, as the install is editable.
@@ -76,6 +76,15 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_broker.py
+
+## bench-celery: Celery on our transport vs Celery on the local Redis and RabbitMQ, one run (QUICK=1: short)
+bench-celery: $(VENV)/.installed
+	$(PY) benchmarks/bench_celery.py $(if $(QUICK),--quick)
+
+## soak-celery: 1,000,000 tasks through 4 workers on our transport: every task once, RSS plotted
+## (SOAK_TASKS=N, SOAK_MINUTES=M stops publishing after M minutes)
+soak-celery: $(VENV)/.installed
+	$(PY) benchmarks/soak_celery.py --tasks $${SOAK_TASKS:-1000000} $(if $(SOAK_MINUTES),--max-minutes $(SOAK_MINUTES))
 
 ## crashtest: the SIGKILL crash suite with 1000 rounds (CI runs 50; CRASH_SEED=N reproduces a run)
 crashtest: $(VENV)/.installed

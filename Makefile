@@ -43,10 +43,13 @@ $(CHROMEDRIVER):
 .PHONY: chromium
 chromium: $(CHROMEDRIVER)
 
-## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL)
+## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL; the broker's
+## wire tests again on asyncio's own loop, as the dev install serves on uvloop)
 test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed chromium lint
 	$(PY) -m pytest -q
 	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
+	RMQ_EVENTSTORE_EVENT_LOOP=asyncio $(PY) -m pytest -q tests/test_broker.py tests/test_broker_loop.py \
+		tests/test_remoting_client.py tests/test_client_alions.py tests/test_client_cpp.py
 
 ## test-postgres: the Django face's tests on the local PostgreSQL only
 test-postgres: $(VENV)/.installed

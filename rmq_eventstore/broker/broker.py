@@ -109,9 +109,10 @@ class Broker:
         self.send_processor = SendMessageProcessor(self)
         self.pull_processor = PullMessageProcessor(self)
         self.namesrv_processor = NameServerProcessor(self)
+        self._pop_processor = PopMessageProcessor(self)
         for processor in (self.send_processor, self.pull_processor, QueryMessageProcessor(self),
                           ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self),
-                          EndTransactionProcessor(self), ExtensionProcessor(self), PopMessageProcessor(self),
+                          EndTransactionProcessor(self), ExtensionProcessor(self), self._pop_processor,
                           AckMessageProcessor(self)):
             for code in processor.CODES:
                 self.register_processor(code, processor)
@@ -202,6 +203,19 @@ class Broker:
                 log.exception("ACL check of request %d failed", request.code)
                 return request.response(ResponseCode.NO_PERMISSION, f"ACL check failed: {type(e).__name__}")
         return self._run(self._processors, request, channel)
+
+    def pop_now(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
+        """Serve a POP_MESSAGE without waiting: its response, or None when nothing is there now and it may
+        wait for an arrival, or when ACL is on (then serve it with `process`, on a thread that may block)."""
+        if self.acl is not None and channel is not None:
+            return None  # checked and served on the blocking path, as every request under ACL
+        try:
+            return self._pop_processor.process(request, channel, wait=False)
+        except (HeaderError, TopicValidationError) as e:
+            return request.response(ResponseCode.SYSTEM_ERROR, str(e))
+        except Exception as e:
+            log.exception("request %d failed", request.code)
+            return request.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
 
     def process_namesrv(self, request: RemotingCommand, channel: Any) -> RemotingCommand | PullHold:
         """Serve one name-server request (this broker is its own, single-broker name server)."""

@@ -4,7 +4,9 @@ broker port (default 10911) and the name-server port (default 9876, routes for t
 Requests on one connection are served concurrently, as Netty's broker does: a pull that found nothing
 is parked (`PullHold`) as a task woken by the store's dispatcher, so a send behind it on the same
 connection is answered at once. Quick requests run inline on the event loop (an ASYNC_FLUSH put is a
-memory copy); with SYNC_FLUSH, sends run in a thread pool so that the fsync wait never stalls the loop.
+memory copy); with SYNC_FLUSH, sends, acks and POPs (which write records) run in a thread pool so that
+the fsync wait never stalls the loop. A POP is first tried on the loop without waiting; only one that
+found nothing and may wait (`pollTime`) goes to a thread.
 A frame that cannot be decoded closes its connection with one warning line; other connections go on.
 Responses are written in the order they complete (those answered while one read's requests are
 served are written together, with one write); backpressure: when a client does not read its
@@ -44,7 +46,10 @@ log = logging.getLogger(__name__)
 
 _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
                          RequestCode.CONSUMER_SEND_MSG_BACK})
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})
+# requests whose records are written with the store's flush wait (on threads under SYNC_FLUSH)
+_WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
+                              RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.QUERY_STREAM})
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 EVENT_LOOP_ENV = "RMQ_EVENTSTORE_EVENT_LOOP"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -195,7 +200,7 @@ class BrokerServer:
         self._servers: list[asyncio.AbstractServer] = []
         sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
         # requests that may wait (a flush, index lookups) run on threads, never on the event loop
-        self._offload = (_SEND_CODES if sync else frozenset()) | _BLOCKING_CODES
+        self._offload = (_WRITE_CODES | {RequestCode.POP_MESSAGE} if sync else frozenset()) | _BLOCKING_CODES
         self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
             64, "broker-blocking")  # POP long polls wait here
 
@@ -247,6 +252,12 @@ class BrokerServer:
             self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
         elif cmd.code in self._offload:
             self._spawn(conn, self._offloaded(conn, cmd))
+        elif cmd.code == RequestCode.POP_MESSAGE:  # at once when messages are there; a wait goes to a thread
+            result = broker.pop_now(cmd, conn)
+            if result is None:
+                self._spawn(conn, self._offloaded(conn, cmd))
+            elif not cmd.is_oneway:
+                conn.write(result)
         else:
             self._respond(conn, cmd, broker.process(cmd, conn))
 

@@ -110,3 +110,36 @@ def test_responses_of_one_read_are_written_at_once(tmp_path: Path, monkeypatch: 
         assert [int(g.ext_fields["queueOffset"]) for g in got] == list(range(20))
         assert len(writes) <= len(reads) < len(reqs), (reads, writes)
         assert sum(writes) == sum(len(g.encode()) for g in got)
+
+
+def test_pop_with_messages_is_served_on_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A POP that finds messages is answered on the event loop (no worker thread); one that must wait for
+    an arrival goes to a worker thread and is woken by the arrival."""
+    from rmq_eventstore.client import PopConsumer
+
+    offloaded: list[int] = []
+    real = server_module.BrokerServer._offloaded
+
+    async def counting(self, conn, cmd):  # noqa: ANN001, ANN202
+        offloaded.append(cmd.code)
+        await real(self, conn, cmd)
+
+    monkeypatch.setattr(server_module.BrokerServer, "_offloaded", counting)
+    with serve_in_thread(tmp_path / "s", announce=False, **SMALL) as rb:
+        ns = rb.namesrv_address
+        with Producer(ns, "pg") as p, PopConsumer(ns, "popg") as c:
+            p.send_batch([Message("popped", f"m{i}".encode()) for i in range(8)], queue_id=0)
+            rb.store.wait_for_dispatch(5)
+            got = c.pop("popped", max_nums=8, invisible_time=30_000, poll_time=2000)
+            assert sorted(m.body for m in got) == [f"m{i}".encode() for i in range(8)]
+            c.ack_batch(got)
+            assert RequestCode.POP_MESSAGE not in offloaded
+            later: list = []
+            t = threading.Thread(target=lambda: later.append(c.pop("popped", max_nums=8, invisible_time=30_000,
+                                                                   poll_time=5000)))
+            t.start()
+            time.sleep(0.3)
+            p.send(Message("popped", b"late"), queue_id=0)
+            t.join(10)
+            assert later and [m.body for m in later[0]] == [b"late"]
+            assert offloaded.count(RequestCode.POP_MESSAGE) == 1  # the waiting one

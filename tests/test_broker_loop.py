@@ -59,6 +59,7 @@ def test_broker_serves_on_either_loop(tmp_path: Path, kind: str, caplog: pytest.
         with Producer(rb.namesrv_address, "pg") as p, PullConsumer(rb.namesrv_address, "cg") as c:
             p.send_batch([Message("loops", f"m{i}".encode()) for i in range(20)], queue_id=0)
             r = p.send(Message("loops", b"single"), queue_id=0)
+            assert rb.store.wait_for_dispatch(5)
             res = c.pull("loops", 0, 0, max_nums=32, suspend_timeout_ms=3000)
             assert res.status == FOUND and len(res.messages) == 21
             assert res.messages[-1].msg_id == r.offset_msg_id
@@ -143,3 +144,29 @@ def test_pop_with_messages_is_served_on_the_loop(tmp_path: Path, monkeypatch: py
             t.join(10)
             assert later and [m.body for m in later[0]] == [b"late"]
             assert offloaded.count(RequestCode.POP_MESSAGE) == 1  # the waiting one
+
+
+def test_short_stream_reads_are_served_on_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """QUERY_STREAM of a stream the broker knows to be short is answered on the loop; a key read (length
+    unknown) goes to a worker thread; both answer the same events."""
+    from rmq_eventstore.client import Admin
+
+    offloaded: list[int] = []
+    real = server_module.BrokerServer._offloaded
+
+    async def counting(self, conn, cmd):  # noqa: ANN001, ANN202
+        offloaded.append(cmd.code)
+        await real(self, conn, cmd)
+
+    monkeypatch.setattr(server_module.BrokerServer, "_offloaded", counting)
+    with serve_in_thread(tmp_path / "s", announce=False, **SMALL) as rb:
+        ns = rb.namesrv_address
+        with Producer(ns, "pg") as p, Admin(ns) as admin:
+            for i in range(3):
+                p.send(Message("streams", f"e{i}".encode(), keys=["acct-1"]), stream="acct-1", expected_version=i)
+            assert rb.store.wait_for_dispatch(5)
+            assert [m.body for m in admin.read_stream("streams", "acct-1")] == [b"e0", b"e1", b"e2"]
+            assert [m.body for m in admin.read_stream("streams", "acct-1", last=1)] == [b"e2"]
+            assert RequestCode.QUERY_STREAM not in offloaded
+            assert [m.body for m in admin.query_key_all("streams", "acct-1")] == [b"e0", b"e1", b"e2"]
+            assert offloaded.count(RequestCode.QUERY_STREAM) == 1

@@ -6,7 +6,8 @@ is parked (`PullHold`) as a task woken by the store's dispatcher, so a send behi
 connection is answered at once. Quick requests run inline on the event loop (an ASYNC_FLUSH put is a
 memory copy); with SYNC_FLUSH, sends, acks and POPs (which write records) run in a thread pool so that
 the fsync wait never stalls the loop. A POP is first tried on the loop without waiting; only one that
-found nothing and may wait (`pollTime`) goes to a thread.
+found nothing and may wait (`pollTime`) goes to a thread. So does a QUERY_STREAM (our stream read) unless
+the dispatcher is caught up and the stream is known to be short.
 A frame that cannot be decoded closes its connection with one warning line; other connections go on.
 Responses are written in the order they complete (those answered while one read's requests are
 served are written together, with one write); backpressure: when a client does not read its
@@ -49,7 +50,8 @@ _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, 
 # requests whose records are written with the store's flush wait (on threads under SYNC_FLUSH)
 _WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
                               RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.QUERY_STREAM})
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION})
+_QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})  # tried on the loop first
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 EVENT_LOOP_ENV = "RMQ_EVENTSTORE_EVENT_LOOP"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -252,8 +254,8 @@ class BrokerServer:
             self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
         elif cmd.code in self._offload:
             self._spawn(conn, self._offloaded(conn, cmd))
-        elif cmd.code == RequestCode.POP_MESSAGE:  # at once when messages are there; a wait goes to a thread
-            result = broker.pop_now(cmd, conn)
+        elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
+            result = broker.process_now(cmd, conn)
             if result is None:
                 self._spawn(conn, self._offloaded(conn, cmd))
             elif not cmd.is_oneway:

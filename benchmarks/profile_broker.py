@@ -37,7 +37,8 @@ from rmq_eventstore.store.reput import ReputMessageService
 config = json.loads(sys.argv[2])
 profile = sys.argv[3] == "1"
 running = serve_in_thread(sys.argv[1], announce=False, **config)
-print(json.dumps({"namesrv": running.namesrv_address, "loop": running.event_loop}), flush=True)
+print(json.dumps({"namesrv": running.namesrv_address, "loop": getattr(running, "event_loop", "asyncio")}),
+      flush=True)
 loop_prof, reput_prof, on = cProfile.Profile(), cProfile.Profile(), [False]
 real_reput = ReputMessageService.do_reput
 

@@ -177,7 +177,12 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
-        """Send a request to the client from any thread (e.g. NOTIFY_CONSUMER_IDS_CHANGED)."""
+        """Send a request to the client from any thread (e.g. NOTIFY_CONSUMER_IDS_CHANGED). From the loop's
+        own thread (a request served inline) it is written at once, so it precedes the answers written
+        after it, whichever loop runs."""
+        if threading.get_ident() == self.server.loop_thread_id:
+            self.write(cmd)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closed: the connection is gone anyway
             self.server.loop.call_soon_threadsafe(self.write, cmd)
 
@@ -199,6 +204,7 @@ class BrokerServer:
         self.connections: set[Connection] = set()
         self.last_connection_change = time.monotonic()  # a connection opened or closed (idle exit)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.loop_thread_id = 0  # the thread running `loop`
         self._servers: list[asyncio.AbstractServer] = []
         sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
         # requests that may wait (a flush, index lookups) run on threads, never on the event loop
@@ -208,6 +214,7 @@ class BrokerServer:
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.loop_thread_id = threading.get_ident()
         self._servers.append(await self.loop.create_server(lambda: Connection(self, False), sock=broker_sock))
         if namesrv_sock is not None:
             self._servers.append(await self.loop.create_server(lambda: Connection(self, True), sock=namesrv_sock))

@@ -400,8 +400,9 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
 
     `store_config` holds `StoreConfig` fields; `BrokerConfig` fields (e.g. `auto_create_topic_enable`,
     `broker_name`), `max_frame_size`, `channel_max_idle_seconds` and `event_loop` ("auto", "uvloop",
-    "asyncio"; see `new_event_loop`) are picked out of it. `store_host` defaults to the broker's
-    listen address so that records and offsetMsgIds carry it. Port 0 picks a free port. With `announce`
+    "asyncio"; see `new_event_loop`) are picked out of it. `store_host` defaults to the broker's listen
+    address (or `broker_ip1`, RocketMQ's brokerIP1, the address it registers with the name server)
+    so that records and offsetMsgIds carry it. Port 0 picks a free port. With `announce`
     (the default) the broker writes `<store>/broker.json` once it serves, with the real addresses.
     """
     broker_kw = {k: store_config.pop(k) for k in list(store_config) if k in BrokerConfig.field_names()}
@@ -422,7 +423,7 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
         bsock.close()
         loop.close()
         raise
-    broker_address = _advertised(host, bsock.getsockname()[1])
+    broker_address = _advertised(broker_kw.get("broker_ip1") or host, bsock.getsockname()[1])
     namesrv_address = _advertised(host, nsock.getsockname()[1])
     store_config.setdefault("store_host", broker_address)
     store = None

@@ -57,11 +57,14 @@ PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/te
 	tests/test_crash.py
 
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the
-## codec and crash tests again on the pure-Python loops (the first pass requires the native core)
+## codec and crash tests again on the pure-Python loops (the first pass requires the native core), and the
+## broker's wire tests again on asyncio's own loop (the dev install serves on uvloop)
 test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed chromium lint
 	RMQ_EVENTSTORE_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
 	RMQ_EVENTSTORE_PURE=1 $(PY) -m pytest -q $(PURE_TESTS)
+	RMQ_EVENTSTORE_EVENT_LOOP=asyncio $(PY) -m pytest -q tests/test_broker.py tests/test_broker_loop.py \
+		tests/test_remoting_client.py tests/test_client_alions.py tests/test_client_cpp.py
 
 ## test-postgres: the Django face's tests on the local PostgreSQL only
 test-postgres: $(VENV)/.installed

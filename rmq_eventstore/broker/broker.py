@@ -33,7 +33,7 @@ from typing import Any
 from ..common import Message, codec
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError
 from ..common.topic_config import PermName, TopicConfig
-from ..remoting import HeaderError, RemotingCommand, ResponseCode
+from ..remoting import HeaderError, RemotingCommand, RequestCode, ResponseCode
 from ..store import MessageStore
 from ..store.timer import TimerMessageStore
 from .acl import AclError, PlainAccessValidator
@@ -109,10 +109,11 @@ class Broker:
         self.send_processor = SendMessageProcessor(self)
         self.pull_processor = PullMessageProcessor(self)
         self.namesrv_processor = NameServerProcessor(self)
+        pop, extension = PopMessageProcessor(self), ExtensionProcessor(self)
+        self._quick_processors: dict[int, Any] = {RequestCode.POP_MESSAGE: pop, RequestCode.QUERY_STREAM: extension}
         for processor in (self.send_processor, self.pull_processor, QueryMessageProcessor(self),
                           ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self),
-                          EndTransactionProcessor(self), ExtensionProcessor(self), PopMessageProcessor(self),
-                          AckMessageProcessor(self)):
+                          EndTransactionProcessor(self), extension, pop, AckMessageProcessor(self)):
             for code in processor.CODES:
                 self.register_processor(code, processor)
         for code in self.namesrv_processor.CODES:
@@ -202,6 +203,23 @@ class Broker:
                 log.exception("ACL check of request %d failed", request.code)
                 return request.response(ResponseCode.NO_PERMISSION, f"ACL check failed: {type(e).__name__}")
         return self._run(self._processors, request, channel)
+
+    def process_now(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
+        """Serve a POP_MESSAGE or QUERY_STREAM without blocking: its response, or None when it would wait (a
+        POP that found nothing and may wait for an arrival, a stream read that must wait for the dispatcher
+        or may be long), or when ACL is on; then serve it with `process`, on a thread that may block."""
+        if self.acl is not None and channel is not None:
+            return None  # checked and served on the blocking path, as every request under ACL
+        processor = self._quick_processors.get(request.code)
+        if processor is None:
+            return None
+        try:
+            return processor.process(request, channel, wait=False)
+        except (HeaderError, TopicValidationError) as e:
+            return request.response(ResponseCode.SYSTEM_ERROR, str(e))
+        except Exception as e:
+            log.exception("request %d failed", request.code)
+            return request.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
 
     def process_namesrv(self, request: RemotingCommand, channel: Any) -> RemotingCommand | PullHold:
         """Serve one name-server request (this broker is its own, single-broker name server)."""

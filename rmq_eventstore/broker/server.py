@@ -4,10 +4,18 @@ broker port (default 10911) and the name-server port (default 9876, routes for t
 Requests on one connection are served concurrently, as Netty's broker does: a pull that found nothing
 is parked (`PullHold`) as a task woken by the store's dispatcher, so a send behind it on the same
 connection is answered at once. Quick requests run inline on the event loop (an ASYNC_FLUSH put is a
-memory copy); with SYNC_FLUSH, sends run in a thread pool so that the fsync wait never stalls the loop.
+memory copy); with SYNC_FLUSH, sends, acks and POPs (which write records) run in a thread pool so that
+the fsync wait never stalls the loop. A POP is first tried on the loop without waiting; only one that
+found nothing and may wait (`pollTime`) goes to a thread. So does a QUERY_STREAM (our stream read) unless
+the dispatcher is caught up and the stream is known to be short.
 A frame that cannot be decoded closes its connection with one warning line; other connections go on.
-Responses are written in the order they complete; backpressure: when a client does not read its
+Responses are written in the order they complete (those answered while one read's requests are
+served are written together, with one write); backpressure: when a client does not read its
 responses, reading from it pauses.
+
+The loop is uvloop's when it is installed (the `speed` extra) and the asyncio default otherwise;
+`event_loop="asyncio"` (or the environment variable `RMQ_EVENTSTORE_EVENT_LOOP=asyncio`) picks the
+default loop even then, `"uvloop"` insists on uvloop. The broker logs which loop serves.
 
 `serve_in_thread(path, ...)` opens the store, starts a `Broker` and the server on a background thread
 and returns a `RunningBroker` (ports 0 = pick free ones); `close()` shuts everything down cleanly. Once
@@ -39,8 +47,35 @@ log = logging.getLogger(__name__)
 
 _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
                          RequestCode.CONSUMER_SEND_MSG_BACK})
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})
+# requests whose records are written with the store's flush wait (on threads under SYNC_FLUSH)
+_WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
+                              RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION})
+_QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})  # tried on the loop first
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
+EVENT_LOOP_ENV = "RMQ_EVENTSTORE_EVENT_LOOP"
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def new_event_loop(kind: str | None = None) -> tuple[asyncio.AbstractEventLoop, str]:
+    """A new event loop for the server and the name of its implementation.
+
+    `kind`: "auto" (uvloop when it is installed, else asyncio's default loop), "uvloop" (an error
+    without it) or "asyncio"; None reads `RMQ_EVENTSTORE_EVENT_LOOP` (default "auto")."""
+    if kind is None:
+        kind = os.environ.get(EVENT_LOOP_ENV, "").strip().lower() or "auto"
+    if kind not in EVENT_LOOPS:
+        raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, not {kind!r}")
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise ValueError("event_loop='uvloop' but uvloop is not installed "
+                                 "(pip install 'rmq-eventstore[speed]')") from None
+        else:
+            return uvloop.new_event_loop(), f"uvloop {uvloop.__version__}"
+    return asyncio.new_event_loop(), "asyncio"
 
 
 def _format_peer(peer: Any) -> str:
@@ -64,10 +99,10 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.tasks: set[asyncio.Task] = set()
         self.last_active = 0.0
+        self._out: list[bytes] | None = None  # while a read's requests are served: their response frames
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
         self.last_active = self.server.loop.time()
         self.remote_address = _format_peer(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
@@ -85,11 +120,24 @@ class Connection(asyncio.Protocol):
             log.warning("closing connection from %s: malformed frame: %s", self.remote_address, e)
             self.close()
             return
-        for cmd in commands:
-            if self.closed:
-                return
+        if len(commands) == 1:
+            cmd = commands[0]
             if not cmd.is_response:
                 self.server.handle(self, cmd)
+            return
+        # Several requests in one read (a pipelining client): the responses answered at once are gathered
+        # and written with one call, one syscall instead of one per response.
+        self._out = out = []
+        try:
+            for cmd in commands:
+                if self.closed:
+                    return
+                if not cmd.is_response:
+                    self.server.handle(self, cmd)
+        finally:
+            self._out = None
+            if out:
+                self._write_frame(out[0] if len(out) == 1 else b"".join(out))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -112,17 +160,29 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def write(self, cmd: RemotingCommand) -> None:
+        out = self._out
+        if out is not None:
+            out.append(cmd.encode())
+        else:
+            self._write_frame(cmd.encode())
+
+    def _write_frame(self, frame: bytes) -> None:
         t = self.transport
         if self.closed or t is None or t.is_closing():
             return
-        t.write(cmd.encode())
+        t.write(frame)
         if t.get_write_buffer_size() > MAX_WRITE_BUFFER:
             log.warning("closing connection from %s: %d bytes of responses unread", self.remote_address,
                         t.get_write_buffer_size())
             self.close()
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
-        """Send a request to the client from any thread (e.g. NOTIFY_CONSUMER_IDS_CHANGED)."""
+        """Send a request to the client from any thread (e.g. NOTIFY_CONSUMER_IDS_CHANGED). From the loop's
+        own thread (a request served inline) it is written at once, so it precedes the answers written
+        after it, whichever loop runs."""
+        if threading.get_ident() == self.server.loop_thread_id:
+            self.write(cmd)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closed: the connection is gone anyway
             self.server.loop.call_soon_threadsafe(self.write, cmd)
 
@@ -144,15 +204,17 @@ class BrokerServer:
         self.connections: set[Connection] = set()
         self.last_connection_change = time.monotonic()  # a connection opened or closed (idle exit)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.loop_thread_id = 0  # the thread running `loop`
         self._servers: list[asyncio.AbstractServer] = []
         sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
         # requests that may wait (a flush, index lookups) run on threads, never on the event loop
-        self._offload = (_SEND_CODES if sync else frozenset()) | _BLOCKING_CODES
+        self._offload = (_WRITE_CODES | {RequestCode.POP_MESSAGE} if sync else frozenset()) | _BLOCKING_CODES
         self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
             64, "broker-blocking")  # POP long polls wait here
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.loop_thread_id = threading.get_ident()
         self._servers.append(await self.loop.create_server(lambda: Connection(self, False), sock=broker_sock))
         if namesrv_sock is not None:
             self._servers.append(await self.loop.create_server(lambda: Connection(self, True), sock=namesrv_sock))
@@ -199,6 +261,12 @@ class BrokerServer:
             self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
         elif cmd.code in self._offload:
             self._spawn(conn, self._offloaded(conn, cmd))
+        elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
+            result = broker.process_now(cmd, conn)
+            if result is None:
+                self._spawn(conn, self._offloaded(conn, cmd))
+            elif not cmd.is_oneway:
+                conn.write(result)
         else:
             self._respond(conn, cmd, broker.process(cmd, conn))
 
@@ -273,6 +341,7 @@ class RunningBroker:
         self.thread = thread
         self.namesrv_address = namesrv_address
         self.broker_address = broker_address
+        self.event_loop = "asyncio"  # which loop implementation serves ("uvloop 0.x" or "asyncio")
         self._closed = False
         self._lock = threading.Lock()
 
@@ -330,8 +399,9 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
     """Open the store at `store_path`, start a `Broker` on it and serve it on a background thread.
 
     `store_config` holds `StoreConfig` fields; `BrokerConfig` fields (e.g. `auto_create_topic_enable`,
-    `broker_name`), `max_frame_size` and `channel_max_idle_seconds` are picked out of it. `store_host` defaults to the broker's
-    listen address (or `broker_ip1`, RocketMQ's brokerIP1, the address it registers with the name server)
+    `broker_name`), `max_frame_size`, `channel_max_idle_seconds` and `event_loop` ("auto", "uvloop",
+    "asyncio"; see `new_event_loop`) are picked out of it. `store_host` defaults to the broker's listen
+    address (or `broker_ip1`, RocketMQ's brokerIP1, the address it registers with the name server)
     so that records and offsetMsgIds carry it. Port 0 picks a free port. With `announce`
     (the default) the broker writes `<store>/broker.json` once it serves, with the real addresses.
     """
@@ -340,18 +410,24 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
         store_config["message_delay_level"] = broker_kw["message_delay_level"]
     max_frame = int(store_config.pop("max_frame_size", DEFAULT_MAX_FRAME_SIZE))
     max_idle = float(store_config.pop("channel_max_idle_seconds", 120.0))
-    bsock = _bind(host, broker_port)
+    loop_kind = store_config.pop("event_loop", None)
+    loop, loop_name = new_event_loop(loop_kind)  # a bad name fails before any socket is bound
+    try:
+        bsock = _bind(host, broker_port)
+    except BaseException:
+        loop.close()
+        raise
     try:
         nsock = _bind(host, namesrv_port)
     except BaseException:
         bsock.close()
+        loop.close()
         raise
     broker_address = _advertised(broker_kw.get("broker_ip1") or host, bsock.getsockname()[1])
     namesrv_address = _advertised(host, nsock.getsockname()[1])
     store_config.setdefault("store_host", broker_address)
     store = None
     broker = None
-    loop = asyncio.new_event_loop()
     try:
         store = MessageStore(StoreConfig(store_path_root_dir=os.fspath(store_path), **store_config))
         store.load()
@@ -391,8 +467,10 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
         if store is not None:
             store.shutdown()
         raise
-    log.info("broker %s serving %s (name server %s)", broker_address, store_path, namesrv_address)
+    log.info("broker %s serving %s (name server %s, event loop %s)", broker_address, store_path, namesrv_address,
+             loop_name)
     running = RunningBroker(store, broker, server, loop, thread, namesrv_address, broker_address)
+    running.event_loop = loop_name
     if announce:
         running.announce()
     return running

@@ -95,6 +95,12 @@ class StreamVersionManager:
         self._set(key, v)
         return v
 
+    def cached(self, topic: str, stream: str) -> int | None:
+        """The stream's latest committed version if it is in the cache (no index read, no lock of the
+        stream: a hint, e.g. of how long a read of the stream will be), else None."""
+        with self._cache_lock:
+            return self._cache.get((topic, stream))
+
     def _set(self, key: tuple[str, str], version: int) -> None:
         with self._cache_lock:
             self._cache[key] = version

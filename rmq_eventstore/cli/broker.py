@@ -43,6 +43,9 @@ def configure_serve(p: argparse.ArgumentParser) -> None:
                    help='delay levels, default "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"')
     p.add_argument("--acl", metavar="PLAIN_ACL_YML", default=None,
                    help="enforce RocketMQ's ACL 1.0 from this plain_acl.yml (also: aclEnable=true in --config)")
+    p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default=None,
+                   help="the server's event loop: uvloop when installed (auto, the default; also "
+                        "RMQ_EVENTSTORE_EVENT_LOOP), or asyncio's own")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -81,6 +84,8 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger("rmq_eventstore.serve").warning(
             "listening on %s beyond loopback WITHOUT access control: anyone who reaches it can read and write "
             "every topic; give --acl plain_acl.yml (or aclEnable=true) or listen on 127.0.0.1", args.host)
+    if args.event_loop:
+        config["event_loop"] = args.event_loop
     if args.idle_exit is not None and args.idle_exit <= 0:
         raise CliError("--idle-exit must be a positive number of seconds", EXIT_ERROR)
     stop = threading.Event()

@@ -10,7 +10,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,9 +181,11 @@ class ClientBase:
 
     # -- invoking -----------------------------------------------------------------------------------------
     def invoke(self, address: str, cmd: RemotingCommand, timeout: float | None = None,
-               ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
-        """Send a request; a response code outside `ok` raises `MQBrokerError`."""
-        r = self.remoting.invoke(address, cmd, self.timeout if timeout is None else timeout)
+               ok: tuple[int, ...] = (ResponseCode.SUCCESS,),
+               while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
+        """Send a request; a response code outside `ok` raises `MQBrokerError`. `while_waiting`: see
+        `ClientConnection.invoke`."""
+        r = self.remoting.invoke(address, cmd, self.timeout if timeout is None else timeout, while_waiting)
         if r.code not in ok:
             raise MQBrokerError(r.code, r.remark, address)
         return r

@@ -8,7 +8,7 @@ import itertools
 import json
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -294,8 +294,15 @@ class Producer:
 
     def _send(self, topic: str, queue_id: int | None, code: int, body: bytes, props: str, flag: int,
               sys_flag: int, reconsume: int, msg_id: str, batch: bool, timeout_ms: int | None,
-              stream: str | None = None, expected_version: int | None = None) -> SendResult:
+              stream: str | None = None, expected_version: int | None = None,
+              while_waiting: Callable[[], None] | None = None) -> SendResult:
         timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
+        work = [while_waiting] if while_waiting is not None else []  # run once, by the first request written
+
+        def run_once() -> None:
+            if work:
+                work.pop()()
+
         avoid = None
         last: Exception | None = None
         ok = _OK_CODES
@@ -329,7 +336,7 @@ class Producer:
             cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE,
                                           ext, body)
             try:
-                r = self._base.invoke(addr, cmd, timeout, ok=ok)
+                r = self._base.invoke(addr, cmd, timeout, ok=ok, while_waiting=run_once if work else None)
             except RemotingError as e:
                 last = e
                 avoid = addr

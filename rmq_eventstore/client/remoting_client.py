@@ -48,13 +48,14 @@ class _Pending:
     """One request waiting for its response. `event` is set when the response (or an error) is in, or
     when the waiter is asked to take over reading the socket (`done` tells which)."""
 
-    __slots__ = ("event", "response", "error", "done")
+    __slots__ = ("event", "response", "error", "done", "ready")
 
-    def __init__(self) -> None:
+    def __init__(self, ready: bool = True) -> None:
         self.event = threading.Event()
         self.response: RemotingCommand | None = None
         self.error: Exception | None = None
         self.done = False
+        self.ready = ready  # its caller waits (may be handed the read role); False while it runs while_waiting
 
 
 IDLE_READ_SECONDS = 0.05  # the idle reader takes over the socket after this long without a waiting caller
@@ -177,7 +178,7 @@ class ClientConnection:
             self._idle_reading = False
             self._last_read = time.monotonic()
             for slot in self._pending.values():
-                if not slot.done:
+                if not slot.done and slot.ready:
                     slot.event.set()  # "take over reading"
                     break
 
@@ -187,7 +188,7 @@ class ClientConnection:
             if self._reader_busy:
                 return
             for slot in self._pending.values():
-                if not slot.done:
+                if not slot.done and slot.ready:
                     slot.event.set()
                     break
 
@@ -201,6 +202,7 @@ class ClientConnection:
         """Wait for `slot`'s response, reading the socket whenever nobody else does."""
         while True:
             with self._lock:
+                slot.ready = True
                 if slot.done:
                     return
                 lead = not self._reader_busy
@@ -271,9 +273,14 @@ class ClientConnection:
             self._fail(RemotingError(f"send to {self.address} failed: {e}"))
             raise RemotingError(f"send to {self.address} failed: {e}") from e
 
-    def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
-        """Send a request and wait for its response (raises `RemotingError` on failure or timeout)."""
-        slot = _Pending()
+    def invoke(self, cmd: RemotingCommand, timeout: float,
+               while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
+        """Send a request and wait for its response (raises `RemotingError` on failure or timeout).
+
+        `while_waiting` (which must not raise) runs on this thread once the request is written, before the
+        response is read: other I/O overlaps the round trip (e.g. a database insert). Meanwhile the read
+        role is never handed to this caller (it is not waiting), so other callers' answers still flow."""
+        slot = _Pending(while_waiting is None)
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
@@ -285,6 +292,8 @@ class ClientConnection:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
             raise
+        if while_waiting is not None:
+            while_waiting()
         try:
             self._await(slot, deadline)
         except RemotingTimeoutError:
@@ -374,10 +383,11 @@ class RemotingClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def invoke(self, address: str, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+    def invoke(self, address: str, cmd: RemotingCommand, timeout: float = 3.0,
+               while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
         if self._sign is not None:
             self._sign(cmd)
-        return self.connection(address).invoke(cmd, timeout)
+        return self.connection(address).invoke(cmd, timeout, while_waiting)
 
     def invoke_oneway(self, address: str, cmd: RemotingCommand) -> None:
         if self._sign is not None:

@@ -122,12 +122,15 @@ class TransactionProducer(Producer):
         self.end_transaction(sent, state, error)
         return sent
 
-    def prepare(self, msg: Message, *, stream: str | None = None,
-                expected_version: int | None = None) -> TransactionSendResult:
+    def prepare(self, msg: Message, *, stream: str | None = None, expected_version: int | None = None,
+                while_waiting: Callable[[], None] | None = None) -> TransactionSendResult:
         """The first half of `send_in_transaction`: store `msg` as a half message (invisible until its end)
         and return its result, whose `transaction_id` is the message's UNIQ_KEY (`msg.uniq_key` when set,
         so a caller can record the id before sending). End it with `end_transaction`; if nobody does, the
-        broker asks the group's checker."""
+        broker asks the group's checker. `while_waiting` (which must not raise) runs once on this thread
+        after the request is written and before its answer is read: the caller's own I/O (e.g. recording
+        the transaction in its database) overlaps the round trip. It does not run when no request could be
+        written."""
         validate_topic(msg.topic)
         uniq = msg.uniq_key or self._ids.create()
         props, uniq = self._properties(msg, uniq, 0)
@@ -136,7 +139,7 @@ class TransactionProducer(Producer):
         q = msg.queue_id or None
         sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
         sent = self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
-                          msg.reconsume_times, uniq, False, None, stream, expected_version)
+                          msg.reconsume_times, uniq, False, None, stream, expected_version, while_waiting)
         return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
                                      sent.queue_offset, sent.topic, sent.broker_address, sent.stream_version,
                                      uniq, TransactionState.UNKNOWN)

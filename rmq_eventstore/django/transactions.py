@@ -1,8 +1,10 @@
 """Appends bound to the database transaction: RocketMQ half messages plus a marker row.
 
 Inside ``transaction.atomic()`` an append (1) inserts an `EventTransaction` marker row in the caller's
-transaction, (2) stores the event as a half message (invisible; it also reserves a stream version), and
-(3) registers ``on_commit`` to end it with COMMIT. So:
+transaction while (2) the event is stored as a half message (invisible; it also reserves a stream
+version): the half message's request is written, the insert runs, then the broker's answer is read, so
+the two round trips overlap on one thread; and (3) registers ``on_commit`` to end it with COMMIT. A failed
+marker insert rolls the half message back at once. So:
 
 * the database commits → the event is committed right after (``on_commit``);
 * the block raises, or the database commit fails → no ``on_commit``; the half message is rolled back,
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 PROPERTY_DB_ALIAS = "DJANGO_DB"  # which database holds the marker row (read by the check-back)
 WATCH_INTERVAL = 0.5
 CLEANUP_INTERVAL = 5.0  # seconds between two batched deletions of resolved markers
+OVERLAP_MARKER_INSERT = True  # False: insert the marker, then send the half message (benchmarks compare both)
 
 
 def _keys_list(keys: str | Sequence[str] | None) -> list[str]:
@@ -126,15 +129,52 @@ def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, 
         msg.uniq_key = uniq
         msg.properties = {**(msg.properties or {}), PROPERTY_DB_ALIAS: db, PROPERTY_STREAM_TX_GROUP: group}
         expected = None if expected_version is None else expected_version + i
-        EventTransaction.objects.using(db).create(transaction_id=uniq, store_alias=store.alias, topic=model.topic,
-                                                  outcome=EventTransaction.COMMIT)
-        sent = _retrying_own_ends(lambda m=msg, x=expected: producer.prepare(m, stream=stream, expected_version=x))
+        marker = _MarkerInsert(db, uniq, store.alias, model.topic)
+        if OVERLAP_MARKER_INSERT:
+            # The marker row is inserted while the half message's request is on its way and the broker
+            # stores it (same thread: the request is written, the insert runs, then the answer is read).
+            # Either order keeps the guarantee, as both are decided by the marker's key: a check-back that
+            # came first would have inserted ROLLBACK and this insert fails.
+            sent = _retrying_own_ends(lambda m=msg, x=expected, w=marker: producer.prepare(
+                m, stream=stream, expected_version=x, while_waiting=w))
+        else:  # the marker first, then the half message: one round trip after the other
+            marker()
+            if marker.error is not None:
+                raise marker.error
+            sent = _retrying_own_ends(lambda m=msg, x=expected: producer.prepare(m, stream=stream,
+                                                                                 expected_version=x))
+        if not marker.done:  # not run by the send (a code path that wrote no request): now
+            marker()
+        if marker.error is not None:
+            if sent.status == "SEND_OK":  # stored already: rolled back at once
+                producer.end_transaction(sent, TransactionState.ROLLBACK)
+            raise marker.error
         if sent.status != "SEND_OK":
             raise DatabaseError(f"the half message of {model.__name__} was not stored ({sent.status})")
         watcher.watch(store, db, sent)
         out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset,
                              sent.offset_msg_id))
     return out
+
+
+class _MarkerInsert:
+    """The marker row's insert, run once (by the half message's send, while its answer is awaited); an
+    error is kept, not raised, and raised by the append once the half message's fate is known."""
+
+    def __init__(self, db: str, txid: str, alias: str, topic: str) -> None:
+        self.db, self.txid, self.alias, self.topic = db, txid, alias, topic
+        self.done = False
+        self.error: BaseException | None = None
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            EventTransaction.objects.using(self.db).create(transaction_id=self.txid, store_alias=self.alias,
+                                                           topic=self.topic, outcome=EventTransaction.COMMIT)
+        except BaseException as e:  # noqa: BLE001 - raised by the append, after the half message is settled
+            self.error = e
 
 
 _PENDING_TX = re.compile(r"pending transaction (\S+)")

@@ -67,6 +67,42 @@ def _ext_value(key: str, value: Any) -> str | None:
     raise FrameError(f"extFields[{key!r}] must be a string, number or boolean, not {type(value).__name__}")
 
 
+def _ext_strings(fields: dict[str, Any]) -> dict[str, str]:
+    """extFields as strings, None values left out; strings and ints (what nearly every field is) take no
+    per-type checks."""
+    out: dict[str, str] = {}
+    for k, v in fields.items():
+        c = v.__class__
+        if c is str:
+            out[k] = v
+        elif c is int:
+            out[k] = str(v)
+        elif v is not None:
+            s = _ext_value(k, v)
+            if s is not None:
+                out[k] = s
+    return out
+
+
+def _i32(h: dict[str, Any], name: str, default: int) -> int:
+    v = h.get(name, default)
+    if v.__class__ is not int or not -0x80000000 <= v <= 0x7FFFFFFF:
+        raise FrameError(f"header field {name!r} must be a 32-bit integer, got {str(v)[:40]!r}")
+    return v
+
+
+_LANG_JSON: dict[str, str] = {}  # language -> its JSON text (a handful of values: cached)
+
+
+def _lang_json(language: str) -> str:
+    j = _LANG_JSON.get(language)
+    if j is None:
+        j = _dumps(language)
+        if len(_LANG_JSON) < 64:
+            _LANG_JSON[language] = j
+    return j
+
+
 class RemotingCommand:
     """One request or response (`RemotingCommand`): code, opaque id, flag bits, remark, extFields, body.
 
@@ -95,15 +131,13 @@ class RemotingCommand:
     def request(cls, code: int, ext_fields: dict[str, Any] | None = None, body: bytes = b"",
                 oneway: bool = False) -> RemotingCommand:
         """A new request with a fresh opaque; `ext_fields` values are turned into strings."""
-        ext = {k: _ext_value(k, v) for k, v in ext_fields.items()} if ext_fields else {}
-        return cls(code, {k: v for k, v in ext.items() if v is not None}, body, next_opaque(),
+        return cls(code, _ext_strings(ext_fields) if ext_fields else {}, body, next_opaque(),
                    FLAG_ONEWAY if oneway else 0)
 
     def response(self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
                  ext_fields: dict[str, Any] | None = None, body: bytes = b"") -> RemotingCommand:
         """The response to this request (same opaque, response flag), extFields as strings."""
-        ext = {k: _ext_value(k, v) for k, v in ext_fields.items()} if ext_fields else {}
-        return RemotingCommand(int(code), {k: v for k, v in ext.items() if v is not None}, body,
+        return RemotingCommand(int(code), _ext_strings(ext_fields) if ext_fields else {}, body,
                                self.opaque, FLAG_RESPONSE, remark, "JAVA", self.version)
 
     @property
@@ -144,19 +178,23 @@ class RemotingCommand:
 
     # -- encoding ---------------------------------------------------------------------------------------
     def header_json(self) -> bytes:
-        h: dict[str, Any] = {"code": self.code, "language": self.language, "version": self.version,
-                             "opaque": self.opaque, "flag": self.flag}
+        """The JSON header, byte for byte what `json` would write for the dict {code, language, version,
+        opaque, flag[, remark][, extFields], serializeTypeCurrentRPC}, built as text: only the remark and
+        the extFields go through the (C) JSON encoder."""
+        text = (f'{{"code":{self.code:d},"language":{_lang_json(self.language)},"version":{self.version:d},'
+                f'"opaque":{self.opaque:d},"flag":{self.flag:d}')
         if self.remark is not None:
-            h["remark"] = self.remark
+            text += ',"remark":' + _dumps(self.remark)
         if self.ext_fields:
-            h["extFields"] = self.ext_fields
-        h["serializeTypeCurrentRPC"] = "JSON"
-        return _dumps(h).encode("utf-8")
+            text += ',"extFields":' + _dumps(self.ext_fields)
+        return (text + ',"serializeTypeCurrentRPC":"JSON"}').encode("utf-8")
 
     def encode(self) -> bytes:
         """The whole frame: length, JSON header length (type byte 0), header, body."""
         header = self.header_json()
-        body = self.body or b""
+        body = self.body
+        if not body:
+            return _LEN2.pack(4 + len(header), len(header)) + header
         return b"".join((_LEN2.pack(4 + len(header) + len(body), len(header)), header, body))
 
     def __repr__(self) -> str:
@@ -170,41 +208,43 @@ def _decode_json_header(data: bytes) -> RemotingCommand:
         h = _loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise FrameError(f"header is not JSON: {e}") from None
-    if not isinstance(h, dict):
+    if h.__class__ is not dict:
         raise FrameError("header is not a JSON object")
     try:
-        code = h.get("code")
-        opaque = h.get("opaque", 0)
-        flag = h.get("flag", 0)
-        version = h.get("version", 0)
-        for name, v in (("code", code), ("opaque", opaque), ("flag", flag), ("version", version)):
-            if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 31) <= v < (1 << 31):
-                raise FrameError(f"header field {name!r} must be a 32-bit integer, got {str(v)[:40]!r}")
+        code = _i32(h, "code", None)  # type: ignore[arg-type]  # absent: None, refused as not an integer
+        opaque = _i32(h, "opaque", 0)
+        flag = _i32(h, "flag", 0)
+        version = _i32(h, "version", 0)
         remark = h.get("remark")
-        if remark is not None and not isinstance(remark, str):
+        if remark is not None and remark.__class__ is not str:
             raise FrameError("header field 'remark' must be a string")
         lang = h.get("language", "JAVA")
-        if isinstance(lang, int) and not isinstance(lang, bool):
-            lang = _LANG_NAMES.get(lang, "OTHER")
-        elif not isinstance(lang, str):
-            raise FrameError("header field 'language' must be a string")
+        if lang.__class__ is not str:
+            if isinstance(lang, int) and not isinstance(lang, bool):
+                lang = _LANG_NAMES.get(lang, "OTHER")
+            else:
+                raise FrameError("header field 'language' must be a string")
         raw_ext = h.get("extFields")
-        ext: dict[str, str] = {}
-        if raw_ext is not None:
-            if not isinstance(raw_ext, dict):
-                raise FrameError("header field 'extFields' must be an object")
+        if raw_ext is None:
+            ext: dict[str, str] = {}
+        elif raw_ext.__class__ is not dict:
+            raise FrameError("header field 'extFields' must be an object")
+        elif set(map(type, raw_ext.values())) <= _STR_ONLY:
+            ext = raw_ext  # what every Java peer sends: strings only, taken as they are (a fresh dict)
+        else:
+            ext = {}
             for k, v in raw_ext.items():
-                if v.__class__ is str:  # what every peer sends: no conversion
-                    ext[k] = v
-                    continue
-                s = _ext_value(k, v)
-                if s is not None:
-                    ext[k] = s
+                sv = v if v.__class__ is str else _ext_value(k, v)
+                if sv is not None:
+                    ext[k] = sv
     except FrameError:
         raise
     except Exception as e:  # pragma: no cover - defensive: any surprise in a hostile header
         raise FrameError(f"bad header: {e}") from None
     return RemotingCommand(code, ext, b"", opaque, flag, remark, lang[:16], version)
+
+
+_STR_ONLY = frozenset({str})
 
 
 def _decode_rocketmq_header(data: bytes) -> RemotingCommand:
@@ -274,26 +314,49 @@ class FrameDecoder:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
+        """The commands completed by `data` (raises `FrameError` on a malformed frame). With nothing
+        buffered (the common case: whole frames per read) the frames are cut out of `data` itself and only
+        an incomplete tail is kept."""
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data
         out: list[RemotingCommand] = []
         pos = 0
-        n = len(buf)
+        n = len(src)
+        max_frame = self.max_frame_size
+        max_header = self.max_header_size
         try:
             while n - pos >= 8:
-                length, word = _LEN2.unpack_from(buf, pos)
-                if length < 4 or length > self.max_frame_size:
-                    raise FrameError(f"frame length {length} is outside 4..{self.max_frame_size}")
+                length, word = _LEN2.unpack_from(src, pos)
+                if length < 4 or length > max_frame:
+                    raise FrameError(f"frame length {length} is outside 4..{max_frame}")
                 hlen = word & 0xFFFFFF
-                if hlen > self.max_header_size or hlen > length - 4 or hlen <= 0:
-                    raise FrameError(f"header length {hlen} is outside 1..{min(self.max_header_size, length - 4)}")
-                if n - pos < 4 + length:
+                if hlen > max_header or hlen > length - 4 or hlen <= 0:
+                    raise FrameError(f"header length {hlen} is outside 1..{min(max_header, length - 4)}")
+                end = pos + 4 + length
+                if n < end:
                     break
-                out.append(decode_frame(memoryview(buf)[pos + 4:pos + 4 + length]))
-                pos += 4 + length
+                hstart = pos + 8
+                stype = (word >> 24) & 0xFF
+                if stype == SerializeType.JSON:
+                    cmd = _decode_json_header(src[hstart:hstart + hlen])
+                elif stype == SerializeType.ROCKETMQ:
+                    cmd = _decode_rocketmq_header(bytes(src[hstart:hstart + hlen]))
+                else:
+                    raise FrameError(f"unknown serialization type {stype}")
+                if hstart + hlen < end:
+                    cmd.body = bytes(src[hstart + hlen:end])
+                out.append(cmd)
+                pos = end
         finally:
-            if pos:
-                del buf[:pos]
+            if src is buf:
+                if pos:
+                    del buf[:pos]
+            elif pos < n:
+                buf += data[pos:] if pos else data
         return out
 
     @property

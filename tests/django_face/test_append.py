@@ -270,3 +270,22 @@ def test_next_append_right_after_a_commit_is_not_a_conflict(event_store):
         with transaction.atomic():
             OrderEvent.objects.append({"v": v}, stream="tight", expected_version=v)
         assert OrderEvent.objects.append({"v": v + 1}, stream="tight", expected_version=v + 1).version == v + 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failed_marker_insert_rolls_the_half_message_back_at_once(event_store, monkeypatch):
+    """The half message travels while the marker row is inserted; when that insert fails, the half message
+    (already stored) is rolled back at once. Here the marker's key is taken by a committed COMMIT marker, so
+    a check-back would even answer COMMIT for it: only the prompt rollback keeps the event out."""
+    producer = transaction_producer(event_store)
+    taken = producer._ids.create()
+    EventTransaction.objects.create(transaction_id=taken, store_alias=event_store.alias, topic=OrderEvent.topic,
+                                    outcome=EventTransaction.COMMIT)
+    monkeypatch.setattr(producer._ids, "create", lambda: taken)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        OrderEvent.objects.append({"number": "F-1"}, keys="F-1", stream="order-F-1", expected_version=0)
+    monkeypatch.undo()
+    assert wait_for(lambda: _try_append("order-F-1", 0), 10) == 1  # the stream was freed, not committed
+    time.sleep(1.5)  # past the broker's check-back time as well
+    assert not OrderEvent.objects.filter(keys="F-1").exists()
+    assert [e.data for e in OrderEvent.objects.filter(stream="order-F-1")] == [{"retry": True}]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1, "statsHistory": 1, "multiStreamAppend": 1,
               "queryStreamLast": 1}
 MAX_STREAM_EVENTS = 100_000  # one answer; a longer stream is read in pages with fromVersion
+QUICK_STREAM_EVENTS = 64  # a stream read known to be at most this long is served on the event loop
 
 
 class ExtensionProcessor:
@@ -36,9 +37,11 @@ class ExtensionProcessor:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
-    def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+    def process(self, req: RemotingCommand, channel: Any, wait: bool = True) -> RemotingCommand | None:
+        """The response; with `wait` False, None for a QUERY_STREAM that would wait for the dispatcher or
+        read an unknown or large number of events (the server then serves it on a worker thread)."""
         if req.code == RequestCode.QUERY_STREAM:
-            return self._query_stream(req)
+            return self._query_stream(req, wait)
         if req.code == RequestCode.GET_BROKER_STATS_HISTORY:
             stats = self.broker.stats_service
             doc = {"brokerName": self.broker.config.broker_name, "intervalMillis": int(stats.interval * 1000),
@@ -46,7 +49,7 @@ class ExtensionProcessor:
             return req.response(body=json.dumps(doc, separators=(",", ":")).encode())
         return req.response(body=json.dumps({"broker": "rmq_eventstore", "extensions": EXTENSIONS}).encode())
 
-    def _query_stream(self, req: RemotingCommand) -> RemotingCommand:
+    def _query_stream(self, req: RemotingCommand, wait: bool = True) -> RemotingCommand | None:
         topic = req.get_str("topic", "")
         stream = req.get_str("stream", "")
         key = req.get_str("key", "")
@@ -59,8 +62,18 @@ class ExtensionProcessor:
         from_version = max(req.get_int("fromVersion", 1), 1)
         max_num = min(max(req.get_int("maxNum", MAX_STREAM_EVENTS), 1), MAX_STREAM_EVENTS)
         store = self.broker.store
-        store.wait_for_dispatch(5.0)  # what was appended before the request is indexed
         last = req.get_int("last", 0)
+        if not wait:  # quick only when nothing is to be waited for and the stream is known to be short
+            if key and not stream or store.dispatch_behind_bytes() > 0:
+                return None
+            if last > 0:
+                if last > QUICK_STREAM_EVENTS:
+                    return None
+            else:
+                known = self.broker.stream_versions.cached(topic, stream)
+                if known is None or known - from_version >= QUICK_STREAM_EVENTS:
+                    return None
+        store.wait_for_dispatch(5.0)  # what was appended before the request is indexed
         if stream and last > 0:  # the newest `last` events (queryStreamLast)
             events = self.broker.stream_versions.read_last(topic, stream, min(last, MAX_STREAM_EVENTS))
         elif stream:

@@ -3,8 +3,9 @@ POP_MESSAGE, ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME over the broker's `Pop
 
 POP answers with RocketMQ's response header (popTime, invisibleTime, reviveQid, restNum, startOffsetInfo,
 msgOffsetInfo) and the stored records as the body; clients build each message's receipt handle from
-them, as RocketMQ's clients do. A POP that finds nothing waits up to its `pollTime` for an arrival (the
-server runs it on a worker thread) and then answers POLLING_TIMEOUT."""
+them, as RocketMQ's clients do. A POP that finds nothing waits up to its `pollTime` for an arrival and then
+answers POLLING_TIMEOUT; the server first tries it on the event loop without waiting (`wait=False`, no
+thread hand-off when messages are there) and hands only a POP that must wait to a worker thread."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ class PopMessageProcessor:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
-    def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+    def process(self, req: RemotingCommand, channel: Any, wait: bool = True) -> RemotingCommand | None:
+        """The POP's response; with `wait` False, None instead of waiting when nothing is there now and the
+        request may wait (`pollTime` > 0): the server then serves it again on a worker thread."""
         b = self.broker
         group = req.get_str("consumerGroup")
         topic = req.get_str("topic")
@@ -53,7 +56,9 @@ class PopMessageProcessor:
             return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
         if queue_id >= tc.read_queue_nums:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
-        r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll)
+        r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll if wait else 0)
+        if not r.messages and poll and not wait:
+            return None
         ext = {"popTime": r.pop_time, "invisibleTime": r.invisible_time, "reviveQid": r.revive_qid,
                "restNum": r.rest_num, "startOffsetInfo": ";".join(r.start_offset_info),
                "msgOffsetInfo": ";".join(r.msg_offset_info)}

@@ -31,6 +31,15 @@ class PullMessageProcessor:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self._filters: dict[str, MessageFilter] = {}  # expression -> its parsed filter (read-only, shared)
+
+    def _filter(self, expression: str) -> MessageFilter:
+        f = self._filters.get(expression)
+        if f is None:
+            if len(self._filters) >= 4096:
+                self._filters.clear()
+            f = self._filters[expression] = MessageFilter(expression)
+        return f
 
     def process(self, req: RemotingCommand, channel: Any, allow_suspend: bool = True) -> RemotingCommand | PullHold:
         """`PullMessageProcessor.processRequest`."""
@@ -73,7 +82,7 @@ class PullMessageProcessor:
             if expression is None:
                 return req.response(ResponseCode.SUBSCRIPTION_NOT_EXIST,
                                     f"the consumer's subscription not exist, group: {group} topic: {topic}")
-        r = self.broker.store.get_message(group, topic, queue_id, offset, max_nums, MessageFilter(expression))
+        r = self.broker.store.get_message(group, topic, queue_id, offset, max_nums, self._filter(expression))
         if r is None:
             return req.response(ResponseCode.SYSTEM_ERROR, "store getMessage return null")
         ext = {"nextBeginOffset": r.next_begin_offset, "minOffset": r.min_offset, "maxOffset": r.max_offset,

@@ -36,7 +36,7 @@ from ...common.topic import (
     validate_topic,
 )
 from ...common.topic_config import PermName
-from ...remoting import RemotingCommand, RequestCode, ResponseCode, send_header_v1
+from ...remoting import HeaderError, RemotingCommand, RequestCode, ResponseCode
 from ...store.timer import TimerMessageError, transform_timer_message
 from ..config import DLQ_NUMS_PER_GROUP
 from ..schedule import transform_delay_level_message
@@ -59,6 +59,25 @@ PUT_STATUS_CODES = {
 }
 
 
+def _header_str(x: dict[str, str], short: str, long: str) -> str | None:
+    """A send header field by its V2 short name, else by its V1 name."""
+    v = x.get(short)
+    return x.get(long) if v is None else v
+
+
+def _header_int(x: dict[str, str], short: str, long: str, default: Any) -> Any:
+    """An integer header field by its V2 short name or its V1 name (`default` when absent or empty)."""
+    v = x.get(short)
+    if v is None:
+        v = x.get(long)
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise HeaderError(f"the custom field <{long}> is not an integer: {v[:64]!r}") from None
+
+
 class SendMessageProcessor:
     """Producers' sends and consumers' send-backs."""
 
@@ -76,19 +95,23 @@ class SendMessageProcessor:
         return self._send_message(req, channel)
 
     def _send_message(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
-        # 310 and 320 carry SendMessageRequestHeaderV2's short names; 10 the long ones (mapping both is safe).
-        h = send_header_v1(req.ext_fields)
-        hreq = RemotingCommand(req.code, h)
-        batch = req.code == RequestCode.SEND_BATCH_MESSAGE or hreq.get_bool("batch", False)
-        topic = hreq.get_str("topic")
-        queue_id = hreq.get_int("queueId", -1)
-        sys_flag = hreq.get_int("sysFlag", 0)
-        born_ts = hreq.get_int("bornTimestamp", 0)
-        flag = hreq.get_int("flag", 0)
-        props = hreq.get_str("properties", "") or ""
-        reconsume = hreq.get_int("reconsumeTimes", 0)
-        max_reconsume = hreq.get_int("maxReconsumeTimes", None)
-        default_nums = hreq.get_int("defaultTopicQueueNums", self.broker.config.default_topic_queue_nums)
+        # 310 and 320 carry SendMessageRequestHeaderV2's short names, 10 the long ones; a field is read by
+        # its short name first, then its long one (what mapping the header to V1 did, without the copy).
+        x = req.ext_fields
+        get_int = _header_int
+        topic = _header_str(x, "b", "topic")
+        if topic is None:
+            raise HeaderError("the custom field <topic> is null")
+        batch = req.code == RequestCode.SEND_BATCH_MESSAGE or (
+            _header_str(x, "m", "batch") or "").strip().lower() == "true"  # Boolean.parseBoolean
+        queue_id = get_int(x, "e", "queueId", -1)
+        sys_flag = get_int(x, "f", "sysFlag", 0)
+        born_ts = get_int(x, "g", "bornTimestamp", 0)
+        flag = get_int(x, "h", "flag", 0)
+        props = _header_str(x, "i", "properties") or ""
+        reconsume = get_int(x, "j", "reconsumeTimes", 0)
+        max_reconsume = get_int(x, "l", "maxReconsumeTimes", None)
+        default_nums = get_int(x, "d", "defaultTopicQueueNums", self.broker.config.default_topic_queue_nums)
         born_host = getattr(channel, "remote_address", None) or None
         if batch:
             try:
@@ -104,9 +127,9 @@ class SendMessageProcessor:
             msgs = [Message(topic=topic, body=req.body, queue_id=queue_id, flag=flag, properties_string=props,
                             sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                             reconsume_times=reconsume)]
-        stream = hreq.get_str("streamId", None) or None
-        expected = hreq.get_int("expectedVersion", -1)
-        streams_text = hreq.get_str("streams", None)
+        stream = x.get("streamId") or None
+        expected = get_int(x, "expectedVersion", "expectedVersion", -1)
+        streams_text = x.get("streams")
         if streams_text is not None:
             if not batch or stream is not None:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, "a multi-stream append (streams) is a batch "

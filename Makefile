@@ -81,7 +81,8 @@ racetest: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules
 
-# kombu's integration mixins come from the kombu sdist, unpacked into .cache/ (never committed);
-# tests/test_kombu_integration.py does this itself when needed.
-kombu-sdist: $(VENV)/.installed
-	$(PY) tests/kombu_upstream.py
+# kombu's integration mixins and Celery's integration tests come from their sdists, unpacked into .cache/
+# (never committed); tests/test_kombu_integration.py and tests/test_celery_integration.py do this themselves.
+.PHONY: upstream-sdists
+upstream-sdists: $(VENV)/.installed
+	$(PY) tests/upstream.py

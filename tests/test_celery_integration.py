@@ -56,7 +56,7 @@ SMALL_STORE = {"mapped_file_size_commit_log": 4 << 20, "mapped_file_size_consume
 # then runs Celery's `synloop`, where the prefork pool guards its queue with a semaphore ("putlocks",
 # `celery/worker/components.py`: `putlocks=w.pool_putlocks and threaded`), so the consumer thread blocks
 # in `pool.apply_async` while every pool process is busy, and takes no message (not even a remote-control
-# one) until a process is free. Each of these tests fills the single pool process with `sleeping` tasks first.
+# one) until a process is free. In each of these tests `sleeping` tasks hold the pool when it needs an answer.
 SYNLOOP_DESELECTED = {
     "t/integration/test_inspect.py::test_Inspect::test_revoked":
         "the revoke broadcast and `inspect.revoked()` wait behind 4 x sleeping(2) in the blocked consumer: "
@@ -65,6 +65,15 @@ SYNLOOP_DESELECTED = {
         "`add.apply_async(expires=1)` behind 4 x sleeping(2): the consumer pops it only when its message "
         "TTL (Celery sends `expires` as AMQP `expiration`) is over, so the transport drops it as RabbitMQ "
         "would; the worker never sees it and `result.get()` waits forever",
+}
+
+# Deselected always: it fails in this harness with Celery's own Redis broker as well (`TEST_BROKER=redis://`,
+# same backend, same machine; upstream's CI retries a whole module run up to 3 times).
+HARNESS_DESELECTED = {
+    "t/integration/test_tasks.py::test_tasks::test_revoked_by_headers_complex_canvas":
+        "its own 20 s timeout for two rounds of 11 canvases of sleeping(2)/sleeping(4) on one prefork process: "
+        "the second round's `wait_until_idle()` does not finish in time with the Redis broker either (here "
+        "it also gets no reply to `inspect.active()` within 1 s while sleeping tasks hold the pool, as above)",
 }
 
 # Skipped by Celery itself (`@pytest.mark.skip` in 5.7.0), the same on every broker. With Redis as result
@@ -81,7 +90,7 @@ MODULE_TESTS = {"t/integration/test_inspect.py": 13, "t/integration/test_worker.
 
 def deselected() -> dict[str, str]:
     """The tests left out of this run, each with its reason."""
-    out: dict[str, str] = {}
+    out = dict(HARNESS_DESELECTED)
     if not Transport.implements.asynchronous:
         out.update(SYNLOOP_DESELECTED)
     return out
@@ -220,8 +229,11 @@ def test_celery_integration_module(module: str, namesrv: str, redis_backend: str
     for nodeid in deselected():
         if nodeid.startswith(module + "::"):
             cmd += ["--deselect", nodeid]
+    # WORKER_LOGLEVEL: celery.contrib.testing's level for the session worker (default "error"); the
+    # `test_trace_log_arguments` tests expect its INFO records ("received"), which are never emitted at
+    # "error" (they fail so with the Redis broker too).
     env = child_env(TEST_BROKER=f"rocketmq://{namesrv}//", TEST_BACKEND=redis_backend,
-                    REDIS_HOST="127.0.0.1", REDIS_PORT="6379")
+                    REDIS_HOST="127.0.0.1", REDIS_PORT="6379", WORKER_LOGLEVEL="info")
     log = tmp_path / "run.log"
     start = time.monotonic()
     rc = run_bounded(cmd, CELERY_ROOT, env, log, TIME_BOUND)

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import kombu
 import pytest
 import redis
 
@@ -203,9 +204,14 @@ def test_fresh_celery_command_line_knows_the_rocketmq_scheme(namesrv: str, tmp_p
                 break
             assert time.monotonic() < deadline, f"{ping.stdout}{ping.stderr}\n{log.read_text()}"
         assert "pong" in ping.stdout, ping.stdout
+        with kombu.Connection(url) as conn:  # a queue nobody consumes, with 2 messages ready
+            idle = conn.SimpleQueue(f"idle-{node}")
+            idle.put({"n": 1})
+            idle.put({"n": 2})
         queues = celery_cli(url, "rocketmq", "queues")
         assert queues.returncode == 0, queues.stderr
-        assert f"{node}.celery.pidbox" in queues.stdout.split(), queues.stdout
+        rows = dict(line.split() for line in queues.stdout.splitlines())
+        assert rows[f"idle-{node}"] == "2" and f"{node}.celery.pidbox" in rows, queues.stdout
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         try:

@@ -4,9 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run demo quickstart test test-postgres lint bench crashtest txcrashtest timercrashtest racetest clean
+.PHONY: run demo quickstart test test-postgres lint bench crashtest txcrashtest timercrashtest racetest resiltest clean native
 
-$(VENV)/.installed: pyproject.toml
+# pip builds the native core (setup.py: rmq_eventstore/_native.c, optional: without a C compiler the
+# store runs its pure-Python loops) into the source tree, as the install is editable.
+$(VENV)/.installed: pyproject.toml setup.py rmq_eventstore/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
@@ -43,10 +45,23 @@ $(CHROMEDRIVER):
 .PHONY: chromium
 chromium: $(CHROMEDRIVER)
 
-## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL)
+## native: (re)build the native core (rmq_eventstore._native) in place
+native: $(VENV)/.installed
+	$(PY) -m pip install --quiet --no-deps -e . --config-settings editable_mode=compat
+	$(PY) -c "from rmq_eventstore.common import codec; assert codec.NATIVE, 'the native core did not build'"
+
+# The files whose tests run a second time on the pure-Python loops (RMQ_EVENTSTORE_PURE=1): the golden
+# vectors, the codec property tests, the native-vs-Python comparisons, the index file (put_keys against
+# put_key) and the crash suite (CI's 50 rounds).
+PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/test_native.py tests/test_index.py \
+	tests/test_crash.py
+
+## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the
+## codec and crash tests again on the pure-Python loops (the first pass requires the native core)
 test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed chromium lint
-	$(PY) -m pytest -q
+	RMQ_EVENTSTORE_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
+	RMQ_EVENTSTORE_PURE=1 $(PY) -m pytest -q $(PURE_TESTS)
 
 ## test-postgres: the Django face's tests on the local PostgreSQL only
 test-postgres: $(VENV)/.installed
@@ -83,6 +98,11 @@ celery-suite: $(VENV)/.installed
 ## racetest: 16 writer processes racing at one expected version, 1000 rounds, also through broker kills
 racetest: $(VENV)/.installed
 	STREAM_RACE_ROUNDS=$${STREAM_RACE_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_stream_version.py -k racing
+
+## resiltest: every variant of the Celery at-least-once tests (worker and broker SIGKILLs, silent network
+## stalls; ~4 min; CI runs one variant per guarantee)
+resiltest: $(VENV)/.installed
+	CELERY_RESILIENCE_FULL=1 $(PY) -m pytest -q -s tests/test_celery_resilience.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules

@@ -182,6 +182,7 @@ def machine_info() -> dict:
         "kernel": platform.release(), "python": sys.version.split()[0],
         "python_build": sysconfig.get_config_var("CONFIG_ARGS") or "", "numpy": np.__version__,
         "git_head": git("rev-parse", "HEAD"), "git_dirty_store": git("status", "--porcelain", "rmq_eventstore"),
+        "native_codec": codec.NATIVE,  # the C record loops (issue 16), else RMQ_EVENTSTORE_PURE or not built
     }
 
 
@@ -1100,7 +1101,8 @@ def main(argv: list[str] | None = None) -> int:
                      "quick": args.quick, "config": cfg, "machine": machine, "redis": rinfo,
                      "record_size": record_layout()[0], "body_size": BODY_SIZE, "queues": QUEUES}
     log(f"machine: {machine['nproc']} CPUs, load {machine['loadavg_before']}, "
-        f"calibration {machine['calibration_ns_before']} ns; redis: {rinfo}")
+        f"calibration {machine['calibration_ns_before']} ns; record loops: "
+        f"{'native' if machine['native_codec'] else 'pure Python'}; redis: {rinfo}")
     sd = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=root)
     sdir = Path(sd)
     try:

@@ -78,7 +78,7 @@ def test_declarations() -> None:
     t = rk.Transport
     assert t.driver_type == "rocketmq"
     assert t.implements.exchange_type == frozenset({"direct", "topic", "fanout"})
-    assert t.implements.asynchronous is False
+    assert t.implements.asynchronous is True
     assert kombu.transport.TRANSPORT_ALIASES["rocketmq"] == "rmq_eventstore.kombu:Transport"
     from rmq_eventstore.client import LocalBrokerError, RemotingError, RemotingTimeoutError
     for e in (RemotingError, RemotingTimeoutError, LocalBrokerError, OSError, ConnectionResetError, TimeoutError):

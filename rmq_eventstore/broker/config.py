@@ -17,6 +17,10 @@ class BrokerConfig:
     broker_name: str = "broker-a"
     broker_cluster_name: str = "DefaultCluster"
     broker_id: int = MASTER_ID
+    # brokerIP1: the address the broker registers with the name server and stamps on its records as their
+    # store host (with the listen port), when clients must reach it by another address than the one it
+    # listens on (NAT, a container, a TCP proxy). None: the listen address.
+    broker_ip1: str | None = None
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 4
     auto_create_subscription_group: bool = True

@@ -18,6 +18,7 @@ from .config import BrokerConfig
 # RocketMQ spellings that plain camelCase does not give
 _SPECIAL = {
     "transactionTimeOut": "transaction_timeout",
+    "brokerIP1": "broker_ip1",
 }
 # RocketMQ settings of the server rather than of the broker object: the port, and the role (a single
 # master; replication is not built, so a slave role is refused rather than silently run as a master)

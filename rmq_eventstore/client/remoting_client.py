@@ -292,6 +292,13 @@ class ClientConnection:
                 self._pending.pop(cmd.opaque, None)
             self._kick()
             if not slot.done:
+                # Close the connection, as RocketMQ's client does (clientCloseSocketIfTimeout, true by default):
+                # a peer that left a request unanswered for its whole timeout is most likely gone silent (a
+                # network stall, a half-open connection after a NAT forgot it), and the next request should
+                # connect afresh rather than wait on the same dead socket again. Requests still waiting on it
+                # fail at once.
+                self._fail(RemotingTimeoutError(f"connection to {self.address} closed: request {cmd.code} "
+                                                f"unanswered in {timeout:.1f}s"))
                 raise RemotingTimeoutError(
                     f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s") from None
         if slot.error is not None:

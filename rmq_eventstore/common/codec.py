@@ -32,6 +32,7 @@ from .message_id import (  # noqa: F401  (re-exported: the codec is the one modu
     format_host,
     parse_host,
 )
+from .native import NATIVE, native  # noqa: F401  (re-exported: codec.NATIVE says which loops run)
 from .properties import (  # noqa: F401  (re-exported: the codec is the one module callers use)
     KEY_SEPARATOR,
     NAME_VALUE_SEPARATOR,
@@ -80,6 +81,12 @@ from .tags import (  # noqa: F401  (re-exported: the codec is the one module cal
 )
 
 Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read from (mmap views included)
+
+
+# The native core (issue 16): which loops run (see common/native.py). The Python functions stay the
+# definition: each native call falls back to them when it returns None.
+if native is not None:
+    native.init(Message)
 
 # -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
 END_FILE_MIN_BLANK_LENGTH = 8
@@ -547,6 +554,22 @@ class RecordEncoder:
 
     def encode_plain_batch(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
                            queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
+        """The batch put's fast path (see `encode_plain_batch_py`, the reference): the C loop of
+        `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
+        Python loop. The native loop leaves every batch with the `__CRC32#` trailer to the Python path."""
+        if native is not None and not self.append_crc:
+            addr, port = self.store_host
+            r = native.encode_plain_batch(
+                msgs, uniq_keys, queue_table, base_offset, now, self._topics, addr, port,
+                (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0, self.max_message_size,
+                self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
+                DispatchRequest)
+            if r is not None:
+                return _new_tuple(PlainBatch, r)
+        return self.encode_plain_batch_py(msgs, uniq_keys, queue_table, base_offset, now)
+
+    def encode_plain_batch_py(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
+                              queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
         """The batch put's fast path: whole records for plain messages in one loop, offsets included.
 
         Plain means what most event appends are: no raw properties string, no user properties, no born
@@ -626,6 +649,21 @@ class RecordEncoder:
 
     def encode_network_batch(self, msgs: Sequence[Message], queue_table: dict[str, int], base_offset: int,
                              now: int) -> PlainBatch | None:
+        """The network put's fast path (see `encode_network_batch_py`, the reference): the C loop of
+        `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
+        Python loop. The native loop leaves every batch with the `__CRC32#` trailer to the Python path."""
+        if native is not None and not self.append_crc:
+            addr, port = self.store_host
+            r = native.encode_network_batch(
+                msgs, queue_table, base_offset, now, self._topics, addr, port, self.max_message_size,
+                self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
+                DispatchRequest, parse_host, SCHEDULE_TOPIC)
+            if r is not None:
+                return _new_tuple(PlainBatch, r)
+        return self.encode_network_batch_py(msgs, queue_table, base_offset, now)
+
+    def encode_network_batch_py(self, msgs: Sequence[Message], queue_table: dict[str, int], base_offset: int,
+                                now: int) -> PlainBatch | None:
         """The put fast path for what a producer sends over the network: whole records in one loop,
         offsets included, for messages that carry a properties string (encoded by the client, with the
         broker's UNIQ_KEY / CLUSTER added). Only TAGS, KEYS and UNIQ_KEY are looked up in it (three
@@ -1120,8 +1158,22 @@ assert tuple(h.size for h in _SKIM_HEADERS) == _HEADER_SIZES
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 
 
+_SKIM_STATES = (SKIM_OK, SKIM_BLANK, SKIM_END, SKIM_DAMAGE)
+
+
 def skim_records(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16,
                  keep: bool = True) -> tuple[list[tuple], int, str, str]:
+    """The walk of recovery and `verify` (see `skim_records_py`, the reference): the C loop of
+    `rmq_eventstore._native` when it is active (`NATIVE`), else the Python loop. Same results."""
+    if native is not None:
+        r = native.skim_records(buf, pos, limit, check_crc, max_records, keep, _SKIM_STATES)
+        if r is not None:
+            return r
+    return skim_records_py(buf, pos, limit, check_crc, max_records, keep)
+
+
+def skim_records_py(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16,
+                    keep: bool = True) -> tuple[list[tuple], int, str, str]:
     """Hop from record to record by TOTALSIZE with the checks of `check_message_and_return_size`
     (magic, lengths, the computed total size, the body CRC when `check_crc`) but without decoding
     properties: the fast walk of recovery and `verify` (a few microseconds per record).

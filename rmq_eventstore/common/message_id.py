@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 from functools import lru_cache
 
+from .native import native
 from .tags import _to_signed32
 
 _ID_TAIL = struct.Struct(">iq")  # port + offset in a message id
@@ -115,6 +116,8 @@ class UniqueIdGenerator:
         self._next_month = 0
         self._time = 0  # ms stamped into the ids being issued; never goes backwards
         self._time_used = 0  # ids issued with self._time (at 65536 the 16-bit counter would repeat)
+        self._head = ""  # the id text up to the counter for the millisecond _head_time (create's fast path)
+        self._head_time = -1
 
     def _roll_month(self, now: int) -> None:
         self._month_start = _start_of_month_ms(now)
@@ -140,20 +143,32 @@ class UniqueIdGenerator:
                 if t >= self._next_month or t < self._month_start:
                     self._roll_month(t)
                 k = min(n, 0x10000 - self._time_used)
-                runs.append((f"{self._prefix}{(t - self._month_start) & 0xFFFFFFFF:08X}", self._counter, k))
+                head = f"{self._prefix}{(t - self._month_start) & 0xFFFFFFFF:08X}"
+                self._head, self._head_time = head, t
+                runs.append((head, self._counter, k))
                 self._counter = (self._counter + k) & 0xFFFF
                 self._time_used += k
                 n -= k
         return runs
 
     def create(self) -> str:
+        now = int(time.time() * 1000)
+        with self._lock:  # the fast path of _claim(1): same millisecond (or a later one) as the last claim
+            if now > self._time:
+                self._time, self._time_used = now, 0
+            if self._time == self._head_time and self._time_used < 0x10000:
+                c = self._counter
+                self._counter = (c + 1) & 0xFFFF
+                self._time_used += 1
+                return f"{self._head}{c:04X}"
         ((head, c, _),) = self._claim(1)
         return f"{head}{c:04X}"
 
     def create_many(self, n: int) -> list[str]:
         out: list[str] = []
         for head, c0, k in self._claim(n):
-            out += [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(k)]
+            ids = native.format_ids(head, c0, k) if native is not None else None
+            out += ids if ids is not None else [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(k)]
         return out
 
     @staticmethod

@@ -15,6 +15,9 @@
   down. Other queues have one lane and ignore priorities (as RabbitMQ does).
 - Prefetch is exact: a channel never holds (delivered and unacked, plus asked for in POPs under way)
   more than its `basic_qos` prefetch count.
+- Asynchronous (`implements.asynchronous`): on kombu's hub (Celery's asynloop) POP long polls run on pool
+  threads and wake the hub through a socket pair registered as a reader; `drain_events` stays for users
+  without a hub. See `Transport.register_with_event_loop`.
 - TTL: a message's `expiration` and a queue's `x-message-ttl` are checked when it is popped; expired
   messages are acked and dropped.
 - A `deliver_at` message property (epoch seconds) makes `_put` send a RocketMQ timer message, delivered
@@ -23,13 +26,16 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from itertools import count
 from queue import Empty
@@ -50,9 +56,10 @@ from ..client import (
     PullConsumer,
     RemotingError,
     ensure_local_broker,
+    find_local_broker,
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
-from ..common.pop import pop_retry_topic
+from ..common.pop import ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK
 from ..common.topic import TopicValidationError
 from .bindings import SharedState
@@ -96,6 +103,94 @@ def _clamp_priority(message: dict[str, Any]) -> int:
         return max(0, min(int(message["properties"]["priority"]), LANES - 1))
     except (TypeError, ValueError, KeyError):
         return 0
+
+
+_settlers: dict[tuple[str, str, str | None, str | None], PopConsumer] = {}
+_settlers_lock = threading.Lock()
+
+
+def _settler(namesrv: str, group: str, access_key: str | None, secret_key: str | None) -> PopConsumer:
+    """A process-wide POP consumer of `group` that settles (acks, rejects, gives back) messages delivered on
+    a connection closed since: Celery replaces its connection after a loss, while tasks delivered on the
+    old one still run and ack later. Receipt handles belong to the broker, not to a connection, so any
+    connection of the group can settle them. One per name server and group, not one per reconnect."""
+    key = (namesrv, group, access_key, secret_key)
+    with _settlers_lock:
+        c = _settlers.get(key)
+        if c is None:
+            c = _settlers[key] = PopConsumer(namesrv, group, access_key=access_key, secret_key=secret_key).start()
+        return c
+
+
+def _shutdown_settlers() -> None:
+    with _settlers_lock:
+        settlers = list(_settlers.values())
+        _settlers.clear()
+    for c in settlers:
+        try:
+            c.shutdown()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+class _AckRetry:
+    """Acks that failed because the broker could not be reached, sent again in the background until they land
+    or their lease is over (after that the message has come back anyway, and acking the old receipt is
+    void). An ack is idempotent, so a retry of one that did land changes nothing. A broker back within the
+    lease thus settles a task that finished while it was away: it does not run twice."""
+
+    INTERVAL = 0.5  # seconds between rounds
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, _Receipt, float]] = []  # (pop consumer getter, receipt, give up at)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, getter: Any, receipt: _Receipt) -> None:
+        try:
+            extra = ExtraInfo.split(receipt.properties[PROPERTY_POP_CK])
+            until = (extra.pop_time + extra.invisible_time) / 1000.0
+        except (ValueError, KeyError, IndexError):
+            return
+        if until <= time.time():
+            return
+        with self._lock:
+            self._pending.append((getter, receipt, until))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="kombu-rocketmq-ack-retry", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.INTERVAL)
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                with self._lock:
+                    if not self._pending:
+                        self._thread = None
+                        return
+                continue
+            keep = []
+            for getter, receipt, until in batch:
+                if time.time() >= until:
+                    log.warning("kombu: gave up acking %s/%s: its lease is over, the broker delivers it again",
+                                receipt.topic, receipt.properties[PROPERTY_POP_CK])
+                    continue
+                try:
+                    getter().ack(receipt)
+                    log.info("kombu: the ack of %s/%s that failed on a lost connection landed",
+                             receipt.topic, receipt.properties[PROPERTY_POP_CK])
+                except Exception:
+                    keep.append((getter, receipt, until))
+            with self._lock:
+                self._pending[:0] = keep
+
+
+_ack_retry = _AckRetry()
+atexit.register(_shutdown_settlers)
+os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
+os.register_at_fork(after_in_child=lambda: _ack_retry.__init__())
 
 
 class _Clients:
@@ -196,6 +291,7 @@ class Channel(virtual.Channel):
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._no_ack: set[str] = set()
+        self._transport = connection  # kept after close (kombu then sets `connection` to None): late acks
 
     # -- plumbing ----------------------------------------------------------------------------------------------
     @property
@@ -449,33 +545,41 @@ class Channel(virtual.Channel):
     # -- acks ------------------------------------------------------------------------------------------------------
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         try:
-            self.clients.pop.ack(_receipt(delivery_tag))
+            self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
         finally:
             super().basic_ack(delivery_tag)
+            self.connection.credit_freed(self)
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
             if requeue:
                 self._give_back(delivery_tag)
             else:
-                self.clients.pop.ack(_receipt(delivery_tag))
+                self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
         finally:
             self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
+            self.connection.credit_freed(self)
 
     def _give_back(self, delivery_tag: str) -> None:
         receipt = _receipt(delivery_tag)
-        self.clients.pop.change_invisible_time(receipt, 0)
+        self._transport.settle(lambda pop: pop.change_invisible_time(receipt, 0))
         try:
-            queue = queue_name(receipt.topic, self.clients.namespace)
+            queue = queue_name(receipt.topic, self._transport.namespace)
         except ValueError:
             return
-        self.connection.expect(queue, float(self.requeue_wait))
+        self._transport.expect(queue, float(self.requeue_wait))
 
     def _restore(self, message: Any) -> None:
+        if self._transport.lost is not None and not self._transport.restore_on_connection_loss():
+            # The connection was lost: leave the message to its lease. It may still be running (Celery 5 keeps
+            # acks_late tasks running across a reconnect and acks them later through `settle`); giving it
+            # back now would run it twice. If nobody settles it, the broker's revive brings it back when its
+            # visibility_timeout is over.
+            return
         self._give_back(message.delivery_tag)
 
     def _restore_at_beginning(self, message: Any) -> None:
-        self._give_back(message.delivery_tag)
+        self._restore(message)
 
 class Transport(virtual.Transport):
     """kombu transport for rmq_eventstore's broker (or Apache RocketMQ 5): see the module docstring.
@@ -483,8 +587,10 @@ class Transport(virtual.Transport):
     URLs: `rocketmq://host:9876//` (a name server; `rocketmq://AK:SK@host:9876//` signs requests with ACL
     keys) or `rocketmq:///path/to/store` (the broker owning that local store, found or started).
     Transport options: `visibility_timeout` (s, 3600), `namespace` (''), `group` ('kombu'),
-    `batch_size` (32), `max_poll` (s, 1.0), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
-    `broker_options` (settings for a local broker this process starts)."""
+    `batch_size` (32), `max_poll` (s, 1.0: the longest POP long poll on kombu's hub, or while several queues
+    wait in `drain_events`), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
+    `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
+    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT
@@ -495,7 +601,7 @@ class Transport(virtual.Transport):
                          socket.timeout)
     channel_errors = (*virtual.Transport.channel_errors, MQBrokerError, TopicValidationError)
     implements = virtual.Transport.implements.extend(
-        asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"]), heartbeats=False)
+        asynchronous=True, exchange_type=frozenset(["direct", "topic", "fanout"]), heartbeats=False)
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -506,13 +612,25 @@ class Transport(virtual.Transport):
         self.max_poll = float(opts.get("max_poll", DEFAULT_MAX_POLL))
         self.retry_max_times = int(opts.get("retry_max_times", DEFAULT_RETRY_MAX_TIMES))
         self.broker_options = opts.get("broker_options")
+        restore = opts.get("restore_on_connection_loss")
+        self._restore_on_loss = None if restore is None else bool(restore)
         self._clients: _Clients | None = None
         self._clients_lock = threading.Lock()
         self._inflight: dict[tuple[int, str], tuple[concurrent.futures.Future, Channel, str, int]] = {}
+        # what finished POPs brought and is not delivered yet: (id(channel), queue) -> (channel, queue, raws)
+        self._held: dict[tuple[int, str], tuple[Channel, str, deque[dict[str, Any]]]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._hub: Any = None  # kombu's Hub this connection is registered with (Celery's asynloop)
+        self._hub_thread: int | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # read end is the hub's reader
+        self._wake_pid = 0
         self._rr = count()
         self._expected: dict[str, float] = {}  # queue -> until when a message sent or given back is due
         self._pid = os.getpid()
+        self._closed = False
+        self.lost: BaseException | None = None  # the connection error that ended this connection, if any
+        self._settle_from: tuple[str, str | None] | None = None  # (name server, local store) once connected
+        self._keys: tuple[str | None, str | None] = (None, None)
 
     def driver_version(self) -> str:
         return __version__
@@ -555,9 +673,60 @@ class Transport(virtual.Transport):
         if self._clients is None:
             with self._clients_lock:
                 if self._clients is None:
-                    self._clients = _Clients(self._namesrv(), self.namespace, self.group, self.client.userid or None,
-                                             self.client.password or None, self.retry_max_times)
+                    if self._closed:
+                        raise RemotingError("this kombu connection is closed")
+                    namesrv = self._namesrv()
+                    self._keys = (self.client.userid or None, self.client.password or None)
+                    self._clients = _Clients(namesrv, self.namespace, self.group, *self._keys, self.retry_max_times)
+                    path = (self.client.virtual_host or "").strip().strip("/")
+                    self._settle_from = (namesrv, "/" + path if path else None)
         return self._clients
+
+    def restore_on_connection_loss(self) -> bool:
+        """Whether a connection closed after a loss gives its unacked messages back at once (transport option
+        `restore_on_connection_loss`). Unset: what the Celery worker of this process does with acks_late
+        tasks running at a loss: with `worker_cancel_long_running_tasks_on_connection_loss` (Celery 6's
+        default) it cancels them, expecting the broker to redeliver them, so give them back; without it (Celery
+        5's default) they keep running and ack later, so leave them to their leases. No Celery: leases."""
+        if self._restore_on_loss is not None:
+            return self._restore_on_loss
+        celery = sys.modules.get("celery")
+        if celery is None:
+            return False
+        try:
+            return bool(celery.current_app.conf.worker_cancel_long_running_tasks_on_connection_loss)
+        except Exception:  # no app configured, or a Celery without the setting
+            return False
+
+    def _late_pop(self) -> PopConsumer:
+        """The process-wide settler of this connection's group (`_settler`), at the broker's current address."""
+        if self._settle_from is None:
+            raise RemotingError("this kombu connection was closed before it was established")
+        namesrv, store = self._settle_from
+        if store is not None:  # the store's broker may have been replaced (new ports) since
+            found = find_local_broker(store)
+            namesrv = found.namesrv_addr if found is not None else namesrv
+        return _settler(namesrv, self.group, *self._keys)
+
+    def settle(self, op: Any, ack: _Receipt | None = None) -> Any:
+        """Run `op(pop_consumer)` (an ack, a reject, a give-back) on this connection's POP consumer, or, once
+        the connection is closed, on the process-wide settler of the group (`_settler`): an ack that comes
+        after Celery replaced the connection still lands. A connection error marks the connection lost, so
+        the next `drain_events` raises it and the consumer reconnects at once; an ack (`ack`: its receipt)
+        that failed so is also sent again in the background until it lands or its lease is over (`_AckRetry`)."""
+        clients = self._clients
+        try:
+            if clients is not None and not self._closed:
+                return op(clients.pop)
+            if self._settle_from is None and not self._closed:
+                return op(self.clients().pop)
+            return op(self._late_pop())
+        except (RemotingError, OSError) as e:
+            if not self._closed and self.lost is None:
+                self.lost = e
+            if ack is not None and self._settle_from is not None:
+                _ack_retry.add(self._late_pop, ack)
+            raise
 
     def establish_connection(self) -> Transport:
         self.clients()
@@ -565,18 +734,29 @@ class Transport(virtual.Transport):
 
     def close_connection(self, connection: Any) -> None:
         try:
-            self._settle_inflight(wait=True)
-            super().close_connection(connection)
+            self.unregister_from_event_loop(connection, self._hub)
+            try:
+                self._settle_pops(wait=True)
+            except self.connection_errors as e:  # the connection is lost already: closing goes on
+                log.debug("kombu: a POP under way failed at close: %r", e)
+            finally:
+                super().close_connection(connection)
         finally:
+            self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
+            if self._wake is not None:
+                for s in self._wake:
+                    s.close()
+                self._wake = None
             if self._clients is not None:
                 self._clients.shutdown()
                 self._clients = None
 
     # -- draining ----------------------------------------------------------------------------------------------
     def _candidates(self) -> list[tuple[Channel, str]]:
+        """(channel, queue) pairs being consumed and without a POP under way, rotated for fairness."""
         out = []
         for ch in list(self.channels):
             if ch.closed or not ch._consumers:
@@ -597,9 +777,27 @@ class Transport(virtual.Transport):
             self._deliver(raw, queue)
         return len(raws)
 
-    def _settle_inflight(self, wait: bool = False) -> int:
-        """Deliver what finished POPs under way brought; give back what nobody consumes any more."""
-        delivered = 0
+    def _start_pop(self, ch: Channel, queue: str, n: int, poll_ms: int) -> None:
+        """A POP of up to `n` messages of `queue` under way on a pool thread (it waits in the remoting client
+        for its response), its `n` counted as held by the channel's QoS until it is settled; with a hub, its
+        end wakes the hub through the wake-up socket."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=16,
+                                                                   thread_name_prefix="kombu-rocketmq-pop")
+        ch.qos.reserved += n
+        try:
+            fut = self._executor.submit(ch.fetch, queue, n, poll_ms)
+        except BaseException:
+            ch.qos.reserved -= n
+            raise
+        self._inflight[(id(ch), queue)] = (fut, ch, queue, n)
+        if self._hub is not None:
+            fut.add_done_callback(self._signal)
+
+    def _settle_pops(self, wait: bool = False) -> None:
+        """Move what finished POPs brought into the channels' held messages (still counted as held by their
+        QoS); raise the first error a POP met (a lost connection) once all are settled. `wait`: wait for
+        the POPs under way (at close)."""
         error: BaseException | None = None
         for key, (fut, ch, queue, n) in list(self._inflight.items()):
             if not fut.done():
@@ -613,28 +811,82 @@ class Transport(virtual.Transport):
             except BaseException as e:  # a lost connection: raised after the others are settled
                 error = error or e
                 continue
-            if not ch.closed and queue in ch._active_queues and queue in self._callbacks and not wait:
-                delivered += self._deliver_raws(ch, queue, raws)
-            else:
-                for raw in raws:
-                    try:
-                        self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
-                    except Exception:
-                        log.warning("kombu: could not give back a message nobody consumes; it comes back after "
-                                    "its visibility timeout", exc_info=True)
+            if raws:
+                held = self._held.setdefault(key, (ch, queue, deque()))[2]
+                held.extend(raws)
+                ch.qos.reserved += len(raws)
+        if self._held:
+            self._release_held(everything=wait)
         if error is not None:
             raise error
+
+    def _release_held(self, everything: bool = False) -> None:
+        """Give back (invisible time 0) held messages nobody consumes any more (all of them at close)."""
+        for key, (ch, queue, held) in list(self._held.items()):
+            if not (everything or ch.closed or queue not in ch._active_queues or queue not in self._callbacks):
+                continue
+            del self._held[key]
+            ch.qos.reserved -= len(held)
+            for raw in held:
+                if self._clients is None or self.lost is not None:  # lost: they come back when their lease ends
+                    break
+                try:
+                    self._clients.pop.change_invisible_time(_receipt(raw["properties"]["delivery_tag"]), 0)
+                except Exception:
+                    log.warning("kombu: could not give back a message nobody consumes; it comes back after "
+                                "its visibility timeout", exc_info=True)
+
+    def _may_deliver(self, ch: Channel) -> bool:
+        """Whether `ch` may take one of its held messages: `qos.can_consume()` (kombu's own test, so a patched
+        `can_consume` is honoured too) counting delivered messages and POPs under way, not the held ones
+        (already popped: after the prefetch count was lowered they may outnumber the credit, and must not
+        block each other)."""
+        held = sum(len(h) for c, _, h in self._held.values() if c is ch)
+        ch.qos.reserved -= held
+        try:
+            return bool(ch.qos.can_consume())
+        finally:
+            ch.qos.reserved += held
+
+    def _deliver_held(self) -> int:
+        """Deliver held messages through `_deliver` while each channel's QoS lets it take one."""
+        delivered = 0
+        for key, (ch, queue, held) in list(self._held.items()):
+            while held and not ch.closed and queue in self._callbacks and self._may_deliver(ch):
+                raw = held.popleft()
+                ch.qos.reserved -= 1
+                if not held:
+                    self._held.pop(key, None)
+                ch.settle_no_ack(queue, [raw])
+                self._deliver(raw, queue)
+                delivered += 1
         return delivered
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        """Deliver what the consumed queues have (see `_drain`). A connection error marks the connection
+        lost (its unacked messages are then left to their leases when it closes, see `Channel._restore`);
+        an ack that failed on a lost connection is raised here, so the consumer reconnects at once."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            self._drain(connection, timeout)
+        except TimeoutError:  # socket.timeout: nothing came in time, the connection is fine
+            raise
+        except self.connection_errors as e:
+            if self.lost is None:
+                self.lost = e
+            raise
+
+    def _drain(self, connection: Any, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._settle_inflight():
+            self._settle_pops()
+            if self._deliver_held():
                 return
             cands = self._candidates()
             delivered = 0
             for ch, q in cands:  # what is there already, without waiting
-                n = ch.qos.credit(ch.batch_size)
+                n = ch.qos.credit(ch.batch_size) if ch.qos.can_consume() else 0
                 if n > 0:
                     delivered += self._deliver_raws(ch, q, ch.fetch(q, n))
             if delivered:
@@ -642,7 +894,7 @@ class Transport(virtual.Transport):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError()  # socket.timeout
-            waiting = [(ch, q) for ch, q in cands if ch.qos.credit(1) > 0]
+            waiting = [(ch, q) for ch, q in cands if ch.qos.can_consume() and ch.qos.credit(1) > 0]
             if len(waiting) == 1 and not self._inflight:  # one queue: the long poll waits in this thread
                 ch, q = waiting[0]
                 wait = 20.0 if remaining is None else remaining
@@ -654,14 +906,100 @@ class Transport(virtual.Transport):
             if not waiting and not self._inflight:  # nothing to wait on: no consumer, or no credit
                 time.sleep(min(self.polling_interval, wait))
                 continue
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=16,
-                                                                       thread_name_prefix="kombu-rocketmq-pop")
             for ch, q in waiting:  # several queues: one long poll each, reserving its credit
-                if ch.qos.credit(1) <= 0:
-                    continue
-                ch.qos.reserved += 1
-                fut = self._executor.submit(ch.fetch, q, 1, max(int(wait * 1000), 1))
-                self._inflight[(id(ch), q)] = (fut, ch, q, 1)
+                if ch.qos.can_consume() and ch.qos.credit(1) > 0:
+                    self._start_pop(ch, q, 1, max(int(wait * 1000), 1))
             concurrent.futures.wait([f for f, *_ in self._inflight.values()], timeout=wait,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
+
+    # -- kombu's event loop (Celery's asynloop) ----------------------------------------------------------------
+    def _wake_pair(self) -> tuple[socket.socket, socket.socket]:
+        """The wake-up socket pair of this process (a forked child makes its own)."""
+        if self._wake is None or self._wake_pid != os.getpid():
+            r, w = socket.socketpair()
+            r.setblocking(False)
+            w.setblocking(False)
+            self._wake, self._wake_pid = (r, w), os.getpid()
+        return self._wake
+
+    def _signal(self, *_: Any) -> None:
+        """Make the wake-up socket readable (from any thread: a POP's end, an ack freeing credit)."""
+        wake = self._wake
+        if wake is not None:
+            try:
+                wake[1].send(b"\0")
+            except OSError:  # full (a wake-up is pending anyway) or closed
+                pass
+
+    def credit_freed(self, channel: Channel) -> None:
+        """An ack or reject freed `channel`'s credit: from a thread other than the hub's, wake the hub so it
+        starts the next POP now (in the hub's thread its next tick does)."""
+        if self._hub is not None and threading.get_ident() != self._hub_thread:
+            self._signal()
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Put this connection on kombu's hub (Celery's asynloop): the read end of a wake-up socket pair as a
+        reader (`on_readable`), and a tick callback that starts a POP long poll on a pool thread for each
+        consumed queue with credit. A POP's end makes the socket readable; no thread sleeps to poll.
+        Idempotent: a previous registration (this hub or another) is removed first."""
+        if self._hub is not None:
+            self.unregister_from_event_loop(connection, self._hub)
+        r, _ = self._wake_pair()
+        self._hub, self._hub_thread = loop, threading.get_ident()
+        loop.add_reader(r.fileno(), self.on_readable, connection, loop)
+        loop.on_tick.add(self._on_tick)
+
+    def unregister_from_event_loop(self, connection: Any, loop: Any) -> None:
+        """Take this connection off `loop`: its tick callback, and its reader if the fd is still ours (after a
+        `hub.reset()` and a reconnect the same fd number may be another connection's)."""
+        if loop is None:
+            return
+        loop.on_tick.discard(self._on_tick)
+        if self._wake is not None:
+            fd = self._wake[0].fileno()
+            entry = loop.readers.get(fd) if fd >= 0 else None
+            if entry is not None and entry[0] == self.on_readable:
+                loop.remove_reader(fd)
+        if loop is self._hub:
+            self._hub = None
+
+    def _on_tick(self) -> None:
+        """Every hub iteration: start POPs where there is credit and none is under way; wake the hub if held
+        messages may be delivered now (credit came back). Without credit nothing is asked for and the
+        socket stays quiet: the consumer is paused."""
+        if self._held:
+            self._release_held()
+            if any(not ch.closed and self._may_deliver(ch) for ch, _, _ in list(self._held.values())):
+                self._signal()
+        self._issue_pops()
+
+    def _issue_pops(self) -> None:
+        poll_ms = max(int(self.max_poll * 1000), 1)
+        for ch, q in self._candidates():
+            if ch.qos.can_consume():
+                n = ch.qos.credit(ch.batch_size)
+                if n > 0:
+                    self._start_pop(ch, q, n, poll_ms)
+
+    def on_readable(self, connection: Any, loop: Any) -> None:
+        """The wake-up socket is readable: settle the POPs that ended, start the next POPs (with the credit
+        left), and deliver held messages through `_deliver` while `qos.can_consume()`. A POP's error (a lost
+        connection, in `connection_errors`) is raised here, so Celery reconnects."""
+        if self.lost is not None:
+            raise self.lost
+        wake = self._wake
+        if wake is not None:
+            try:
+                while wake[0].recv(4096):
+                    pass
+            except OSError:  # drained (EAGAIN), or closed
+                pass
+        try:
+            self._settle_pops()
+        except self.connection_errors as e:
+            if self.lost is None:
+                self.lost = e
+            raise
+        if self._hub is loop:  # ask for the next ones first: a solo pool runs each task inside `_deliver`
+            self._issue_pops()
+        self._deliver_held()

@@ -20,6 +20,7 @@ from itertools import chain
 
 import numpy as np
 
+from ..common import codec
 from .config import CQ_STORE_UNIT_SIZE
 from .mapped_file import MappedFile, MappedFileQueue
 
@@ -402,6 +403,8 @@ class ConsumeQueue:
             return 0
         if isinstance(units, np.ndarray):
             arr = np.asarray(units, dtype=np.int64).reshape(n, 4)
+            if codec.native is not None and self._put_in_order_native(arr):
+                return n
         else:
             if n <= _SMALL_BATCH and self._put_small_in_order(units):
                 return n
@@ -484,6 +487,22 @@ class ConsumeQueue:
             expect_q += 1
         self._max_physic_offset = prev_end
         return last.append_message(b"".join(parts))
+
+    def _put_in_order_native(self, arr: np.ndarray) -> bool:
+        """`_put_small_in_order` for an int64 `(n, 4)` array, checked and packed in C (any size that fits
+        in the current file). False (nothing written) when any unit needs the full rules."""
+        last = self.mapped_file_queue.get_last_mapped_file_or_none()
+        if last is None or (last.first_create_in_queue and last.wrote_position == 0):
+            return False
+        wrote = last.wrote_position
+        if wrote + len(arr) * CQ_STORE_UNIT_SIZE > last.file_size:
+            return False
+        packed = codec.native.cq_pack(np.ascontiguousarray(arr), (last.file_from_offset + wrote) // CQ_STORE_UNIT_SIZE,
+                                      self._max_physic_offset)
+        if packed is None:
+            return False
+        self._max_physic_offset = packed[1]
+        return last.append_message(packed[0])
 
     def _append_run(self, data: np.ndarray, logic_offset: int) -> int:
         """Copy whole units into the last file(s) starting at `logic_offset`, rolling files as they fill;

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..common import codec
 from ..common.codec import (
     KEY_SEPARATOR,
     TRANSACTION_ROLLBACK_TYPE,
@@ -103,6 +104,56 @@ def index_key_hashes(keys: list[str]) -> np.ndarray:
     np.abs(h, out=h)
     h[h == _INT_MIN_ABS] = 0
     return h.astype(np.int32)
+
+
+def index_entries(requests: Sequence[DispatchRequest], end_phy: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The index entries of a dispatched batch as `(hashes int32, phy offsets int64, store times int64)`:
+    the native loop when it is active (`codec.NATIVE`), else `index_entries_py` (the reference; same arrays)."""
+    if codec.native is not None:
+        raw = codec.native.index_keys(requests, end_phy, TRANSACTION_ROLLBACK_TYPE)
+        if raw is not None:
+            return (np.frombuffer(raw[0], dtype=np.int32), np.frombuffer(raw[1], dtype=np.int64),
+                    np.frombuffer(raw[2], dtype=np.int64))
+    return index_entries_py(requests, end_phy)
+
+
+def index_entries_py(requests: Sequence[DispatchRequest], end_phy: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`IndexService.buildIndex`'s keys for each record of a batch: skipped when its offset is below
+    `end_phy` (already indexed) or when it is a ROLLBACK; otherwise `topic#uniqKey`, then `topic#token`
+    for every non-empty KEYS token, hashed with `indexKeyHashMethod` in one vectorised call."""
+    keys: list[str] = []
+    offsets: list[int] = []
+    timestamps: list[int] = []
+    counts: list[int] = []
+    add = keys.append
+    # DispatchRequest fields unpacked positionally: this loop is the dispatcher's hot path
+    for topic, _q, off, _size, _tags, store_ts, _cqo, msg_keys, uniq, sys_flag, _ptx, _props in requests:
+        # transaction_value(sysFlag) == ROLLBACK, inlined
+        if off < end_phy or (sys_flag & TRANSACTION_ROLLBACK_TYPE) == TRANSACTION_ROLLBACK_TYPE:
+            continue
+        m = 0
+        if uniq is not None:
+            add(f"{topic}#{uniq}")
+            m = 1
+        if msg_keys:
+            if KEY_SEPARATOR in msg_keys:
+                for tok in msg_keys.split(KEY_SEPARATOR):
+                    if tok:
+                        add(f"{topic}#{tok}")
+                        m += 1
+            else:
+                add(f"{topic}#{msg_keys}")
+                m += 1
+        if m:
+            offsets.append(off)
+            timestamps.append(store_ts)
+            counts.append(m)
+            end_phy = off
+    if not keys:
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    reps = np.asarray(counts, dtype=np.int64)
+    return (index_key_hashes(keys), np.repeat(np.asarray(offsets, dtype=np.int64), reps),
+            np.repeat(np.asarray(timestamps, dtype=np.int64), reps))
 
 
 def build_key(topic: str, key: str) -> str:
@@ -296,6 +347,26 @@ class IndexFile:
         k = min(n, self.index_num - count)
         if k <= 0:
             return 0
+        if codec.native is not None:  # _put_hash entry by entry, in C (the same bytes)
+            k, used, begin_phy, begin_ts = codec.native.put_index_entries(
+                self.mm, self._entries_base, self.hash_slot_num, self.index_num, count, self._begin_timestamp,
+                np.ascontiguousarray(hashes[:k], dtype=np.int32), np.ascontiguousarray(phy_offsets[:k], dtype=np.int64),
+                np.ascontiguousarray(store_timestamps[:k], dtype=np.int64))
+            if begin_phy is not None:
+                self._begin_phy_offset = begin_phy
+                self._begin_timestamp = begin_ts
+            self._hash_slot_count += used
+            self._index_count = count + k
+            self._end_phy_offset = int(phy_offsets[k - 1])
+            self._end_timestamp = int(store_timestamps[k - 1])
+            self._write_header()
+            self._dirty = True
+            return k
+        return self._put_keys_np(hashes, phy_offsets, store_timestamps, count, k)
+
+    def _put_keys_np(self, hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray, count: int,
+                     k: int) -> int:
+        """`put_keys` in numpy (the reference of the native loop, itself tested against `put_key`)."""
         h = np.asarray(hashes[:k], dtype=np.int64)
         p = np.asarray(phy_offsets[:k], dtype=np.int64)
         ts = np.asarray(store_timestamps[:k], dtype=np.int64)
@@ -743,41 +814,14 @@ class IndexService:
             return 0
         f = self.get_and_create_last_index_file()
         end_phy = f.end_phy_offset
-        keys: list[str] = []
-        offsets: list[int] = []
-        timestamps: list[int] = []
-        counts: list[int] = []
-        add = keys.append
-        # DispatchRequest fields unpacked positionally: this loop is the dispatcher's hot path
-        for topic, _q, off, _size, _tags, store_ts, _cqo, msg_keys, uniq, sys_flag, _ptx, _props in requests:
-            # transaction_value(sysFlag) == ROLLBACK, inlined
-            if off < end_phy or (sys_flag & TRANSACTION_ROLLBACK_TYPE) == TRANSACTION_ROLLBACK_TYPE:
-                continue
-            m = 0
-            if uniq is not None:
-                add(f"{topic}#{uniq}")
-                m = 1
-            if msg_keys:
-                if KEY_SEPARATOR in msg_keys:
-                    for tok in msg_keys.split(KEY_SEPARATOR):
-                        if tok:
-                            add(f"{topic}#{tok}")
-                            m += 1
-                else:
-                    add(f"{topic}#{msg_keys}")
-                    m += 1
-            if m:
-                offsets.append(off)
-                timestamps.append(store_ts)
-                counts.append(m)
-                end_phy = off
-        n = len(keys)
-        if n == 0:
+        hashes, phy, ts = index_entries(requests, end_phy)
+        if not len(hashes):
             return 0
-        hashes = index_key_hashes(keys)
-        reps = np.asarray(counts, dtype=np.int64)
-        phy = np.repeat(np.asarray(offsets, dtype=np.int64), reps)
-        ts = np.repeat(np.asarray(timestamps, dtype=np.int64), reps)
+        return self._insert(f, hashes, phy, ts)
+
+    def _insert(self, f: IndexFile, hashes: np.ndarray, phy: np.ndarray, ts: np.ndarray) -> int:
+        """Insert the keys of `build_index` into `f` and the files after it, rolling as they fill."""
+        n = len(hashes)
         pos = 0
         while pos < n:
             done = f.put_keys(hashes[pos:], phy[pos:], ts[pos:])

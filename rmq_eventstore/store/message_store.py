@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..common import codec
 from ..common.filter import MessageFilter
 from ..common.message import Message, MessageExt
@@ -473,19 +475,7 @@ class MessageStore:
     # -- dispatch -----------------------------------------------------------------------------------
     def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:
         """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch."""
-        groups: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-        last_key: tuple[str, int] | None = None
-        g: list[tuple[int, int, int, int]] = []
-        for topic, queue_id, offset, size, tags_code, _ts, cq_offset, _k, _u, sys_flag, _p, _s in requests:
-            if sys_flag & codec.TRANSACTION_PREPARED_TYPE:  # PREPARED (0x4) or ROLLBACK (0xC): no queue
-                continue
-            if last_key is None or last_key[0] != topic or last_key[1] != queue_id:
-                last_key = (topic, queue_id)
-                g = groups.get(last_key)
-                if g is None:
-                    g = groups[last_key] = []
-            g.append((offset, size, tags_code, cq_offset))
-        for (topic, queue_id), units in groups.items():
+        for (topic, queue_id), units in group_units(requests).items():
             cq = self.find_consume_queue(topic, queue_id)
             if cq is None:
                 log.error("not dispatching %d records of illegal topic %r", len(units), topic)
@@ -878,6 +868,35 @@ class MessageStore:
 
     def now(self) -> int:
         return now_ms()
+
+
+def group_units(requests: Sequence[codec.DispatchRequest]) -> dict[tuple[str, int], Sequence]:
+    """The consume-queue units of a dispatched batch per (topic, queue id), in log order: int64 arrays of
+    `(commitLogOffset, size, tagsCode, cqOffset)` rows from the native loop when it is active
+    (`codec.NATIVE`), else `group_units_py`'s lists of tuples (the reference; same values)."""
+    if codec.native is not None:
+        raw = codec.native.group_units(requests, codec.TRANSACTION_PREPARED_TYPE)
+        if raw is not None:
+            return {key: np.frombuffer(units, dtype=np.int64).reshape(-1, 4) for key, units in raw}
+    return group_units_py(requests)
+
+
+def group_units_py(requests: Sequence[codec.DispatchRequest]) -> dict[tuple[str, int], list[tuple[int, int, int, int]]]:
+    """`CommitLogDispatcherBuildConsumeQueue`'s part of a batch, grouped per queue: PREPARED and ROLLBACK
+    records get no unit; the others `(commitLogOffset, size, tagsCode, cqOffset)` in log order."""
+    groups: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+    last_key: tuple[str, int] | None = None
+    g: list[tuple[int, int, int, int]] = []
+    for topic, queue_id, offset, size, tags_code, _ts, cq_offset, _k, _u, sys_flag, _p, _s in requests:
+        if sys_flag & codec.TRANSACTION_PREPARED_TYPE:  # PREPARED (0x4) or ROLLBACK (0xC): no queue
+            continue
+        if last_key is None or last_key[0] != topic or last_key[1] != queue_id:
+            last_key = (topic, queue_id)
+            g = groups.get(last_key)
+            if g is None:
+                g = groups[last_key] = []
+        g.append((offset, size, tags_code, cq_offset))
+    return groups
 
 
 def _consistent_foreign_geometry(queue_dir: str, configured: int) -> bool:

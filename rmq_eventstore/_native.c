@@ -1,0 +1,1222 @@
+/*
+ * rmq_eventstore._native: the per-record loops of the store in C (issue 16).
+ *
+ * Each function here is a drop-in for a pure-Python reference in rmq_eventstore/common/codec.py or the
+ * store's dispatchers, which stay the definition of what is right: the callers fall back to the Python
+ * function whenever a function here returns None ("not mine to decide": an unusual type, a value out of
+ * range, a string that is not strict UTF-8 / UTF-16), so the results are those of the reference by
+ * construction, and the test suite checks byte identity on everything that is handled here.
+ *
+ *   encode_plain_batch  RecordEncoder.encode_plain_batch: whole V1/V2 records for plain messages
+ *   encode_network_batch RecordEncoder.encode_network_batch: the same for messages with a properties string
+ *   index_keys          IndexService.build_index's key loop + index_key_hashes (Java String.hashCode)
+ *   group_units         MessageStore._dispatch's grouping of consume-queue units per queue
+ *   skim_records        codec.skim_records: the record walk of recovery and verify (body CRC included)
+ *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
+ *
+ * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
+ * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------- */
+/* CRC-32 (IEEE 802.3, reflected, the polynomial zlib.crc32 uses), slice-by-8                       */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xFF] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+#ifdef RMQ_HAVE_ZLIB
+#include <zlib.h>
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+    while (n > 0) {  /* zlib's crc32 takes an unsigned int length */
+        unsigned int chunk = n > (1 << 30) ? (1u << 30) : (unsigned int)n;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+#else
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t a, b;
+        memcpy(&a, p, 4);
+        memcpy(&b, p + 4, 4);
+#if PY_LITTLE_ENDIAN
+        a ^= crc;
+        crc = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^ crc_table[5][(a >> 16) & 0xFF] ^
+              crc_table[4][a >> 24] ^ crc_table[3][b & 0xFF] ^ crc_table[2][(b >> 8) & 0xFF] ^
+              crc_table[1][(b >> 16) & 0xFF] ^ crc_table[0][b >> 24];
+#else
+        {
+            const unsigned char *q = p;
+            for (int k = 0; k < 8; k++) crc = crc_table[0][(crc ^ q[k]) & 0xFF] ^ (crc >> 8);
+        }
+#endif
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* big-endian writers / readers                                                                     */
+static inline void put_i32(unsigned char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24); p[1] = (unsigned char)(u >> 16);
+    p[2] = (unsigned char)(u >> 8); p[3] = (unsigned char)u;
+}
+static inline void put_i64(unsigned char *p, int64_t v) {
+    uint64_t u = (uint64_t)v;
+    for (int k = 7; k >= 0; k--) { p[k] = (unsigned char)u; u >>= 8; }
+}
+static inline void put_i16(unsigned char *p, int v) {
+    p[0] = (unsigned char)((unsigned)v >> 8); p[1] = (unsigned char)v;
+}
+static inline int32_t get_i32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
+}
+static inline int64_t get_i64(const unsigned char *p) {
+    uint64_t u = 0;
+    for (int k = 0; k < 8; k++) u = (u << 8) | p[k];
+    return (int64_t)u;
+}
+static inline int16_t get_i16(const unsigned char *p) { return (int16_t)(((unsigned)p[0] << 8) | p[1]); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Message fields, read through the slots of the dataclass (offsets looked up once, by name)        */
+enum {
+    F_TOPIC, F_BODY, F_TAGS, F_KEYS, F_QUEUE_ID, F_FLAG, F_PROPERTIES, F_SYS_FLAG, F_BORN_TIMESTAMP,
+    F_BORN_HOST, F_RECONSUME_TIMES, F_PREPARED_TX, F_PROPERTIES_STRING, F_UNIQ_KEY, F_FORCE_V2, F_COUNT
+};
+static const char *field_names[F_COUNT] = {
+    "topic", "body", "tags", "keys", "queue_id", "flag", "properties", "sys_flag", "born_timestamp",
+    "born_host", "reconsume_times", "prepared_transaction_offset", "properties_string", "uniq_key",
+    "force_v2",
+};
+static PyTypeObject *message_type = NULL;
+static Py_ssize_t field_offsets[F_COUNT];
+
+static inline PyObject *field(PyObject *m, int f) { /* borrowed; NULL when unset */
+    return *(PyObject **)((char *)m + field_offsets[f]);
+}
+
+static PyObject *native_init(PyObject *self, PyObject *args) {
+    PyObject *tp;
+    if (!PyArg_ParseTuple(args, "O!", &PyType_Type, &tp)) return NULL;
+    Py_ssize_t offs[F_COUNT];
+    for (int i = 0; i < F_COUNT; i++) {
+        PyObject *d = PyObject_GetAttrString(tp, field_names[i]);
+        if (d == NULL) return NULL;
+        if (Py_TYPE(d) != &PyMemberDescr_Type) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", ((PyTypeObject *)tp)->tp_name, field_names[i]);
+            return NULL;
+        }
+        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+        if (md->type != T_OBJECT_EX && md->type != T_OBJECT) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name,
+                         field_names[i]);
+            return NULL;
+        }
+        offs[i] = md->offset;
+        Py_DECREF(d);
+    }
+    memcpy(field_offsets, offs, sizeof offs);
+    Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(tp));
+    Py_RETURN_NONE;
+}
+
+/* an int that fits in [lo, hi], else 0 (error cleared) */
+static inline int as_i64(PyObject *o, int64_t lo, int64_t hi, int64_t *out) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+    if (v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+static inline int is_falsy_default(PyObject *o) { /* None, 0, False, "" or an empty container */
+    if (o == Py_None || o == Py_False) return 1;
+    if (o == Py_True) return 0;
+    int t = PyObject_IsTrue(o);
+    if (t < 0) { PyErr_Clear(); return -1; }
+    return !t;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* encode_plain_batch                                                                               */
+typedef struct {
+    PyObject *topic;       /* borrowed */
+    PyObject *body;        /* borrowed, exact bytes */
+    PyObject *keys;        /* new reference or NULL (keys as stored in the request) */
+    PyObject *uniq;        /* borrowed or NULL */
+    PyObject *tags;        /* borrowed or NULL (truthy str) */
+    const char *topic_part; Py_ssize_t topic_part_len;
+    int32_t magic, qid, flag;
+    Py_ssize_t pl, total;
+    int64_t q;
+    int queue;             /* index into the queue cache */
+} plain_rec;
+
+typedef struct {
+    PyObject *topic;  /* borrowed */
+    int32_t qid;
+    PyObject *qkey;   /* new reference */
+    int64_t next;
+} queue_slot;
+
+#define MAX_QUEUES 4096
+
+static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *uniq_keys, *queue_table, *topics, *tags_cache, *tags_fn, *request_type;
+    long long base, now, max_body, max_record;
+    const char *store_addr; Py_ssize_t addr_len;
+    int store_port, sys_flag;
+    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
+                          &now, &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &sys_flag,
+                          &max_body, &max_record, &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type,
+                          &request_type))
+        return NULL;
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    PyTypeObject *rtype = (PyTypeObject *)request_type;
+    if (!PyType_IsSubtype(rtype, &PyTuple_Type)) { PyErr_SetString(PyExc_TypeError, "request type must be a tuple"); return NULL; }
+    PyObject *seq = PySequence_Fast(msgs, "msgs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *useq = NULL;
+    if (uniq_keys != Py_None) {
+        useq = PySequence_Fast(uniq_keys, "uniq_keys must be a sequence");
+        if (useq == NULL) { Py_DECREF(seq); return NULL; }
+        if (PySequence_Fast_GET_SIZE(useq) < n) goto decline_early;
+    }
+    const int v6 = addr_len == 16;
+    const Py_ssize_t hsize = v6 ? 112 : 88;
+    plain_rec *recs = PyMem_Calloc(n ? n : 1, sizeof(plain_rec));
+    queue_slot *queues = PyMem_Malloc(sizeof(queue_slot) * 64);
+    Py_ssize_t nqueues = 0, cap_queues = 64;
+    PyObject *result = NULL, *data = NULL, *requests = NULL, *offsets = NULL, *uniqs = NULL, *seen = NULL;
+    if (recs == NULL || queues == NULL) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t sum = 0;
+    int last_queue = -1;
+    int64_t first_q = -1;
+    /* pass 1: check every message, compute sizes and queue offsets (nothing written) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = items[i];
+        plain_rec *r = &recs[i];
+        if (Py_TYPE(m) != message_type) goto decline;
+        PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY);
+        if (topic == NULL || body == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(body)) goto decline;
+        PyObject *tp = PyDict_GetItemWithError(topics, topic);
+        if (tp == NULL) { PyErr_Clear(); goto decline; }
+        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
+            goto decline;
+        /* not plain: the Python reference says None (or decides otherwise) */
+        PyObject *ps = field(m, F_PROPERTIES_STRING), *born_host = field(m, F_BORN_HOST);
+        if (ps == NULL || ps != Py_None || born_host == NULL || born_host != Py_None) goto decline;
+        static const int falsy_fields[] = {F_PROPERTIES, F_BORN_TIMESTAMP, F_SYS_FLAG, F_RECONSUME_TIMES,
+                                           F_PREPARED_TX, F_FORCE_V2};
+        for (size_t k = 0; k < sizeof falsy_fields / sizeof falsy_fields[0]; k++) {
+            PyObject *v = field(m, falsy_fields[k]);
+            if (v == NULL || is_falsy_default(v) != 1) goto decline;
+        }
+        int64_t magic, qid, flag;
+        if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &magic)) goto decline;
+        PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG);
+        if (qo == NULL || fo == NULL || !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag))
+            goto decline;
+        r->topic = topic; r->body = body;
+        r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
+        r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
+        r->magic = (int32_t)magic; r->qid = (int32_t)qid; r->flag = (int32_t)flag;
+        /* tags, keys, uniq: truthy strings (anything else is left to the reference) */
+        Py_ssize_t pl = 0, len;
+        PyObject *tags = field(m, F_TAGS);
+        if (tags == NULL) goto decline;
+        if (tags != Py_None) {
+            if (!PyUnicode_CheckExact(tags)) goto decline;
+            if (PyUnicode_GET_LENGTH(tags)) {
+                if (PyUnicode_AsUTF8AndSize(tags, &len) == NULL) { PyErr_Clear(); goto decline; }
+                r->tags = tags;
+                pl += 6 + len;
+            }
+        }
+        PyObject *k = field(m, F_KEYS);
+        if (k == NULL) goto decline;
+        if (k != Py_None) {
+            if (PyUnicode_CheckExact(k)) {
+                if (PyUnicode_GET_LENGTH(k)) r->keys = Py_NewRef(k);
+            } else if (PyList_CheckExact(k) || PyTuple_CheckExact(k)) {
+                if (PySequence_Fast_GET_SIZE(k)) {
+                    PyObject *sp = PyUnicode_FromStringAndSize(" ", 1);
+                    if (sp == NULL) goto fail;
+                    r->keys = PyUnicode_Join(sp, k);
+                    Py_DECREF(sp);
+                    if (r->keys == NULL) { PyErr_Clear(); goto decline; }
+                }
+            } else goto decline;
+            if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
+                if (PyUnicode_AsUTF8AndSize(r->keys, &len) == NULL) { PyErr_Clear(); goto decline; }
+                pl += 6 + len;
+            }
+        }
+        PyObject *u = field(m, F_UNIQ_KEY);
+        if (u == NULL) goto decline;
+        if (u != Py_None && !(PyUnicode_CheckExact(u) && PyUnicode_GET_LENGTH(u) == 0)) {
+            if (!PyUnicode_CheckExact(u)) goto decline;
+        } else {
+            u = useq != NULL ? PySequence_Fast_ITEMS(useq)[i] : Py_None;
+            if (u != Py_None && !PyUnicode_CheckExact(u)) goto decline;
+        }
+        if (u != Py_None) {
+            r->uniq = u;
+            if (PyUnicode_GET_LENGTH(u)) {
+                if (PyUnicode_AsUTF8AndSize(u, &len) == NULL) { PyErr_Clear(); goto decline; }
+                pl += 10 + len;
+            }
+        }
+        Py_ssize_t bl = PyBytes_GET_SIZE(body);
+        Py_ssize_t total = hsize + bl + r->topic_part_len + 2 + pl;
+        if (pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
+        r->pl = pl; r->total = total;
+        /* queue offset: the queue table, then +1 per message of the same queue in this batch */
+        int qi = -1;
+        if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
+            (queues[last_queue].topic == topic || PyUnicode_Compare(queues[last_queue].topic, topic) == 0))
+            qi = last_queue;
+        else {
+            for (Py_ssize_t j = 0; j < nqueues; j++)
+                if (queues[j].qid == r->qid && (queues[j].topic == topic || PyUnicode_Compare(queues[j].topic, topic) == 0)) {
+                    qi = (int)j;
+                    break;
+                }
+        }
+        if (qi < 0) {
+            if (nqueues == MAX_QUEUES) goto decline;
+            if (nqueues == cap_queues) {
+                queue_slot *nq = PyMem_Realloc(queues, sizeof(queue_slot) * cap_queues * 2);
+                if (nq == NULL) { PyErr_NoMemory(); goto fail; }
+                queues = nq;
+                cap_queues *= 2;
+            }
+            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            if (qkey == NULL) goto fail;
+            PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
+            int64_t start = 0;
+            if (cur == NULL && PyErr_Occurred()) { Py_DECREF(qkey); goto fail; }
+            if (cur != NULL && !as_i64(cur, INT64_MIN, INT64_MAX - 1 - n, &start)) { Py_DECREF(qkey); goto decline; }
+            queues[nqueues].topic = topic;
+            queues[nqueues].qid = r->qid;
+            queues[nqueues].qkey = qkey;
+            queues[nqueues].next = start;
+            qi = (int)nqueues++;
+        }
+        last_queue = qi;
+        r->queue = qi;
+        r->q = queues[qi].next++;
+        if (first_q < 0) first_q = r->q;  /* as the reference: the first non-negative queue offset */
+        sum += total;
+        if (sum > PY_SSIZE_T_MAX / 2) goto decline;
+    }
+    if (base < 0 || base > INT64_MAX - sum) goto decline;
+    /* pass 2: write the records, build the requests */
+    data = PyBytes_FromStringAndSize(NULL, sum);
+    requests = PyList_New(n);
+    offsets = PyList_New(n);
+    uniqs = PyList_New(n);
+    seen = PyDict_New();
+    if (data == NULL || requests == NULL || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLong(sys_flag), *zero = PyLong_FromLong(0);
+    PyObject *empty = PyUnicode_New(0, 0);
+    if (now_obj == NULL || sys_obj == NULL || zero == NULL || empty == NULL) {
+        Py_XDECREF(now_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
+        goto fail;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(data);
+    int64_t phys = base;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        plain_rec *r = &recs[i];
+        unsigned char *p = out;
+        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
+        Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
+        put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
+        put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
+        put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
+        put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, sys_flag); put_i64(p + 40, now);
+        p += 48;
+        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+        put_i64(p, now); p += 8;
+        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+        put_i32(p, 0); put_i64(p + 4, 0); put_i32(p + 12, (int32_t)bl); p += 16;
+        memcpy(p, body, bl); p += bl;
+        memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
+        put_i16(p, (int)r->pl); p += 2;
+        unsigned char *props = p;
+        Py_ssize_t len;
+        const char *s;
+        if (r->tags != NULL) {
+            s = PyUnicode_AsUTF8AndSize(r->tags, &len);
+            memcpy(p, "TAGS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
+        }
+        if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
+            s = PyUnicode_AsUTF8AndSize(r->keys, &len);
+            memcpy(p, "KEYS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
+        }
+        if (r->uniq != NULL && PyUnicode_GET_LENGTH(r->uniq)) {
+            s = PyUnicode_AsUTF8AndSize(r->uniq, &len);
+            memcpy(p, "UNIQ_KEY\x01", 9); memcpy(p + 9, s, len); p[9 + len] = 2; p += 10 + len;
+        }
+        out += r->total;
+        /* the DispatchRequest: (topic, qid, phys, total, tags code, now, q, keys, uniq, sysFlag, 0, props) */
+        PyObject *code;
+        if (r->tags != NULL) {
+            code = PyDict_GetItemWithError(tags_cache, r->tags);
+            if (code != NULL) Py_INCREF(code);
+            else if (PyErr_Occurred()) code = NULL;
+            else code = PyObject_CallOneArg(tags_fn, r->tags);
+        } else code = Py_NewRef(zero);
+        PyObject *ps_obj = r->pl ? PyUnicode_DecodeUTF8((const char *)props, r->pl, "strict") : Py_NewRef(empty);
+        PyObject *phys_obj = PyLong_FromLongLong(phys);
+        PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
+        PyObject *q_obj = PyLong_FromLongLong(r->q);
+        PyObject *req = rtype->tp_alloc(rtype, 12);
+        if (code == NULL || ps_obj == NULL || phys_obj == NULL || qid_obj == NULL || total_obj == NULL ||
+            q_obj == NULL || req == NULL) {
+            Py_XDECREF(code); Py_XDECREF(ps_obj); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
+            Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(req);
+            ok = 0;
+            break;
+        }
+        PyObject *uniq = r->uniq != NULL ? r->uniq : Py_None;
+        PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
+        PyTuple_SET_ITEM(req, 1, qid_obj);
+        PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
+        PyTuple_SET_ITEM(req, 3, total_obj);
+        PyTuple_SET_ITEM(req, 4, code);
+        PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
+        PyTuple_SET_ITEM(req, 6, q_obj);
+        PyTuple_SET_ITEM(req, 7, Py_NewRef(r->keys != NULL ? r->keys : Py_None));
+        PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
+        PyTuple_SET_ITEM(req, 9, Py_NewRef(sys_obj));
+        PyTuple_SET_ITEM(req, 10, Py_NewRef(zero));
+        PyTuple_SET_ITEM(req, 11, ps_obj);
+        /* str, int and None only: no reference cycle can pass through it (CPython untracks such tuples
+           itself at their first collection); untracked now, the collector never walks the batch */
+        PyObject_GC_UnTrack(req);
+        PyList_SET_ITEM(requests, i, req);
+        PyList_SET_ITEM(offsets, i, phys_obj);
+        PyList_SET_ITEM(uniqs, i, Py_NewRef(uniq));
+        phys += r->total;
+    }
+    Py_DECREF(now_obj); Py_DECREF(sys_obj); Py_DECREF(zero); Py_DECREF(empty);
+    if (!ok) goto fail;
+    for (Py_ssize_t j = 0; j < nqueues; j++) {
+        PyObject *v = PyLong_FromLongLong(queues[j].next);
+        if (v == NULL || PyDict_SetItem(seen, queues[j].qkey, v) < 0) { Py_XDECREF(v); goto fail; }
+        Py_DECREF(v);
+    }
+    result = Py_BuildValue("(NNNNNL)", data, requests, offsets, uniqs, seen, (long long)first_q);
+    data = requests = offsets = uniqs = seen = NULL;
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    Py_XDECREF(data); Py_XDECREF(requests); Py_XDECREF(offsets); Py_XDECREF(uniqs); Py_XDECREF(seen);
+    if (recs != NULL)
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(recs[i].keys);
+    if (queues != NULL)
+        for (Py_ssize_t j = 0; j < nqueues; j++) Py_DECREF(queues[j].qkey);
+    PyMem_Free(recs);
+    PyMem_Free(queues);
+    Py_XDECREF(useq);
+    Py_DECREF(seq);
+    return result;
+decline_early:
+    Py_XDECREF(useq);
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* encode_network_batch                                                                             */
+typedef struct {
+    PyObject *topic, *body, *ps;             /* borrowed */
+    const char *pu; Py_ssize_t pl;           /* UTF-8 of ps (cached in the str) */
+    Py_ssize_t tags_at, tags_len, keys_at, keys_len, uniq_at, uniq_len;  /* -1: absent */
+    const char *topic_part; Py_ssize_t topic_part_len;
+    char born_addr[16]; Py_ssize_t born_len; int32_t born_port;
+    int32_t magic, qid, flag, sys_flag, reconsume;
+    int64_t born_ts, ptx, q;
+    Py_ssize_t total, hsize;
+} net_rec;
+
+/* the value of the last "\x02NAME\x01" in "\x02" + props (UTF-8): 1 found non-empty, 0 absent, -1 empty */
+static int find_prop(const char *u, Py_ssize_t n, const char *name, Py_ssize_t nl, Py_ssize_t *at, Py_ssize_t *len) {
+    for (Py_ssize_t p = n - nl; p >= 0; p--) {
+        if ((p == 0 || u[p - 1] == 2) && memcmp(u + p, name, nl) == 0) {
+            Py_ssize_t v = p + nl, e = v;
+            while (e < n && u[e] != 2) e++;
+            if (e == v) return -1;
+            *at = v;
+            *len = e - v;
+            return 1;
+        }
+    }
+    *at = -1;
+    *len = 0;
+    return 0;
+}
+
+static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *queue_table, *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
+    long long base, now, max_body, max_record;
+    const char *store_addr; Py_ssize_t addr_len;
+    int store_port;
+    if (!PyArg_ParseTuple(args, "OO!LLO!y#iLLO!OO!OU", &msgs, &PyDict_Type, &queue_table, &base, &now,
+                          &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &max_body, &max_record,
+                          &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type, &request_type, &parse_host,
+                          &schedule_topic))
+        return NULL;
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    PyTypeObject *rtype = (PyTypeObject *)request_type;
+    if (!PyType_IsSubtype(rtype, &PyTuple_Type)) { PyErr_SetString(PyExc_TypeError, "request type must be a tuple"); return NULL; }
+    PyObject *seq = PySequence_Fast(msgs, "msgs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    const int store_v6 = addr_len == 16 ? 0x20 : 0;
+    net_rec *recs = PyMem_Calloc(n ? n : 1, sizeof(net_rec));
+    queue_slot *queues = PyMem_Malloc(sizeof(queue_slot) * 64);
+    Py_ssize_t nqueues = 0, cap_queues = 64;
+    PyObject *result = NULL, *data = NULL, *requests = NULL, *offsets = NULL, *uniqs = NULL, *seen = NULL;
+    if (recs == NULL || queues == NULL) { PyErr_NoMemory(); goto fail; }
+    Py_ssize_t sum = 0;
+    int last_queue = -1;
+    int64_t first_q = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = items[i];
+        net_rec *r = &recs[i];
+        if (Py_TYPE(m) != message_type) goto decline;
+        PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING);
+        if (topic == NULL || body == NULL || ps == NULL || !PyUnicode_CheckExact(topic) ||
+            !PyBytes_CheckExact(body) || !PyUnicode_CheckExact(ps))
+            goto decline;
+        PyObject *tp = PyDict_GetItemWithError(topics, topic);
+        if (tp == NULL) { PyErr_Clear(); goto decline; }
+        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
+            goto decline;
+        PyObject *fv = field(m, F_FORCE_V2);
+        if (fv == NULL || is_falsy_default(fv) != 1) goto decline;
+        int64_t v;
+        PyObject *o = field(m, F_SYS_FLAG);
+        if (o == NULL || !as_i64(o, INT32_MIN, INT32_MAX, &v)) goto decline;
+        int32_t sys_flag = (int32_t)v;
+        int tx = sys_flag & 0xC;
+        if (tx != 0 && tx != 0x8) goto decline;
+        int cmp = PyUnicode_Compare(topic, schedule_topic);
+        if (cmp == -1 && PyErr_Occurred()) { PyErr_Clear(); goto decline; }
+        if (cmp == 0) goto decline;
+        r->pu = PyUnicode_AsUTF8AndSize(ps, &r->pl);
+        if (r->pu == NULL) { PyErr_Clear(); goto decline; }
+        if (find_prop(r->pu, r->pl, "TAGS\x01", 5, &r->tags_at, &r->tags_len) < 0 ||
+            find_prop(r->pu, r->pl, "KEYS\x01", 5, &r->keys_at, &r->keys_len) < 0 ||
+            find_prop(r->pu, r->pl, "UNIQ_KEY\x01", 9, &r->uniq_at, &r->uniq_len) < 0)
+            goto decline;
+        if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &v)) goto decline;
+        r->magic = (int32_t)v;
+        r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
+        r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
+        PyObject *born = field(m, F_BORN_HOST);
+        if (born == NULL) goto decline;
+        int bf = is_falsy_default(born);
+        if (bf < 0) goto decline;
+        if (!bf) {
+            if (!PyUnicode_CheckExact(born)) goto decline;
+            PyObject *h = PyObject_CallOneArg(parse_host, born);
+            if (h == NULL) { PyErr_Clear(); goto decline; }
+            int64_t port;
+            if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 0)) ||
+                (PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 4 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 16) ||
+                !as_i64(PyTuple_GET_ITEM(h, 1), INT32_MIN, INT32_MAX, &port)) {
+                Py_DECREF(h);
+                goto decline;
+            }
+            r->born_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0));
+            memcpy(r->born_addr, PyBytes_AS_STRING(PyTuple_GET_ITEM(h, 0)), r->born_len);
+            r->born_port = (int32_t)port;
+            Py_DECREF(h);
+        } else {
+            r->born_len = addr_len;
+            memcpy(r->born_addr, store_addr, addr_len);
+            r->born_port = store_port;
+        }
+        r->sys_flag = (sys_flag & ~0x30) | store_v6 | (r->born_len == 16 ? 0x10 : 0);
+        r->hsize = 72 + (r->born_len == 16 ? 20 : 8) + (store_v6 ? 20 : 8);
+        int64_t qid, flag, bts, rc, ptx;
+        PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG), *bo = field(m, F_BORN_TIMESTAMP),
+                 *ro = field(m, F_RECONSUME_TIMES), *po = field(m, F_PREPARED_TX);
+        if (qo == NULL || fo == NULL || bo == NULL || ro == NULL || po == NULL ||
+            !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag) ||
+            !as_i64(bo, INT64_MIN, INT64_MAX, &bts) || !as_i64(ro, INT32_MIN, INT32_MAX, &rc) ||
+            !as_i64(po, INT64_MIN, INT64_MAX, &ptx))
+            goto decline;
+        r->qid = (int32_t)qid; r->flag = (int32_t)flag; r->born_ts = bts ? bts : now;
+        r->reconsume = (int32_t)rc; r->ptx = ptx;
+        r->topic = topic; r->body = body; r->ps = ps;
+        Py_ssize_t bl = PyBytes_GET_SIZE(body);
+        Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->pl;
+        if (r->pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
+        r->total = total;
+        int qi = -1;
+        if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
+            (queues[last_queue].topic == topic || PyUnicode_Compare(queues[last_queue].topic, topic) == 0))
+            qi = last_queue;
+        else
+            for (Py_ssize_t j = 0; j < nqueues; j++)
+                if (queues[j].qid == r->qid && (queues[j].topic == topic || PyUnicode_Compare(queues[j].topic, topic) == 0)) {
+                    qi = (int)j;
+                    break;
+                }
+        if (qi < 0) {
+            if (nqueues == MAX_QUEUES) goto decline;
+            if (nqueues == cap_queues) {
+                queue_slot *nq = PyMem_Realloc(queues, sizeof(queue_slot) * cap_queues * 2);
+                if (nq == NULL) { PyErr_NoMemory(); goto fail; }
+                queues = nq;
+                cap_queues *= 2;
+            }
+            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            if (qkey == NULL) goto fail;
+            PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
+            int64_t start = 0;
+            if (cur == NULL && PyErr_Occurred()) { Py_DECREF(qkey); goto fail; }
+            if (cur != NULL && !as_i64(cur, INT64_MIN, INT64_MAX - 1 - n, &start)) { Py_DECREF(qkey); goto decline; }
+            queues[nqueues].topic = topic;
+            queues[nqueues].qid = r->qid;
+            queues[nqueues].qkey = qkey;
+            queues[nqueues].next = start;
+            qi = (int)nqueues++;
+        }
+        last_queue = qi;
+        r->q = queues[qi].next++;
+        if (first_q < 0) first_q = r->q;
+        sum += total;
+        if (sum > PY_SSIZE_T_MAX / 2) goto decline;
+    }
+    if (base < 0 || base > INT64_MAX - sum) goto decline;
+    data = PyBytes_FromStringAndSize(NULL, sum);
+    requests = PyList_New(n);
+    offsets = PyList_New(n);
+    uniqs = PyList_New(n);
+    seen = PyDict_New();
+    if (data == NULL || requests == NULL || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    PyObject *now_obj = PyLong_FromLongLong(now), *zero = PyLong_FromLong(0);
+    if (now_obj == NULL || zero == NULL) { Py_XDECREF(now_obj); Py_XDECREF(zero); goto fail; }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(data);
+    int64_t phys = base;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        net_rec *r = &recs[i];
+        unsigned char *p = out;
+        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
+        Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
+        put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
+        put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
+        put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
+        put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, r->sys_flag); put_i64(p + 40, r->born_ts);
+        p += 48;
+        memcpy(p, r->born_addr, r->born_len); p += r->born_len; put_i32(p, r->born_port); p += 4;
+        put_i64(p, now); p += 8;
+        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+        put_i32(p, r->reconsume); put_i64(p + 4, r->ptx); put_i32(p + 12, (int32_t)bl); p += 16;
+        memcpy(p, body, bl); p += bl;
+        memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
+        put_i16(p, (int)r->pl); p += 2;
+        memcpy(p, r->pu, r->pl);
+        out += r->total;
+        PyObject *tags = NULL, *keys = NULL, *uniq = NULL, *code = NULL;
+        if (r->tags_at >= 0) tags = PyUnicode_DecodeUTF8(r->pu + r->tags_at, r->tags_len, "strict");
+        keys = r->keys_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->keys_at, r->keys_len, "strict") : Py_NewRef(Py_None);
+        uniq = r->uniq_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->uniq_at, r->uniq_len, "strict") : Py_NewRef(Py_None);
+        if (r->tags_at >= 0) {
+            if (tags != NULL) {
+                code = PyDict_GetItemWithError(tags_cache, tags);
+                if (code != NULL) Py_INCREF(code);
+                else if (!PyErr_Occurred()) code = PyObject_CallOneArg(tags_fn, tags);
+            }
+        } else code = Py_NewRef(zero);
+        Py_XDECREF(tags);
+        PyObject *phys_obj = PyLong_FromLongLong(phys);
+        PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
+        PyObject *q_obj = PyLong_FromLongLong(r->q), *sys_obj = PyLong_FromLong(r->sys_flag);
+        PyObject *ptx_obj = PyLong_FromLongLong(r->ptx);
+        PyObject *req = rtype->tp_alloc(rtype, 12);
+        if (keys == NULL || uniq == NULL || code == NULL || phys_obj == NULL || qid_obj == NULL ||
+            total_obj == NULL || q_obj == NULL || sys_obj == NULL || ptx_obj == NULL || req == NULL) {
+            Py_XDECREF(keys); Py_XDECREF(uniq); Py_XDECREF(code); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
+            Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(sys_obj); Py_XDECREF(ptx_obj); Py_XDECREF(req);
+            ok = 0;
+            break;
+        }
+        PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
+        PyTuple_SET_ITEM(req, 1, qid_obj);
+        PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
+        PyTuple_SET_ITEM(req, 3, total_obj);
+        PyTuple_SET_ITEM(req, 4, code);
+        PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
+        PyTuple_SET_ITEM(req, 6, q_obj);
+        PyTuple_SET_ITEM(req, 7, keys);
+        PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
+        PyTuple_SET_ITEM(req, 9, sys_obj);
+        PyTuple_SET_ITEM(req, 10, ptx_obj);
+        PyTuple_SET_ITEM(req, 11, Py_NewRef(r->ps));
+        PyObject_GC_UnTrack(req);  /* str, int and None only (see encode_plain_batch) */
+        PyList_SET_ITEM(requests, i, req);
+        PyList_SET_ITEM(offsets, i, phys_obj);
+        PyList_SET_ITEM(uniqs, i, uniq);
+        phys += r->total;
+    }
+    Py_DECREF(now_obj); Py_DECREF(zero);
+    if (!ok) {
+        /* a strict UTF-8 decode of a slice cannot fail where the whole string encoded; anything else is real */
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < nqueues; j++) {
+        PyObject *v = PyLong_FromLongLong(queues[j].next);
+        if (v == NULL || PyDict_SetItem(seen, queues[j].qkey, v) < 0) { Py_XDECREF(v); goto fail; }
+        Py_DECREF(v);
+    }
+    result = Py_BuildValue("(NNNNNL)", data, requests, offsets, uniqs, seen, (long long)first_q);
+    data = requests = offsets = uniqs = seen = NULL;
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    Py_XDECREF(data); Py_XDECREF(requests); Py_XDECREF(offsets); Py_XDECREF(uniqs); Py_XDECREF(seen);
+    if (queues != NULL)
+        for (Py_ssize_t j = 0; j < nqueues; j++) Py_DECREF(queues[j].qkey);
+    PyMem_Free(recs);
+    PyMem_Free(queues);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Java String.hashCode over a str's UTF-16 code units, continuing from h; -1 for a lone surrogate  */
+static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end, uint32_t *h) {
+    int kind = PyUnicode_KIND(s);
+    const void *d = PyUnicode_DATA(s);
+    uint32_t x = *h;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *c = (const Py_UCS1 *)d;
+        for (Py_ssize_t i = start; i < end; i++) x = 31u * x + c[i];
+    } else if (kind == PyUnicode_2BYTE_KIND) {
+        const Py_UCS2 *c = (const Py_UCS2 *)d;
+        for (Py_ssize_t i = start; i < end; i++) {
+            if (c[i] >= 0xD800 && c[i] <= 0xDFFF) return -1;
+            x = 31u * x + c[i];
+        }
+    } else {
+        const Py_UCS4 *c = (const Py_UCS4 *)d;
+        for (Py_ssize_t i = start; i < end; i++) {
+            Py_UCS4 cp = c[i];
+            if (cp >= 0xD800 && cp <= 0xDFFF) return -1;
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                x = 31u * x + (0xD800 + (cp >> 10));
+                x = 31u * x + (0xDC00 + (cp & 0x3FF));
+            } else x = 31u * x + cp;
+        }
+    }
+    *h = x;
+    return 0;
+}
+
+static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCode), MIN_VALUE -> 0 */
+    int32_t s = (int32_t)h;
+    if (s == INT32_MIN) return 0;
+    return s < 0 ? -s : s;
+}
+
+typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
+static int gb_reserve(growbuf *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + more) cap *= 2;
+    char *np_ = PyMem_Realloc(b->p, cap);
+    if (np_ == NULL) { PyErr_NoMemory(); return -1; }
+    b->p = np_; b->cap = cap;
+    return 0;
+}
+
+/* index_keys(requests, end_phy, rollback_type) -> (hashes int32 bytes, phy int64 bytes, ts int64 bytes) or None */
+static PyObject *index_keys(PyObject *self, PyObject *args) {
+    PyObject *requests;
+    long long end_phy;
+    int rollback;
+    if (!PyArg_ParseTuple(args, "OLi", &requests, &end_phy, &rollback)) return NULL;
+    PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    growbuf hb = {0}, pb = {0}, tb = {0};
+    PyObject *result = NULL;
+    PyObject *last_topic = NULL;
+    uint32_t topic_hash = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = items[i];
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 12) goto decline;
+        PyObject *topic = PyTuple_GET_ITEM(r, 0), *keys = PyTuple_GET_ITEM(r, 7), *uniq = PyTuple_GET_ITEM(r, 8);
+        int64_t off, ts, sys_flag;
+        if (!as_i64(PyTuple_GET_ITEM(r, 2), INT64_MIN, INT64_MAX, &off) ||
+            !as_i64(PyTuple_GET_ITEM(r, 5), INT64_MIN, INT64_MAX, &ts) ||
+            !as_i64(PyTuple_GET_ITEM(r, 9), INT64_MIN, INT64_MAX, &sys_flag))
+            goto decline;
+        if (off < end_phy || (sys_flag & rollback) == rollback) continue;
+        if (!PyUnicode_CheckExact(topic)) goto decline;
+        if (topic != last_topic) {
+            topic_hash = 0;
+            if (java_hash_append(topic, 0, PyUnicode_GET_LENGTH(topic), &topic_hash) < 0) goto decline;
+            topic_hash = 31u * topic_hash + '#';
+            last_topic = topic;
+        }
+        Py_ssize_t m = 0;
+        if (uniq != Py_None) {
+            if (!PyUnicode_CheckExact(uniq)) goto decline;
+            uint32_t h = topic_hash;
+            if (java_hash_append(uniq, 0, PyUnicode_GET_LENGTH(uniq), &h) < 0) goto decline;
+            if (gb_reserve(&hb, 4) < 0) goto fail;
+            int32_t v = index_hash(h);
+            memcpy(hb.p + hb.n, &v, 4); hb.n += 4;
+            m++;
+        }
+        if (keys != Py_None) {
+            if (!PyUnicode_CheckExact(keys)) goto decline;
+            Py_ssize_t len = PyUnicode_GET_LENGTH(keys), start = 0;
+            int kind = PyUnicode_KIND(keys);
+            const void *d = PyUnicode_DATA(keys);
+            for (Py_ssize_t j = 0; j <= len; j++) {
+                if (j == len || PyUnicode_READ(kind, d, j) == ' ') {
+                    if (j > start) {
+                        uint32_t h = topic_hash;
+                        if (java_hash_append(keys, start, j, &h) < 0) goto decline;
+                        if (gb_reserve(&hb, 4) < 0) goto fail;
+                        int32_t v = index_hash(h);
+                        memcpy(hb.p + hb.n, &v, 4); hb.n += 4;
+                        m++;
+                    }
+                    start = j + 1;
+                }
+            }
+        }
+        if (m) {
+            if (gb_reserve(&pb, 8 * m) < 0 || gb_reserve(&tb, 8 * m) < 0) goto fail;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                memcpy(pb.p + pb.n, &off, 8); pb.n += 8;
+                memcpy(tb.p + tb.n, &ts, 8); tb.n += 8;
+            }
+            end_phy = off;
+        }
+    }
+    result = Py_BuildValue("(y#y#y#)", hb.p ? hb.p : "", hb.n, pb.p ? pb.p : "", pb.n, tb.p ? tb.p : "", tb.n);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    PyMem_Free(hb.p); PyMem_Free(pb.p); PyMem_Free(tb.p);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* group_units(requests, prepared_flag) -> [((topic, qid), units int64 bytes (offset, size, tags, cq)), ...] */
+static PyObject *group_units(PyObject *self, PyObject *args) {
+    PyObject *requests;
+    int prepared;
+    if (!PyArg_ParseTuple(args, "Oi", &requests, &prepared)) return NULL;
+    PyObject *seq = PySequence_Fast(requests, "requests must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    typedef struct { PyObject *topic; int64_t qid; growbuf b; } group;
+    Py_ssize_t ng = 0, cap = 16;
+    group *groups = PyMem_Calloc(cap, sizeof(group));
+    PyObject *result = NULL;
+    if (groups == NULL) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    Py_ssize_t last = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = items[i];
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 12) goto decline;
+        int64_t v[4], qid, sys_flag;
+        if (!as_i64(PyTuple_GET_ITEM(r, 9), INT64_MIN, INT64_MAX, &sys_flag)) goto decline;
+        if (sys_flag & prepared) continue;
+        PyObject *topic = PyTuple_GET_ITEM(r, 0);
+        if (!PyUnicode_CheckExact(topic) ||
+            !as_i64(PyTuple_GET_ITEM(r, 1), INT64_MIN, INT64_MAX, &qid) ||
+            !as_i64(PyTuple_GET_ITEM(r, 2), INT64_MIN, INT64_MAX, &v[0]) ||
+            !as_i64(PyTuple_GET_ITEM(r, 3), INT64_MIN, INT64_MAX, &v[1]) ||
+            !as_i64(PyTuple_GET_ITEM(r, 4), INT64_MIN, INT64_MAX, &v[2]) ||
+            !as_i64(PyTuple_GET_ITEM(r, 6), INT64_MIN, INT64_MAX, &v[3]))
+            goto decline;
+        Py_ssize_t g = -1;
+        if (last >= 0 && groups[last].qid == qid &&
+            (groups[last].topic == topic || PyUnicode_Compare(groups[last].topic, topic) == 0))
+            g = last;
+        else
+            for (Py_ssize_t j = 0; j < ng; j++)
+                if (groups[j].qid == qid && (groups[j].topic == topic || PyUnicode_Compare(groups[j].topic, topic) == 0)) {
+                    g = j;
+                    break;
+                }
+        if (g < 0) {
+            if (ng == cap) {
+                group *ngp = PyMem_Realloc(groups, sizeof(group) * cap * 2);
+                if (ngp == NULL) { PyErr_NoMemory(); goto fail; }
+                memset(ngp + cap, 0, sizeof(group) * cap);
+                groups = ngp;
+                cap *= 2;
+            }
+            groups[ng].topic = topic;
+            groups[ng].qid = qid;
+            g = ng++;
+        }
+        last = g;
+        if (gb_reserve(&groups[g].b, 32) < 0) goto fail;
+        memcpy(groups[g].b.p + groups[g].b.n, v, 32);
+        groups[g].b.n += 32;
+    }
+    result = PyList_New(ng);
+    if (result == NULL) goto fail;
+    for (Py_ssize_t j = 0; j < ng; j++) {
+        PyObject *item = Py_BuildValue("((OL)y#)", groups[j].topic, (long long)groups[j].qid, groups[j].b.p,
+                                       groups[j].b.n);
+        if (item == NULL) { Py_CLEAR(result); goto fail; }
+        PyList_SET_ITEM(result, j, item);
+    }
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    for (Py_ssize_t j = 0; j < ng; j++) PyMem_Free(groups[j].b.p);
+    PyMem_Free(groups);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* format_ids(head, c0, k) -> [head + "%04X" % ((c0 + i) & 0xFFFF) for i in range(k)]  (UNIQ_KEY ids) */
+static PyObject *format_ids(PyObject *self, PyObject *args) {
+    PyObject *head;
+    long c0;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "Uln", &head, &c0, &k)) return NULL;
+    if (!PyUnicode_IS_ASCII(head) || k < 0) Py_RETURN_NONE;
+    Py_ssize_t hl = PyUnicode_GET_LENGTH(head);
+    const char *h = (const char *)PyUnicode_1BYTE_DATA(head);
+    PyObject *out = PyList_New(k);
+    if (out == NULL) return NULL;
+    static const char hex[] = "0123456789ABCDEF";
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *s = PyUnicode_New(hl + 4, 127);
+        if (s == NULL) { Py_DECREF(out); return NULL; }
+        char *d = (char *)PyUnicode_1BYTE_DATA(s);
+        memcpy(d, h, hl);
+        unsigned c = (unsigned)((c0 + i) & 0xFFFF);
+        d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
+        PyList_SET_ITEM(out, i, s);
+    }
+    return out;
+}
+
+/* cq_pack(units int64 (n, 4) bytes, expect_q, prev_end) -> (20-byte units, last end) or None
+ * ConsumeQueue._put_small_in_order's check and pack: every unit's queue offset must be the next one and its
+ * record must end past the one before (else None: the general path decides). */
+static PyObject *cq_pack(PyObject *self, PyObject *args) {
+    Py_buffer ub;
+    long long expect_q, prev_end;
+    if (!PyArg_ParseTuple(args, "y*LL", &ub, &expect_q, &prev_end)) return NULL;
+    Py_ssize_t n = ub.len / 32;
+    PyObject *out = NULL;
+    if (ub.len != n * 32) { PyErr_SetString(PyExc_ValueError, "units must be rows of 4 int64"); goto done; }
+    out = PyBytes_FromStringAndSize(NULL, n * 20);
+    if (out == NULL) goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *u = ub.buf;
+    for (Py_ssize_t i = 0; i < n; i++, u += 32, p += 20) {
+        int64_t v[4];
+        memcpy(v, u, 32);
+        if (v[1] < INT32_MIN || v[1] > INT32_MAX || (v[1] > 0 && v[0] > INT64_MAX - v[1]) ||
+            (v[1] < 0 && v[0] < INT64_MIN - v[1])) {  /* the reference's struct.pack / int math decides */
+            Py_CLEAR(out);
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        int64_t end = v[0] + v[1];
+        if (v[3] != expect_q || end <= prev_end) {
+            Py_CLEAR(out);
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        put_i64(p, v[0]); put_i32(p + 8, (int32_t)v[1]); put_i64(p + 12, v[2]);
+        prev_end = end;
+        expect_q++;
+    }
+    out = Py_BuildValue("(NL)", out, prev_end);
+done:
+    PyBuffer_Release(&ub);
+    return out;
+}
+
+/* put_index_entries(mm, entries_base, hash_slot_num, index_num, count, begin_timestamp, hashes int32,
+ *                   phy int64, ts int64) -> (written, slots newly used, begin phy offset or None, begin ts)
+ * IndexFile._put_hash once per entry, in order, into the mapped file (entries and slot table; the caller
+ * writes the header): the bytes putKey would leave, entry after entry. */
+static PyObject *put_index_entries(PyObject *self, PyObject *args) {
+    Py_buffer mm, hb, pb, tb;
+    Py_ssize_t entries_base, slots, index_num, count;
+    long long begin_ts;
+    if (!PyArg_ParseTuple(args, "w*nnnnLy*y*y*", &mm, &entries_base, &slots, &index_num, &count, &begin_ts,
+                          &hb, &pb, &tb))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = hb.len / 4;
+    if (hb.len != n * 4 || pb.len != n * 8 || tb.len != n * 8 || slots <= 0 || count < 0 ||
+        entries_base < 40 + slots * 4 || entries_base + index_num * 20 > mm.len) {
+        PyErr_SetString(PyExc_ValueError, "put_index_entries: inconsistent sizes");
+        goto out;
+    }
+    Py_ssize_t k = index_num - count;
+    if (k > n) k = n;
+    if (k < 0) k = 0;
+    unsigned char *base = mm.buf;
+    const int32_t *hs = hb.buf;
+    const int64_t *ps = pb.buf, *ts = tb.buf;
+    int64_t begin_phy = 0;
+    int begin_set = 0;
+    Py_ssize_t used = 0;
+    for (Py_ssize_t i = 0; i < k; i++, count++) {
+        int32_t h;
+        int64_t phy, t;
+        memcpy(&h, hs + i, 4);
+        memcpy(&phy, ps + i, 8);
+        memcpy(&t, ts + i, 8);
+        if (h < 0) { PyErr_SetString(PyExc_ValueError, "negative key hash"); goto out; }
+        unsigned char *slot = base + 40 + (Py_ssize_t)(h % slots) * 4;
+        int64_t sv = get_i32(slot);
+        if (sv <= 0 || sv > count) sv = 0;
+        int64_t td = 0;
+        if (begin_ts > 0) {
+            int64_t diff = (int64_t)((uint64_t)t - (uint64_t)begin_ts);  /* wraps like Java long */
+            td = diff < 0 ? 0 : (diff / 1000 > INT32_MAX ? INT32_MAX : diff / 1000);
+        }
+        unsigned char *e = base + entries_base + count * 20;
+        put_i32(e, h); put_i64(e + 4, phy); put_i32(e + 12, (int32_t)td); put_i32(e + 16, (int32_t)sv);
+        put_i32(slot, (int32_t)count);
+        if (count <= 1) { begin_phy = phy; begin_ts = t; begin_set = 1; }
+        if (sv == 0) used++;
+    }
+    if (begin_set) result = Py_BuildValue("(nnLL)", k, used, (long long)begin_phy, begin_ts);
+    else result = Py_BuildValue("(nnOL)", k, used, Py_None, begin_ts);
+out:
+    PyBuffer_Release(&mm); PyBuffer_Release(&hb); PyBuffer_Release(&pb); PyBuffer_Release(&tb);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* skim_records(buf, pos, limit, check_crc, max_records, keep) -> (records, next_pos, state, reason)  */
+#define MAGIC_V1 ((int32_t)0xDAA320A7)
+#define MAGIC_V2 ((int32_t)0xDAA320AB)
+#define MAGIC_BLANK ((int32_t)0xCBD43194)
+
+static PyObject *skim_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, limit, max_records;
+    int check_crc, keep;
+    PyObject *states;  /* (ok, blank, end, damage) strings */
+    if (!PyArg_ParseTuple(args, "y*nnpnpO!", &view, &pos, &limit, &check_crc, &max_records, &keep,
+                          &PyTuple_Type, &states))
+        return NULL;
+    if (PyTuple_GET_SIZE(states) != 4) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "states must be 4 strings");
+        return NULL;
+    }
+    const unsigned char *b = view.buf;
+    if (limit > view.len || pos < 0) { PyBuffer_Release(&view); Py_RETURN_NONE; }  /* the reference reports it */
+    PyObject *out = PyList_New(0);
+    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    Py_ssize_t count = 0;
+    int state = 2; /* end */
+    char reason[160] = "";
+    while (pos < limit) {
+        if (count >= max_records) { state = 0; break; }
+        if (limit - pos < 8) { state = 2; break; }
+        const unsigned char *p = b + pos;
+        int32_t total = get_i32(p), magic = get_i32(p + 4);
+        if (magic != MAGIC_V1 && magic != MAGIC_V2) {
+            if (magic == MAGIC_BLANK) { state = 1; break; }
+            if (total == 0 && magic == 0) { state = 2; break; }
+            state = 3;
+            snprintf(reason, sizeof reason, "illegal magic code 0x%08x", (uint32_t)magic);
+            break;
+        }
+        Py_ssize_t rec_end = pos + (Py_ssize_t)total;
+        if (total < 91 || rec_end > limit) {
+            state = 3;
+            if (total <= 0 || rec_end > limit)
+                snprintf(reason, sizeof reason, "total size %d runs past the readable data", total);
+            else
+                snprintf(reason, sizeof reason, "record shorter than its header");
+            break;
+        }
+        int32_t sys_flag = get_i32(p + 36);
+        Py_ssize_t born = sys_flag & 0x10 ? 20 : 8, store = sys_flag & 0x20 ? 20 : 8;
+        Py_ssize_t hsize = 72 + born + store;
+        if (hsize != 88 && total < hsize + 3) { state = 3; snprintf(reason, sizeof reason, "record shorter than its header"); break; }
+        uint32_t crc = (uint32_t)get_i32(p + 8);
+        int32_t queue_id = get_i32(p + 12);
+        int64_t queue_offset = get_i64(p + 20);
+        int64_t store_ts = get_i64(p + 48 + born);
+        int32_t body_len = get_i32(p + hsize - 4);
+        Py_ssize_t bpos = pos + hsize, tpos = bpos + body_len;
+        if (body_len < 0 || tpos > rec_end) { state = 3; snprintf(reason, sizeof reason, "body length runs past the record"); break; }
+        if (check_crc && body_len) {
+            uint32_t c;
+            if (body_len >= 65536) {  /* the buffer stays exported: other threads may run meanwhile */
+                Py_BEGIN_ALLOW_THREADS
+                c = crc32_update(0, b + bpos, body_len) & 0x7FFFFFFFu;
+                Py_END_ALLOW_THREADS
+            } else c = crc32_update(0, b + bpos, body_len) & 0x7FFFFFFFu;
+            if (c != crc) { state = 3; snprintf(reason, sizeof reason, "body CRC mismatch"); break; }
+        }
+        Py_ssize_t topic_len, fixed;
+        if (magic == MAGIC_V2) {
+            /* the Python reference reads the 2 bytes through struct, which fails past the buffer's end */
+            if (tpos + 2 > view.len) goto decline;
+            topic_len = get_i16(b + tpos);
+            tpos += 2;
+            fixed = 76;
+        } else {
+            if (tpos >= view.len) goto decline;
+            topic_len = b[tpos];
+            tpos += 1;
+            fixed = 75;
+            if (topic_len > 127) { state = 3; snprintf(reason, sizeof reason, "V1 topic length byte is negative"); break; }
+        }
+        Py_ssize_t ppos = tpos + topic_len;
+        if (topic_len < 0 || ppos + 2 > rec_end) { state = 3; snprintf(reason, sizeof reason, "topic length runs past the record"); break; }
+        Py_ssize_t prop_len = get_i16(b + ppos);
+        Py_ssize_t expected = fixed + hsize - 72 + body_len + topic_len + prop_len;
+        if (prop_len < 0 || expected != total) {
+            state = 3;
+            if (prop_len < 0 || ppos + 2 + prop_len > rec_end)
+                snprintf(reason, sizeof reason, "properties length runs past the record");
+            else
+                snprintf(reason, sizeof reason, "total size %d != computed %zd", total, expected);
+            break;
+        }
+        if (keep) {
+            PyObject *t = Py_BuildValue("(nilLiLy#)", pos, (int)total, (long)queue_id, (long long)queue_offset,
+                                        (int)sys_flag, (long long)store_ts, (const char *)(b + tpos), topic_len);
+            if (t == NULL || PyList_Append(out, t) < 0) {
+                Py_XDECREF(t);
+                Py_DECREF(out);
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            Py_DECREF(t);
+        }
+        count++;
+        pos = rec_end;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NnOs)", out, pos, PyTuple_GET_ITEM(states, state), reason);
+decline:  /* a read past the buffer: the reference's own error message decides */
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
+/* crc32(data, value=0) -> zlib.crc32(data, value) */
+static PyObject *crc32_py(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &view, &value)) return NULL;
+    uint32_t c;
+    Py_BEGIN_ALLOW_THREADS
+    c = crc32_update(value, view.buf, view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+static PyMethodDef methods[] = {
+    {"init", native_init, METH_VARARGS, "init(Message): look up the slots of the Message dataclass once."},
+    {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
+     "RecordEncoder.encode_plain_batch's loop: (data, requests, offsets, uniq_keys, queue_offsets, first_q) "
+     "or None when the Python reference must decide."},
+    {"encode_network_batch", encode_network_batch, METH_VARARGS,
+     "RecordEncoder.encode_network_batch's loop: as encode_plain_batch, or None when the reference decides."},
+    {"index_keys", index_keys, METH_VARARGS,
+     "IndexService.build_index's key loop: (int32 hashes, int64 offsets, int64 timestamps) as bytes, or None."},
+    {"group_units", group_units, METH_VARARGS,
+     "MessageStore._dispatch's grouping: [((topic, queue_id), int64 units bytes)], or None."},
+    {"format_ids", format_ids, METH_VARARGS, "UniqueIdGenerator.create_many's formatting (None: not ASCII)."},
+    {"cq_pack", cq_pack, METH_VARARGS, "ConsumeQueue._put_small_in_order's check and pack: (bytes, last end) or None."},
+    {"put_index_entries", put_index_entries, METH_VARARGS,
+     "IndexFile._put_hash per entry into the mapped file: (written, slots used, begin phy or None, begin ts)."},
+    {"skim_records", skim_records, METH_VARARGS, "codec.skim_records's walk (states passed in)."},
+    {"crc32", crc32_py, METH_VARARGS, "zlib.crc32(data, value)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "rmq_eventstore._native",
+    "The store's per-record loops in C; rmq_eventstore.common.codec decides whether they are used.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    crc_init();
+    return PyModule_Create(&moduledef);
+}

@@ -1,0 +1,429 @@
+"""The native core (`rmq_eventstore._native`, issue 16) against its pure-Python references, in one process.
+
+Each C loop must give exactly what its Python reference gives, byte for byte and object for object, on
+everything it handles, and hand back None (the reference then decides) on anything else:
+`encode_plain_batch` against `RecordEncoder.encode_plain_batch_py`, `index_keys` against
+`index.index_entries_py`, `group_units` against `message_store.group_units_py`, `skim_records` against
+`codec.skim_records_py`, `crc32` against `zlib.crc32`. The golden vectors, the codec property tests and the
+crash suite run once per implementation in `make test` (`RMQ_EVENTSTORE_PURE=1` for the second pass).
+
+The tests skip when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_NATIVE=1` (set by
+`make test`), which makes a missing extension a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.message import Message
+from rmq_eventstore.store import index as index_module
+from rmq_eventstore.store import message_store as ms_module
+
+try:
+    from rmq_eventstore import _native
+except ImportError as e:  # not built
+    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
+        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
+    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native.init(Message)
+
+PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+INT32 = st.integers(-(2 ** 31), 2 ** 31 - 1)
+TOPICS = ["TopicA", "%RETRY%g", "t-1", "Tö", "L" * 200]
+# text that is valid UTF-8 / UTF-16 (no lone surrogates), non-ASCII and non-BMP included
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), max_size=12)
+
+
+def _encoder(store_host: str) -> codec.RecordEncoder:
+    enc = codec.RecordEncoder(store_host)
+    for t in TOPICS:
+        enc._topic_part(t, False)  # topics are cached once validated by the put path
+    return enc
+
+
+def _native_plain(enc: codec.RecordEncoder, msgs, uniq, table, base, now):
+    addr, port = enc.store_host
+    return _native.encode_plain_batch(
+        msgs, uniq, table, base, now, enc._topics, addr, port,
+        (codec.BORNHOST_V6_FLAG | codec.STOREHOSTADDRESS_V6_FLAG) if enc._store_v6 else 0, enc.max_message_size,
+        enc.max_message_size + codec.RECORD_HEADROOM, codec._TAGS_CODE_CACHE, codec.tags_string_to_tags_code,
+        codec.DispatchRequest)
+
+
+def _same_batch(a: codec.PlainBatch, b: codec.PlainBatch) -> None:
+    assert a.data == b.data and type(a.data) is type(b.data) is bytes
+    assert a.requests == b.requests
+    for x, y in zip(a.requests, b.requests, strict=True):
+        assert type(x) is type(y) is codec.DispatchRequest
+        assert [type(v) for v in x] == [type(v) for v in y]
+    assert a.offsets == b.offsets and a.uniq_keys == b.uniq_keys
+    assert list(a.queue_offsets.items()) == list(b.queue_offsets.items())  # same order too
+    assert a.first_queue_offset == b.first_queue_offset
+
+
+def test_native_is_active_unless_pure_is_asked_for():
+    assert codec.NATIVE is (os.environ.get("RMQ_EVENTSTORE_PURE", "0") in ("", "0"))
+    probe = ("import logging, sys; logging.basicConfig(level=logging.DEBUG, stream=sys.stdout);"
+             "from rmq_eventstore.common import codec; print('NATIVE', codec.NATIVE)")
+    env = dict(os.environ, RMQ_EVENTSTORE_PURE="1")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert "NATIVE False" in out and "RMQ_EVENTSTORE_PURE is set" in out
+    env["RMQ_EVENTSTORE_PURE"] = "0"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert "NATIVE True" in out
+
+
+# -- (a) record encoding of a batch -----------------------------------------------------------------------
+_plain = st.builds(
+    Message,
+    topic=st.sampled_from(TOPICS),
+    body=st.binary(max_size=300),
+    tags=st.none() | st.just("") | TEXT,
+    keys=st.none() | TEXT | st.lists(TEXT, max_size=3) | st.lists(TEXT, max_size=3).map(tuple),
+    queue_id=st.integers(0, 5),
+    flag=INT32,
+    uniq_key=st.none() | st.just("") | st.just("0A0B0C0D0E0F00000000000000000001"),
+)
+
+
+@PROPS
+@given(msgs=st.lists(_plain, max_size=12), store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
+       base=st.integers(0, 2 ** 40), table=st.dictionaries(st.sampled_from(["TopicA-1", "Tö-0", "t-1-3"]),
+                                                             st.integers(0, 2 ** 40)),
+       with_uniq=st.booleans())
+def test_encode_plain_batch_native_equals_python(msgs, store_host, base, table, with_uniq):
+    enc = _encoder(store_host)
+    now = 1_700_000_000_123
+    uniq = [f"{i:032X}" if i % 3 else None for i in range(len(msgs))] if with_uniq else None
+    before = dict(table)
+    ref = enc.encode_plain_batch_py(msgs, uniq, table, base, now)
+    raw = _native_plain(enc, msgs, uniq, table, base, now)
+    assert table == before  # neither changes the queue table (the caller applies the new offsets)
+    assert ref is not None and raw is not None  # every message here is plain: the native loop takes them all
+    _same_batch(codec.PlainBatch(*raw), ref)
+    if codec.NATIVE:
+        _same_batch(enc.encode_plain_batch(msgs, uniq, table, base, now), ref)
+
+
+class _MyMessage(Message):
+    __slots__ = ()
+
+
+def test_encode_plain_batch_native_declines_what_the_reference_must_decide():
+    enc = _encoder("127.0.0.1:10911")
+    ok = Message(topic="TopicA", body=b"ok", keys="k")
+    odd = [
+        Message(topic="TopicA", body=b"x", properties={"a": "b"}),  # not plain: the reference says None
+        Message(topic="TopicA", body=b"x", born_host="1.2.3.4:5"),
+        Message(topic="TopicA", body=b"x", sys_flag=8),
+        Message(topic="TopicA", body=b"x", born_timestamp=5),
+        Message(topic="TopicA", body=b"x", reconsume_times=1),
+        Message(topic="TopicA", body=b"x", prepared_transaction_offset=1),
+        Message(topic="TopicA", body=b"x", force_v2=True),
+        Message(topic="new", body=b"x"),
+        Message(topic="TopicA", body=b"x", properties_string="a\x01b"),
+        Message(topic="TopicA", body=bytearray(b"x")),
+        Message(topic="TopicA", body=b"x" * (4 * 2 ** 20 + 1)),
+        Message(topic="TopicA", body=b"x", queue_id=-1),
+        Message(topic="TopicA", body=b"x", tags="t" * 40000),  # properties over 32767 bytes
+        Message(topic="TopicA", body=b"x", flag=2 ** 31),  # out of int32: the reference raises struct.error
+        Message(topic="TopicA", body=b"x", queue_id=2 ** 31),
+        Message(topic="TopicA", body=b"x", tags=7),  # a type the f-strings of the reference would format
+        Message(topic="TopicA", body=b"x", keys={"a"}),  # a sequence type the reference joins
+        Message(topic="TopicA", body=b"x", keys=["a", 1]),
+        Message(topic="TopicA", body=b"x", tags="\ud800"),  # not strict UTF-8: the reference raises
+        _MyMessage(topic="TopicA", body=b"x"),  # a subclass: its slots may differ
+    ]
+    for m in odd:
+        table = {"TopicA-0": 3}
+        assert _native_plain(enc, [ok, m], None, table, 0, 1) is None, m
+        assert table == {"TopicA-0": 3}
+        try:
+            ref = enc.encode_plain_batch_py([ok, m], None, table, 0, 1)
+        except Exception as e:  # noqa: BLE001  (struct.error, TypeError, UnicodeEncodeError: the put path's to report)
+            ref = e
+        if codec.NATIVE:  # the wrapper gives what the reference gives
+            try:
+                got = enc.encode_plain_batch([ok, m], None, table, 0, 1)
+            except Exception as e:  # noqa: BLE001
+                got = e
+            if isinstance(ref, Exception):
+                assert type(got) is type(ref)
+            elif ref is None:
+                assert got is None
+            else:
+                _same_batch(got, ref)
+    assert codec.RecordEncoder(append_crc=True).encode_plain_batch([ok], None, {}, 0, 1) is None
+    assert _native_plain(enc, [ok], ["x"] * 0, {}, 0, 1) is None  # uniq keys shorter than the batch
+
+
+def test_encode_plain_batch_native_queue_offsets_past_many_queues():
+    enc = _encoder("127.0.0.1:10911")
+    msgs = [Message(topic=TOPICS[i % 3], body=b"b", queue_id=i % 97) for i in range(2000)]
+    table = {"TopicA-0": 10, "t-1-5": 2 ** 40}
+    _same_batch(codec.PlainBatch(*_native_plain(enc, msgs, None, table, 77, 5)),
+                enc.encode_plain_batch_py(msgs, None, table, 77, 5))
+
+
+# -- (b) the dispatch of a batch: consume-queue units and index entries ------------------------------------
+_requests = st.lists(
+    st.builds(
+        codec.DispatchRequest,
+        topic=st.sampled_from(TOPICS) | TEXT,
+        queue_id=st.integers(0, 3),
+        commit_log_offset=st.integers(0, 2 ** 50),
+        msg_size=st.integers(1, 5000),
+        tags_code=st.integers(-(2 ** 63), 2 ** 63 - 1),
+        store_timestamp=st.integers(0, 2 ** 45),
+        consume_queue_offset=st.integers(0, 2 ** 40),
+        keys=st.none() | TEXT | st.lists(TEXT, max_size=4).map(" ".join),
+        uniq_key=st.none() | st.just("") | TEXT,
+        sys_flag=st.sampled_from([0, codec.TRANSACTION_PREPARED_TYPE, codec.TRANSACTION_COMMIT_TYPE,
+                                  codec.TRANSACTION_ROLLBACK_TYPE, codec.TRANSACTION_COMMIT_TYPE | 0x10]),
+        prepared_transaction_offset=st.integers(0, 100),
+        properties_string=st.just(""),
+    ),
+    max_size=40,
+)
+
+
+@PROPS
+@given(requests=_requests, end_phy=st.integers(0, 2 ** 50) | st.just(0))
+def test_index_keys_native_equals_python(requests, end_phy):
+    raw = _native.index_keys(requests, end_phy, codec.TRANSACTION_ROLLBACK_TYPE)
+    assert raw is not None
+    h, p, t = (np.frombuffer(raw[0], dtype=np.int32), np.frombuffer(raw[1], dtype=np.int64),
+               np.frombuffer(raw[2], dtype=np.int64))
+    rh, rp, rt = index_module.index_entries_py(requests, end_phy)
+    assert h.dtype == rh.dtype and p.dtype == rp.dtype and t.dtype == rt.dtype
+    assert h.tolist() == rh.tolist() and p.tolist() == rp.tolist() and t.tolist() == rt.tolist()
+
+
+def test_index_keys_native_hashes_like_java():
+    # String.hashCode values computed by Java (and by the reference); "Aa"/"BB" collide in Java too
+    reqs = [codec.DispatchRequest("T", 0, 100 + i, 1, 0, 5, i, k, None, 0, 0, "") for i, k in
+            enumerate(["Aa", "BB", "polygenelubricants", "😀 é", "x" * 600])]
+    raw = _native.index_keys(reqs, 0, codec.TRANSACTION_ROLLBACK_TYPE)
+    want = [index_module.index_key_hash(f"T#{k}") for r in reqs for k in r.keys.split(" ") if k]
+    assert np.frombuffer(raw[0], dtype=np.int32).tolist() == want
+    # a lone surrogate is not UTF-16: the reference decides (it raises)
+    bad = [codec.DispatchRequest("T", 0, 1, 1, 0, 5, 0, "a\udc00", None, 0, 0, "")]
+    assert _native.index_keys(bad, 0, codec.TRANSACTION_ROLLBACK_TYPE) is None
+    with pytest.raises(UnicodeEncodeError):
+        index_module.index_entries_py(bad, 0)
+
+
+@PROPS
+@given(requests=_requests)
+def test_group_units_native_equals_python(requests):
+    raw = _native.group_units(requests, codec.TRANSACTION_PREPARED_TYPE)
+    ref = ms_module.group_units_py(requests)
+    assert [key for key, _ in raw] == list(ref)
+    for (_key, units), want in zip(raw, ref.values(), strict=True):
+        assert np.frombuffer(units, dtype=np.int64).reshape(-1, 4).tolist() == [list(u) for u in want]
+    got = ms_module.group_units(requests)
+    assert list(got) == list(ref)
+    assert all(np.asarray(got[k]).tolist() == [list(u) for u in ref[k]] for k in ref)
+
+
+# -- (c) the record walk of recovery and verify ------------------------------------------------------------
+_records = st.lists(
+    st.tuples(st.sampled_from(TOPICS[:4] + ["V" * 130]), st.binary(max_size=400), TEXT,
+              st.sampled_from([(b"\x7f\x00\x00\x01", 1), (b"\x00" * 15 + b"\x01", 2)]),
+              st.sampled_from([(b"\x0a\x00\x00\x02", 3), (b"\x00" * 15 + b"\x02", 4)]), st.booleans()),
+    min_size=1, max_size=8)
+
+
+@PROPS
+@given(records=_records, tail=st.sampled_from(["none", "blank", "zeros", "garbage"]),
+       damage=st.none() | st.tuples(st.integers(0, 10 ** 6), st.integers(0, 255)),
+       check_crc=st.booleans(), max_records=st.integers(1, 10), cut=st.integers(0, 40))
+def test_skim_records_native_equals_python(records, tail, damage, check_crc, max_records, cut):
+    parts = []
+    for i, (topic, body, props, born, store, v2) in enumerate(records):
+        parts.append(codec.encode_record(
+            topic=topic, body=body, properties_string=f"KEYS\x01{props}\x02" if props else "", queue_id=i % 3,
+            queue_offset=i, physical_offset=sum(map(len, parts)), born_host=born, store_host=store,
+            store_timestamp=1000 + i, force_v2=v2))
+    buf = bytearray(b"".join(parts))
+    buf += {"none": b"", "blank": codec.encode_blank(64) + b"\0" * 56, "zeros": b"\0" * 64,
+            "garbage": b"\x01\x02\x03\x04" * 16}[tail]
+    if damage is not None:
+        buf[damage[0] % len(buf)] = damage[1]
+    data = bytes(buf)
+    for limit in (len(data), max(0, len(data) - cut)):
+        for pos in (0, len(parts[0])):
+            want = codec.skim_records_py(data, pos, limit, check_crc, max_records)
+            got = _native.skim_records(data, pos, limit, check_crc, max_records, True, codec._SKIM_STATES)
+            if got is not None:  # None: a read past the buffer, whose error message the reference words
+                assert got == want
+                assert _native.skim_records(memoryview(data), pos, limit, check_crc, max_records, False,
+                                            codec._SKIM_STATES) == ([], *want[1:])
+            assert codec.skim_records(data, pos, limit, check_crc, max_records) == want
+
+
+def test_skim_records_native_declines_limits_past_the_buffer():
+    rec = bytes(codec.encode_record(topic="T", body=b"b", born_host=(b"\1\2\3\4", 1), store_host=(b"\1\2\3\4", 1)))
+    assert _native.skim_records(rec, 0, len(rec) + 1, True, 10, True, codec._SKIM_STATES) is None
+    assert codec.skim_records(rec, 0, len(rec) + 1, True, 10) == codec.skim_records_py(rec, 0, len(rec) + 1, True, 10)
+
+
+@PROPS
+@given(data=st.binary(max_size=5000), start=st.integers(0, 2 ** 32 - 1))
+def test_crc32_equals_zlib(data, start):
+    assert _native.crc32(data, start) == zlib.crc32(data, start)
+    assert _native.crc32(data) == zlib.crc32(data)
+
+
+_unit_batches = st.lists(  # batches of (size, tags, queue-offset step, offset step): mostly in order
+    st.lists(st.tuples(st.integers(1, 500), st.integers(-(2 ** 63), 2 ** 63 - 1),
+                       st.sampled_from([1, 1, 1, 1, 0, 2, -1]), st.sampled_from([1, 1, 1, 0, -1])),
+             min_size=1, max_size=40),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=_unit_batches, start_q=st.sampled_from([0, 0, 3]))
+def test_consume_queue_native_arrays_write_what_lists_write(tmp_path_factory, batches, start_q):
+    from rmq_eventstore.store.consume_queue import ConsumeQueue
+
+    root = tmp_path_factory.mktemp("cq")
+    queues = []
+    for name in ("lists", "arrays"):
+        cq = ConsumeQueue("T", 0, str(root / name), 20 * 50)  # 50 units per file: batches roll files
+        cq.load()
+        queues.append(cq)
+    q, off = start_q, 1000
+    written = []
+    for batch in batches:
+        units = []
+        for size, tags, dq, doff in batch:
+            units.append((off, size, tags, q))
+            q = max(0, q + dq)
+            off = max(0, off + doff * size)
+        ref = queues[0].put_message_position_infos(units)
+        got = queues[1].put_message_position_infos(np.asarray(units, dtype=np.int64))
+        written.append((ref, got))
+    try:
+        assert all(a == b for a, b in written), written
+        files = [[bytes(mf.mm) for mf in cq.mapped_file_queue.mapped_files] for cq in queues]
+        assert files[0] == files[1]
+        assert queues[0].get_max_offset_in_queue() == queues[1].get_max_offset_in_queue()
+    finally:
+        for cq in queues:
+            cq.destroy()
+
+
+@settings(max_examples=60, deadline=None)
+@given(units=st.lists(st.tuples(st.integers(0, 2 ** 40), st.integers(-5, 2 ** 31), st.integers(-(2 ** 63), 2 ** 63 - 1),
+                                st.integers(0, 8)), max_size=12),
+       expect_q=st.integers(0, 3), prev_end=st.integers(0, 2 ** 40))
+def test_cq_pack_checks_what_put_small_in_order_checks(units, expect_q, prev_end):
+    raw = _native.cq_pack(np.asarray(units, dtype=np.int64).reshape(-1, 4).tobytes(), expect_q, prev_end)
+    ok, parts = True, []
+    for off, size, tags, q in units:  # the reference's checks, unit by unit
+        if q != expect_q or off + size <= prev_end or size > 2 ** 31 - 1:
+            ok = False
+            break
+        parts.append(struct.pack(">qiq", off, size, tags))
+        prev_end, expect_q = off + size, expect_q + 1
+    assert (raw is not None) == ok
+    if ok:
+        assert raw == (b"".join(parts), prev_end)
+
+
+# -- UNIQ_KEY ids -------------------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(head=st.text(alphabet="0123456789ABCDEF", max_size=40), c0=st.integers(0, 0xFFFF), k=st.integers(0, 70))
+def test_format_ids_native_equals_python(head, c0, k):
+    assert _native.format_ids(head, c0, k) == [f"{head}{(c0 + i) & 0xFFFF:04X}" for i in range(k)]
+    assert _native.format_ids("é" + head, c0, k) is None  # not ASCII: the reference formats
+
+
+def test_uniq_ids_from_create_and_create_many_are_unique_and_well_formed():
+    from rmq_eventstore.common.message_id import UniqueIdGenerator
+
+    gen = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+    ids = [gen.create() for _ in range(300)] + gen.create_many(70_000) + [gen.create() for _ in range(300)]
+    assert len(set(ids)) == len(ids)  # 70,600 ids: past one millisecond's 65,536 counters
+    assert all(len(i) == 32 and i == i.upper() and bytes.fromhex(i)[:4] == b"\x0a\x00\x00\x01" for i in ids)
+    assert len({i[:28] for i in ids}) >= 2  # the burst borrowed the next millisecond
+
+
+# -- (a) the network batch (messages that carry a properties string) ---------------------------------------
+def _native_network(enc: codec.RecordEncoder, msgs, table, base, now):
+    addr, port = enc.store_host
+    return _native.encode_network_batch(
+        msgs, table, base, now, enc._topics, addr, port, enc.max_message_size,
+        enc.max_message_size + codec.RECORD_HEADROOM, codec._TAGS_CODE_CACHE, codec.tags_string_to_tags_code,
+        codec.DispatchRequest, codec.parse_host, codec.SCHEDULE_TOPIC)
+
+
+_prop_pairs = st.lists(st.tuples(st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "a", "TAGSX", "XKEYS"])
+                                 | TEXT.filter(bool), TEXT.filter(bool)), max_size=6)
+_network = st.builds(
+    Message,
+    topic=st.sampled_from(TOPICS),
+    body=st.binary(max_size=300),
+    queue_id=st.integers(0, 3),
+    flag=INT32,
+    properties_string=st.tuples(_prop_pairs, st.booleans()).map(
+        lambda t: "".join(f"{k}\x01{v}\x02" for k, v in t[0])[: None if t[1] else -1]),
+    sys_flag=st.sampled_from([0, codec.TRANSACTION_COMMIT_TYPE, 0x10, 0x20 | 0x1, codec.TRANSACTION_COMMIT_TYPE | 0x30]),
+    born_timestamp=st.just(0) | st.integers(1, 2 ** 62),
+    born_host=st.none() | st.just("") | st.sampled_from(["10.1.2.3:4567", "[::1]:9", "[::ffff:1.2.3.4]:80"]),
+    reconsume_times=INT32,
+    prepared_transaction_offset=st.integers(-(2 ** 63), 2 ** 63 - 1),
+)
+
+
+@PROPS
+@given(msgs=st.lists(_network, max_size=12), store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
+       base=st.integers(0, 2 ** 40), table=st.dictionaries(st.sampled_from(["TopicA-1", "Tö-0"]), st.integers(0, 2 ** 40)))
+def test_encode_network_batch_native_equals_python(msgs, store_host, base, table):
+    enc = _encoder(store_host)
+    now = 1_700_000_000_123
+    ref = enc.encode_network_batch_py(msgs, table, base, now)
+    raw = _native_network(enc, msgs, table, base, now)
+    if ref is None:  # an empty TAGS/KEYS/UNIQ_KEY value: the general parse decides, and so does C
+        assert raw is None
+        return
+    assert raw is not None  # everything else here is covered by the C loop
+    _same_batch(codec.PlainBatch(*raw), ref)
+    if codec.NATIVE:
+        _same_batch(enc.encode_network_batch(msgs, table, base, now), ref)
+
+
+def test_encode_network_batch_native_declines_what_the_reference_must_decide():
+    enc = _encoder("127.0.0.1:10911")
+    enc._topic_part(codec.SCHEDULE_TOPIC, False)
+    ok = Message(topic="TopicA", body=b"ok", properties_string="TAGS\x01a\x02")
+    for m in (Message(topic="TopicA", body=b"x"),  # no properties string: the plain path's
+              Message(topic="TopicA", body=b"x", properties_string="", sys_flag=codec.TRANSACTION_PREPARED_TYPE),
+              Message(topic="TopicA", body=b"x", properties_string="", sys_flag=codec.TRANSACTION_ROLLBACK_TYPE),
+              Message(topic="new", body=b"x", properties_string=""),
+              Message(topic="TopicA", body=b"x", properties_string="", force_v2=True),
+              Message(topic=codec.SCHEDULE_TOPIC, body=b"x", properties_string="DELAY\x011\x02"),
+              Message(topic="TopicA", body=b"x", properties_string="TAGS\x01a\x02TAGS\x01\x02"),
+              Message(topic="TopicA", body=b"x", properties_string="KEYS\x01\x02"),
+              Message(topic="TopicA", body=b"x", properties_string="UNIQ_KEY\x01"),
+              Message(topic="TopicA", body=bytearray(b"x"), properties_string=""),
+              Message(topic="TopicA", body=b"x", properties_string="p\x01" + "v" * 40000),
+              Message(topic="TopicA", body=b"x" * (4 * 2 ** 20 + 1), properties_string=""),
+              Message(topic="TopicA", body=b"x", properties_string="", queue_id=-1),
+              Message(topic="TopicA", body=b"x", properties_string="", born_host="nonsense"),
+              Message(topic="TopicA", body=b"x", properties_string="", sys_flag=2 ** 31),
+              Message(topic="TopicA", body=b"x", properties_string="a\x01\ud800\x02")):
+        table: dict[str, int] = {}
+        assert _native_network(enc, [ok, m], table, 0, 1) is None, m
+        assert table == {}

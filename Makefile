@@ -101,6 +101,12 @@ txcrashtest: $(VENV)/.installed
 timercrashtest: $(VENV)/.installed
 	TIMER_CRASH_ROUNDS=$${TIMER_CRASH_ROUNDS:-50} $(PY) -m pytest -q -s --timeout=0 tests/test_timer.py -k kills
 
+## celery-suite: Celery 5.7's own integration tests (test_inspect, test_worker, test_tasks) against a broker
+## process, Redis on 127.0.0.1:6379 db 11 as result backend; prints each module's time (part of `make test` too)
+.PHONY: celery-suite
+celery-suite: $(VENV)/.installed
+	$(PY) -m pytest -q -s tests/test_celery_integration.py
+
 ## racetest: 16 writer processes racing at one expected version, 1000 rounds, also through broker kills
 racetest: $(VENV)/.installed
 	STREAM_RACE_ROUNDS=$${STREAM_RACE_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_stream_version.py -k racing
@@ -113,7 +119,8 @@ resiltest: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules
 
-# kombu's integration mixins come from the kombu sdist, unpacked into .cache/ (never committed);
-# tests/test_kombu_integration.py does this itself when needed.
-kombu-sdist: $(VENV)/.installed
-	$(PY) tests/kombu_upstream.py
+# kombu's integration mixins and Celery's integration tests come from their sdists, unpacked into .cache/
+# (never committed); tests/test_kombu_integration.py and tests/test_celery_integration.py do this themselves.
+.PHONY: upstream-sdists
+upstream-sdists: $(VENV)/.installed
+	$(PY) tests/upstream.py

@@ -1,7 +1,7 @@
 """kombu's own integration mixins (kombu 5.7's `t/integration/common.py`) against `rmq_eventstore.kombu`
 and a real broker process on a temporary store.
 
-The mixins come from the kombu sdist, downloaded into `.cache/` at test time (`tests/kombu_upstream.py`).
+The mixins come from the kombu sdist, downloaded into `.cache/` at test time (`tests/upstream.py`).
 Each test runs in its own namespace (transport option), because the mixins reuse fixed queue names.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 import rmq_eventstore.kombu  # noqa: F401  (registers the rocketmq:// scheme)
 from rmq_eventstore.client import ensure_local_broker, stop_local_broker
-from tests.kombu_upstream import load_common
+from tests.upstream import load_common
 
 try:
     common = load_common()

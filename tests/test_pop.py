@@ -221,6 +221,36 @@ def test_pop_of_a_topic_that_does_not_exist_or_has_nothing(broker: RunningBroker
         assert time.monotonic() - t0 >= 0.35
 
 
+def test_a_message_whose_put_back_fails_comes_back_later(broker: RunningBroker,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """PopReviveServiceTest.testReviveMsgFromCk_messageFound_writeRetryFailed_rewriteCK: when the put of an
+    unacked message to the retry topic fails, its checkpoint is kept and the message is put back by a later
+    round, not dropped."""
+    from rmq_eventstore.store import PutMessageResult, PutMessageStatus
+
+    ns = broker.namesrv_address
+    send(ns, "tasks", 1)
+    broker.store.wait_for_dispatch()
+    real = broker.store.put_message
+    failed: list[str] = []
+
+    def flaky(msg):  # type: ignore[no-untyped-def]
+        if msg.topic == pop_retry_topic("workers", "tasks") and len(failed) < 2:
+            failed.append(msg.topic)
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, "injected")
+        return real(msg)
+
+    monkeypatch.setattr(broker.store, "put_message", flaky)
+    with PopConsumer(ns, "workers") as c:
+        assert [m.body for m in c.pop("tasks", invisible_time=300)] == [b"m0"]
+        back: list = []
+        deadline = time.monotonic() + 15
+        while not back and time.monotonic() < deadline:
+            back = c.pop("tasks", invisible_time=60_000, poll_time=500)
+        assert len(failed) == 2 and [(m.body, m.reconsume_times) for m in back] == [(b"m0", 1)]
+        c.ack(back[0])
+
+
 POPPER = textwrap.dedent("""
     import sys, time
     from rmq_eventstore.client import PopConsumer

@@ -105,8 +105,9 @@ def prop_crc_damage(buf: codec.Buffer, pos: int, size: int) -> str:
     end = pos + size
     # The trailer at the end after a 0x02 (what every writer with the setting writes for a broker): the
     # property Java's map would find; compared without parsing the record (the walk's skim checked the rest).
-    if size > 112 and buf[end - 1] == 2 and buf[end - 21] == 2 and buf[end - 20:end - 11] == _TRAILER_HEAD:
-        digits = bytes(buf[end - 11:end - 1])
+    tail = bytes(buf[end - 21:end]) if size > 112 else b""
+    if tail[:1] == b"\x02" and tail[20:] == b"\x02" and tail.startswith(_TRAILER_HEAD, 1):
+        digits = tail[10:20]
         if digits.isdigit():
             if int(digits[::-1]) == zlib.crc32(buf[pos:end - codec.CRC32_RESERVED_LEN]) & 0x7FFFFFFF:
                 return ""

@@ -341,9 +341,10 @@ _plain_messages = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(msgs=_plain_messages, store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
-       base=st.integers(0, 2**40))
-def test_encode_plain_batch_equals_prepare_and_emit(msgs, store_host, base):
-    enc = codec.RecordEncoder(store_host)
+       base=st.integers(0, 2**40), append_crc=st.booleans())
+def test_encode_plain_batch_equals_prepare_and_emit(msgs, store_host, base, append_crc):
+    """Also with the `__CRC32#` trailer (`enabled_append_prop_crc`): the general path is `encode_record`'s."""
+    enc = codec.RecordEncoder(store_host, append_crc=append_crc)
     for t in ("TopicA", "%RETRY%g", "t-1"):
         enc._topic_part(t, False)  # topics are cached once validated by the put path
     now = 1_700_000_000_123
@@ -363,11 +364,14 @@ def test_encode_plain_batch_equals_prepare_and_emit(msgs, store_host, base):
         phys += rec.total
     assert batch.data == b"".join(bytes(p) for p in parts)
     assert {k: v for k, v in queue.items() if k in batch.queue_offsets} == batch.queue_offsets
-    # and the dispatch requests are what the reput would parse back from those bytes
+    # and the dispatch requests are what the reput would parse back from those bytes (the trailer aside)
     pos = 0
     for req in batch.requests:
-        r = codec.check_message_and_return_size(batch.data, pos, True)
-        assert r.success and r.request._replace(commit_log_offset=r.request.commit_log_offset) == req
+        r = codec.check_message_and_return_size(batch.data, pos, True, verify_prop_crc=append_crc)
+        got = r.request
+        if append_crc:
+            got = got._replace(properties_string=codec.delete_property(got.properties_string, codec.PROPERTY_CRC32))
+        assert r.success and got == req
         pos += r.size
 
 
@@ -408,9 +412,10 @@ _network_messages = st.lists(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(msgs=_network_messages, store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
-       base=st.integers(0, 2**40))
-def test_encode_network_batch_equals_prepare_and_emit(msgs, store_host, base):
-    enc = codec.RecordEncoder(store_host)
+       base=st.integers(0, 2**40), append_crc=st.booleans())
+def test_encode_network_batch_equals_prepare_and_emit(msgs, store_host, base, append_crc):
+    """Also with the `__CRC32#` trailer (`enabled_append_prop_crc`), properties without a final 0x02 included."""
+    enc = codec.RecordEncoder(store_host, append_crc=append_crc)
     for t in ("TopicA", "%RETRY%g", "t-1", "L" * 200):
         enc._topic_part(t, False)  # topics are cached once validated by the put path
     now = 1_700_000_000_123
@@ -418,6 +423,8 @@ def test_encode_network_batch_equals_prepare_and_emit(msgs, store_host, base):
     framed = ["\x02" + m.properties_string for m in msgs]
     # an empty TAGS/KEYS/UNIQ_KEY value leaves it to the general parse (declined; tested below)
     assume(not any(f"\x02{k}\x01\x02" in f + "\x02" for f in framed for k in ("TAGS", "KEYS", "UNIQ_KEY")))
+    # so does a __CRC32# sent by the producer when the trailer is on (declined; tested below)
+    assume(not (append_crc and any(codec.PROPERTY_CRC32 in f for f in framed)))
     batch = enc.encode_network_batch(msgs, table, base, now)
     assert batch is not None and table == {"TopicA-1": 7}  # the caller applies the new offsets
     parts: list = []
@@ -442,9 +449,15 @@ def test_encode_network_batch_equals_prepare_and_emit(msgs, store_host, base):
     assert batch.first_queue_offset == expected_requests[0].consume_queue_offset
     assert {k: v for k, v in queue.items() if k in batch.queue_offsets} == batch.queue_offsets
     pos = 0
-    for req in batch.requests:  # and what the reput would parse back from those bytes
-        r = codec.check_message_and_return_size(batch.data, pos, True)
-        assert r.success and r.request == req
+    for req, m in zip(batch.requests, msgs, strict=True):  # and what the reput would parse back from those bytes
+        r = codec.check_message_and_return_size(batch.data, pos, True, verify_prop_crc=append_crc)
+        got = r.request
+        if append_crc:  # on disk: the properties, a 0x02 if they lacked one, the trailer
+            ps = m.properties_string
+            assert got.properties_string == ps + ("\x02" if ps and not ps.endswith("\x02") else "") + \
+                codec.crc_trailer(codec.body_crc(batch.data[pos:pos + r.size - 20])).decode()
+            got = got._replace(properties_string=ps)
+        assert r.success and got == req
         pos += r.size
 
 
@@ -469,7 +482,12 @@ def test_encode_network_batch_declines_what_it_does_not_cover():
         table: dict[str, int] = {}
         assert enc.encode_network_batch([ok, m], table, 0, 1) is None, m
         assert table == {}
-    assert codec.RecordEncoder(append_crc=True).encode_network_batch([ok], {}, 0, 1) is None
+    crc = codec.RecordEncoder(append_crc=True)
+    crc._topic_part("T", False)
+    assert crc.encode_network_batch([ok], {}, 0, 1) is not None
+    # a __CRC32# sent by the producer is deleted by the general path (`CommitLog.asyncPutMessage`)
+    assert crc.encode_network_batch([ok, Message(topic="T", body=b"x", properties_string="__CRC32#\x011\x02")],
+                                    {}, 0, 1) is None
 
 
 # -- the client's batch decoder reads what decode_message reads, record by record ----------------------------

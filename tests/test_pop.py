@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from rmq_eventstore.broker import RunningBroker, serve_in_thread
 from rmq_eventstore.client import Admin, Message, PopConsumer, Producer
 from rmq_eventstore.common.pop import AckMsg, ExtraInfo, PopCheckPoint, pop_retry_topic
-from rmq_eventstore.remoting import RemotingCommand, RequestCode
+from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 
 SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
          "max_hash_slot_num": 1024, "max_index_num": 4096}
@@ -156,6 +156,99 @@ def test_tag_expressions(broker: RunningBroker) -> None:
         for _ in range(5):
             got += c.pop("tagged", tags="A || C", invisible_time=10_000)
         assert len(got) == 3 and {m.tags for m in got} == {"A"}
+
+
+# -- RocketMQ's own POP tests (broker/src/test/java/org/apache/rocketmq/broker/processor), where they apply ------
+# Covered above: PopMessageProcessorTest.testProcessRequest_Found, AckMessageProcessorTest.testProcessRequest_Success
+# and ChangeInvisibleTimeProcessorTest.testProcessRequest_Success (pop, ack and change with real receipt handles).
+# Not mirrored: testProcessRequest_whenTimerWheelIsFalse (our revive service does not ride on the timer wheel,
+# DESIGN.md), testGetInitOffset_* (a new group starts at the queue's first message whatever its initMode),
+# testProcessRequest_WrongRequestCode (the processor is only routed its own codes), the appendAck and
+# PopBufferMergeServiceTest cases (no in-memory merge buffer: checkpoints and acks go to the revive topic at
+# once), ExtraInfoUtilTest.testOrderCountInfo (orderly POP is not built).
+def _raw(broker: RunningBroker, code: int, header: dict, body: bytes = b"") -> RemotingCommand:
+    """A request answered as it is (no error raised for a failure code)."""
+    with Admin(broker.namesrv_address) as admin:
+        return admin._base.remoting.invoke(broker.broker_address, RemotingCommand.request(code, header, body), 5)
+
+
+def test_ack_and_change_invisible_time_check_topic_queue_and_offset(broker: RunningBroker) -> None:
+    """AckMessageProcessorTest.testSingleAck_TopicCheck / testSingleAck_QueueCheck / testSingleAck_OffsetCheck
+    and ChangeInvisibleTimeProcessorTest.testProcessRequest_NoMessage: a topic that does not exist is
+    TOPIC_NOT_EXIST, a queue id outside the read queues MESSAGE_ILLEGAL, an offset outside the queue NO_MESSAGE
+    (an ack may name the queue's end offset, a change of invisible time may not)."""
+    send(broker.namesrv_address, "tasks", 2)
+    broker.store.wait_for_dispatch()
+    handle = ExtraInfo(0, int(time.time() * 1000) - 1000, 30_000, 0, False, "broker-a", 0, 0).build()
+    for code in (RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
+        def ask(topic: str = "tasks", queue_id: int = 0, offset: int = 0, code: int = code) -> RemotingCommand:
+            return _raw(broker, code, {"consumerGroup": "workers", "topic": topic, "queueId": queue_id,
+                                       "offset": offset, "extraInfo": handle, "invisibleTime": 30_000})
+        r = ask(topic="wrongTopic")
+        assert (r.code, "not exist, apply first" in r.remark) == (ResponseCode.TOPIC_NOT_EXIST, True)
+        for qid in (-1, 17):
+            r = ask(queue_id=qid)
+            assert (r.code, f"queueId[{qid}] is illegal" in r.remark) == (ResponseCode.MESSAGE_ILLEGAL, True)
+        queue = next(q for q in range(8) if broker.store.get_max_offset_in_queue("tasks", q) > 0)
+        top = broker.store.get_max_offset_in_queue("tasks", queue)
+        for offset in (-1, top + 1) + ((top,) if code == RequestCode.CHANGE_MESSAGE_INVISIBLETIME else ()):
+            r = ask(queue_id=queue, offset=offset)
+            assert (r.code, "offset is illegal" in r.remark) == (ResponseCode.NO_MESSAGE, True), (code, offset)
+        assert ask(queue_id=queue, offset=top - 1).code == ResponseCode.SUCCESS
+
+
+def test_batch_ack_without_acks_is_no_message(broker: RunningBroker) -> None:
+    """AckMessageProcessorTest.testBatchAck_NoMessage: no body, no `acks`, or an empty list: NO_MESSAGE."""
+    for body in (b"", b"{}", b'{"acks":[]}'):
+        assert _raw(broker, RequestCode.BATCH_ACK_MESSAGE, {}, body).code == ResponseCode.NO_MESSAGE, body
+
+
+def test_pop_of_a_topic_that_does_not_exist_or_has_nothing(broker: RunningBroker) -> None:
+    """PopMessageProcessorTest.testProcessRequest_TopicNotExist and testProcessRequest_NoMsgInQueue: an unknown
+    topic is TOPIC_NOT_EXIST; an empty queue gives nothing, at once without a poll time and after it with one
+    (RocketMQ holds the request until its poll time ends or a message arrives)."""
+    header = {"consumerGroup": "workers", "topic": "nowhere", "queueId": -1, "maxMsgNums": 30,
+              "invisibleTime": 10_000, "pollTime": 0, "bornTime": 0, "initMode": 1}
+    r = _raw(broker, RequestCode.POP_MESSAGE, header)
+    assert r.code == ResponseCode.TOPIC_NOT_EXIST and "topic[nowhere] not exist" in r.remark
+    send(broker.namesrv_address, "quiet", 1)
+    broker.store.wait_for_dispatch()
+    with PopConsumer(broker.namesrv_address, "workers") as c:
+        c.ack(c.pop("quiet", invisible_time=10_000)[0])
+        assert c.pop("quiet", invisible_time=10_000) == []
+        t0 = time.monotonic()
+        assert c.pop("quiet", invisible_time=10_000, poll_time=400) == []
+        assert time.monotonic() - t0 >= 0.35
+
+
+def test_a_message_whose_put_back_fails_comes_back_later(broker: RunningBroker,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """PopReviveServiceTest.testReviveMsgFromCk_messageFound_writeRetryFailed_rewriteCK: when the put of an
+    unacked message to the retry topic fails, its checkpoint is kept and the message is put back by a later
+    round, not dropped."""
+    from rmq_eventstore.store import PutMessageResult, PutMessageStatus
+
+    ns = broker.namesrv_address
+    send(ns, "tasks", 1)
+    broker.store.wait_for_dispatch()
+    real = broker.store.put_message
+    failed: list[str] = []
+
+    def flaky(msg):  # type: ignore[no-untyped-def]
+        if msg.topic == pop_retry_topic("workers", "tasks") and len(failed) < 2:
+            failed.append(msg.topic)
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None, "injected")
+        return real(msg)
+
+    monkeypatch.setattr(broker.store, "put_message", flaky)
+    with PopConsumer(ns, "workers") as c:
+        assert [m.body for m in c.pop("tasks", invisible_time=300)] == [b"m0"]
+        back: list = []
+        deadline = time.monotonic() + 15
+        while not back and time.monotonic() < deadline:
+            back = c.pop("tasks", invisible_time=60_000, poll_time=500)
+        assert len(failed) == 2 and [(m.body, m.reconsume_times) for m in back] == [(b"m0", 1)]
+        c.ack(back[0])
 
 
 POPPER = textwrap.dedent("""

@@ -297,10 +297,18 @@ class PopService:
         for key, (ck, _) in list(pending.items()):
             if ck.revive_time > now:
                 continue
+            failed = False
             for i, off in enumerate(ck.offsets()):
-                if not ck.bit_map & (1 << i) and self._put_back(ck, off):
-                    n += 1
-            del pending[key]
+                if ck.bit_map & (1 << i):
+                    continue
+                done = self._put_back(ck, off)
+                if done is None:
+                    failed = True  # kept, and tried again next round (RocketMQ rewrites the checkpoint)
+                    continue
+                ck.bit_map |= 1 << i
+                n += done
+            if not failed:
+                del pending[key]
         settled = min((pos for _, pos in pending.values()), default=self._read[qid])
         if settled > offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid):
             offsets.commit(REVIVE_GROUP, self.revive_topic, qid, settled)
@@ -321,8 +329,9 @@ class PopService:
         if ck.bit_map == (1 << len(ck.queue_offset_diff)) - 1:
             del pending[key]
 
-    def _put_back(self, ck: PopCheckPoint, offset: int) -> bool:
-        """An unacked message of `ck` goes to the pop retry topic (or the DLQ past the group's maximum)."""
+    def _put_back(self, ck: PopCheckPoint, offset: int) -> bool | None:
+        """An unacked message of `ck` goes to the pop retry topic (or the DLQ past the group's maximum): True
+        when put back, False when the message is gone (nothing to put back), None when the put failed."""
         phy = self.store.get_commit_log_offset_in_queue(ck.topic, ck.queue_id, offset)
         msg = self.store.look_message_by_offset(phy) if phy >= 0 else None
         if msg is None:
@@ -349,8 +358,9 @@ class PopService:
                       reconsume_times=reconsume)
         r = self.store.put_message(out)
         if not r.is_ok():
-            log.error("revive: could not put back %s: %s", msg.uniq_key, r.status.name)
-        return r.is_ok()
+            log.error("revive: could not put back %s: %s (tried again next round)", msg.uniq_key, r.status.name)
+            return None
+        return True
 
     def pending_count(self) -> int:
         return sum(len(p) for p in self._pending.values())

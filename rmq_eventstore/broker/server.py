@@ -402,7 +402,8 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
     `broker_name`), `max_frame_size`, `channel_max_idle_seconds` and `event_loop` ("auto", "uvloop",
     "asyncio"; see `new_event_loop`) are picked out of it. `store_host` defaults to the broker's listen
     address (or `broker_ip1`, RocketMQ's brokerIP1, the address it registers with the name server)
-    so that records and offsetMsgIds carry it. Port 0 picks a free port. With `announce`
+    so that records and offsetMsgIds carry it; `enabled_append_prop_crc` and `force_verify_prop_crc`
+    default to on. Port 0 picks a free port. With `announce`
     (the default) the broker writes `<store>/broker.json` once it serves, with the real addresses.
     """
     broker_kw = {k: store_config.pop(k) for k in list(store_config) if k in BrokerConfig.field_names()}
@@ -426,6 +427,10 @@ def serve_in_thread(store_path: str | os.PathLike[str], host: str = "127.0.0.1",
     broker_address = _advertised(broker_kw.get("broker_ip1") or host, bsock.getsockname()[1])
     namesrv_address = _advertised(host, nsock.getsockname()[1])
     store_config.setdefault("store_host", broker_address)
+    # Our broker writes and checks RocketMQ 5.2's `__CRC32#` property unless told otherwise (DESIGN.md,
+    # "The properties CRC"); the store's own defaults stay RocketMQ's (off).
+    store_config.setdefault("enabled_append_prop_crc", True)
+    store_config.setdefault("force_verify_prop_crc", True)
     store = None
     broker = None
     try:

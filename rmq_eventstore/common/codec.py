@@ -101,6 +101,7 @@ RECORD_HEADROOM = 64 * 1024  # MessageExtEncoder's buffer: max body + 64 KiB
 
 PROPERTY_CRC32 = "__CRC32#"
 CRC32_RESERVED_LEN = len(PROPERTY_CRC32) + 1 + 10 + 1  # 20
+PROP_CRC_MISSING = "__CRC32# property missing"  # check_message_and_return_size's reason (verify_prop_crc)
 
 
 def _java_length(s: str) -> int:
@@ -386,13 +387,18 @@ def encode_client_message(
     )
 
 
+def crc_trailer(crc: int) -> bytes:
+    """The 20 bytes `MessageDecoder.createCrc32` writes at the end of the properties: `__CRC32#`, 0x01, the
+    10 digits of `crc` least-significant first, 0x02."""
+    return (PROPERTY_CRC32 + "\x01" + crc32_property_value(crc) + "\x02").encode("ascii")
+
+
 def fill_crc_trailer(buf: bytearray | memoryview, start: int = 0) -> None:
     """Write the `__CRC32#` trailer of the record at `start` (its last 20 bytes) from the bytes before it."""
     total = _INT.unpack_from(buf, start)[0]
     end = start + total - CRC32_RESERVED_LEN
     crc = zlib.crc32(memoryview(buf)[start:end]) & 0x7FFFFFFF
-    trailer = (PROPERTY_CRC32 + "\x01" + crc32_property_value(crc) + "\x02").encode("ascii")
-    memoryview(buf)[end:end + CRC32_RESERVED_LEN] = trailer
+    memoryview(buf)[end:end + CRC32_RESERVED_LEN] = crc_trailer(crc)
 
 
 class PlainBatch(NamedTuple):
@@ -503,6 +509,7 @@ class RecordEncoder:
 
     def _prepare_with_crc(self, msg: Message, ps: str, tags: str | None, keys: str | None,
                           uniq: str | None, born_timestamp: int) -> PreparedRecord:
+        self._topic_part(msg.topic, msg.force_v2)  # caches the topic for the batch fast paths
         born = parse_host(msg.born_host) if msg.born_host else self.store_host
         buf = encode_record(
             topic=msg.topic, body=msg.body, properties_string=ps, queue_id=msg.queue_id, flag=msg.flag,
@@ -574,12 +581,12 @@ class RecordEncoder:
 
         Plain means what most event appends are: no raw properties string, no user properties, no born
         host or born time, no sysFlag bits, no reconsume count, prepared offset 0, no forced V2, a topic
-        already encoded once, and no `__CRC32#` trailer. The bytes equal `prepare` + `emit`'s (tested).
+        already encoded once. With `append_crc` each record ends with its `__CRC32#` trailer (the CRC of the
+        record's other bytes, `crc_trailer`). The bytes equal `prepare` + `emit`'s (tested).
         Returns None, having changed nothing, as soon as a message is not plain or breaks a size rule; the
         caller then takes the general path, which also reports the error.
         """
-        if self.append_crc:
-            return None
+        reserved = CRC32_RESERVED_LEN if self.append_crc else 0
         topics = self._topics
         max_body = self.max_message_size
         max_record = max_body + RECORD_HEADROOM
@@ -615,8 +622,8 @@ class RecordEncoder:
             uniq = m.uniq_key or (uniq_keys[i] if uniq_keys is not None else None)
             ps = ((f"TAGS\x01{tags}\x02" if tags else "") + (f"KEYS\x01{keys}\x02" if keys else "")
                   + (f"UNIQ_KEY\x01{uniq}\x02" if uniq else ""))
-            pb = ps.encode("utf-8")
-            pl = len(pb)
+            pb = ps.encode("utf-8")  # empty or ending with 0x02: no separator to add before a trailer
+            pl = len(pb) + reserved
             bl = len(body)
             total = hsize + bl + len(topic_part) + 2 + pl
             if pl > MAX_PROPERTIES_LENGTH or bl > max_body or total > max_record or qid < 0:
@@ -628,12 +635,16 @@ class RecordEncoder:
             seen[qkey] = q + 1
             if first_q < 0:
                 first_q = q
-            add(pack(total, magic, crc32(body) & 0x7FFFFFFF, qid, m.flag, q, phys, sys_flag, now, store_addr,
-                     store_port, now, store_addr, store_port, 0, 0, bl))
+            head = pack(total, magic, crc32(body) & 0x7FFFFFFF, qid, m.flag, q, phys, sys_flag, now, store_addr,
+                        store_port, now, store_addr, store_port, 0, 0, bl)
+            add(head)
             add(body)
             add(topic_part)
-            add(short(pl))
+            sp = short(pl)
+            add(sp)
             add(pb)
+            if reserved:
+                add(crc_trailer(crc32(pb, crc32(sp, crc32(topic_part, crc32(body, crc32(head))))) & 0x7FFFFFFF))
             if tags:
                 code = _TAGS_CODE_CACHE.get(tags)
                 if code is None:
@@ -669,13 +680,14 @@ class RecordEncoder:
         broker's UNIQ_KEY / CLUSTER added). Only TAGS, KEYS and UNIQ_KEY are looked up in it (three
         searches, no parse). Born host, born time (0: `now`), sysFlag, reconsume times and flag come from
         the message. Not taken (None, nothing changed) for a transaction type other than NOT/COMMIT, a
-        forced V2 topic, a topic not yet encoded once, `SCHEDULE_TOPIC_XXXX`, the `__CRC32#` trailer, an
-        empty TAGS/KEYS/UNIQ_KEY value (the general parse decides which duplicate wins) or a size rule
-        broken: the caller then takes the general path. The bytes and DispatchRequests equal
-        `prepare` + `emit`'s (tested).
+        forced V2 topic, a topic not yet encoded once, `SCHEDULE_TOPIC_XXXX`, an empty TAGS/KEYS/UNIQ_KEY
+        value (the general parse decides which duplicate wins), with `append_crc` a `__CRC32#` already in the
+        properties (the general path deletes it), or a size rule broken: the caller then takes the general
+        path. With `append_crc` a 0x02 is added to properties that do not end with one and each record ends
+        with its `__CRC32#` trailer (`crc_trailer`). The bytes and DispatchRequests equal `prepare` +
+        `emit`'s (tested).
         """
-        if self.append_crc:
-            return None
+        reserved = CRC32_RESERVED_LEN if self.append_crc else 0
         topics = self._topics
         max_body = self.max_message_size
         max_record = max_body + RECORD_HEADROOM
@@ -749,7 +761,12 @@ class RecordEncoder:
             else:
                 header = headers[1 if store_v6 else 0]
             pb = ps.encode("utf-8")
-            pl = len(pb)
+            if reserved:
+                if PROPERTY_CRC32 in ps:
+                    return None
+                if ps and ps[-1] != "\x02":
+                    pb += b"\x02"
+            pl = len(pb) + reserved
             bl = len(body)
             total = header.size + bl + len(topic_part) + 2 + pl
             if pl > MAX_PROPERTIES_LENGTH or bl > max_body or total > max_record or qid < 0:
@@ -764,13 +781,17 @@ class RecordEncoder:
             if first_q < 0:
                 first_q = q
             ptx = m.prepared_transaction_offset
-            add(header.pack(total, magic, crc32(body) & 0x7FFFFFFF, qid, m.flag, q, phys, sys_flag,
-                            m.born_timestamp or now, born_addr, born_port, now, store_addr, store_port,
-                            m.reconsume_times, ptx, bl))
+            head = header.pack(total, magic, crc32(body) & 0x7FFFFFFF, qid, m.flag, q, phys, sys_flag,
+                               m.born_timestamp or now, born_addr, born_port, now, store_addr, store_port,
+                               m.reconsume_times, ptx, bl)
+            add(head)
             add(body)
             add(topic_part)
-            add(short(pl))
+            sp = short(pl)
+            add(sp)
             add(pb)
+            if reserved:
+                add(crc_trailer(crc32(pb, crc32(sp, crc32(topic_part, crc32(body, crc32(head))))) & 0x7FFFFFFF))
             if tags:
                 code = tags_cache.get(tags)
                 if code is None:
@@ -936,8 +957,10 @@ def check_message_and_return_size(
             p = string_to_properties(props)
             v = p.get(PROPERTY_CRC32)
             want = zlib.crc32(memoryview(buf)[pos:rec_end - CRC32_RESERVED_LEN]) & 0x7FFFFFFF
-            if v is None or not v.isdigit() or parse_crc32_property_value(v) != want:
-                return CheckResult(-1, False, None, "__CRC32# property missing or wrong")
+            if v is None:
+                return CheckResult(-1, False, None, PROP_CRC_MISSING)
+            if not v.isdigit() or parse_crc32_property_value(v) != want:
+                return CheckResult(-1, False, None, "__CRC32# property mismatch")
         expected = cal_msg_length(body_len, topic_len, prop_len, sys_flag, v2)
         if expected != total:
             return CheckResult(total, False, None, f"total size {total} != computed {expected}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -87,13 +88,50 @@ class WalkResult:
     records: int = 0
 
 
+_TRAILER_HEAD = (codec.PROPERTY_CRC32 + codec.NAME_VALUE_SEPARATOR).encode()
+
+
+def prop_crc_damage(buf: codec.Buffer, pos: int, size: int) -> str:
+    """Why the record at `buf[pos:pos + size]` fails `force_verify_prop_crc`, '' when it passes.
+
+    RocketMQ's check (`checkMessageAndReturnSize`): the `__CRC32#` property must be there and equal the CRC
+    of the record's bytes before its last 20. One change: a record without the property was written whole
+    by a writer without `enabled_append_prop_crc` (a store from before the setting, RocketMQ's default, an
+    embedded store) unless its properties (its topic, when it has none) end with a zero byte, and keeps the
+    body CRC check where RocketMQ would truncate the log at it. A copy cut short by a kill ends in zeros (a
+    commitlog file's space is zero until written, and recovery zeroes what follows the end), while whole
+    properties end with 0x02 or a value's character, and topics hold no zero byte.
+    """
+    end = pos + size
+    # The trailer at the end after a 0x02 (what every writer with the setting writes for a broker): the
+    # property Java's map would find; compared without parsing the record (the walk's skim checked the rest).
+    tail = bytes(buf[end - 21:end]) if size > 112 else b""
+    if tail[:1] == b"\x02" and tail[20:] == b"\x02" and tail.startswith(_TRAILER_HEAD, 1):
+        digits = tail[10:20]
+        if digits.isdigit():
+            if int(digits[::-1]) == zlib.crc32(buf[pos:end - codec.CRC32_RESERVED_LEN]) & 0x7FFFFFFF:
+                return ""
+            return "__CRC32# property mismatch"
+    c = codec.check_message_and_return_size(buf, pos, True, end, verify_prop_crc=True)
+    if c.success:
+        return ""
+    if c.reason != codec.PROP_CRC_MISSING:
+        return c.reason or "unreadable record"
+    r = codec.check_message_and_return_size(buf, pos, False, pos + size)
+    if not r.success or r.request is None:
+        return r.reason or "unreadable record"
+    tail = r.request.properties_string or r.request.topic
+    return "" if tail and tail[-1] != "\x00" else codec.PROP_CRC_MISSING
+
+
 def walk_commit_log(commit_log: CommitLog, start: int, check_crc: bool,
                     on_records: Callable[[int, memoryview, list[tuple]], None] | None = None,
                     progress: Progress | None = None, stop: int | None = None) -> WalkResult:
     """Walk the records from `start` (a record boundary) across files, rolling over BLANK records, until
     zeroed space, damage, the last file's end or `stop`. `on_records(file_from_offset, view, records)`
     sees every chunk of valid records. With `force_verify_prop_crc` configured, a CRC-checked walk also
-    checks every record's `__CRC32#` property (the full `check_message_and_return_size`, slower)."""
+    checks every record's `__CRC32#` property (`prop_crc_damage`: the full `check_message_and_return_size`,
+    slower)."""
     prop_crc = check_crc and commit_log.config.force_verify_prop_crc
     mfq = commit_log.mapped_file_queue
     files = mfq.mapped_files
@@ -118,9 +156,9 @@ def walk_commit_log(commit_log: CommitLog, start: int, check_crc: bool,
                                                           check_crc, keep=keep or prop_crc)
             if prop_crc:
                 for i, r in enumerate(recs):
-                    c = codec.check_message_and_return_size(mf.view, r[0], True, limit, verify_prop_crc=True)
-                    if not c.success:
-                        recs, nxt, state, reason = recs[:i], r[0], SKIM_DAMAGE, c.reason
+                    why = prop_crc_damage(mf.view, r[0], r[1])
+                    if why:
+                        recs, nxt, state, reason = recs[:i], r[0], SKIM_DAMAGE, why
                         break
             scanned += nxt - pos
             if progress is not None and nxt > pos:

@@ -1,7 +1,8 @@
 """verify / recover / rebuild: the store's repair tools as library functions (CLI: `rmq-eventstore`).
 
 * `verify(path)` is read-only (a `StoreReader`: no lock, no writes), so it runs beside a live writer. It
-  checks the body CRC and structure of every commitlog record, every consume queue unit against the
+  checks the body CRC and structure of every commitlog record (and the `__CRC32#` trailer of those that
+  end with one), every consume queue unit against the
   record it points at (offset, size, topic, queue id, queue offset, tags code) and every index entry
   (it must point at a record carrying a key with that hash), and reports each problem with its offset.
 * `recover(path)` takes the store's lock (a store open elsewhere is refused), runs the load-time
@@ -24,13 +25,14 @@ from typing import Any
 import numpy as np
 
 from ..common import codec
-from ..common.codec import SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
+from ..common.codec import CRC32_RESERVED_LEN, SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
 from .config import CQ_STORE_UNIT_SIZE
 from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
 from .index import INDEX_ENTRY_DTYPE, index_key_hash, record_index_keys
 from .mapped_file import StoreLoadError
 from .message_store import MessageStore
 from .reader import StoreReader, _segment_size, infer_index_geometry
+from .recovery import _TRAILER_HEAD, prop_crc_damage
 
 Progress = Callable[[int], None]
 MAX_PROBLEMS = 1000  # problems listed per report (all are counted)
@@ -93,7 +95,8 @@ def commit_log_size(path: str) -> int:
 
 def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Progress | None
                        ) -> dict[tuple[str, int], tuple[int, int]]:
-    """CRC and structure of every record; returns each queue's record count and last record offset."""
+    """CRC and structure of every record, and the `__CRC32#` trailer of every record that ends with one
+    (written with `enabled_append_prop_crc`); returns each queue's record count and last record offset."""
     counts: dict[tuple[bytes, int], list[int]] = {}
     files = reader.commit_log.mapped_files
     report.commit_log_min = files[0].file_from_offset if files else 0
@@ -108,7 +111,11 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
             _tick(progress, nxt - pos)
             report.commit_log_bytes += nxt - pos
             base = mf.file_from_offset
-            for rpos, _size, queue_id, _qoff, sys_flag, _ts, topic in recs:
+            for rpos, size, queue_id, _qoff, sys_flag, _ts, topic in recs:
+                if mf.view[rpos + size - CRC32_RESERVED_LEN:rpos + size - 11] == _TRAILER_HEAD:
+                    why = prop_crc_damage(mf.view, rpos, size)
+                    if why:
+                        report.add("commitlog_record", mf.file_name, base + rpos, why)
                 if not sys_flag & codec.TRANSACTION_PREPARED_TYPE:
                     c = counts.get((topic, queue_id))
                     if c is None:

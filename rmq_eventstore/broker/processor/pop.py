@@ -82,6 +82,9 @@ class AckMessageProcessor:
         group = req.get_str("consumerGroup")
         topic = req.get_str("topic")
         offset = req.get_int("offset")
+        bad = self._check_target(req, group, topic, offset)
+        if bad is not None:
+            return bad
         try:
             extra = ExtraInfo.split(req.get_str("extraInfo"))
         except ValueError as e:
@@ -96,13 +99,34 @@ class AckMessageProcessor:
         return req.response(ext_fields={"popTime": new.pop_time, "invisibleTime": new.invisible_time,
                                         "reviveQid": new.revive_qid, "extraInfo": new.build()})
 
+    def _check_target(self, req: RemotingCommand, group: str, topic: str, offset: int) -> RemotingCommand | None:
+        """RocketMQ's checks before an ack or a change of invisible time: the topic exists, the queue id is
+        one of its read queues, the offset lies in the queue (an ack may name the queue's end, a change of
+        invisible time may not); None when they pass."""
+        tc = self.broker.topic_manager.get(topic)
+        if tc is None:
+            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        queue_id = req.get_int("queueId", -1)
+        if not 0 <= queue_id < tc.read_queue_nums:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, f"queueId[{queue_id}] is illegal, topic:[{topic}] "
+                                f"topicConfig.readQueueNums:[{tc.read_queue_nums}] consumer:[{group}]")
+        store = self.broker.store
+        lo, hi = store.get_min_offset_in_queue(topic, queue_id), store.get_max_offset_in_queue(topic, queue_id)
+        if offset < lo or offset > hi or (offset == hi and req.code == RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
+            return req.response(ResponseCode.NO_MESSAGE,
+                                f"offset is illegal, key:{topic}@{queue_id}, commit:{offset}, store:{lo}~{hi}")
+        return None
+
     def _batch_ack(self, req: RemotingCommand) -> RemotingCommand:
-        """BATCH_ACK_MESSAGE: a JSON body `{"acks": [BatchAck, ...]}` (`BatchAckMessageRequestBody`)."""
+        """BATCH_ACK_MESSAGE: a JSON body `{"acks": [BatchAck, ...]}` (`BatchAckMessageRequestBody`); no body
+        or no acks is NO_MESSAGE, as in RocketMQ."""
         try:
             doc = json.loads(req.body or b"{}")
             acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return req.response(ResponseCode.ILLEGAL_OPERATION, f"bad BATCH_ACK_MESSAGE body: {e}")
+        if not acks:
+            return req.response(ResponseCode.NO_MESSAGE, "no ack in the request")
         for ack in acks:
             if not self.broker.pop_service.batch_ack(ack):
                 return req.response(ResponseCode.SYSTEM_ERROR, "ack not written")

@@ -48,6 +48,7 @@ from ...common.properties import (
     get_property,
     set_property,
 )
+from ...common.status import PutMessageStatus
 from ...common.tags import java_string_hash
 from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DEFAULT, TimerLog, TimerUnit
@@ -65,6 +66,15 @@ ENQUEUE_BATCH = 256
 
 class TimerMessageError(ValueError):
     """A timer message that cannot be accepted (bad or too far delivery time)."""
+
+
+class _Stopped(Exception):
+    """The store stopped while a delivery was being retried."""
+
+
+# Put statuses a retry cannot mend (RocketMQ's doPut answers PUT_NO_RETRY for them)
+_PUT_NO_RETRY = frozenset((PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                           PutMessageStatus.WHEEL_TIMER_NOT_ENABLE, PutMessageStatus.WHEEL_TIMER_MSG_ILLEGAL))
 
 
 def _timer_props_present(props: str) -> bool:
@@ -190,6 +200,8 @@ class TimerMessageStore:
                 if not self.enqueue_once():
                     self._arrived.wait(0.05)
                     self._arrived.clear()
+            except _Stopped:
+                return
             except Exception:
                 log.exception("timer enqueue failed")
                 self._stop.wait(1.0)
@@ -238,6 +250,8 @@ class TimerMessageStore:
                 if time.monotonic() - last_persist >= self.flush_interval_ms / 1000.0:
                     self._persist()
                     last_persist = time.monotonic()
+            except _Stopped:
+                return
             except Exception:
                 log.exception("timer dequeue failed")
                 self._stop.wait(1.0)
@@ -248,6 +262,9 @@ class TimerMessageStore:
             return self._dequeue_tick()
 
     def _dequeue_tick(self) -> int:
+        """The tick's delivery; `read_time_ms` moves on only when every unit of the slot was handled (a
+        stop while a put is retried leaves the tick to the next start, whose per-message check skips what
+        went out)."""
         t = self.read_time_ms
         slot = self.wheel.get(t)
         n = 0
@@ -281,10 +298,20 @@ class TimerMessageStore:
         out = Message(topic=topic, body=bytes(m.body), queue_id=queue_id, flag=m.flag, properties_string=props,
                       sys_flag=m.sys_flag, born_timestamp=m.born_timestamp, born_host=m.born_host,
                       reconsume_times=m.reconsume_times)
-        r = self.store.put_message(out)
-        if not r.is_ok():
-            log.error("timer message %s not delivered to %s: %s %s", m.uniq_key, topic, r.status.name, r.reason or "")
-            return False
+        while True:
+            r = self.store.put_message(out)
+            if r.is_ok():
+                break
+            if r.status in _PUT_NO_RETRY:
+                log.error("timer message %s not delivered to %s: %s %s", m.uniq_key, topic, r.status.name,
+                          r.reason or "")
+                return False
+            # RocketMQ's doPut: anything else (a store not writeable, a file not created, an unknown error)
+            # is retried, the tick held, until the put succeeds; stopping leaves the tick to the next start
+            log.warning("timer message %s not delivered to %s yet (%s %s): retrying", m.uniq_key, topic,
+                        r.status.name, r.reason or "")
+            if self._stop.wait(max(self.precision_ms / 2000.0, 0.05)):
+                raise _Stopped
         self.delivered += 1
         return True
 

@@ -107,6 +107,21 @@ static inline int64_t get_i64(const unsigned char *p) {
 }
 static inline int16_t get_i16(const unsigned char *p) { return (int16_t)(((unsigned)p[0] << 8) | p[1]); }
 
+/* The 20-byte `__CRC32#` trailer (codec.crc_trailer) of the record at `rec`, `total` bytes long: written
+ * into its last 20 bytes from the CRC of the bytes before them (codec.fill_crc_trailer). */
+#define CRC_RESERVED 20
+static void fill_crc_trailer(unsigned char *rec, Py_ssize_t total) {
+    Py_ssize_t end = total - CRC_RESERVED;
+    uint32_t c = crc32_update(0, rec, end) & 0x7FFFFFFFu;
+    unsigned char *t = rec + end;
+    memcpy(t, "__CRC32#\x01", 9);
+    for (int k = 0; k < 10; k++) {  /* least-significant digit first, '0'-padded */
+        t[9 + k] = (unsigned char)('0' + c % 10);
+        c /= 10;
+    }
+    t[19] = 2;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Message fields, read through the slots of the dataclass (offsets looked up once, by name)        */
 enum {
@@ -199,12 +214,13 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     PyObject *msgs, *uniq_keys, *queue_table, *topics, *tags_cache, *tags_fn, *request_type;
     long long base, now, max_body, max_record;
     const char *store_addr; Py_ssize_t addr_len;
-    int store_port, sys_flag;
-    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
+    int store_port, sys_flag, append_crc;
+    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!p", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
                           &now, &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &sys_flag,
                           &max_body, &max_record, &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type,
-                          &request_type))
+                          &request_type, &append_crc))
         return NULL;
+    const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
     if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
     PyTypeObject *rtype = (PyTypeObject *)request_type;
@@ -304,6 +320,7 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
                 pl += 10 + len;
             }
         }
+        pl += reserved;  /* the properties are empty or end with 0x02: the trailer follows directly */
         Py_ssize_t bl = PyBytes_GET_SIZE(body);
         Py_ssize_t total = hsize + bl + r->topic_part_len + 2 + pl;
         if (pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
@@ -396,6 +413,7 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
             s = PyUnicode_AsUTF8AndSize(r->uniq, &len);
             memcpy(p, "UNIQ_KEY\x01", 9); memcpy(p + 9, s, len); p[9 + len] = 2; p += 10 + len;
         }
+        if (reserved) fill_crc_trailer(out, r->total);
         out += r->total;
         /* the DispatchRequest: (topic, qid, phys, total, tags code, now, q, keys, uniq, sysFlag, 0, props) */
         PyObject *code;
@@ -405,7 +423,8 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
             else if (PyErr_Occurred()) code = NULL;
             else code = PyObject_CallOneArg(tags_fn, r->tags);
         } else code = Py_NewRef(zero);
-        PyObject *ps_obj = r->pl ? PyUnicode_DecodeUTF8((const char *)props, r->pl, "strict") : Py_NewRef(empty);
+        PyObject *ps_obj = r->pl > reserved ? PyUnicode_DecodeUTF8((const char *)props, r->pl - reserved, "strict")
+                                            : Py_NewRef(empty);
         PyObject *phys_obj = PyLong_FromLongLong(phys);
         PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
         PyObject *q_obj = PyLong_FromLongLong(r->q);
@@ -475,6 +494,7 @@ decline_early:
 typedef struct {
     PyObject *topic, *body, *ps;             /* borrowed */
     const char *pu; Py_ssize_t pl;           /* UTF-8 of ps (cached in the str) */
+    Py_ssize_t plen;                         /* PROPLEN: pl, + a 0x02 and the trailer with append_crc */
     Py_ssize_t tags_at, tags_len, keys_at, keys_len, uniq_at, uniq_len;  /* -1: absent */
     const char *topic_part; Py_ssize_t topic_part_len;
     char born_addr[16]; Py_ssize_t born_len; int32_t born_port;
@@ -482,6 +502,13 @@ typedef struct {
     int64_t born_ts, ptx, q;
     Py_ssize_t total, hsize;
 } net_rec;
+
+/* whether `needle` (nl > 0 bytes) occurs in `h` (n bytes) */
+static int memmem_simple(const char *h, Py_ssize_t n, const char *needle, Py_ssize_t nl) {
+    for (Py_ssize_t p = 0; p + nl <= n; p++)
+        if (h[p] == needle[0] && memcmp(h + p, needle, nl) == 0) return 1;
+    return 0;
+}
 
 /* the value of the last "\x02NAME\x01" in "\x02" + props (UTF-8): 1 found non-empty, 0 absent, -1 empty */
 static int find_prop(const char *u, Py_ssize_t n, const char *name, Py_ssize_t nl, Py_ssize_t *at, Py_ssize_t *len) {
@@ -504,12 +531,13 @@ static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
     PyObject *msgs, *queue_table, *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
     long long base, now, max_body, max_record;
     const char *store_addr; Py_ssize_t addr_len;
-    int store_port;
-    if (!PyArg_ParseTuple(args, "OO!LLO!y#iLLO!OO!OU", &msgs, &PyDict_Type, &queue_table, &base, &now,
+    int store_port, append_crc;
+    if (!PyArg_ParseTuple(args, "OO!LLO!y#iLLO!OO!OUp", &msgs, &PyDict_Type, &queue_table, &base, &now,
                           &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &max_body, &max_record,
                           &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type, &request_type, &parse_host,
-                          &schedule_topic))
+                          &schedule_topic, &append_crc))
         return NULL;
+    const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
     if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
     PyTypeObject *rtype = (PyTypeObject *)request_type;
@@ -597,9 +625,16 @@ static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
         r->qid = (int32_t)qid; r->flag = (int32_t)flag; r->born_ts = bts ? bts : now;
         r->reconsume = (int32_t)rc; r->ptx = ptx;
         r->topic = topic; r->body = body; r->ps = ps;
+        r->plen = r->pl;
+        if (reserved) {
+            /* a __CRC32# already there: the general path deletes it; else a 0x02 closes the last property */
+            if (r->pl >= 8 && memmem_simple(r->pu, r->pl, "__CRC32#", 8)) goto decline;
+            if (r->pl && r->pu[r->pl - 1] != 2) r->plen++;
+            r->plen += reserved;
+        }
         Py_ssize_t bl = PyBytes_GET_SIZE(body);
-        Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->pl;
-        if (r->pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
+        Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->plen;
+        if (r->plen > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
         r->total = total;
         int qi = -1;
         if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
@@ -665,8 +700,12 @@ static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
         put_i32(p, r->reconsume); put_i64(p + 4, r->ptx); put_i32(p + 12, (int32_t)bl); p += 16;
         memcpy(p, body, bl); p += bl;
         memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
-        put_i16(p, (int)r->pl); p += 2;
+        put_i16(p, (int)r->plen); p += 2;
         memcpy(p, r->pu, r->pl);
+        if (reserved) {
+            if (r->plen - reserved > r->pl) p[r->pl] = 2;
+            fill_crc_trailer(out, r->total);
+        }
         out += r->total;
         PyObject *tags = NULL, *keys = NULL, *uniq = NULL, *code = NULL;
         if (r->tags_at >= 0) tags = PyUnicode_DecodeUTF8(r->pu + r->tags_at, r->tags_len, "strict");

@@ -44,8 +44,8 @@ TOPICS = ["TopicA", "%RETRY%g", "t-1", "Tö", "L" * 200]
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), max_size=12)
 
 
-def _encoder(store_host: str) -> codec.RecordEncoder:
-    enc = codec.RecordEncoder(store_host)
+def _encoder(store_host: str, append_crc: bool = False) -> codec.RecordEncoder:
+    enc = codec.RecordEncoder(store_host, append_crc=append_crc)
     for t in TOPICS:
         enc._topic_part(t, False)  # topics are cached once validated by the put path
     return enc
@@ -57,7 +57,7 @@ def _native_plain(enc: codec.RecordEncoder, msgs, uniq, table, base, now):
         msgs, uniq, table, base, now, enc._topics, addr, port,
         (codec.BORNHOST_V6_FLAG | codec.STOREHOSTADDRESS_V6_FLAG) if enc._store_v6 else 0, enc.max_message_size,
         enc.max_message_size + codec.RECORD_HEADROOM, codec._TAGS_CODE_CACHE, codec.tags_string_to_tags_code,
-        codec.DispatchRequest)
+        codec.DispatchRequest, enc.append_crc)
 
 
 def _same_batch(a: codec.PlainBatch, b: codec.PlainBatch) -> None:
@@ -100,9 +100,9 @@ _plain = st.builds(
 @given(msgs=st.lists(_plain, max_size=12), store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
        base=st.integers(0, 2 ** 40), table=st.dictionaries(st.sampled_from(["TopicA-1", "Tö-0", "t-1-3"]),
                                                              st.integers(0, 2 ** 40)),
-       with_uniq=st.booleans())
-def test_encode_plain_batch_native_equals_python(msgs, store_host, base, table, with_uniq):
-    enc = _encoder(store_host)
+       with_uniq=st.booleans(), append_crc=st.booleans())
+def test_encode_plain_batch_native_equals_python(msgs, store_host, base, table, with_uniq, append_crc):
+    enc = _encoder(store_host, append_crc)
     now = 1_700_000_000_123
     uniq = [f"{i:032X}" if i % 3 else None for i in range(len(msgs))] if with_uniq else None
     before = dict(table)
@@ -163,7 +163,6 @@ def test_encode_plain_batch_native_declines_what_the_reference_must_decide():
                 assert got is None
             else:
                 _same_batch(got, ref)
-    assert codec.RecordEncoder(append_crc=True).encode_plain_batch([ok], None, {}, 0, 1) is None
     assert _native_plain(enc, [ok], ["x"] * 0, {}, 0, 1) is None  # uniq keys shorter than the batch
 
 
@@ -366,10 +365,11 @@ def _native_network(enc: codec.RecordEncoder, msgs, table, base, now):
     return _native.encode_network_batch(
         msgs, table, base, now, enc._topics, addr, port, enc.max_message_size,
         enc.max_message_size + codec.RECORD_HEADROOM, codec._TAGS_CODE_CACHE, codec.tags_string_to_tags_code,
-        codec.DispatchRequest, codec.parse_host, codec.SCHEDULE_TOPIC)
+        codec.DispatchRequest, codec.parse_host, codec.SCHEDULE_TOPIC, enc.append_crc)
 
 
-_prop_pairs = st.lists(st.tuples(st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "a", "TAGSX", "XKEYS"])
+_prop_pairs = st.lists(st.tuples(st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "a", "TAGSX", "XKEYS",
+                                                  codec.PROPERTY_CRC32, "x__CRC32#"])
                                  | TEXT.filter(bool), TEXT.filter(bool)), max_size=6)
 _network = st.builds(
     Message,
@@ -389,13 +389,14 @@ _network = st.builds(
 
 @PROPS
 @given(msgs=st.lists(_network, max_size=12), store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]),
-       base=st.integers(0, 2 ** 40), table=st.dictionaries(st.sampled_from(["TopicA-1", "Tö-0"]), st.integers(0, 2 ** 40)))
-def test_encode_network_batch_native_equals_python(msgs, store_host, base, table):
-    enc = _encoder(store_host)
+       base=st.integers(0, 2 ** 40), table=st.dictionaries(st.sampled_from(["TopicA-1", "Tö-0"]), st.integers(0, 2 ** 40)),
+       append_crc=st.booleans())
+def test_encode_network_batch_native_equals_python(msgs, store_host, base, table, append_crc):
+    enc = _encoder(store_host, append_crc)
     now = 1_700_000_000_123
     ref = enc.encode_network_batch_py(msgs, table, base, now)
     raw = _native_network(enc, msgs, table, base, now)
-    if ref is None:  # an empty TAGS/KEYS/UNIQ_KEY value: the general parse decides, and so does C
+    if ref is None:  # an empty TAGS/KEYS/UNIQ_KEY value or a __CRC32# with append_crc: the general path decides
         assert raw is None
         return
     assert raw is not None  # everything else here is covered by the C loop
@@ -427,3 +428,36 @@ def test_encode_network_batch_native_declines_what_the_reference_must_decide():
         table: dict[str, int] = {}
         assert _native_network(enc, [ok, m], table, 0, 1) is None, m
         assert table == {}
+
+
+def test_encoders_native_crc_trailer_edges():
+    """append_crc at the edges: properties that fill PROPLEN to the last byte with the trailer (and the 0x02
+    the network path adds), one byte more (declined by both), a `__CRC32#` already sent (declined), and records
+    whose trailer `prop_crc_damage` accepts."""
+    from rmq_eventstore.store.recovery import prop_crc_damage
+
+    enc = _encoder("127.0.0.1:10911", append_crc=True)
+    room = codec.MAX_PROPERTIES_LENGTH - codec.CRC32_RESERVED_LEN
+    for n, fits in ((room - 6, True), (room - 5, False)):  # "TAGS\x01" + value + "\x02"
+        m = Message(topic="TopicA", body=b"b", tags="t" * n)
+        ref = enc.encode_plain_batch_py([m], None, {}, 0, 1)
+        raw = _native_plain(enc, [m], None, {}, 0, 1)
+        assert (ref is not None) is fits and (raw is not None) is fits
+        if fits:
+            _same_batch(codec.PlainBatch(*raw), ref)
+    for ps, fits in (("a\x01" + "v" * (room - 3), True), ("a\x01" + "v" * (room - 2), False),
+                     ("a\x01" + "v" * (room - 3) + "\x02", True), ("", True), ("a\x01b", True),
+                     ("a\x01b\x02__CRC32#\x010123456789\x02", False), ("x__CRC32#y\x01b", False)):
+        m = Message(topic="TopicA", body=b"b", properties_string=ps)
+        ref = enc.encode_network_batch_py([m], {}, 0, 1)
+        raw = _native_network(enc, [m], {}, 0, 1)
+        assert (ref is not None) is fits and (raw is not None) is fits, ps
+        if fits:
+            _same_batch(codec.PlainBatch(*raw), ref)
+            assert raw[1][0].properties_string == ps  # the request keeps what the producer sent
+            assert prop_crc_damage(raw[0], 0, len(raw[0])) == ""
+    m = Message(topic="TopicA", body=b"b" * 200, tags="t", keys="k")
+    data = bytearray(_native_plain(enc, [m], None, {}, 0, 1)[0])
+    assert prop_crc_damage(data, 0, len(data)) == ""
+    data[100] ^= 1
+    assert prop_crc_damage(data, 0, len(data)) == "__CRC32# property mismatch"

@@ -563,14 +563,14 @@ class RecordEncoder:
                            queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
         """The batch put's fast path (see `encode_plain_batch_py`, the reference): the C loop of
         `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
-        Python loop. The native loop leaves every batch with the `__CRC32#` trailer to the Python path."""
-        if native is not None and not self.append_crc:
+        Python loop. Both write the `__CRC32#` trailer when `append_crc` is on."""
+        if native is not None:
             addr, port = self.store_host
             r = native.encode_plain_batch(
                 msgs, uniq_keys, queue_table, base_offset, now, self._topics, addr, port,
                 (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0, self.max_message_size,
                 self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
-                DispatchRequest)
+                DispatchRequest, self.append_crc)
             if r is not None:
                 return _new_tuple(PlainBatch, r)
         return self.encode_plain_batch_py(msgs, uniq_keys, queue_table, base_offset, now)
@@ -662,13 +662,13 @@ class RecordEncoder:
                              now: int) -> PlainBatch | None:
         """The network put's fast path (see `encode_network_batch_py`, the reference): the C loop of
         `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
-        Python loop. The native loop leaves every batch with the `__CRC32#` trailer to the Python path."""
-        if native is not None and not self.append_crc:
+        Python loop. Both write the `__CRC32#` trailer when `append_crc` is on."""
+        if native is not None:
             addr, port = self.store_host
             r = native.encode_network_batch(
                 msgs, queue_table, base_offset, now, self._topics, addr, port, self.max_message_size,
                 self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
-                DispatchRequest, parse_host, SCHEDULE_TOPIC)
+                DispatchRequest, parse_host, SCHEDULE_TOPIC, self.append_crc)
             if r is not None:
                 return _new_tuple(PlainBatch, r)
         return self.encode_network_batch_py(msgs, queue_table, base_offset, now)

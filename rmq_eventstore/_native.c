@@ -1103,7 +1103,12 @@ out:
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* skim_records(buf, pos, limit, check_crc, max_records, keep) -> (records, next_pos, state, reason)  */
+/* skim_records(buf, pos, limit, check_crc, max_records, keep, states, prop_crc=False)                  */
+/*   -> (records, next_pos, state, reason), with prop_crc (records, next_pos, state, reason, undecided)   */
+/* prop_crc: the trailer part of recovery.prop_crc_damage per record (a 0x02, `__CRC32#` 0x01, 10 digits,  */
+/* 0x02 at the record's end, equal to the CRC of the bytes before the last 20: kept; a different CRC:     */
+/* damage "__CRC32# property mismatch", the walk stops before the record). A record without that trailer  */
+/* is kept and its index listed in `undecided`: the caller runs prop_crc_damage's full check on it.       */
 #define MAGIC_V1 ((int32_t)0xDAA320A7)
 #define MAGIC_V2 ((int32_t)0xDAA320AB)
 #define MAGIC_BLANK ((int32_t)0xCBD43194)
@@ -1111,11 +1116,16 @@ out:
 static PyObject *skim_records(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, limit, max_records;
-    int check_crc, keep;
+    int check_crc, keep, prop_crc = 0;
     PyObject *states;  /* (ok, blank, end, damage) strings */
-    if (!PyArg_ParseTuple(args, "y*nnpnpO!", &view, &pos, &limit, &check_crc, &max_records, &keep,
-                          &PyTuple_Type, &states))
+    if (!PyArg_ParseTuple(args, "y*nnpnpO!|p", &view, &pos, &limit, &check_crc, &max_records, &keep,
+                          &PyTuple_Type, &states, &prop_crc))
         return NULL;
+    if (prop_crc && !keep) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "prop_crc needs keep");
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(states) != 4) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "states must be 4 strings");
@@ -1123,8 +1133,10 @@ static PyObject *skim_records(PyObject *self, PyObject *args) {
     }
     const unsigned char *b = view.buf;
     if (limit > view.len || pos < 0) { PyBuffer_Release(&view); Py_RETURN_NONE; }  /* the reference reports it */
-    PyObject *out = PyList_New(0);
-    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    PyObject *out = PyList_New(0), *undecided = prop_crc ? PyList_New(0) : NULL;
+    if (out == NULL || (prop_crc && undecided == NULL)) {
+        Py_XDECREF(out); Py_XDECREF(undecided); PyBuffer_Release(&view); return NULL;
+    }
     Py_ssize_t count = 0;
     int state = 2; /* end */
     char reason[160] = "";
@@ -1195,12 +1207,41 @@ static PyObject *skim_records(PyObject *self, PyObject *args) {
                 snprintf(reason, sizeof reason, "total size %d != computed %zd", total, expected);
             break;
         }
+        if (prop_crc) {
+            const unsigned char *t = b + rec_end - 21;
+            int has = total > 112 && t[0] == 2 && t[20] == 2 && memcmp(t + 1, "__CRC32#\x01", 9) == 0;
+            uint64_t want = 0;
+            for (int k = 19; has && k >= 10; k--) {  /* the digits, least-significant first */
+                if (t[k] < '0' || t[k] > '9') has = 0;
+                else want = want * 10 + (uint64_t)(t[k] - '0');
+            }
+            if (has) {
+                uint32_t c;
+                if (total >= 65536) {
+                    Py_BEGIN_ALLOW_THREADS
+                    c = crc32_update(0, p, total - 20) & 0x7FFFFFFFu;
+                    Py_END_ALLOW_THREADS
+                } else c = crc32_update(0, p, total - 20) & 0x7FFFFFFFu;
+                if (want != c) { state = 3; snprintf(reason, sizeof reason, "__CRC32# property mismatch"); break; }
+            } else {
+                PyObject *ix = PyLong_FromSsize_t(count);
+                if (ix == NULL || PyList_Append(undecided, ix) < 0) {
+                    Py_XDECREF(ix);
+                    Py_DECREF(out);
+                    Py_DECREF(undecided);
+                    PyBuffer_Release(&view);
+                    return NULL;
+                }
+                Py_DECREF(ix);
+            }
+        }
         if (keep) {
             PyObject *t = Py_BuildValue("(nilLiLy#)", pos, (int)total, (long)queue_id, (long long)queue_offset,
                                         (int)sys_flag, (long long)store_ts, (const char *)(b + tpos), topic_len);
             if (t == NULL || PyList_Append(out, t) < 0) {
                 Py_XDECREF(t);
                 Py_DECREF(out);
+                Py_XDECREF(undecided);
                 PyBuffer_Release(&view);
                 return NULL;
             }
@@ -1210,10 +1251,12 @@ static PyObject *skim_records(PyObject *self, PyObject *args) {
         pos = rec_end;
     }
     PyBuffer_Release(&view);
+    if (prop_crc) return Py_BuildValue("(NnOsN)", out, pos, PyTuple_GET_ITEM(states, state), reason, undecided);
     return Py_BuildValue("(NnOs)", out, pos, PyTuple_GET_ITEM(states, state), reason);
 decline:  /* a read past the buffer: the reference's own error message decides */
     PyBuffer_Release(&view);
     Py_DECREF(out);
+    Py_XDECREF(undecided);
     Py_RETURN_NONE;
 }
 

@@ -271,6 +271,60 @@ def test_skim_records_native_equals_python(records, tail, damage, check_crc, max
             assert codec.skim_records(data, pos, limit, check_crc, max_records) == want
 
 
+def _prop_crc_walk(recs, nxt, state, reason, undecided, data):
+    """walk_commit_log's use of `skim_records_prop_crc`: the full check on the records the skim left."""
+    from rmq_eventstore.store.recovery import prop_crc_damage
+
+    for i in undecided:
+        why = prop_crc_damage(data, recs[i][0], recs[i][1])
+        if why:
+            return recs[:i], recs[i][0], codec.SKIM_DAMAGE, why
+    return recs, nxt, state, reason
+
+
+@PROPS
+@given(records=st.lists(st.tuples(_records.map(lambda r: r[0]), st.booleans(), st.sampled_from(["", "a\x01b"])),
+                        min_size=1, max_size=8),
+       damage=st.none() | st.tuples(st.integers(0, 10 ** 6), st.integers(0, 255)),
+       check_crc=st.booleans(), max_records=st.integers(1, 10), cut=st.integers(0, 40))
+def test_skim_records_prop_crc_native_equals_python(records, damage, check_crc, max_records, cut):
+    """The trailer check inside the C walk (`skim_records_prop_crc`) + the full check on what it leaves gives
+    what the reference gives: `skim_records_py` + `recovery.prop_crc_damage` on every record."""
+    from rmq_eventstore.store.recovery import prop_crc_damage
+
+    parts = []
+    for i, ((topic, body, props, born, store, v2), crc, extra) in enumerate(records):
+        parts.append(codec.encode_record(
+            topic=topic, body=body, properties_string=(f"KEYS\x01{props}\x02" if props else "") + extra,
+            queue_id=i % 3, queue_offset=i, physical_offset=sum(map(len, parts)), born_host=born,
+            store_host=store, store_timestamp=1000 + i, force_v2=v2, append_crc=crc))
+    buf = bytearray(b"".join(parts)) + b"\0" * 64
+    if damage is not None:
+        buf[damage[0] % len(buf)] = damage[1]
+    data = bytes(buf)
+    for limit in (len(data), max(0, len(data) - cut)):
+        for pos in (0, len(parts[0])):
+            recs, nxt, state, reason = codec.skim_records_py(data, pos, limit, check_crc, max_records)
+            want = (recs, nxt, state, reason)
+            for i, r in enumerate(recs):
+                why = prop_crc_damage(data, r[0], r[1])
+                if why:
+                    want = (recs[:i], r[0], codec.SKIM_DAMAGE, why)
+                    break
+            got = codec.skim_records_prop_crc(data, pos, limit, check_crc, max_records)
+            assert _prop_crc_walk(*got, data) == want
+            raw = _native.skim_records(data, pos, limit, check_crc, max_records, True, codec._SKIM_STATES, True)
+            if raw is not None:
+                if codec.NATIVE:
+                    assert raw == got
+                assert _prop_crc_walk(*raw, data) == want
+                # left undecided: exactly the records that do not end with 0x02 + a trailer
+                assert raw[4] == [i for i, r in enumerate(raw[0])
+                                  if not (r[1] > 112 and data[r[0] + r[1] - 21:r[0] + r[1] - 11] == b"\x02__CRC32#\x01"
+                                          and data[r[0] + r[1] - 11:r[0] + r[1] - 1].isdigit()
+                                          and data[r[0] + r[1] - 1] == 2)]
+
+
 def test_skim_records_native_declines_limits_past_the_buffer():
     rec = bytes(codec.encode_record(topic="T", body=b"b", born_host=(b"\1\2\3\4", 1), store_host=(b"\1\2\3\4", 1)))
     assert _native.skim_records(rec, 0, len(rec) + 1, True, 10, True, codec._SKIM_STATES) is None

@@ -1195,6 +1195,22 @@ def skim_records(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records
     return skim_records_py(buf, pos, limit, check_crc, max_records, keep)
 
 
+def skim_records_prop_crc(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16
+                          ) -> tuple[list[tuple], int, str, str, list[int]]:
+    """`skim_records` (records kept) that also checks the `__CRC32#` trailer at each record's end, for
+    `force_verify_prop_crc` (recovery's walk). The fifth item lists the indexes of the records it left
+    undecided, in order: the caller runs `recovery.prop_crc_damage` (the reference) on those. The C loop
+    decides every record that ends with the trailer (`prop_crc_damage`'s first test: equal CRC kept, another
+    CRC is damage "__CRC32# property mismatch" before the record) and leaves the others; without it (pure
+    Python) every record is left undecided, so the results are `prop_crc_damage`'s either way."""
+    if native is not None:
+        r = native.skim_records(buf, pos, limit, check_crc, max_records, True, _SKIM_STATES, True)
+        if r is not None:
+            return r
+    recs, nxt, state, reason = skim_records_py(buf, pos, limit, check_crc, max_records, True)
+    return recs, nxt, state, reason, list(range(len(recs)))
+
+
 def skim_records_py(buf: Buffer, pos: int, limit: int, check_crc: bool, max_records: int = 1 << 16,
                     keep: bool = True) -> tuple[list[tuple], int, str, str]:
     """Hop from record to record by TOTALSIZE with the checks of `check_message_and_return_size`

@@ -130,8 +130,8 @@ def walk_commit_log(commit_log: CommitLog, start: int, check_crc: bool,
     """Walk the records from `start` (a record boundary) across files, rolling over BLANK records, until
     zeroed space, damage, the last file's end or `stop`. `on_records(file_from_offset, view, records)`
     sees every chunk of valid records. With `force_verify_prop_crc` configured, a CRC-checked walk also
-    checks every record's `__CRC32#` property (`prop_crc_damage`: the full `check_message_and_return_size`,
-    slower)."""
+    checks every record's `__CRC32#` property (`prop_crc_damage`; its trailer test runs in the skim's loop,
+    `codec.skim_records_prop_crc`, the full `check_message_and_return_size` only for records without one)."""
     prop_crc = check_crc and commit_log.config.force_verify_prop_crc
     mfq = commit_log.mapped_file_queue
     files = mfq.mapped_files
@@ -152,14 +152,18 @@ def walk_commit_log(commit_log: CommitLog, start: int, check_crc: bool,
         if stop is not None and mf.file_from_offset <= stop < mf.file_from_offset + size:
             limit = min(limit, stop - mf.file_from_offset)
         while True:
-            recs, nxt, state, reason = codec.skim_records(mf.mm if mf.mm is not None else mf.view, pos, limit,
-                                                          check_crc, keep=keep or prop_crc)
+            buf = mf.mm if mf.mm is not None else mf.view
             if prop_crc:
-                for i, r in enumerate(recs):
+                # the trailer check runs in the walk's loop (C); the records it leaves get the full one
+                recs, nxt, state, reason, undecided = codec.skim_records_prop_crc(buf, pos, limit, check_crc)
+                for i in undecided:
+                    r = recs[i]
                     why = prop_crc_damage(mf.view, r[0], r[1])
                     if why:
                         recs, nxt, state, reason = recs[:i], r[0], SKIM_DAMAGE, why
                         break
+            else:
+                recs, nxt, state, reason = codec.skim_records(buf, pos, limit, check_crc, keep=keep)
             scanned += nxt - pos
             if progress is not None and nxt > pos:
                 progress(nxt - pos)

@@ -11,7 +11,8 @@
  *   encode_network_batch RecordEncoder.encode_network_batch: the same for messages with a properties string
  *   index_keys          IndexService.build_index's key loop + index_key_hashes (Java String.hashCode)
  *   group_units         MessageStore._dispatch's grouping of consume-queue units per queue
- *   skim_records        codec.skim_records: the record walk of recovery and verify (body CRC included)
+ *   skim_records        codec.skim_records(_prop_crc): the record walk of recovery and verify (body CRC,
+ *                       and the `__CRC32#` trailer with prop_crc)
  *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines

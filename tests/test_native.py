@@ -4,8 +4,9 @@ Each C loop must give exactly what its Python reference gives, byte for byte and
 everything it handles, and hand back None (the reference then decides) on anything else:
 `encode_plain_batch` against `RecordEncoder.encode_plain_batch_py`, `index_keys` against
 `index.index_entries_py`, `group_units` against `message_store.group_units_py`, `skim_records` against
-`codec.skim_records_py`, `crc32` against `zlib.crc32`. The golden vectors, the codec property tests and the
-crash suite run once per implementation in `make test` (`RMQ_EVENTSTORE_PURE=1` for the second pass).
+`codec.skim_records_py` (with `prop_crc`: + `recovery.prop_crc_damage`), `crc32` against `zlib.crc32`. The
+golden vectors, the codec property tests and the crash suite run once per implementation in `make test`
+(`RMQ_EVENTSTORE_PURE=1` for the second pass).
 
 The tests skip when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_NATIVE=1` (set by
 `make test`), which makes a missing extension a failure.

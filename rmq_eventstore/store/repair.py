@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -101,6 +102,7 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
     files = reader.commit_log.mapped_files
     report.commit_log_min = files[0].file_from_offset if files else 0
     end = report.commit_log_min
+    live: bool | None = None
     for i, mf in enumerate(files):
         pos = 0
         limit = mf.mapped_size
@@ -128,6 +130,11 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
                 continue
             if state == SKIM_DAMAGE:
                 at = mf.file_from_offset + pos
+                if last:
+                    if live is None:
+                        live = reader.root is not None and _live(reader.root)
+                    if live and _record_arrived(mf, pos, limit):
+                        continue  # a record half copied in by a live writer, whole now
                 report.add("commitlog_record", mf.file_name, at, reason)
                 # a record whose lengths are intact (a CRC mismatch) is skipped; otherwise the rest of
                 # this file cannot be walked
@@ -149,11 +156,29 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
                 report.add("commitlog_hole", mf.file_name, end,
                            "zeroed space before the end of a segment that is not the last one")
             elif pos < limit and not reader_is_zero_tail(mf, pos):
-                report.add("commitlog_tail", mf.file_name, end, "bytes after the end of the log")
+                if live is None:
+                    live = reader.root is not None and _live(reader.root)
+                if live and _record_arrived(mf, pos, limit):
+                    continue  # a live writer was copying a record here: walk on
+                if not live:
+                    report.add("commitlog_tail", mf.file_name, end, "bytes after the end of the log")
             break
         _tick(progress, mf.mapped_size - pos)
     report.commit_log_end = end
     return {(t.decode("utf-8", "replace"), q): (n, last) for (t, q), (n, last) in counts.items()}
+
+
+def _record_arrived(mf: Any, pos: int, limit: int, wait: float = 1.0) -> bool:
+    """Beside a live writer, bytes after the end are a record being copied in: wait (bounded) until a whole
+    record starts at `pos`; False when none does (the writer is still inside it, or died there)."""
+    deadline = time.monotonic() + wait
+    while True:
+        one, _nxt, _s, _r = codec.skim_records(mf.view, pos, limit, True, max_records=1)
+        if one:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
 
 
 def reader_is_zero_tail(mf: Any, pos: int, window: int = 4096) -> bool:

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..common import Message, codec
-from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError
+from ..common.pop import pop_retry_topic
+from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError, is_system_topic, validate_topic
 from ..common.topic_config import PermName, TopicConfig
 from ..remoting import HeaderError, RemotingCommand, RequestCode, ResponseCode
 from ..store import MessageStore
@@ -277,6 +278,29 @@ class Broker:
     def create_topic(self, topic: str, read_queue_nums: int = 4, write_queue_nums: int = 4,
                      perm: int = PermName.PERM_READ | PermName.PERM_WRITE, order: bool = False) -> TopicConfig:
         return self.topic_manager.create(topic, read_queue_nums, write_queue_nums, perm, order)
+
+    def delete_topic(self, topic: str) -> list[str]:
+        """Delete `topic` in this broker (`AdminBrokerProcessor.deleteTopic`): the topic and, as RocketMQ's
+        `clearRetryTopicWhenDeleteTopic` does, the pop retry topics of the groups with offsets in it; for
+        each, its config, queues and offsets (`MessageStore.delete_topic`), its pending POP checkpoints and
+        its route (routes are answered from the topic configs). System topics are refused
+        (`TopicValidationError`). Returns the topics deleted (none for an unknown topic: RocketMQ answers
+        success then too)."""
+        validate_topic(topic)
+        if is_system_topic(topic):
+            raise TopicValidationError(f"The topic[{topic}] is conflict with system topic.")
+        topics = [topic]
+        for group in sorted(self.offset_manager.file.which_group_by_topic(topic)):
+            retry = pop_retry_topic(group, topic)
+            if self.topic_manager.get(retry) is not None:
+                topics.append(retry)
+        deleted = []
+        for t in topics:
+            if self.store.delete_topic(t):
+                deleted.append(t)
+            self.pop_service.forget_topic(t)
+            self.stream_versions.forget_topic(t)
+        return deleted
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self.offset_manager.commit(group, topic, queue_id, offset)

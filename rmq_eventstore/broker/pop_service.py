@@ -96,6 +96,8 @@ class PopService:
         # revive state per revive queue: read position and pending checkpoints by key
         self._read: dict[int, int] = {}
         self._pending: dict[int, OrderedDict[tuple, tuple[PopCheckPoint, int]]] = {}
+        self._revive_lock = threading.Lock()  # a revive round, or a deleted topic's checkpoints being dropped
+        self._deleted_at: dict[str, int] = {}  # topic -> when it was deleted (ms): older checkpoints are void
         self.revived = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ class PopService:
                         ck = PopCheckPoint.from_json(bytes(m.body))
                     except (ValueError, KeyError):
                         continue
-                    if ck.queue_offset_diff:
+                    if ck.queue_offset_diff and self.broker.topic_manager.get(ck.topic) is not None:
                         end = ck.start_offset + max(ck.queue_offset_diff) + 1
                         if offsets.file.query_offset(ck.group, ck.topic, ck.queue_id) < end:
                             offsets.commit(ck.group, ck.topic, ck.queue_id, end)
@@ -268,7 +270,37 @@ class PopService:
             self.broker.offset_manager.persist()
         return n
 
+    def forget_topic(self, topic: str) -> int:
+        """`topic` was deleted: drop its pending checkpoints (RocketMQ clears the topic's in-flight counts and
+        its revive skips checkpoints of a topic without config), so nothing of it is put back, not even into
+        a topic of the same name created later; checkpoints of it read later are void too. Returns how many
+        pending checkpoints went."""
+        now = int(time.time() * 1000)
+        n = 0
+        with self._revive_lock:
+            if len(self._deleted_at) > 1024:
+                day = now - 86_400_000
+                self._deleted_at = {t: at for t, at in self._deleted_at.items() if at > day}
+            self._deleted_at[topic] = now
+            for pending in self._pending.values():
+                for key in [k for k in pending if k[1] == topic]:
+                    del pending[key]
+                    n += 1
+        with self._locks_guard:
+            for key in [k for k in self._locks if k[1] == topic]:
+                del self._locks[key]
+        return n
+
+    def _void(self, ck: PopCheckPoint) -> bool:
+        """A checkpoint of a deleted topic: nothing to put back."""
+        at = self._deleted_at.get(ck.topic)
+        return (at is not None and ck.pop_time <= at) or self.broker.topic_manager.get(ck.topic) is None
+
     def _revive_queue(self, qid: int, now: int) -> int:
+        with self._revive_lock:
+            return self._revive_queue_locked(qid, now)
+
+    def _revive_queue_locked(self, qid: int, now: int) -> int:
         offsets = self.broker.offset_manager
         pending = self._pending.setdefault(qid, OrderedDict())
         if qid not in self._read:
@@ -296,6 +328,11 @@ class PopService:
         n = 0
         for key, (ck, _) in list(pending.items()):
             if ck.revive_time > now:
+                continue
+            if self._void(ck):
+                log.info("revive: %s was deleted, checkpoint of queue %d offset %d dropped", ck.topic, ck.queue_id,
+                         ck.start_offset)
+                del pending[key]
                 continue
             failed = False
             for i, off in enumerate(ck.offsets()):

@@ -50,7 +50,7 @@ _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, 
 # requests whose records are written with the store's flush wait (on threads under SYNC_FLUSH)
 _WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
                               RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION})
+_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.DELETE_TOPIC_IN_BROKER})
 _QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})  # tried on the loop first
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 EVENT_LOOP_ENV = "RMQ_EVENTSTORE_EVENT_LOOP"

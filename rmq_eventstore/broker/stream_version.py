@@ -70,6 +70,12 @@ class StreamVersionManager:
         # half messages of one transaction group (one database transaction), which end together
         self._pending: dict[tuple[str, str], list[tuple[str, int, str | None]]] = {}
 
+    def forget_topic(self, topic: str) -> None:
+        """`topic` was deleted: its cached versions no longer hold (a topic created again starts anew)."""
+        with self._cache_lock:
+            for key in [k for k in self._cache if k[0] == topic]:
+                del self._cache[key]
+
     def lock_for(self, topic: str, stream: str) -> threading.Lock:
         return self._locks[self._stripe(topic, stream)]
 

@@ -12,10 +12,11 @@ from ..store.config_files import (
 )
 from ..store.index import IndexReadOnlyError
 from ..store.mapped_file import StoreLoadError
-from . import broker, group, repair, spark, store
+from . import broker, group, repair, spark, store, topic
 from .output import EXIT_ERROR, EXIT_OK, PROG, CliError, Command, describe_os_error, notice, path_parser
 
-COMMANDS: tuple[Command, ...] = (*store.COMMANDS, *repair.COMMANDS, *broker.COMMANDS, *group.COMMANDS, *spark.COMMANDS)
+COMMANDS: tuple[Command, ...] = (*store.COMMANDS, *repair.COMMANDS, *broker.COMMANDS, *group.COMMANDS, *topic.COMMANDS,
+                                 *spark.COMMANDS)
 
 DESCRIPTION = (
     "Tools for RocketMQ-format store directories (ours or Apache RocketMQ's). Read-only commands "

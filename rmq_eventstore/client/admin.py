@@ -115,6 +115,20 @@ class Admin:
                 "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queue_nums, "writeQueueNums": queue_nums,
                 "perm": perm, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": order}))
 
+    def delete_topic(self, topic: str) -> None:
+        """Delete a topic on every broker (DELETE_TOPIC_IN_BROKER), then in the name server
+        (DELETE_TOPIC_IN_NAMESRV), as RocketMQ's `mqadmin deleteTopic` does: its config, queues, consumer
+        offsets, pop retry topics and route go; its commitlog records stay until the commitlog expires.
+        Deleting a topic the broker does not know succeeds (RocketMQ's answer). A system topic or a name
+        that is no topic name is refused: `ValueError` here, or `MQBrokerError` (INVALID_PARAMETER) from
+        the broker."""
+        validate_topic(topic)
+        for addr in self.broker_addresses().values():
+            self._base.invoke(addr, RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}))
+        self._base.invoke_namesrv(lambda: RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_NAMESRV,
+                                                                  {"topic": topic}))
+        self._base.forget_route(topic)
+
     def create_subscription_group(self, group: str, retry_max_times: int = 16, **config: object) -> None:
         """Create (or update) a consumer group on every broker (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP);
         `retry_max_times` is how often a message may come back before it goes to the group's DLQ.

@@ -21,6 +21,7 @@ from ..remoting.acl import SessionCredentials, sign_request
 from .remoting_client import MQBrokerError, RemotingClient, RemotingError
 
 ROUTE_TTL_SECONDS = 30.0
+ROUTE_CACHE_SOFT_LIMIT = 1024  # past this many cached routes, those unused for ten TTLs are dropped
 HEARTBEAT_INTERVAL_SECONDS = 30.0
 DEFAULT_TIMEOUT = 3.0
 _instance_counter = iter(range(1, 1 << 62))
@@ -200,6 +201,19 @@ class ClientBase:
         raise RemotingError(f"no name server reachable ({', '.join(self.namesrv_addrs)}): {last}")
 
     # -- routes -------------------------------------------------------------------------------------------
+    def forget_route(self, topic: str) -> None:
+        """Drop the cached route of `topic` (deleted): the next use asks the name server again."""
+        with self._route_lock:
+            self._routes.pop(topic, None)
+
+    def _evict_routes(self) -> None:
+        """Bound the route cache of a client that sends to many short-lived topics (Celery's reply queues):
+        routes nobody asked for in ten TTLs go; the brokers of the others stay known for heartbeats."""
+        old = time.monotonic() - 10 * ROUTE_TTL_SECONDS
+        with self._route_lock:
+            for t in [t for t, r in self._routes.items() if r.fetched < old]:
+                del self._routes[t]
+
     def route(self, topic: str, refresh: bool = False) -> TopicRoute:
         r = self._routes.get(topic)
         if r is not None and not refresh and time.monotonic() - r.fetched < ROUTE_TTL_SECONDS:
@@ -224,6 +238,8 @@ class ClientBase:
             if perm & 4:
                 read_queues += [(addr, i) for i in range(int(qd.get("readQueueNums", 0)))]
         r = TopicRoute(topic, queues, read_queues, brokers, time.monotonic())
+        if len(self._routes) >= ROUTE_CACHE_SOFT_LIMIT and topic not in self._routes:
+            self._evict_routes()
         with self._route_lock:
             new_brokers = set(brokers.values()) - {a for x in self._routes.values() for a in x.broker_addrs.values()}
             self._routes[topic] = r

@@ -9,9 +9,19 @@ publish that needs it (a Celery control client binds its reply queue, then broad
 answers sees the binding).
 
 Records (`op`): `exchange` (name, type, durable, auto_delete, arguments), `exchange.delete`, `queue`
-(name, arguments: `x-max-priority`, `x-message-ttl`, `x-expires`), `queue.delete` (drops the queue's
-bindings too), `bind` and `unbind` (exchange, routing key, pattern, queue). Replaying them in log order
-gives the same state in every process; the last record about a thing wins.
+(name, arguments: `x-max-priority`, `x-message-ttl`, `x-expires`; `at`: when, epoch ms), `queue.delete`
+(drops the queue's bindings too; with `unused_since` only if the queue was not declared or leased after
+that time: a sweeper's delete never removes a queue someone used meanwhile), `lease` (name, at: a
+consumer of an `x-expires` queue says it still uses it), `bind` and `unbind` (exchange, routing key,
+pattern, queue). Replaying them in log order gives the same state in every process; the last record about
+a thing wins.
+
+Compaction: the whole state after the record at offset N-1 is written as one snapshot message to a second
+topic (`kombu_sys_bindings_snapshot`) with `upto` N, by whichever process has applied `SNAPSHOT_EVERY`
+records since the last snapshot it knows of (or finds the last one older than `SNAPSHOT_MAX_AGE`, so the
+snapshot outlives the store's retention). A process starts from the newest snapshot and replays only the
+records from its `upto` on, so declaring and deleting a reply queue 10,000 times leaves nothing to replay.
+Two processes writing a snapshot at once is harmless: each is the exact state at its own `upto`.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 Binding = tuple[str, str | None, str]  # (routing key, pattern, queue), as kombu's exchange types keep them
+SNAPSHOT_EVERY = 1000  # records applied since the last snapshot before a process writes one
+SNAPSHOT_MAX_AGE = 6 * 3600 * 1000  # ms: a snapshot older than this is written again (retention is 72 h)
 
 __all__ = ["Binding", "SharedState"]
 
@@ -35,14 +47,58 @@ class SharedState:
     returns the records from `offset` on as `(next_offset, [bytes, ...])`, waiting up to `wait_ms` for one
     (an empty list when there is nothing new)."""
 
-    def __init__(self, send: Callable[[bytes], int], pull: Callable[[int, int], tuple[int, list[bytes]]]) -> None:
+    def __init__(self, send: Callable[[bytes], int], pull: Callable[[int, int], tuple[int, list[bytes]]],
+                 snapshot_send: Callable[[bytes], None] | None = None,
+                 snapshot_last: Callable[[], bytes | None] | None = None) -> None:
         self._send = send
         self._pull = pull
+        self._snapshot_send = snapshot_send
         self._lock = threading.Lock()
         self._offset = 0
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.tables: dict[str, list[Binding]] = {}
         self.queues: dict[str, dict[str, Any]] = {}
+        self.used: dict[str, int] = {}  # queue -> last declare or lease (epoch ms)
+        self._snapshot_upto = 0
+        self._snapshot_at = 0
+        self.replayed = 0  # records applied by this process (what a snapshot saved it from is not counted)
+        raw = snapshot_last() if snapshot_last is not None else None
+        if raw:
+            try:
+                self._load_snapshot(json.loads(raw))
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("kombu bindings: unreadable snapshot ignored, replaying the whole log (%s)", e)
+                self.__init__(send, pull, snapshot_send, None)  # type: ignore[misc]
+
+    # -- snapshots ----------------------------------------------------------------------------------------
+    def _load_snapshot(self, doc: dict[str, Any]) -> None:
+        self.exchanges = doc["exchanges"]
+        self.tables = {ex: [(b[0], b[1], b[2]) for b in table] for ex, table in doc["tables"].items()}
+        self.queues = doc["queues"]
+        self.used = {q: int(t) for q, t in doc.get("used", {}).items()}
+        self._offset = self._snapshot_upto = int(doc["upto"])
+        self._snapshot_at = int(doc.get("at", 0))
+
+    def _snapshot_doc(self) -> dict[str, Any]:
+        return {"upto": self._offset, "at": int(time.time() * 1000), "exchanges": self.exchanges,
+                "tables": {ex: [list(b) for b in table] for ex, table in self.tables.items()},
+                "queues": self.queues, "used": self.used}
+
+    def _maybe_snapshot(self) -> None:
+        """(under the lock) Write a snapshot when enough records were applied since the last one."""
+        if self._snapshot_send is None:
+            return
+        now = int(time.time() * 1000)
+        if self._offset - self._snapshot_upto < SNAPSHOT_EVERY and not (
+                self._offset > self._snapshot_upto and now - self._snapshot_at > SNAPSHOT_MAX_AGE):
+            return
+        doc = self._snapshot_doc()
+        try:
+            self._snapshot_send(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
+        except Exception as e:  # the next refresh tries again; replaying a longer log is only slower
+            log.warning("kombu bindings: could not write a snapshot (%s)", e)
+            return
+        self._snapshot_upto, self._snapshot_at = doc["upto"], doc["at"]
 
     # -- reading ----------------------------------------------------------------------------------------
     def refresh(self, until: int = 0, timeout: float = 10.0) -> None:
@@ -61,9 +117,11 @@ class SharedState:
                         self._apply(json.loads(raw))
                     except (ValueError, KeyError, TypeError) as e:
                         log.warning("kombu bindings: unreadable record skipped (%s)", e)
+                self.replayed += len(records)
                 if records or nxt > self._offset:
                     self._offset = nxt
                 if self._offset >= until and not records:
+                    self._maybe_snapshot()
                     return
                 if not records and time.monotonic() >= deadline:
                     log.warning("kombu bindings: record %d not readable after %.0f s", until - 1, timeout)
@@ -79,10 +137,20 @@ class SharedState:
             self.exchanges.pop(rec["name"], None)
             self.tables.pop(rec["name"], None)
         elif op == "queue":
-            self.queues[rec["name"]] = rec.get("arguments") or {}
+            q = rec["name"]
+            self.queues[q] = rec.get("arguments") or {}
+            self.used[q] = max(self.used.get(q, 0), int(rec.get("at", 0)))
+        elif op == "lease":
+            q = rec["name"]
+            if q in self.queues:
+                self.used[q] = max(self.used.get(q, 0), int(rec["at"]))
         elif op == "queue.delete":
             q = rec["name"]
+            since = rec.get("unused_since")
+            if since is not None and self.used.get(q, 0) > int(since):
+                return  # used again after the sweeper looked: the delete is void
             self.queues.pop(q, None)
+            self.used.pop(q, None)
             for ex, table in list(self.tables.items()):
                 table[:] = [b for b in table if b[2] != q]
                 if not table:
@@ -109,6 +177,17 @@ class SharedState:
         with self._lock:
             return self.exchanges.get(name)
 
+    def expired(self, now_ms: int) -> list[tuple[str, int]]:
+        """(queue, last use) of the queues declared with `x-expires` and unused for longer than that."""
+        self.refresh()
+        with self._lock:
+            out = []
+            for q, args in self.queues.items():
+                ttl = args.get("x-expires")
+                if ttl and self.used.get(q, 0) + int(ttl) < now_ms:
+                    out.append((q, self.used.get(q, 0)))
+            return out
+
     def queue(self, name: str, refresh: bool = True) -> dict[str, Any] | None:
         """The arguments the queue was declared with, or None for a queue not declared (or deleted)."""
         if refresh:
@@ -117,10 +196,12 @@ class SharedState:
             return self.queues.get(name)
 
     # -- writing ----------------------------------------------------------------------------------------
-    def append(self, record: dict[str, Any]) -> None:
-        """Append a record and catch up, so this process sees it (and what came before it) at once."""
+    def append(self, record: dict[str, Any], wait: bool = True) -> None:
+        """Append a record and catch up, so this process sees it (and what came before it) at once
+        (`wait=False`: do not wait for it, a lease)."""
         offset = self._send(json.dumps(record, separators=(",", ":"), sort_keys=True).encode())
-        self.refresh(until=offset + 1)
+        if wait:
+            self.refresh(until=offset + 1)
 
     def declare_exchange(self, name: str, type: str, durable: bool, auto_delete: bool,
                          arguments: dict[str, Any] | None) -> None:
@@ -132,11 +213,25 @@ class SharedState:
         self.append({"op": "exchange.delete", "name": name})
 
     def declare_queue(self, name: str, arguments: dict[str, Any]) -> None:
-        if self.queue(name) != arguments:
-            self.append({"op": "queue", "name": name, "arguments": arguments})
+        """Declare (a declaration of an `x-expires` queue is a use: it is recorded again once a third of
+        its expiry has passed since the last use)."""
+        now = int(time.time() * 1000)
+        ttl = arguments.get("x-expires")
+        if self.queue(name) != arguments or (ttl and now - self.used.get(name, 0) > int(ttl) // 3):
+            self.append({"op": "queue", "name": name, "arguments": arguments, "at": now})
 
-    def delete_queue(self, name: str) -> None:
-        self.append({"op": "queue.delete", "name": name})
+    def lease(self, name: str) -> None:
+        """Say that `name` is in use now (a consumer of an `x-expires` queue, every third of its expiry)."""
+        self.append({"op": "lease", "name": name, "at": int(time.time() * 1000)}, wait=False)
+
+    def delete_queue(self, name: str, unused_since: int | None = None) -> bool:
+        """Delete the queue's declaration and bindings; with `unused_since` (a sweeper) only if nobody
+        declared or leased it after that time. Returns whether it is gone."""
+        rec: dict[str, Any] = {"op": "queue.delete", "name": name}
+        if unused_since is not None:
+            rec["unused_since"] = unused_since
+        self.append(rec)
+        return self.queue(name, refresh=False) is None
 
     def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
         if (routing_key, pattern, queue) not in self.table(exchange):

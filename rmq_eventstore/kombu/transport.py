@@ -62,6 +62,7 @@ from ..client.consumer import FOUND, OFFSET_ILLEGAL
 from ..common.pop import ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK
 from ..common.topic import TopicValidationError
+from ..remoting import ResponseCode
 from .bindings import SharedState
 from .names import queue_name, system_topic, topic_name, validate_namespace
 
@@ -74,6 +75,7 @@ DEFAULT_BATCH = 32  # messages asked for per POP when the channel's prefetch is 
 DEFAULT_MAX_POLL = 1.0  # longest POP long poll (s) while waiting on several queues at once
 DEFAULT_REQUEUE_WAIT = 2.0  # how long a get waits for a message this channel requeued to come back (s)
 DEFAULT_PUBLISH_WAIT = 1.0  # how long a get waits for a message this connection just sent to be readable (s)
+DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between two looks for x-expires queues unused for too long
 DEFAULT_RETRY_MAX_TIMES = 10_000  # redeliveries before RocketMQ moves a message to %DLQ%<group>
 _TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: later deliveries are sent at once
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
@@ -212,14 +214,16 @@ class _Clients:
             self.admin.shutdown()
             raise
         self.bindings_topic = system_topic("bindings", namespace)
+        self.snapshot_topic = system_topic("bindings_snapshot", namespace)
         self._topics: dict[str, int] = {}  # topics known to exist -> lanes
         self._topics_lock = threading.Lock()
         self.ensure_topic(self.bindings_topic, 1)
+        self.ensure_topic(self.snapshot_topic, 1)
         try:
             self.admin.create_subscription_group(group, retry_max_times=retry_max_times)
         except MQBrokerError as e:  # no admin rights (ACL) or a broker that refuses: keep its default
             log.warning("kombu: could not set up consumer group %s (%s); its retryMaxTimes stays the broker's", group, e)
-        self.shared = SharedState(self._send_record, self._pull_records)
+        self.shared = SharedState(self._send_record, self._pull_records, self._send_snapshot, self._last_snapshot)
 
     def shutdown(self) -> None:
         for c in (self.pop, self.producer, self.reader, self.admin):
@@ -237,6 +241,37 @@ class _Clients:
             self.admin.create_topic(topic, queue_nums=lanes)
             self._topics[topic] = lanes
         self.producer.refresh_route(topic)
+
+    def delete_topic(self, topic: str) -> bool:
+        """Delete a queue's topic (and, in the broker, its pop retry topic): DELETE_TOPIC_IN_BROKER. Without
+        admin rights (ACL) the topic stays, with a warning."""
+        with self._topics_lock:
+            self._topics.pop(topic, None)
+        try:
+            self.admin.delete_topic(topic)
+        except MQBrokerError as e:
+            log.warning("kombu: could not delete topic %s (%s); it stays on the broker", topic, e)
+            return False
+        finally:
+            for c in (self.producer, self.pop):
+                c._base.forget_route(topic)
+        return True
+
+    def forget_topic(self, topic: str) -> None:
+        with self._topics_lock:
+            self._topics.pop(topic, None)
+
+    def _send_snapshot(self, body: bytes) -> None:
+        self.producer.send(Message(self.snapshot_topic, body), queue_id=0)
+
+    def _last_snapshot(self) -> bytes | None:
+        top = self.admin.max_offset(self.snapshot_topic, 0)
+        if top <= 0:
+            return None
+        r = self.reader.pull(self.snapshot_topic, 0, top - 1, max_nums=1, suspend_timeout_ms=0)
+        if r.status != FOUND or not r.messages:
+            return None
+        return bytes(r.messages[-1].body)
 
     def _send_record(self, body: bytes) -> int:
         return self.producer.send(Message(self.bindings_topic, body), queue_id=0).queue_offset
@@ -291,6 +326,7 @@ class Channel(virtual.Channel):
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._no_ack: set[str] = set()
+        self._auto_delete: set[str] = set()  # auto_delete queues declared on this channel
         self._transport = connection  # kept after close (kombu then sets `connection` to None): late acks
 
     # -- plumbing ----------------------------------------------------------------------------------------------
@@ -359,6 +395,8 @@ class Channel(virtual.Channel):
         args = {k: arguments[k] for k in ("x-max-priority", "x-message-ttl", "x-expires") if arguments.get(k)}
         self.clients.ensure_topic(self._topic(queue), LANES if args.get("x-max-priority") else 1)
         self.clients.shared.declare_queue(queue, args)
+        if kwargs.get("auto_delete"):
+            self._auto_delete.add(queue)
 
     def prepare_queue_arguments(self, arguments: dict[str, Any] | None, **kwargs: Any) -> dict[str, Any]:
         """`Queue(max_priority=, message_ttl=, expires=)` as RabbitMQ's `x-` arguments, which `_new_queue`
@@ -369,11 +407,19 @@ class Channel(virtual.Channel):
         return self.clients.shared.queue(queue) is not None
 
     def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any) -> int | None:
+        """Delete the queue: its declaration and bindings (shared), then its topic with its lanes and pop
+        retry topic (DELETE_TOPIC_IN_BROKER). Returns how many messages it held (counted, not popped)."""
         if if_empty and self._size(queue):
             return None
-        n = self._purge(queue)
-        self.clients.shared.delete_queue(queue)
+        c = self.clients
+        topic = self._topic(queue)
+        self._auto_delete.discard(queue)
         self.state.queue_bindings_delete(queue)
+        if c.shared.queue(queue) is None and topic not in c._topics:
+            return 0  # not declared (or deleted already, e.g. by Celery's reply collector after auto-delete)
+        n = self._size(queue)
+        c.shared.delete_queue(queue)
+        c.delete_topic(topic)
         return n
 
     # -- publishing ------------------------------------------------------------------------------------------------
@@ -423,17 +469,36 @@ class Channel(virtual.Channel):
         return super().basic_consume(queue, no_ack, *args, **kwargs)
 
     def basic_cancel(self, consumer_tag: str) -> Any:
+        """Cancel a consumer; an `auto_delete` queue this channel declared is deleted when its last consumer
+        on this connection goes (consumers in other processes are not counted: Celery's auto-delete queues,
+        reply and event queues, are exclusive to their consumer)."""
         queue = self._tag_to_queue.get(consumer_tag)
         r = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
             self._no_ack.discard(queue)
+            if (queue in self._auto_delete and self._transport.lost is None
+                    and not self._transport.consumes(queue)):
+                try:
+                    self.queue_delete(queue)
+                except self.connection.connection_errors as e:  # it expires (x-expires) or stays
+                    log.warning("kombu: could not delete auto-delete queue %s: %r", queue, e)
         return r
 
     def fetch(self, queue: str, n: int, poll_ms: int = 0) -> list[dict[str, Any]]:
         """Pop up to `n` messages of `queue`, highest lane first; with `poll_ms` the broker waits that long
         for one. Returns kombu's raw messages (delivery tag = receipt), expired ones acked and left out."""
         while n > 0:
-            popped, raws = self._fetch_once(queue, n, poll_ms)
+            try:
+                popped, raws = self._fetch_once(queue, n, poll_ms)
+            except MQBrokerError as e:
+                if e.code != ResponseCode.TOPIC_NOT_EXIST:
+                    raise
+                # deleted under us (queue_delete elsewhere, or an expiry sweep that raced a re-declare):
+                # the consumer keeps going on a new topic, as the queue is still declared here
+                c = self.clients
+                c.forget_topic(self._topic(queue))
+                c.ensure_topic(self._topic(queue), self._lanes(queue))
+                return []
             if raws or not popped:  # popped and all expired: look again
                 return raws
         return []
@@ -612,6 +677,9 @@ class Transport(virtual.Transport):
         self.max_poll = float(opts.get("max_poll", DEFAULT_MAX_POLL))
         self.retry_max_times = int(opts.get("retry_max_times", DEFAULT_RETRY_MAX_TIMES))
         self.broker_options = opts.get("broker_options")
+        self.expiry_sweep_interval = float(opts.get("expiry_sweep_interval", DEFAULT_SWEEP_INTERVAL))
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop = threading.Event()
         restore = opts.get("restore_on_connection_loss")
         self._restore_on_loss = None if restore is None else bool(restore)
         self._clients: _Clients | None = None
@@ -680,7 +748,57 @@ class Transport(virtual.Transport):
                     self._clients = _Clients(namesrv, self.namespace, self.group, *self._keys, self.retry_max_times)
                     path = (self.client.virtual_host or "").strip().strip("/")
                     self._settle_from = (namesrv, "/" + path if path else None)
+                    if self._keeper is None or not self._keeper.is_alive():
+                        self._keeper_stop.clear()
+                        self._keeper = threading.Thread(target=self._keep, name="kombu-rocketmq-expiry",
+                                                        daemon=True)
+                        self._keeper.start()
         return self._clients
+
+    # -- queue expiry (x-expires) --------------------------------------------------------------------------
+    def consumes(self, queue: str) -> bool:
+        """Whether a channel of this connection consumes `queue`."""
+        return any(queue in ch._active_queues for ch in list(self.channels) if not ch.closed)
+
+    def _keep(self) -> None:
+        """Once a second: lease the `x-expires` queues this connection consumes (every third of their
+        expiry), and every `expiry_sweep_interval` seconds sweep: delete the queues unused for longer than
+        their `x-expires` (see `sweep`)."""
+        leased: dict[str, float] = {}
+        last_sweep = time.monotonic()
+        while not self._keeper_stop.wait(1.0):
+            c = self._clients
+            if c is None or self._closed or self.lost is not None or self._pid != os.getpid():
+                continue
+            try:
+                now = time.time()
+                for ch in list(self.channels):
+                    for q in list(ch._active_queues):
+                        ttl = (c.shared.queue(q, refresh=False) or {}).get("x-expires")
+                        if ttl and now - leased.get(q, 0.0) >= max(int(ttl) / 3000.0, 0.5):
+                            c.shared.lease(q)
+                            leased[q] = now
+                if self.expiry_sweep_interval > 0 and time.monotonic() - last_sweep >= self.expiry_sweep_interval:
+                    last_sweep = time.monotonic()
+                    self.sweep()
+            except Exception as e:  # a lost broker: the connection's own calls report it
+                log.debug("kombu: lease/sweep round failed: %r", e)
+
+    def sweep(self) -> list[str]:
+        """Delete the queues declared with `x-expires` that nobody declared, leased (consumed) or deleted for
+        that long: their declaration and bindings (a conditional delete record, void if someone used the
+        queue after this process looked), then their topic. Every transport process sweeps; two sweeping
+        at once delete the queue once. Returns the queues deleted."""
+        c = self.clients()
+        gone = []
+        for q, last in c.shared.expired(int(time.time() * 1000)):
+            if self.consumes(q):
+                continue  # ours: its lease is on its way
+            if c.shared.delete_queue(q, unused_since=last):
+                c.delete_topic(topic_name(q, self.namespace))
+                gone.append(q)
+                log.info("kombu: queue %s expired (x-expires) and was deleted", q)
+        return gone
 
     def restore_on_connection_loss(self) -> bool:
         """Whether a connection closed after a loss gives its unacked messages back at once (transport option
@@ -733,6 +851,7 @@ class Transport(virtual.Transport):
         return super().establish_connection()
 
     def close_connection(self, connection: Any) -> None:
+        self._keeper_stop.set()
         try:
             self.unregister_from_event_loop(connection, self._hub)
             try:

@@ -403,6 +403,18 @@ class ConsumerOffsetManager(ConfigManager):
             for key in [k for k in self._offset_table if k.endswith(suffix)]:
                 del self._offset_table[key]
 
+    def clean_offset_by_topic(self, topic: str) -> int:
+        """Forget every group's offsets in `topic` (`cleanOffsetByTopic`, a deleted topic); returns how many
+        `topic@group` entries went (not persisted here)."""
+        prefix = topic + TOPIC_GROUP_SEPARATOR
+        with self._lock:
+            keys = [k for k in self._offset_table if k.startswith(prefix) and TOPIC_GROUP_SEPARATOR not in k[len(prefix):]]
+            for key in keys:
+                del self._offset_table[key]
+            if keys:
+                self.data_version.next_version()
+        return len(keys)
+
     def which_topic_by_consumer(self, group: str) -> set[str]:
         """Topics `group` has offsets for (retry topic included)."""
         return set(self.group_topic_map().get(group, []))

@@ -44,10 +44,12 @@ from .flush import (
     FlushRealTimeService,
     GroupCommitService,
 )
+from .fsutil import fsync_directory
 from .index import IndexService
 from .mapped_file import StoreLoadError
 from .recovery import RecoveryReport, extend_short_last_segment, recover_store
 from .reput import ReputMessageService
+from .topic_deletion import TopicDeletionLog
 from .transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
@@ -171,6 +173,12 @@ class MessageStore:
         self.commit_log = CommitLog(config)
         self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
         self._cq_lock = threading.Lock()
+        # held by each dispatch of a batch and by a topic deletion while it drops the topic's queues, so a
+        # record of the topic created again never lands in a queue being deleted
+        self._dispatch_lock = threading.Lock()
+        self._delete_lock = threading.Lock()  # one topic deletion at a time
+        self.topic_deletions = TopicDeletionLog(config.config_path)
+        self._deletions_min_offset = -1
         self.index_service = IndexService(config.index_path, config.max_hash_slot_num, config.max_index_num,
                                           config.max_msgs_num_batch, on_index_file_full=self._on_index_file_full)
         self.checkpoint: StoreCheckpoint | None = None
@@ -277,6 +285,8 @@ class MessageStore:
             for manager in (self.topic_config_manager, self.consumer_offset_manager,
                             self.subscription_group_manager, self.delay_offset_manager):
                 manager.load()
+            self.topic_deletions.load()
+            self._roll_forward_deletions()
             extend_short_last_segment(self.config.commit_log_path, self.config.mapped_file_size_commit_log)
             self.commit_log.load()
             self._load_consume_queues()
@@ -285,6 +295,7 @@ class MessageStore:
             # commitlog and drops only those that do not match (RocketMQ deletes them, issue #8007).
             self.index_service.load(True, self.checkpoint.index_msg_timestamp)
             self._recover(progress)
+            self._forget_old_deletions()
         except BaseException:
             self._release_lock()
             raise
@@ -474,13 +485,19 @@ class MessageStore:
 
     # -- dispatch -----------------------------------------------------------------------------------
     def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:
-        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch."""
-        for (topic, queue_id), units in group_units(requests).items():
-            cq = self.find_consume_queue(topic, queue_id)
-            if cq is None:
-                log.error("not dispatching %d records of illegal topic %r", len(units), topic)
-                continue
-            cq.put_message_position_infos(units)
+        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch. Records of
+        a deleted topic from before its deletion get no consume queue unit (`topic_deletions`)."""
+        cut = self.topic_deletions.cutoffs
+        queued = requests
+        if cut:
+            queued = [r for r in requests if r[0] not in cut or r[2] >= cut[r[0]]]
+        with self._dispatch_lock:
+            for (topic, queue_id), units in group_units(queued).items():
+                cq = self.find_consume_queue(topic, queue_id)
+                if cq is None:
+                    log.error("not dispatching %d records of illegal topic %r", len(units), topic)
+                    continue
+                cq.put_message_position_infos(units)
         if self.checkpoint is not None and requests:
             # in memory only; flush_and_checkpoint makes it durable after the queues are flushed
             self.checkpoint.logics_msg_timestamp = requests[-1].store_timestamp
@@ -504,6 +521,100 @@ class MessageStore:
                 cq.load()
                 queues[queue_id] = cq
             return cq
+
+    # -- topic deletion ------------------------------------------------------------------------------
+    def delete_topic(self, topic: str, crash_at: Callable[[str], None] | None = None) -> bool:
+        """Delete `topic` (`DefaultMessageStore.deleteTopics` plus what the broker's managers drop): its
+        consume queues (mappings closed first), its entry in topics.json and every group's offsets in it.
+        Its commitlog records stay until the commitlog files expire, but never come back in a queue: the
+        deletion is a cutoff (see `topic_deletion`), recorded durably before anything is removed, and a load
+        after a crash finishes it. Returns False when the store knew nothing of the topic. `crash_at(step)`
+        is called between the steps (the crash tests kill the process there)."""
+        step = crash_at or (lambda _s: None)
+        with self._delete_lock:
+            prefix = topic + "-"
+            known = (topic in self.consume_queue_table or self.topic_config_manager.get(topic) is not None
+                     or bool(self.consumer_offset_manager.which_group_by_topic(topic))
+                     or any(k.startswith(prefix) and k[len(prefix):].isdigit()
+                            for k in list(self.commit_log.topic_queue_table)))
+            if not known:
+                return False
+            step("before-begin")
+            with self._dispatch_lock:
+                with self.commit_log.put_lock:
+                    cutoff = self.commit_log.get_max_offset()
+                    self.topic_deletions.begin(topic, cutoff)
+                    table = self.commit_log.topic_queue_table
+                    for key in [k for k in table if k.startswith(prefix) and k[len(prefix):].isdigit()]:
+                        del table[key]
+                step("after-begin")
+                with self._cq_lock:
+                    queues = self.consume_queue_table.pop(topic, {})
+                for cq in queues.values():
+                    cq.shutdown()
+                step("queues-closed")
+                self._remove_queue_dirs(topic, cutoff, everything=True, step=step)
+            step("queues-deleted")
+            self.topic_config_manager.delete(topic)
+            step("config-deleted")
+            if self.consumer_offset_manager.clean_offset_by_topic(topic):
+                self.consumer_offset_manager.persist()
+            step("offsets-deleted")
+            self.topic_deletions.done(topic, cutoff)
+            self._forget_old_deletions()
+        log.info("deleted topic %s (its records before commitlog offset %d stay until the commitlog expires)",
+                 topic, cutoff)
+        return True
+
+    def _remove_queue_dirs(self, topic: str, cutoff: int, everything: bool,
+                           step: Callable[[str], None] | None = None) -> int:
+        """Delete the consume queue directories of `topic` that belong to before its deletion at `cutoff`
+        (all of them with `everything`; at a roll forward, those whose first unit points before the
+        cutoff: a queue of the topic created again points after it). Returns how many queues are kept."""
+        tdir = os.path.join(self.config.consume_queue_path, topic)
+        kept = 0
+        try:
+            names = os.listdir(tdir)
+        except FileNotFoundError:
+            return 0
+        for q in names:
+            qdir = os.path.join(tdir, q)
+            if not everything and q.isdigit() and _first_unit_offset(qdir) >= cutoff:
+                kept += 1
+                continue
+            shutil.rmtree(qdir, ignore_errors=True)
+            if step is not None:
+                step("queue-dir-removed")
+        if not kept:
+            try:
+                os.rmdir(tdir)
+            except OSError:
+                pass
+        fsync_directory(self.config.consume_queue_path)
+        return kept
+
+    def _roll_forward_deletions(self) -> None:
+        """Finish the deletions a crash interrupted (a `begin` without `done`), before the queues load."""
+        for topic, cutoff in list(self.topic_deletions.pending.items()):
+            kept = self._remove_queue_dirs(topic, cutoff, everything=False)
+            if kept:  # the topic was created again (sent to) during the deletion: it stays, with its new queue
+                old = self.topic_config_manager.get(topic)
+                if old is None:
+                    self.topic_config_manager.put(TopicConfig(topic, max(kept, 1), max(kept, 1)))
+            else:
+                self.topic_config_manager.delete(topic)
+            if self.consumer_offset_manager.clean_offset_by_topic(topic):
+                self.consumer_offset_manager.persist()
+            self.topic_deletions.done(topic, cutoff)
+            log.warning("finished the deletion of topic %s that a crash interrupted", topic)
+
+    def _forget_old_deletions(self) -> None:
+        """Drop deletion cutoffs the commitlog has no record before any more (after its files expired)."""
+        files = self.commit_log.mapped_file_queue.mapped_files
+        low = self.commit_log.get_min_offset() if files else self.commit_log.get_max_offset()
+        scan = low != self._deletions_min_offset  # (the cutoffs are walked only when the log's start moved)
+        self._deletions_min_offset = low
+        self.topic_deletions.forget_before(max(low, 0) if scan else None)
 
     def add_message_arriving_listener(self, listener: Callable[[dict[tuple[str, int], int]], None]) -> None:
         """Call `listener({(topic, queue_id): new max queue offset, ...})` after each dispatched batch.
@@ -897,6 +1008,24 @@ def group_units_py(requests: Sequence[codec.DispatchRequest]) -> dict[tuple[str,
                 g = groups[last_key] = []
         g.append((offset, size, tags_code, cq_offset))
     return groups
+
+
+def _first_unit_offset(queue_dir: str) -> int:
+    """The commitlog offset the first unit of a consume queue directory points at (-1: none, or unreadable)."""
+    try:
+        names = sorted(n for n in os.listdir(queue_dir) if n.isdigit())
+    except OSError:
+        return -1
+    for name in names:
+        try:
+            with open(os.path.join(queue_dir, name), "rb") as f:
+                head = f.read(8)
+        except OSError:
+            continue
+        if len(head) == 8:
+            off = struct.unpack(">q", head)[0]
+            return off if off > 0 else -1
+    return -1
 
 
 def _consistent_foreign_geometry(queue_dir: str, configured: int) -> bool:

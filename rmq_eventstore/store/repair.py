@@ -34,6 +34,7 @@ from .mapped_file import StoreLoadError
 from .message_store import MessageStore
 from .reader import StoreReader, _segment_size, infer_index_geometry
 from .recovery import _TRAILER_HEAD, prop_crc_damage
+from .topic_deletion import read_cutoffs
 
 Progress = Callable[[int], None]
 MAX_PROBLEMS = 1000  # problems listed per report (all are counted)
@@ -99,6 +100,9 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
     """CRC and structure of every record, and the `__CRC32#` trailer of every record that ends with one
     (written with `enabled_append_prop_crc`); returns each queue's record count and last record offset."""
     counts: dict[tuple[bytes, int], list[int]] = {}
+    # records of a deleted topic from before its deletion have no consume queue (topic_deletion.py)
+    cut = ({t.encode(): d for t, d in read_cutoffs(os.path.join(reader.root, "config")).items()}
+           if reader.root is not None else {})
     files = reader.commit_log.mapped_files
     report.commit_log_min = files[0].file_from_offset if files else 0
     end = report.commit_log_min
@@ -119,6 +123,8 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
                     if why:
                         report.add("commitlog_record", mf.file_name, base + rpos, why)
                 if not sys_flag & codec.TRANSACTION_PREPARED_TYPE:
+                    if cut and topic in cut and base + rpos < cut[topic]:
+                        continue
                     c = counts.get((topic, queue_id))
                     if c is None:
                         c = counts[(topic, queue_id)] = [0, 0]

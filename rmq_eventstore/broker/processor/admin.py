@@ -6,6 +6,7 @@ MessageQueue objects written inline."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ...common.fastjson import Bean, ConfigFileError, ObjectKey, fastjson_dumps
@@ -17,16 +18,19 @@ from . import parse_json_body
 if TYPE_CHECKING:
     from ..broker import Broker
 
+log = logging.getLogger(__name__)
+
 
 class AdminBrokerProcessor:
     """UPDATE_AND_CREATE_TOPIC, GET_ALL_TOPIC_CONFIG, GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET,
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG, GET_BROKER_RUNTIME_INFO,
-    GET_TOPIC_STATS_INFO, GET_CONSUME_STATS."""
+    GET_TOPIC_STATS_INFO, GET_CONSUME_STATS, DELETE_TOPIC_IN_BROKER."""
 
     CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.GET_ALL_TOPIC_CONFIG,
              RequestCode.GET_ALL_CONSUMER_OFFSET, RequestCode.GET_ALL_DELAY_OFFSET,
              RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
-             RequestCode.GET_BROKER_RUNTIME_INFO, RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS)
+             RequestCode.GET_BROKER_RUNTIME_INFO, RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
+             RequestCode.DELETE_TOPIC_IN_BROKER)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -40,6 +44,7 @@ class AdminBrokerProcessor:
             RequestCode.GET_BROKER_RUNTIME_INFO: self._runtime_info,
             RequestCode.GET_TOPIC_STATS_INFO: self._topic_stats,
             RequestCode.GET_CONSUME_STATS: self._consume_stats,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self._delete_topic,
         }
 
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
@@ -53,6 +58,23 @@ class AdminBrokerProcessor:
                                              req.get_bool("order", False))
         except (TopicValidationError, ValueError) as e:
             return req.response(ResponseCode.SYSTEM_ERROR, str(e))
+        return req.response()
+
+    def _delete_topic(self, req: RemotingCommand) -> RemotingCommand:
+        """DELETE_TOPIC_IN_BROKER (`DeleteTopicRequestHeader`: topic): RocketMQ's answers: INVALID_PARAMETER
+        for a blank topic or a system topic (and here for a name that is no topic name), SUCCESS for a topic
+        the broker does not know, SYSTEM_ERROR when a step failed."""
+        topic = req.get_str("topic", "")
+        if not topic.strip():
+            return req.response(ResponseCode.INVALID_PARAMETER, "The specified topic is blank.")
+        try:
+            deleted = self.broker.delete_topic(topic)
+        except TopicValidationError as e:
+            return req.response(ResponseCode.INVALID_PARAMETER, str(e))
+        except Exception as e:  # a file that could not be written or removed
+            log.exception("deleting topic %s failed", topic)
+            return req.response(ResponseCode.SYSTEM_ERROR, f"deleting topic {topic} failed: {e}")
+        log.info("deleted topic %s in broker (%s)", topic, ", ".join(deleted) or "it did not exist")
         return req.response()
 
     def _all_topic_config(self, req: RemotingCommand) -> RemotingCommand:

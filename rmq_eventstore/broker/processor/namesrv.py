@@ -14,10 +14,11 @@ if TYPE_CHECKING:
 
 
 class NameServerProcessor:
-    """GET_ROUTEINFO_BY_TOPIC, GET_ALL_TOPIC_LIST_FROM_NAMESERVER, GET_BROKER_CLUSTER_INFO."""
+    """GET_ROUTEINFO_BY_TOPIC, GET_ALL_TOPIC_LIST_FROM_NAMESERVER, GET_BROKER_CLUSTER_INFO,
+    DELETE_TOPIC_IN_NAMESRV."""
 
     CODES = (RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
-             RequestCode.GET_BROKER_CLUSTER_INFO)
+             RequestCode.GET_BROKER_CLUSTER_INFO, RequestCode.DELETE_TOPIC_IN_NAMESRV)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -25,6 +26,7 @@ class NameServerProcessor:
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self._route_info_by_topic,
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._all_topic_list,
             RequestCode.GET_BROKER_CLUSTER_INFO: self._broker_cluster_info,
+            RequestCode.DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
         }
 
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
@@ -53,6 +55,13 @@ class NameServerProcessor:
             return req.response(ResponseCode.TOPIC_NOT_EXIST,
                                 f"No topic route info in name server for the topic: {topic}")
         return req.response(body=json.dumps(route, separators=(",", ":")).encode())
+
+    def _delete_topic(self, req: RemotingCommand) -> RemotingCommand:
+        """DELETE_TOPIC_IN_NAMESRV: routes are answered from the broker's topic configs, so a topic deleted in
+        the broker (DELETE_TOPIC_IN_BROKER) has no route already; like RocketMQ's name server this answers
+        success whether or not the topic had one."""
+        req.get_str("topic")
+        return req.response()
 
     def _all_topic_list(self, req: RemotingCommand) -> RemotingCommand:
         topics = [tc.topic_name for tc in self.broker.topic_manager.file.list()]

@@ -1,0 +1,213 @@
+"""Topic deletion (DELETE_TOPIC_IN_BROKER, 215) over the wire, and across a SIGKILL in the middle of it.
+
+A deleted topic loses its consume queue files, its entry in topics.json, every group's offsets and its
+route; its pop retry topic goes with it; system topics and names that are no topic names are refused with
+INVALID_PARAMETER (29); an unknown topic is SUCCESS, as RocketMQ answers. Commitlog records stay, but a
+restart (clean or after a crash) never builds a queue for them again, and a topic created again starts at
+queue offset 0. The crash tests kill a real broker process at chosen steps of the deletion and check that
+the reopened store has the topic either fully or not at all, and that `verify` finds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rmq_eventstore.broker import serve_in_thread
+from rmq_eventstore.cli.app import main as cli_main
+from rmq_eventstore.cli.output import EXIT_ERROR
+from rmq_eventstore.client import FOUND, Admin, Message, MQBrokerError, PopConsumer, Producer, PullConsumer
+from rmq_eventstore.remoting import ResponseCode
+from rmq_eventstore.store import MessageStore
+from rmq_eventstore.store.repair import verify
+
+
+def _fill(namesrv: str, topic: str, n: int = 5) -> None:
+    with Producer(namesrv, "pg") as p:
+        for i in range(n):
+            p.send(Message(topic, f"m{i}".encode()), queue_id=i % 2)
+
+
+def test_delete_topic_over_the_wire(tmp_path: Path) -> None:
+    with serve_in_thread(tmp_path / "s") as rb:
+        ns = rb.namesrv_address
+        with Admin(ns) as admin:
+            admin.create_topic("Doomed", queue_nums=2)
+            admin.create_topic("Kept", queue_nums=1)
+            _fill(ns, "Doomed")
+            _fill(ns, "Kept", 1)
+            with PullConsumer(ns, "cg") as c:
+                r = c.pull("Doomed", 0, 0, suspend_timeout_ms=2000)
+                assert r.status == FOUND
+                c.commit_offset("Doomed", 0, r.next_begin_offset)
+            with PopConsumer(ns, "popg") as pc:  # pop state and a pop retry topic for the group
+                msgs = pc.pop("Doomed", max_nums=1, invisible_time=60_000, queue_id=1)
+                assert msgs
+                pc.change_invisible_time(msgs[0], 0)
+            rb.store.wait_for_dispatch()
+            rb.broker.pop_service.revive_once()
+            retry = "%RETRY%popg_Doomed"
+            assert admin.topic_route(retry).queues  # the revive put it back on the pop retry topic
+            cq = tmp_path / "s" / "consumequeue"
+            assert (cq / "Doomed").is_dir() and (cq / "Kept").is_dir()
+
+            admin.delete_topic("Doomed")
+
+            assert not (cq / "Doomed").exists() and not (cq / retry).exists()
+            assert (cq / "Kept").is_dir()
+            topics = json.loads((tmp_path / "s" / "config" / "topics.json").read_text())["topicConfigTable"]
+            assert "Doomed" not in topics and retry not in topics and "Kept" in topics
+            assert all(not k.startswith("Doomed@") for k in rb.store.consumer_offset_manager.offset_table())
+            assert "Doomed" not in admin.topic_list()
+            rb.broker.config.auto_create_topic_enable = False
+            with pytest.raises(MQBrokerError) as e:
+                admin.topic_route("Doomed")
+            assert e.value.code == ResponseCode.TOPIC_NOT_EXIST
+            rb.broker.config.auto_create_topic_enable = True
+            assert rb.broker.pop_service.pending_count() == 0
+
+            # system topics, bad names, blank: INVALID_PARAMETER from the broker, ValueError in the client
+            for bad in ("SCHEDULE_TOPIC_XXXX", "rmq_sys_REVIVE_LOG_DefaultCluster", "RMQ_SYS_TRANS_HALF_TOPIC"):
+                with pytest.raises(MQBrokerError) as e:
+                    admin.delete_topic(bad)
+                assert e.value.code == ResponseCode.INVALID_PARAMETER and "system topic" in str(e.value)
+            with pytest.raises(ValueError):
+                admin.delete_topic("no spaces allowed")
+            from rmq_eventstore.client.base import ClientBase
+            from rmq_eventstore.remoting import RemotingCommand, RequestCode
+            base = ClientBase(ns, 5.0)
+            base.start()
+            try:
+                for bad, code in (("", ResponseCode.INVALID_PARAMETER), ("bad name!", ResponseCode.INVALID_PARAMETER)):
+                    r = base.remoting.invoke(rb.broker_address, RemotingCommand.request(
+                        RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": bad}), 5.0)
+                    assert r.code == code, (bad, r.code, r.remark)
+            finally:
+                base.shutdown()
+            admin.delete_topic("NeverExisted")  # SUCCESS, as RocketMQ answers for an unknown topic
+
+            # created again: queue offsets start at 0, the old records stay out
+            _fill(ns, "Doomed", 2)
+            with PullConsumer(ns, "cg2") as c:
+                r = c.pull("Doomed", 0, 0, suspend_timeout_ms=2000)
+                assert r.status == FOUND and [m.queue_offset for m in r.messages] == [0]
+                assert r.messages[0].body == b"m0"
+    # a clean restart does not bring the old records back either
+    with MessageStore.open(tmp_path / "s") as store:
+        assert store.get_max_offset_in_queue("Doomed", 0) == 1
+        assert store.get_max_offset_in_queue(retry, 0) == 0
+    assert not verify(tmp_path / "s").problems
+
+
+def test_delete_topic_needs_admin(tmp_path: Path) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(textwrap.dedent("""\
+        accounts:
+          - accessKey: adminKey
+            secretKey: adminSecret12
+            admin: true
+          - accessKey: userKey
+            secretKey: userSecret12
+            defaultTopicPerm: PUB|SUB
+            defaultGroupPerm: PUB|SUB
+        """))
+    with serve_in_thread(tmp_path / "s", acl_enable=True, acl_file=str(acl)) as rb:
+        ns = rb.namesrv_address
+        with Admin(ns, access_key="adminKey", secret_key="adminSecret12") as admin:
+            admin.create_topic("Guarded", queue_nums=1)
+        with Admin(ns, access_key="userKey", secret_key="userSecret12") as user:
+            with pytest.raises(MQBrokerError) as e:
+                user.delete_topic("Guarded")
+            assert e.value.code == ResponseCode.NO_PERMISSION
+        assert rb.broker.topic_manager.get("Guarded") is not None
+        with Admin(ns, access_key="adminKey", secret_key="adminSecret12") as admin:
+            admin.delete_topic("Guarded")
+        assert rb.broker.topic_manager.get("Guarded") is None
+
+
+def test_cli_topic_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serve_in_thread(tmp_path / "s") as rb:
+        ns = rb.namesrv_address
+        _fill(ns, "ViaCli", 1)
+        rb.store.wait_for_dispatch()
+        assert cli_main(["topic-delete", "ViaCli", "--namesrv", ns]) == 0
+        assert "deleted topic ViaCli" in capsys.readouterr().out
+        assert rb.broker.topic_manager.get("ViaCli") is None
+        assert cli_main(["topic-delete", "SCHEDULE_TOPIC_XXXX", "--namesrv", ns]) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert "refused" in err and "system topic" in err
+        assert cli_main(["topic-delete", "bad name", "--namesrv", ns]) == EXIT_ERROR
+        assert "cannot delete" in capsys.readouterr().err
+
+
+CHILD = textwrap.dedent("""\
+    import functools, os, signal, sys
+    from rmq_eventstore.broker import serve_in_thread
+    store, step = sys.argv[1], sys.argv[2]
+    rb = serve_in_thread(store, flush_disk_type="SYNC_FLUSH")
+    seen = {"n": 0}
+    def crash_at(s):
+        if s == step:
+            seen["n"] += 1
+            if seen["n"] == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+    rb.store.delete_topic = functools.partial(rb.store.delete_topic, crash_at=crash_at)
+    print(rb.namesrv_address, flush=True)
+    signal.pause()
+    """)
+
+STEPS = ["before-begin", "after-begin", "queues-closed", "queue-dir-removed", "queues-deleted", "config-deleted",
+         "offsets-deleted"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_crash_mid_delete(tmp_path: Path, step: str) -> None:
+    store = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(store), step], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        ns = proc.stdout.readline().strip()
+        assert ns, proc.stderr.read() if proc.poll() is not None else "no address"
+        with Admin(ns) as admin:
+            admin.create_topic("Victim", queue_nums=2)
+            admin.create_topic("Bystander", queue_nums=2)
+            _fill(ns, "Victim", 6)
+            _fill(ns, "Bystander", 3)
+            with PullConsumer(ns, "cg") as c:
+                c.commit_offset("Victim", 0, 2)
+                c.commit_offset("Bystander", 0, 1)
+            try:
+                admin.delete_topic("Victim")
+            except Exception:
+                pass  # the broker died under the request
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with MessageStore.open(store) as s:
+        tc = s.topic_config_manager.get("Victim")
+        n0, n1 = s.get_max_offset_in_queue("Victim", 0), s.get_max_offset_in_queue("Victim", 1)
+        if step == "before-begin":  # fully there
+            assert tc is not None and (n0, n1) == (3, 3)
+        else:  # fully gone, rolled forward at load
+            assert tc is None and (n0, n1) == (0, 0)
+            assert not (store / "consumequeue" / "Victim").exists()
+            assert all(not k.startswith("Victim@") for k in s.consumer_offset_manager.offset_table())
+            assert not s.topic_deletions.pending
+        assert s.get_max_offset_in_queue("Bystander", 0) + s.get_max_offset_in_queue("Bystander", 1) == 3
+        # created again after the crash: offsets from 0, the old records stay out
+        s.put_message(Message("Victim", b"again", queue_id=0))
+        s.wait_for_dispatch()
+        assert s.get_max_offset_in_queue("Victim", 0) == (4 if step == "before-begin" else 1)
+    assert not verify(store).problems
+    with MessageStore.open(store) as s:  # and once more: a clean restart keeps it that way
+        assert s.get_max_offset_in_queue("Victim", 0) == (4 if step == "before-begin" else 1)

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run demo quickstart test test-postgres lint bench bench-celery soak-celery crashtest txcrashtest timercrashtest racetest resiltest clean native
+.PHONY: run demo quickstart test test-postgres lint bench bench-celery soak-celery crashtest txcrashtest timercrashtest racetest resiltest expirytest clean native
 
 # pip builds the native core (setup.py: rmq_eventstore/_native.c, optional: without a C compiler the
 # store runs its pure-Python loops) into the source tree, as the install is editable.
@@ -110,6 +110,11 @@ celery-suite: $(VENV)/.installed
 ## racetest: 16 writer processes racing at one expected version, 1000 rounds, also through broker kills
 racetest: $(VENV)/.installed
 	STREAM_RACE_ROUNDS=$${STREAM_RACE_ROUNDS:-1000} $(PY) -m pytest -q -s --timeout=0 tests/test_stream_version.py -k racing
+
+## expirytest: 10,000 Celery remote-control pings (each with its own reply queue) against a running worker leave
+## no reply topic behind; prints counts and time (EXPIRY_PINGS=N; tests/test_kombu_expiry.py runs 200)
+expirytest: $(VENV)/.installed
+	$(PY) benchmarks/celery_inspect_expiry.py --pings $${EXPIRY_PINGS:-10000}
 
 ## resiltest: every variant of the Celery at-least-once tests (worker and broker SIGKILLs, silent network
 ## stalls; ~4 min; CI runs one variant per guarantee)

@@ -161,6 +161,7 @@ def requests(topic: str = "orders", group: str = "cg") -> dict[str, tuple[int, d
         "topic stats": (RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}, b""),
         "consume stats": (RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic}, b""),
         "stats history": (RequestCode.GET_BROKER_STATS_HISTORY, {}, b""),
+        "delete topic": (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "doomed"}, b""),
     }
 
 
@@ -214,6 +215,7 @@ MATRIX = {  # request kind -> (writer, reader, boss): True = allowed
     "topic stats": (True, True, True),
     "consume stats": (True, True, True),
     "stats history": (False, False, True),
+    "delete topic": (False, False, True),
 }
 
 

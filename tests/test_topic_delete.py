@@ -211,3 +211,48 @@ def test_crash_mid_delete(tmp_path: Path, step: str) -> None:
     assert not verify(store).problems
     with MessageStore.open(store) as s:  # and once more: a clean restart keeps it that way
         assert s.get_max_offset_in_queue("Victim", 0) == (4 if step == "before-begin" else 1)
+
+
+def test_deletion_log_forgets_expired_cutoffs_and_stays_small(tmp_path: Path) -> None:
+    from rmq_eventstore.store.topic_deletion import COMPACT_SLACK, TopicDeletionLog
+
+    log = TopicDeletionLog(str(tmp_path))
+    for i in range(COMPACT_SLACK):
+        log.begin(f"T{i}", 100 * i)
+        log.done(f"T{i}", 100 * i)
+    log.begin("Open", 5)  # a deletion not finished: kept whatever the commitlog's start
+    assert log.is_deleted("T3", 299) and not log.is_deleted("T3", 300) and not log.is_deleted("Other", 0)
+    with open(log.path, "ab") as f:
+        f.write(b'{"topic":"Torn","off')  # a crash mid-append: ignored at load
+    again = TopicDeletionLog(str(tmp_path))
+    again.load()
+    assert again.cutoffs == log.cutoffs and again.pending == {"Open": 5}
+    assert open(again.path, "rb").read().endswith(b"\n")  # the torn tail was cut
+    assert again.forget_before(100 * 10) == 11  # T0..T10: no record before them is left
+    assert "T10" not in again.cutoffs and "T11" in again.cutoffs and "Open" in again.cutoffs
+    lines = open(again.path).read().splitlines()
+    assert len(lines) == len(again.cutoffs)  # rewritten: one line per live cutoff
+    third = TopicDeletionLog(str(tmp_path))
+    third.load()
+    assert third.cutoffs == again.cutoffs and third.pending == {"Open": 5}
+    third.done("Open", 5)
+    assert third.forget_before(10**9) == len(again.cutoffs)
+    assert not os.path.exists(third.path)  # nothing left to remember
+
+
+def test_commitlog_expiry_forgets_the_cutoff(tmp_path: Path) -> None:
+    """Once the commitlog files holding a deleted topic's records are gone, its cutoff is forgotten at load."""
+    cfg = {"mapped_file_size_commit_log": 64 * 1024, "mapped_file_size_consume_queue": 20 * 100}
+    with MessageStore.open(tmp_path, **cfg) as s:
+        s.put_message(Message("Gone", b"x" * 1000, queue_id=0))
+        s.wait_for_dispatch()
+        assert s.delete_topic("Gone")
+        assert "Gone" in s.topic_deletions.cutoffs
+        for i in range(200):  # several files after it
+            s.put_message(Message("Filler", b"y" * 1000, queue_id=0))
+        s.wait_for_dispatch()
+        first = s.commit_log.mapped_file_queue.mapped_files[0]
+    os.unlink(first.path)  # what the cleanup service does when the file expires
+    with MessageStore.open(tmp_path, **cfg) as s:
+        assert "Gone" not in s.topic_deletions.cutoffs
+        assert s.get_max_offset_in_queue("Gone", 0) == 0

@@ -32,7 +32,13 @@ from typing import Any
 
 from ..common import Message, codec
 from ..common.pop import pop_retry_topic
-from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError, is_system_topic, validate_topic
+from ..common.topic import (
+    AUTO_CREATE_TOPIC_KEY_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TopicValidationError,
+    is_system_topic,
+    validate_topic,
+)
 from ..common.topic_config import PermName, TopicConfig
 from ..remoting import HeaderError, RemotingCommand, RequestCode, ResponseCode
 from ..store import MessageStore
@@ -294,6 +300,10 @@ class Broker:
             retry = pop_retry_topic(group, topic)
             if self.topic_manager.get(retry) is not None:
                 topics.append(retry)
+        # also the pop retry topics of groups that never committed an offset on it (`%RETRY%<group>_<topic>`)
+        suffix = "_" + topic
+        topics += sorted(t for t in self.topic_manager.file.topic_config_table()
+                         if t.startswith(RETRY_GROUP_TOPIC_PREFIX) and t.endswith(suffix) and t not in topics)
         deleted = []
         for t in topics:
             if self.store.delete_topic(t):

@@ -98,6 +98,7 @@ class PopService:
         self._pending: dict[int, OrderedDict[tuple, tuple[PopCheckPoint, int]]] = {}
         self._revive_lock = threading.Lock()  # a revive round, or a deleted topic's checkpoints being dropped
         self._deleted_at: dict[str, int] = {}  # topic -> when it was deleted (ms): older checkpoints are void
+        self._deleted_limit = 1024
         self.revived = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -278,9 +279,10 @@ class PopService:
         now = int(time.time() * 1000)
         n = 0
         with self._revive_lock:
-            if len(self._deleted_at) > 1024:
+            if len(self._deleted_at) > self._deleted_limit:  # pruned when it doubled: amortised O(1)
                 day = now - 86_400_000
                 self._deleted_at = {t: at for t, at in self._deleted_at.items() if at > day}
+                self._deleted_limit = max(1024, 2 * len(self._deleted_at))
             self._deleted_at[topic] = now
             for pending in self._pending.values():
                 for key in [k for k in pending if k[1] == topic]:

@@ -97,5 +97,10 @@ class TopicManager:
         if tc is not None:
             return tc
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            return self.create_retry_topic(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
+            group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+            # a route lookup never creates a group (RocketMQ's name server creates nothing): the name of a
+            # pop retry topic, `%RETRY%<group>_<topic>`, would otherwise make a group of `<group>_<topic>`
+            if self.groups.file.get(group) is None:
+                return None
+            return self.create_retry_topic(group)
         return self.auto_topic(topic)

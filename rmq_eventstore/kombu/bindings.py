@@ -45,7 +45,8 @@ __all__ = ["Binding", "SharedState"]
 class SharedState:
     """The replayed log. `send(record_bytes)` appends a record and returns its offset; `pull(offset, wait_ms)`
     returns the records from `offset` on as `(next_offset, [bytes, ...])`, waiting up to `wait_ms` for one
-    (an empty list when there is nothing new)."""
+    (an empty list when there is nothing new). `snapshot_send(bytes)` stores a snapshot, `snapshot_last()`
+    returns the newest one (or None): see the module docstring."""
 
     def __init__(self, send: Callable[[bytes], int], pull: Callable[[int, int], tuple[int, list[bytes]]],
                  snapshot_send: Callable[[bytes], None] | None = None,
@@ -54,6 +55,17 @@ class SharedState:
         self._pull = pull
         self._snapshot_send = snapshot_send
         self._lock = threading.Lock()
+        self.replayed = 0  # records applied by this process (what a snapshot saved it from is not counted)
+        self._reset()
+        raw = snapshot_last() if snapshot_last is not None else None
+        if raw:
+            try:
+                self._load_snapshot(json.loads(raw))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                log.warning("kombu bindings: unreadable snapshot ignored, replaying the whole log (%s)", e)
+                self._reset()
+
+    def _reset(self) -> None:
         self._offset = 0
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.tables: dict[str, list[Binding]] = {}
@@ -61,14 +73,6 @@ class SharedState:
         self.used: dict[str, int] = {}  # queue -> last declare or lease (epoch ms)
         self._snapshot_upto = 0
         self._snapshot_at = 0
-        self.replayed = 0  # records applied by this process (what a snapshot saved it from is not counted)
-        raw = snapshot_last() if snapshot_last is not None else None
-        if raw:
-            try:
-                self._load_snapshot(json.loads(raw))
-            except (ValueError, KeyError, TypeError) as e:
-                log.warning("kombu bindings: unreadable snapshot ignored, replaying the whole log (%s)", e)
-                self.__init__(send, pull, snapshot_send, None)  # type: ignore[misc]
 
     # -- snapshots ----------------------------------------------------------------------------------------
     def _load_snapshot(self, doc: dict[str, Any]) -> None:
@@ -89,9 +93,10 @@ class SharedState:
         if self._snapshot_send is None:
             return
         now = int(time.time() * 1000)
-        if self._offset - self._snapshot_upto < SNAPSHOT_EVERY and not (
-                self._offset > self._snapshot_upto and now - self._snapshot_at > SNAPSHOT_MAX_AGE):
+        if self._offset - self._snapshot_upto < SNAPSHOT_EVERY and now - self._snapshot_at <= SNAPSHOT_MAX_AGE:
             return
+        if self._offset == 0:
+            return  # nothing to keep
         doc = self._snapshot_doc()
         try:
             self._snapshot_send(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())

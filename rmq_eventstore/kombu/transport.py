@@ -707,8 +707,11 @@ class Transport(virtual.Transport):
         """A message is on its way to `queue` (sent, or given back) and readable within `seconds`: a get
         that finds nothing long-polls that long rather than answering "empty" (read your writes; the
         broker makes a sent message readable, and revives a given-back one, asynchronously)."""
-        until = time.monotonic() + seconds
+        now = time.monotonic()
+        until = now + seconds
         if self._expected.get(queue, 0.0) < until:
+            if len(self._expected) >= 1024 and queue not in self._expected:  # many short-lived reply queues
+                self._expected = {q: t for q, t in self._expected.items() if t > now}
             self._expected[queue] = until
 
     def expected(self, queue: str) -> float:

@@ -92,6 +92,14 @@ class TopicDeletionLog:
         self._lines = 0
 
     def load(self) -> None:
+        """Read the log; a torn last line (a crash mid-append) is cut off, so the next append starts clean."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+            if data and not data.endswith(b"\n"):
+                os.truncate(self.path, data.rfind(b"\n") + 1)
+        except FileNotFoundError:
+            pass
         self.cutoffs, self.pending, self._lines = _parse(self.path)
 
     def is_deleted(self, topic: str, commit_log_offset: int) -> bool:
@@ -146,7 +154,7 @@ class TopicDeletionLog:
                 pass
             self._lines = 0
             return
-        lines = [{"topic": t, "offset": d, "state": "keep"} for t, d in self.cutoffs.items()]
+        lines = [{"topic": t, "offset": d, "state": "keep"} for t, d in self.cutoffs.items() if t not in self.pending]
         lines += [{"topic": t, "offset": d, "state": "begin"} for t, d in self.pending.items()]
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in lines).encode()
         tmp = self.path + ".tmp"

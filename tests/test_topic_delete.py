@@ -248,7 +248,7 @@ def test_commitlog_expiry_forgets_the_cutoff(tmp_path: Path) -> None:
         s.wait_for_dispatch()
         assert s.delete_topic("Gone")
         assert "Gone" in s.topic_deletions.cutoffs
-        for i in range(200):  # several files after it
+        for _ in range(200):  # several files after it
             s.put_message(Message("Filler", b"y" * 1000, queue_id=0))
         s.wait_for_dispatch()
         first = s.commit_log.mapped_file_queue.mapped_files[0]

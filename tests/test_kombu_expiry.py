@@ -100,9 +100,10 @@ def test_x_expires_unused_queue_is_swept_used_one_is_leased(broker: tuple[str, P
     namesrv, store = broker
     idle = Queue("idle.q", Exchange("d", "direct"), routing_key="idle", expires=1.5)
     busy = Queue("busy.q", Exchange("d", "direct"), routing_key="busy", expires=1.5)
+    got: list = []
     with conn(namesrv, ns, expiry_sweep_interval=0) as user, conn(namesrv, ns, expiry_sweep_interval=0.5) as sweeper:
         idle.bind(user.default_channel).declare()
-        Consumer(user.default_channel, [busy], callbacks=[lambda b, m: m.ack()]).consume()
+        Consumer(user.default_channel, [busy], callbacks=[lambda b, m: (got.append(b), m.ack())]).consume()
         assert sweeper.default_channel.clients is not None  # its keeper thread starts with its clients
         t_idle, t_busy = topic_name("idle.q", ns), topic_name("busy.q", ns)
         assert {t_idle, t_busy} <= topics(namesrv, ns)
@@ -115,8 +116,6 @@ def test_x_expires_unused_queue_is_swept_used_one_is_leased(broker: tuple[str, P
         # the consumer still works after the sweeps
         with user.Producer() as p:
             p.publish({"x": 1}, exchange=Exchange("d", "direct"), routing_key="busy")
-        got = []
-        Consumer(user.default_channel, [busy], callbacks=[lambda b, m: (got.append(b), m.ack())]).consume()
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             try:

@@ -239,6 +239,9 @@ class _Clients:
             if self._topics.get(topic, 0) >= lanes:
                 return
             self.admin.create_topic(topic, queue_nums=lanes)
+            if len(self._topics) >= 4096:  # a cache only (creating again is harmless): bounded, many reply queues
+                keep = {t: n for t, n in self._topics.items() if t in (self.bindings_topic, self.snapshot_topic)}
+                self._topics = keep
             self._topics[topic] = lanes
         self.producer.refresh_route(topic)
 

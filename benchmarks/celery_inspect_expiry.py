@@ -1,8 +1,9 @@
 """`make expirytest`: N remote-control pings against a running Celery worker leave no reply queue behind.
 
 A local broker (temporary store) and a `celery worker -P solo` process are started; then N times, each with a
-fresh `Control` (so a new mailbox, hence a new reply queue, as N separate `celery inspect ping` commands
-would have), `inspect(limit=1).ping()` is called. Afterwards the broker's topics are counted: reply queue
+fresh `Control` whose mailbox has a new id (so a new reply queue, as N separate `celery inspect ping` commands
+would have; `--same-reply-queue` keeps one, as one process calling `app.control.inspect()` in a loop),
+`inspect(limit=1).ping()` is called. Afterwards the broker's topics are counted: reply queue
 topics left (must be 0), all kombu topics, consume queue directories, lines of the topic deletion log, the
 bindings log's length and how many records a new connection replays (snapshots). Prints counts and times.
 
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +36,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pings", type=int, default=10_000)
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--same-reply-queue", action="store_true",
+                    help="reuse one reply queue (one process calling app.control.inspect() in a loop); default: a "
+                         "new one per call, as N separate `celery inspect ping` commands")
     args = ap.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="expirytest-"))
     store = work / "store"
@@ -46,6 +51,12 @@ def main() -> int:
     from rmq_eventstore.client import Admin, ensure_local_broker, stop_local_broker
     from rmq_eventstore.kombu.names import QUEUE_PREFIX
 
+    if not args.same_reply_queue:
+        # kombu names a mailbox (its reply queue and the replies' routing key) after the process, thread and
+        # object; give every mailbox its own id, as N separate `celery inspect ping` processes would have
+        import kombu.pidbox
+
+        kombu.pidbox.oid_from = lambda inst, threads=True: inst.__dict__.setdefault("_bench_oid", str(uuid.uuid4()))
     namesrv = ensure_local_broker(store, idle_exit=None).namesrv_addr
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "pingapp", "worker", "-P", "solo",
                                "--without-mingle", "--without-gossip", "-l", "warning", "-n", "w1@%h"],
@@ -78,7 +89,8 @@ def main() -> int:
             log_len, replayed = shared._offset, shared.replayed
         print(f"pings: {args.pings}, answered: {answered}, {elapsed:.1f} s ({1000 * elapsed / args.pings:.1f} ms "
               f"per ping)")
-        print(f"reply queue topics left: {len(replies)}")
+        print(f"reply queues used: {'1' if args.same_reply_queue else args.pings}; reply queue topics left: "
+              f"{len(replies)}")
         print(f"kombu topics: {len(kombu_topics)} {sorted(kombu_topics)}; all topics: {len(all_topics)}; "
               f"consume queue directories: {cq_dirs}")
         print(f"topic deletion log lines: {del_lines}; bindings log records: {log_len}; "

@@ -422,7 +422,8 @@ class Channel(virtual.Channel):
             return 0  # not declared (or deleted already, e.g. by Celery's reply collector after auto-delete)
         n = self._size(queue)
         c.shared.delete_queue(queue)
-        c.delete_topic(topic)
+        if not c.delete_topic(topic):  # no admin rights: the topic stays, emptied (a queue declared again is new)
+            n = max(n, self._purge_topic(topic))
         return n
 
     # -- publishing ------------------------------------------------------------------------------------------------
@@ -602,6 +603,10 @@ class Channel(virtual.Channel):
         topic = self._topic(queue)
         if c.shared.queue(queue) is None and topic not in c._topics:
             return 0
+        return self._purge_topic(topic)
+
+    def _purge_topic(self, topic: str) -> int:
+        c = self.clients
         n = 0
         while True:
             popped = c.pop.pop(topic, max_nums=32, invisible_time=60_000)

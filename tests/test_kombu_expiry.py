@@ -60,7 +60,11 @@ def test_queue_delete_deletes_topic_lanes_and_bindings(broker: tuple[str, Path],
         with c.Producer() as p:
             for i in range(3):
                 p.publish({"i": i}, exchange=ex, routing_key="k", priority=i * 4)
+        deadline = time.monotonic() + 10
         m = bq.get(no_ack=False)
+        while m is None and time.monotonic() < deadline:
+            m = bq.get(no_ack=False)
+        assert m is not None
         m.requeue()  # a pop retry topic for the group
         topic = topic_name("work.q", ns)
         assert topic in topics(namesrv, ns)

@@ -99,11 +99,20 @@ def test_delete_topic_over_the_wire(tmp_path: Path) -> None:
                 r = c.pull("Doomed", 0, 0, suspend_timeout_ms=2000)
                 assert r.status == FOUND and [m.queue_offset for m in r.messages] == [0]
                 assert r.messages[0].body == b"m0"
-    # a clean restart does not bring the old records back either
+    # a clean restart does not bring the old records back either, nor does a rebuild from the commitlog
     with MessageStore.open(tmp_path / "s") as store:
         assert store.get_max_offset_in_queue("Doomed", 0) == 1
         assert store.get_max_offset_in_queue(retry, 0) == 0
     assert not verify(tmp_path / "s").problems
+    from rmq_eventstore.store.config import StoreConfig
+    store = MessageStore(StoreConfig(store_path_root_dir=str(tmp_path / "s")))
+    try:
+        store.load(drop_derived=True)
+        store.start()
+        assert store.get_max_offset_in_queue("Doomed", 0) == 1 and store.get_max_offset_in_queue("Doomed", 1) == 1
+        assert store.get_max_offset_in_queue("Kept", 0) == 1
+    finally:
+        store.shutdown()
 
 
 def test_delete_topic_needs_admin(tmp_path: Path) -> None:

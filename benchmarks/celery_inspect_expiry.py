@@ -70,7 +70,8 @@ def main() -> int:
         answered = 0
         t0 = time.perf_counter()
         for i in range(args.pings):
-            r = Control(app).inspect(timeout=5, limit=1).ping()
+            control = app.control if args.same_reply_queue else Control(app)
+            r = control.inspect(timeout=5, limit=1).ping()
             answered += bool(r)
             if (i + 1) % 1000 == 0:
                 print(f"{i + 1} pings, {time.perf_counter() - t0:.1f} s", flush=True)

@@ -189,6 +189,21 @@ class _AckRetry:
                 self._pending[:0] = keep
 
 
+_last_sweep: dict[str, float] = {}  # group -> when a connection of this process last swept its queues
+_last_sweep_lock = threading.Lock()
+
+
+def _sweep_turn(group: str, interval: float) -> bool:
+    """Whether a connection of this process should sweep `group`'s expired queues now: at most once per
+    `interval` per process (a Celery client's pool holds several connections; one sweep is enough)."""
+    now = time.monotonic()
+    with _last_sweep_lock:
+        if now - _last_sweep.get(group, -1e9) < interval * 0.9:
+            return False
+        _last_sweep[group] = now
+        return True
+
+
 _ack_retry = _AckRetry()
 atexit.register(_shutdown_settlers)
 os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
@@ -791,7 +806,8 @@ class Transport(virtual.Transport):
                             leased[q] = now
                 if self.expiry_sweep_interval > 0 and time.monotonic() - last_sweep >= self.expiry_sweep_interval:
                     last_sweep = time.monotonic()
-                    self.sweep()
+                    if _sweep_turn(self.group, self.expiry_sweep_interval):  # one connection per process sweeps
+                        self.sweep()
             except Exception as e:  # a lost broker: the connection's own calls report it
                 log.debug("kombu: lease/sweep round failed: %r", e)
 

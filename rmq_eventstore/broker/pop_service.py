@@ -56,6 +56,7 @@ from ..common.properties import (
 )
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ..common.topic_config import PermName
+from .pop_buffer import PopBufferMergeService
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -97,6 +98,12 @@ class PopService:
         self._read: dict[int, int] = {}
         self._pending: dict[int, OrderedDict[tuple, tuple[PopCheckPoint, int]]] = {}
         self.revived = 0
+        cfg = broker.config
+        offsets = broker.offset_manager
+        self.buffer = PopBufferMergeService(
+            lambda ck, qid: self._put_revive(ck.to_json(), CK_TAG, qid), offsets.commit, offsets.file.query_offset,
+            enabled=cfg.enable_pop_buffer_merge, stay_ms=cfg.pop_ck_stay_buffer_time,
+            margin_ms=cfg.pop_ck_stay_buffer_time_out, max_size=cfg.pop_ck_max_buffer_size)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -112,6 +119,7 @@ class PopService:
             self._arrival.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.buffer.flush_all()  # what is in flight comes back at its revive time after the restart too
 
     def _recover_pop_offsets(self) -> None:
         """Consume offsets are flushed every few seconds, checkpoints at once: after a crash, move each
@@ -193,15 +201,15 @@ class PopService:
                 r = self.store.get_message(group, t, q, offset, want, filt)
                 if r is None:
                     continue
-                if r.status == GetMessageStatus.OFFSET_TOO_SMALL or (not r.messages and r.next_begin_offset > offset):
-                    self.broker.offset_manager.commit(group, t, q, r.next_begin_offset)  # skip filtered / removed
                 if not r.messages:
+                    if r.status == GetMessageStatus.OFFSET_TOO_SMALL or r.next_begin_offset > offset:
+                        self.buffer.add_offset(group, t, q, r.next_begin_offset)  # skip filtered / removed
                     continue
                 ck = PopCheckPoint(offset, pop_time, invisible_time, len(r.messages), q, t, group,
                                    self.broker.config.broker_name, [m.queue_offset - offset for m in r.messages])
-                if not self._put_revive(ck.to_json(), CK_TAG, result.revive_qid):
+                # buffered (or written): the consume offset moves past it by the buffer's rule (pop_buffer.py)
+                if not self.buffer.add_ck(ck, result.revive_qid, r.next_begin_offset):
                     continue  # nothing handed out without its checkpoint
-                self.broker.offset_manager.commit(group, t, q, r.next_begin_offset)
             result.start_offset_info.append(f"{1 if retry else 0} {q} {offset}")
             result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(str(m.queue_offset) for m in r.messages)}")
             result.buffers += r.message_buffers
@@ -210,7 +218,7 @@ class PopService:
         return result
 
     def _offset(self, group: str, topic: str, queue_id: int) -> int:
-        off = self.broker.offset_manager.file.query_offset(group, topic, queue_id)
+        off = self.buffer.pop_offset(group, topic, queue_id)
         return max(off, self.store.get_min_offset_in_queue(topic, queue_id), 0)
 
     def _put_revive(self, body: str, tag: str, qid: int) -> bool:
@@ -224,13 +232,19 @@ class PopService:
     # -- ack and change invisible time ------------------------------------------------------------------------
     def ack(self, group: str, topic: str, extra: ExtraInfo, offset: int) -> bool:
         """Settle one popped message (its receipt handle `extra`)."""
+        if self.buffer.ack((group, topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time), [offset]):
+            return True  # matched in the buffer: nothing to write
         ack = AckMsg(offset, extra.ck_queue_offset, group, topic, extra.queue_id, extra.pop_time,
                      extra.broker_name)
         return self._put_revive(ack.to_json(), ACK_TAG, extra.revive_qid)
 
     def batch_ack(self, ack: BatchAck) -> bool:
-        """Settle several messages of one pop with one revive record (tag `bAck`, ack offset list `aol`)."""
-        body = json.dumps({"aol": [ack.start_offset + b for b in ack.bits], "so": ack.start_offset, "c": ack.group,
+        """Settle several messages of one pop: in the buffer, or with one revive record (tag `bAck`, ack
+        offset list `aol`)."""
+        offsets = [ack.start_offset + b for b in ack.bits]
+        if self.buffer.ack((ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time), offsets):
+            return True
+        body = json.dumps({"aol": offsets, "so": ack.start_offset, "c": ack.group,
                            "t": ack.topic, "q": ack.queue_id, "pt": ack.pop_time,
                            "bn": self.broker.config.broker_name}, separators=(",", ":"))
         return self._put_revive(body, BATCH_ACK_TAG, ack.revive_qid)
@@ -242,6 +256,9 @@ class PopService:
         # a checkpoint is known by (group, topic, queue, start offset, pop time): the new one must not share
         # the old one's key, or the ack of the old one would settle it
         pop_time = max(int(time.time() * 1000), extra.pop_time + 1)
+        # the old checkpoint (and the queue's earlier ones) go to the revive topic first: the new one's end
+        # must not carry the offset past them at a recovery
+        self.buffer.flush_queue(group, topic, extra.queue_id)
         ck = PopCheckPoint(offset, pop_time, invisible_time, 1, extra.queue_id, topic, group,
                            self.broker.config.broker_name, [0])
         if not self._put_revive(ck.to_json(), CK_TAG, extra.revive_qid):
@@ -261,6 +278,7 @@ class PopService:
     def revive_once(self, now_ms: int | None = None) -> int:
         """One round over the revive queues; how many messages were put back."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        self.buffer.flush_due(now)
         n = 0
         for qid in range(REVIVE_QUEUE_NUM):
             n += self._revive_queue(qid, now)

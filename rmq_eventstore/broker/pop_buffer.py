@@ -1,0 +1,230 @@
+"""`PopBufferMergeService` (RocketMQ 5's `enablePopBufferMerge`): a pop's checkpoint waits in memory for a
+short while, and acks are matched against it there, so that a message popped and acked soon costs no
+revive-topic record at all (neither the checkpoint nor the ack).
+
+A checkpoint leaves the buffer in one of two ways:
+
+* **settled**: every message it holds was acked; nothing is ever written for it;
+* **stored**: it is written to the revive topic (holding only the messages not acked yet) when it has
+  stayed `stay_ms`, or `margin_ms` before its revive time, whichever comes first (the revive service
+  calls `flush_due` at the start of each round), when its queue is flushed (a change of invisible time),
+  or at shutdown. Acks of a stored checkpoint are written as ack records, as without the buffer.
+
+**The consume offset rule.** The group's consume offset of a queue is what survives a crash (together with
+the checkpoints in the revive topic, which move it forward at recovery), so it may move past a pop only once
+that pop's checkpoint is stored or settled. The buffer keeps each queue's pops in pop order and commits the
+offset after the longest settled-or-stored prefix (RocketMQ's `commitOffsets` scan); further pops of the
+queue start at the buffer's own frontier (`pop_offset`), past what is in flight. And a checkpoint of a queue
+is only ever stored after every earlier unsettled checkpoint of that queue is, because recovery moves the
+offset to the end of the checkpoints it finds: a later checkpoint stored alone would carry the offset past
+an earlier one's unacked messages. So, killed at any instant, the broker restarts with the offset before
+every message that was neither acked nor in a stored checkpoint, and delivers those again (acked ones
+whose pop was not committed yet may come again too: at least once).
+
+One lock guards the buffer; a pop takes it once (after reading under its queue's lock), an ack once per
+request, the flush once per round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..common.pop import PopCheckPoint
+
+QueueKey = tuple[str, str, int]  # group, topic, queue id
+CkKey = tuple[str, str, int, int, int]  # group, topic, queue id, start offset, pop time
+
+
+class _Entry:
+    """One pop of a queue in the buffer: its checkpoint (None: an offset move only, e.g. filtered
+    messages skipped), the offset after it, the acked bits, and whether it is stored."""
+
+    __slots__ = ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at")
+
+    def __init__(self, ck: PopCheckPoint | None, revive_qid: int, next_offset: int, flush_at: int,
+                 stored: bool = False) -> None:
+        self.ck = ck
+        self.revive_qid = revive_qid
+        self.next_offset = next_offset
+        self.acked = 0
+        self.full = (1 << len(ck.queue_offset_diff)) - 1 if ck is not None else 0
+        self.stored = stored
+        self.flush_at = flush_at
+
+    @property
+    def settled(self) -> bool:
+        return self.acked == self.full
+
+    def unacked_ck(self) -> PopCheckPoint:
+        """The checkpoint as stored: only the messages not acked yet (same key, so later acks match)."""
+        ck = self.ck
+        assert ck is not None
+        if not self.acked:
+            return ck
+        diffs = [d for i, d in enumerate(ck.queue_offset_diff) if not self.acked >> i & 1]
+        return replace(ck, num=len(diffs), queue_offset_diff=diffs, bit_map=0)
+
+
+class PopBufferMergeService:
+    """Checkpoints held in memory and matched with acks before either is written (module docstring).
+    `put_ck(ck, revive_qid)` writes a checkpoint to the revive topic (True when written); `commit(group,
+    topic, queue_id, offset)` moves a consume offset; `committed(group, topic, queue_id)` reads one."""
+
+    def __init__(self, put_ck: Callable[[PopCheckPoint, int], bool],
+                 commit: Callable[[str, str, int, int], None], committed: Callable[[str, str, int], int],
+                 enabled: bool = True, stay_ms: int = 10_000, margin_ms: int = 500,
+                 max_size: int = 200_000) -> None:
+        self._put_ck = put_ck
+        self._commit = commit
+        self._committed = committed
+        self.enabled = enabled
+        self.stay_ms = stay_ms
+        self.margin_ms = margin_ms
+        self.max_size = max_size
+        self._lock = threading.Lock()
+        self._queues: dict[QueueKey, deque[_Entry]] = {}
+        self._by_key: dict[CkKey, _Entry] = {}
+        self._count = 0  # entries in the queues
+        self.stored = 0  # checkpoints written by the buffer (statistics)
+        self.settled = 0  # checkpoints settled in memory: nothing written for them
+
+    # -- pop side ---------------------------------------------------------------------------------------------
+    def pop_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """Where the next pop of the queue starts: past what is in the buffer, or the committed offset."""
+        with self._lock:
+            committed = self._committed(group, topic, queue_id)
+            q = self._queues.get((group, topic, queue_id))
+            if q:
+                return max(q[-1].next_offset, committed)
+            return committed
+
+    def add_ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int) -> bool:
+        """Register a pop's checkpoint; its consume offset moves to `next_offset` when the rule allows. With
+        the buffer off or full, the checkpoint is written now (after the queue's earlier ones); False when
+        that write failed: then nothing was registered and the pop must hand nothing out."""
+        qkey = (ck.group, ck.topic, ck.queue_id)
+        with self._lock:
+            if self.enabled and self._count < self.max_size:
+                flush_at = ck.pop_time + max(min(self.stay_ms, ck.invisible_time - self.margin_ms), 0)
+                entry = _Entry(ck, revive_qid, next_offset, flush_at)
+                self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = entry
+            else:
+                self._flush_queue(qkey, None)
+                if self._queues.get(qkey):
+                    return False  # an earlier checkpoint could not be written: this one may not go first
+                if not self._put_ck(ck, revive_qid):
+                    return False
+                entry = _Entry(ck, revive_qid, next_offset, 0, stored=True)
+            self._queues.setdefault(qkey, deque()).append(entry)
+            self._count += 1
+            self._scan_commit(qkey)
+        return True
+
+    def add_offset(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
+        """Move the consume offset past messages no pop hands out (filtered, removed): at once when nothing
+        of the queue is in the buffer, else in order behind what is."""
+        qkey = (group, topic, queue_id)
+        with self._lock:
+            q = self._queues.get(qkey)
+            if not q:
+                self._commit(group, topic, queue_id, next_offset)
+                return
+            q.append(_Entry(None, 0, next_offset, 0))
+            self._count += 1
+            self._scan_commit(qkey)
+
+    # -- ack side ---------------------------------------------------------------------------------------------
+    def ack(self, key: CkKey, offsets: list[int]) -> bool:
+        """Mark acked messages of a buffered checkpoint: True when it was in the buffer and not stored (then
+        nothing is to be written), False when the caller must write an ack record."""
+        with self._lock:
+            entry = self._by_key.get(key)
+            if entry is None or entry.stored:
+                return False
+            ck = entry.ck
+            assert ck is not None
+            diffs = ck.queue_offset_diff
+            start = ck.start_offset
+            for off in offsets:
+                d = off - start
+                if len(diffs) == 1:
+                    if diffs[0] == d:
+                        entry.acked |= 1
+                elif d in diffs:
+                    entry.acked |= 1 << diffs.index(d)
+            if entry.settled:
+                del self._by_key[key]
+                self.settled += 1
+                self._scan_commit(key[:3])  # type: ignore[arg-type]
+            return True
+
+    # -- flush ------------------------------------------------------------------------------------------------
+    def flush_due(self, now_ms: int) -> int:
+        """Store every checkpoint whose time in the buffer is over (and, per queue, the ones before it);
+        how many were written."""
+        n = 0
+        with self._lock:
+            for qkey in list(self._queues):
+                n += self._flush_queue(qkey, now_ms)
+        return n
+
+    def flush_queue(self, group: str, topic: str, queue_id: int) -> None:
+        """Store every unsettled checkpoint of the queue (before a checkpoint is written beside them)."""
+        with self._lock:
+            self._flush_queue((group, topic, queue_id), None)
+
+    def flush_all(self) -> int:
+        with self._lock:
+            return sum(self._flush_queue(qkey, None) for qkey in list(self._queues))
+
+    def _flush_queue(self, qkey: QueueKey, now_ms: int | None) -> int:
+        """Store the queue's unsettled checkpoints in order up to the last one due (all with `now_ms`
+        None); stops at a failed write (tried again next round). Lock held."""
+        q = self._queues.get(qkey)
+        if not q:
+            return 0
+        last = len(q) - 1
+        if now_ms is not None:
+            while last >= 0 and q[last].flush_at > now_ms:
+                last -= 1
+        n = 0
+        for i in range(last + 1):
+            e = q[i]
+            if e.stored or e.ck is None or e.settled:
+                continue
+            if not self._put_ck(e.unacked_ck(), e.revive_qid):
+                break
+            e.stored = True
+            self._by_key.pop((e.ck.group, e.ck.topic, e.ck.queue_id, e.ck.start_offset, e.ck.pop_time), None)
+            self.stored += 1
+            n += 1
+        if n:
+            self._scan_commit(qkey)
+        return n
+
+    def _scan_commit(self, qkey: QueueKey) -> None:
+        """Commit the offset after the longest prefix of the queue's pops that are stored or settled, and
+        drop that prefix. Lock held."""
+        q = self._queues.get(qkey)
+        if not q:
+            return
+        offset = -1
+        while q and (q[0].stored or q[0].settled):
+            offset = q.popleft().next_offset
+            self._count -= 1
+        if offset >= 0 and offset > self._committed(*qkey):
+            self._commit(*qkey, offset)
+        if not q:
+            del self._queues[qkey]
+
+    def size(self) -> int:
+        """Pops in the buffer (settled or not)."""
+        return self._count
+
+    def in_flight(self) -> int:
+        """Checkpoints in the buffer with unacked messages, not stored."""
+        with self._lock:
+            return len(self._by_key)

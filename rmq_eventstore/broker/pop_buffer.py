@@ -101,6 +101,14 @@ class PopBufferMergeService:
                 return max(q[-1].next_offset, committed)
             return committed
 
+    def frontier(self, group: str, topic: str, queue_id: int) -> int:
+        """The offset after the queue's last buffered pop, -1 when none is buffered (no lock: a read)."""
+        q = self._queues.get((group, topic, queue_id))
+        try:
+            return q[-1].next_offset if q else -1
+        except IndexError:  # emptied meanwhile
+            return -1
+
     def add_ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int) -> bool:
         """Register a pop's checkpoint; its consume offset moves to `next_offset` when the rule allows. With
         the buffer off or full, the checkpoint is written now (after the queue's earlier ones); False when

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..common import GetMessageStatus, Message, MessageExt
+from ..common import GetMessageStatus, Message, MessageExt, codec
 from ..common.filter import MessageFilter
 from ..common.pop import (
     ACK_TAG,
@@ -69,16 +69,23 @@ POP_FROM_RETRY_PROBABILITY = 20  # percent of pops that look at the retry topic 
 
 @dataclass
 class PopResult:
-    """What a pop found: messages (stored bytes and decoded), per queue start offsets and offsets."""
+    """What a pop found: the stored records (the response body as they are; `messages` decodes them on
+    first access), per queue start offsets and offsets."""
 
     pop_time: int
     invisible_time: int
     revive_qid: int
     buffers: list[bytes]
-    messages: list[MessageExt]
     start_offset_info: list[str]
     msg_offset_info: list[str]
     rest_num: int
+    _messages: list[MessageExt] | None = None
+
+    @property
+    def messages(self) -> list[MessageExt]:
+        if self._messages is None:
+            self._messages = [codec.decode_message(b, 0) for b in self.buffers]
+        return self._messages
 
 
 class PopService:
@@ -104,6 +111,7 @@ class PopService:
             lambda ck, qid: self._put_revive(ck.to_json(), CK_TAG, qid), offsets.commit, offsets.file.query_offset,
             enabled=cfg.enable_pop_buffer_merge, stay_ms=cfg.pop_ck_stay_buffer_time,
             margin_ms=cfg.pop_ck_stay_buffer_time_out, max_size=cfg.pop_ck_max_buffer_size)
+        offsets.pop_frontier = self.buffer.frontier
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -165,7 +173,7 @@ class PopService:
         deadline = time.monotonic() + poll_time_ms / 1000.0
         while True:
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
-            if result.messages or poll_time_ms <= 0 or self._stop.is_set():
+            if result.buffers or poll_time_ms <= 0 or self._stop.is_set():
                 return result
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -188,10 +196,11 @@ class PopService:
                   expression: str) -> PopResult:
         pop_time = int(time.time() * 1000)
         self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
-        result = PopResult(pop_time, invisible_time, self._qid, [], [], [], [], 0)
+        result = PopResult(pop_time, invisible_time, self._qid, [], [], [], 0)
         filt = MessageFilter(expression)
+        broker_name = self.broker.config.broker_name
         for t, q, retry in self._queues(group, topic, queue_id):
-            want = max_nums - len(result.messages)
+            want = max_nums - len(result.buffers)
             if want <= 0:
                 offset = self._offset(group, t, q)
                 result.rest_num += max(self.store.get_max_offset_in_queue(t, q) - offset, 0)
@@ -201,19 +210,19 @@ class PopService:
                 r = self.store.get_message(group, t, q, offset, want, filt)
                 if r is None:
                     continue
-                if not r.messages:
+                offsets = r.message_queue_offsets
+                if not offsets:
                     if r.status == GetMessageStatus.OFFSET_TOO_SMALL or r.next_begin_offset > offset:
                         self.buffer.add_offset(group, t, q, r.next_begin_offset)  # skip filtered / removed
                     continue
-                ck = PopCheckPoint(offset, pop_time, invisible_time, len(r.messages), q, t, group,
-                                   self.broker.config.broker_name, [m.queue_offset - offset for m in r.messages])
+                ck = PopCheckPoint(offset, pop_time, invisible_time, len(offsets), q, t, group, broker_name,
+                                   [o - offset for o in offsets])
                 # buffered (or written): the consume offset moves past it by the buffer's rule (pop_buffer.py)
                 if not self.buffer.add_ck(ck, result.revive_qid, r.next_begin_offset):
                     continue  # nothing handed out without its checkpoint
             result.start_offset_info.append(f"{1 if retry else 0} {q} {offset}")
-            result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(str(m.queue_offset) for m in r.messages)}")
+            result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(map(str, offsets))}")
             result.buffers += r.message_buffers
-            result.messages += r.messages
             result.rest_num += max(r.max_offset - r.next_begin_offset, 0)
         return result
 

@@ -14,7 +14,12 @@ import json
 
 from ..common import MessageExt
 from ..common.pop import BatchAck, ExtraInfo, pop_retry_topic
-from ..common.properties import PROPERTY_POP_CK, PROPERTY_RETRY_TOPIC
+from ..common.properties import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_POP_CK,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_SEPARATOR,
+)
 from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase, decode_records
@@ -28,6 +33,31 @@ def _parse_starts(info: str) -> dict[tuple[bool, int], int]:
         retry, qid, start = item.split(" ")
         out[(retry != "0", int(qid))] = int(start)
     return out
+
+
+def _set_handle(msg: MessageExt, handle: str) -> None:
+    """Set the `POP_CK` property without parsing the message's properties (appended to the string when
+    they were not parsed yet: the last occurrence of a name wins)."""
+    if msg._properties is not None:
+        msg._properties[PROPERTY_POP_CK] = handle
+        return
+    s = msg.properties_string
+    msg.properties_string = f"{s}{'' if not s or s.endswith(PROPERTY_SEPARATOR) else PROPERTY_SEPARATOR}" \
+                            f"{PROPERTY_POP_CK}{NAME_VALUE_SEPARATOR}{handle}{PROPERTY_SEPARATOR}"
+
+
+def _get_handle(msg: MessageExt) -> str | None:
+    """The message's `POP_CK`, read from the end of its properties string when they were not parsed yet
+    (anything else with a `properties` mapping, e.g. kombu's receipts, is asked for it)."""
+    if type(msg) is not MessageExt or msg._properties is not None:
+        return msg.properties.get(PROPERTY_POP_CK)
+    s = msg.properties_string
+    lead = PROPERTY_POP_CK + NAME_VALUE_SEPARATOR
+    i = s.rfind(lead)
+    if i < 0 or (i and s[i - 1] != PROPERTY_SEPARATOR):
+        return msg.properties.get(PROPERTY_POP_CK)
+    j = s.find(PROPERTY_SEPARATOR, i)
+    return s[i + len(lead):j if j >= 0 else len(s)] or None
 
 
 class PopConsumer:
@@ -71,17 +101,30 @@ class PopConsumer:
         names = list(self._base.route(topic).broker_addrs)
         broker_name = names[0] if names else ""
         msgs = decode_records(r.body)
+        # each message's handle is ExtraInfo(start, popTime, invisibleTime, reviveQid, retry, brokerName,
+        # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue
+        prefixes: dict[tuple[bool, int], str] = {}
         for m in msgs:
             retry = m.topic != topic
-            extra = ExtraInfo(starts.get((retry, m.queue_id), m.queue_offset), pop_time, invisible, revive_qid, retry,
-                              broker_name, m.queue_id, m.queue_offset)
-            m.properties[PROPERTY_POP_CK] = extra.build()
+            qid = m.queue_id
+            prefix = prefixes.get((retry, qid))
+            if prefix is None:
+                start = starts.get((retry, qid))
+                if start is None:  # no start offset for the queue: the message is its own checkpoint start
+                    _set_handle(m, ExtraInfo(m.queue_offset, pop_time, invisible, revive_qid, retry, broker_name,
+                                             qid, m.queue_offset).build())
+                    if retry:
+                        m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+                    continue
+                prefix = prefixes[(retry, qid)] = (f"{start} {pop_time} {invisible} {revive_qid} "
+                                                   f"{1 if retry else 0} {broker_name} {qid} ")
+            _set_handle(m, prefix + str(m.queue_offset))
             if retry:
                 m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
         return msgs
 
     def _target(self, msg: MessageExt) -> tuple[str, ExtraInfo]:
-        handle = msg.properties.get(PROPERTY_POP_CK)
+        handle = _get_handle(msg)
         if not handle:
             raise ValueError("the message has no POP_CK receipt handle: it was not popped by a PopConsumer")
         extra = ExtraInfo.split(handle)
@@ -96,17 +139,27 @@ class PopConsumer:
 
     def ack_batch(self, msgs: list[MessageExt]) -> None:
         """Settle several popped messages with one BATCH_ACK_MESSAGE per broker (one entry per pop)."""
-        groups: dict[tuple, BatchAck] = {}
+        groups: dict[tuple[str, str], BatchAck] = {}
         by_broker: dict[str, list[BatchAck]] = {}
         for m in msgs:
-            topic, extra = self._target(m)
-            key = (topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time, extra.revive_qid)
+            # the handles of one pop's queue differ only in their last field (the offset): each distinct
+            # rest is parsed once
+            handle = _get_handle(m) or ""
+            prefix, _, last = handle.rpartition(" ")
+            key = (m.topic, prefix)
             ack = groups.get(key)
-            if ack is None:
-                ack = groups[key] = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
-                                             extra.revive_qid, extra.pop_time, extra.invisible_time, [])
-                by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
-            ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
+            if ack is None or handle.count(" ") != 7:
+                topic, extra = self._target(m)
+                key = (m.topic, extra.build().rpartition(" ")[0])
+                ack = groups.get(key)
+                if ack is None:
+                    ack = groups[key] = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset,
+                                                 extra.queue_id, extra.revive_qid, extra.pop_time,
+                                                 extra.invisible_time, [])
+                    by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
+                ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
+                continue
+            ack.bits.append(int(last) - ack.start_offset)
         for addr, acks in by_broker.items():
             body = json.dumps({"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()
             self._base.invoke(addr, RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))

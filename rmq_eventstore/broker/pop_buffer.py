@@ -27,6 +27,7 @@ request, the flush once per round.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +69,104 @@ class _Entry:
         return replace(ck, num=len(diffs), queue_offset_diff=diffs, bit_map=0)
 
 
+class PopJournal:
+    """The buffer's write-ahead journal: one text line per buffered checkpoint (`C`), per ack matched in
+    the buffer (`A`) and per checkpoint stored from the buffer (`S`), each appended with one write() before
+    the pop's or the ack's response goes out. A SIGKILL keeps what write() handed to the kernel, so a
+    restart knows every checkpoint that was only in memory and every ack that settled it: `recover`
+    returns them, the broker stores the unsettled ones in the revive topic (their messages then come back
+    at their revive time, not at once) and moves the offsets past the settled ones (no acked message comes
+    back). Far cheaper than a store put: no record encoding, no dispatch, no arrival wake-ups. The file is
+    emptied when the buffer is, and rewritten with only the live entries when it grows past `max_bytes`.
+
+    Lines: `C group topic queue start popTime invisible reviveQid nextOffset diff,diff,...`,
+    `A group topic queue start popTime offset,offset,...`, `S group topic queue start popTime` (group and
+    topic names never hold spaces)."""
+
+    def __init__(self, path: str, max_bytes: int = 8 << 20) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.size = os.fstat(self._fd).st_size
+
+    def _write(self, line: str) -> None:
+        data = line.encode()
+        os.write(self._fd, data)
+        self.size += len(data)
+
+    def ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int) -> None:
+        self._write(f"C {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} {ck.invisible_time} "
+                    f"{revive_qid} {next_offset} {','.join(map(str, ck.queue_offset_diff))}\n")
+
+    def ack(self, key: CkKey, offsets: list[int]) -> None:
+        self._write(f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {','.join(map(str, offsets))}\n")
+
+    def stored(self, key: CkKey) -> None:
+        self._write(f"S {key[0]} {key[1]} {key[2]} {key[3]} {key[4]}\n")
+
+    def reset(self, live: list[_Entry]) -> None:
+        """Start the journal afresh with only the `live` entries (buffered, not stored, not settled)."""
+        if not live:
+            os.ftruncate(self._fd, 0)
+            self.size = 0
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for e in live:
+                ck = e.ck
+                assert ck is not None
+                f.write(f"C {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} "
+                        f"{ck.invisible_time} {e.revive_qid} {e.next_offset} "
+                        f"{','.join(map(str, ck.queue_offset_diff))}\n")
+                if e.acked:
+                    acked = [ck.start_offset + d for i, d in enumerate(ck.queue_offset_diff) if e.acked >> i & 1]
+                    f.write(f"A {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} "
+                            f"{','.join(map(str, acked))}\n")
+        os.replace(tmp, self.path)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self.size = os.fstat(self._fd).st_size
+
+    @staticmethod
+    def recover(path: str, broker_name: str) -> list[tuple[PopCheckPoint, int, int, int, bool]]:
+        """What a journal left by a stopped or killed broker says: per checkpoint (ck, revive qid, next
+        offset, acked bits, stored), in journal order. Lines that do not parse (a torn last line) are
+        skipped."""
+        out: dict[CkKey, list] = {}
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().split("\n")
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            p = line.split(" ")
+            try:
+                if p[0] == "C" and len(p) == 10:
+                    diffs = [int(x) for x in p[9].split(",") if x]
+                    ck = PopCheckPoint(int(p[4]), int(p[5]), int(p[6]), len(diffs), int(p[3]), p[2], p[1],
+                                       broker_name, diffs)
+                    out[(p[1], p[2], int(p[3]), int(p[4]), int(p[5]))] = [ck, int(p[7]), int(p[8]), 0, False]
+                elif p[0] in ("A", "S") and len(p) >= 6:
+                    rec = out.get((p[1], p[2], int(p[3]), int(p[4]), int(p[5])))
+                    if rec is None:
+                        continue
+                    if p[0] == "S":
+                        rec[4] = True
+                        continue
+                    ck = rec[0]
+                    for off in (int(x) for x in p[6].split(",") if x) if len(p) == 7 else ():
+                        d = off - ck.start_offset
+                        if d in ck.queue_offset_diff:
+                            rec[3] |= 1 << ck.queue_offset_diff.index(d)
+            except (ValueError, IndexError):
+                continue
+        return [tuple(v) for v in out.values()]  # type: ignore[misc]
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class PopBufferMergeService:
     """Checkpoints held in memory and matched with acks before either is written (module docstring).
     `put_ck(ck, revive_qid)` writes a checkpoint to the revive topic (True when written); `commit(group,
@@ -76,7 +175,8 @@ class PopBufferMergeService:
     def __init__(self, put_ck: Callable[[PopCheckPoint, int], bool],
                  commit: Callable[[str, str, int, int], None], committed: Callable[[str, str, int], int],
                  enabled: bool = True, stay_ms: int = 10_000, margin_ms: int = 500,
-                 max_size: int = 200_000) -> None:
+                 max_size: int = 200_000, journal: PopJournal | None = None) -> None:
+        self.journal = journal
         self._put_ck = put_ck
         self._commit = commit
         self._committed = committed
@@ -118,6 +218,8 @@ class PopBufferMergeService:
             if self.enabled and self._count < self.max_size:
                 flush_at = ck.pop_time + max(min(self.stay_ms, ck.invisible_time - self.margin_ms), 0)
                 entry = _Entry(ck, revive_qid, next_offset, flush_at)
+                if self.journal is not None:
+                    self.journal.ck(ck, revive_qid, next_offset)
                 self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = entry
             else:
                 self._flush_queue(qkey, None)
@@ -163,6 +265,8 @@ class PopBufferMergeService:
                         entry.acked |= 1
                 elif d in diffs:
                     entry.acked |= 1 << diffs.index(d)
+            if self.journal is not None:
+                self.journal.ack(key, offsets)
             if entry.settled:
                 del self._by_key[key]
                 self.settled += 1
@@ -177,6 +281,9 @@ class PopBufferMergeService:
         with self._lock:
             for qkey in list(self._queues):
                 n += self._flush_queue(qkey, now_ms)
+            j = self.journal
+            if j is not None and j.size and (not self._by_key or j.size > j.max_bytes):
+                j.reset(list(self._by_key.values()))
         return n
 
     def flush_queue(self, group: str, topic: str, queue_id: int) -> None:
@@ -206,7 +313,10 @@ class PopBufferMergeService:
             if not self._put_ck(e.unacked_ck(), e.revive_qid):
                 break
             e.stored = True
-            self._by_key.pop((e.ck.group, e.ck.topic, e.ck.queue_id, e.ck.start_offset, e.ck.pop_time), None)
+            key = (e.ck.group, e.ck.topic, e.ck.queue_id, e.ck.start_offset, e.ck.pop_time)
+            self._by_key.pop(key, None)
+            if self.journal is not None:
+                self.journal.stored(key)
             self.stored += 1
             n += 1
         if n:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -56,7 +57,7 @@ from ..common.properties import (
 )
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ..common.topic_config import PermName
-from .pop_buffer import PopBufferMergeService
+from .pop_buffer import PopBufferMergeService, PopJournal
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -116,7 +117,12 @@ class PopService:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
         self.broker.topic_manager.ensure(self.revive_topic, REVIVE_QUEUE_NUM, PermName.PERM_READ | PermName.PERM_WRITE)
-        self._recover_pop_offsets()
+        stored = self._recover_pop_offsets()
+        journal = os.path.join(self.store.config.store_path_root_dir, "pop", "ckbuffer.journal")
+        self._recover_buffer(journal, stored)
+        if self.buffer.enabled:
+            self.buffer.journal = PopJournal(journal)
+            self.buffer.journal.reset([])
         self.store.add_message_arriving_listener(self._on_arrival)
         self._thread = threading.Thread(target=self._revive_loop, name="PopReviveService", daemon=True)
         self._thread.start()
@@ -128,12 +134,16 @@ class PopService:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.buffer.flush_all()  # what is in flight comes back at its revive time after the restart too
+        if self.buffer.journal is not None:
+            self.buffer.journal.reset([])
+            self.buffer.journal.close()
 
-    def _recover_pop_offsets(self) -> None:
+    def _recover_pop_offsets(self) -> set[tuple]:
         """Consume offsets are flushed every few seconds, checkpoints at once: after a crash, move each
         group's offset past what the checkpoints from the revive offset on say was popped, so that only
-        what was in flight is delivered again."""
+        what was in flight is delivered again. The keys of those checkpoints are returned."""
         offsets = self.broker.offset_manager
+        keys: set[tuple] = set()
         self.store.wait_for_dispatch(60.0)
         for qid in range(REVIVE_QUEUE_NUM):
             pos = max(offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid), 0)
@@ -149,10 +159,42 @@ class PopService:
                         ck = PopCheckPoint.from_json(bytes(m.body))
                     except (ValueError, KeyError):
                         continue
+                    keys.add((ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time))
                     if ck.queue_offset_diff:
                         end = ck.start_offset + max(ck.queue_offset_diff) + 1
                         if offsets.file.query_offset(ck.group, ck.topic, ck.queue_id) < end:
                             offsets.commit(ck.group, ck.topic, ck.queue_id, end)
+        return keys
+
+    def _recover_buffer(self, path: str, stored: set[tuple]) -> None:
+        """The checkpoints a stopped or killed broker held in its buffer (its journal, `PopJournal`): the
+        ones with unacked messages that are not in the revive topic yet are stored now (only those
+        messages: they come back at their revive time), and each queue's offset moves past its pops, all
+        of which are then stored or settled. A queue where a store fails keeps its offset (its pops are
+        delivered again at once rather than lost)."""
+        offsets = self.broker.offset_manager
+        ends: dict[tuple[str, str, int], int] = {}
+        failed: set[tuple[str, str, int]] = set()
+        restored = 0
+        for ck, qid, next_offset, acked, was_stored in PopJournal.recover(path, self.broker.config.broker_name):
+            qkey = (ck.group, ck.topic, ck.queue_id)
+            key = (*qkey, ck.start_offset, ck.pop_time)
+            full = (1 << len(ck.queue_offset_diff)) - 1
+            if not was_stored and key not in stored and acked != full:
+                diffs = [d for i, d in enumerate(ck.queue_offset_diff) if not acked >> i & 1]
+                ck.num, ck.queue_offset_diff = len(diffs), diffs
+                if not self._put_revive(ck.to_json(), CK_TAG, qid):
+                    failed.add(qkey)
+                    continue
+                restored += 1
+            ends[qkey] = max(ends.get(qkey, -1), next_offset)
+        for (group, topic, queue_id), end in ends.items():
+            if (group, topic, queue_id) not in failed and offsets.file.query_offset(group, topic, queue_id) < end:
+                offsets.commit(group, topic, queue_id, end)
+        if ends:
+            offsets.persist()
+            log.info("POP checkpoint buffer recovered: %d checkpoints stored, offsets of %d queues moved",
+                     restored, len(ends))
 
     def _on_arrival(self, batch: dict[tuple[str, int], int]) -> None:
         with self._arrival:

@@ -195,3 +195,41 @@ def test_a_kill_after_the_checkpoint_is_stored_brings_back_exactly_the_unacked(t
         assert all(m.reconsume_times == 1 for m in again)  # through revive, not a re-read of the queue
     finally:
         broker.stop()
+
+
+def test_pop_with_the_previous_batchs_ack_in_the_same_write(broker: RunningBroker) -> None:
+    """`PopConsumer.pop(ack=...)`: the batch ack and the next pop go out in one write, the ack served first."""
+    ns = broker.namesrv_address
+    send(ns, "jobs", 10)
+    broker.store.wait_for_dispatch()
+    seen: list[str] = []
+    with PopConsumer(ns, "g") as c:
+        prev: list = []
+        for _ in range(20):
+            prev = c.pop("jobs", max_nums=3, invisible_time=60_000, queue_id=0, ack=prev)
+            seen += [m.keys or "" for m in prev]
+            if not prev:
+                break
+        assert sorted(seen) == sorted(f"m{i}" for i in range(10))
+        assert committed(broker, "g", "jobs") == 10  # every batch was acked by the following pop
+        assert broker.broker.pop_service.buffer.in_flight() == 0
+    broker.broker.pop_service.revive_once(int(time.time() * 1000) + 3_600_000)
+    assert revive_records(broker) == []
+
+
+def test_journal_recovery_skips_a_torn_line_and_applies_acks(tmp_path: Path) -> None:
+    from rmq_eventstore.broker.pop_buffer import PopJournal
+
+    path = tmp_path / "j"
+    j = PopJournal(str(path))
+    ck = PopCheckPoint(5, 1000, 30_000, 3, 0, "t", "g", "b", [0, 1, 3])
+    j.ck(ck, 2, 9)
+    j.ack(("g", "t", 0, 5, 1000), [6])
+    j.ck(PopCheckPoint(9, 1001, 30_000, 1, 0, "t", "g", "b", [0]), 3, 10)
+    j.stored(("g", "t", 0, 9, 1001))
+    j.close()
+    with open(path, "a") as f:
+        f.write("C g t 0 10 1002 300")  # a write cut short by the kill
+    (ck1, qid1, next1, acked1, stored1), (ck2, _, next2, _, stored2) = PopJournal.recover(str(path), "b")
+    assert (ck1.start_offset, ck1.queue_offset_diff, qid1, next1, acked1, stored1) == (5, [0, 1, 3], 2, 9, 0b10, False)
+    assert (ck2.start_offset, next2, stored2) == (9, 10, True)

@@ -1,12 +1,15 @@
 """POP consumption as RocketMQ 5 does it: pop, ack, change of invisible time, and the revive service.
 
 * **Pop** reads a group's messages from a queue (or from every queue of the topic and of the group's pop
-  retry topic `%RETRY%<group>_<topic>`), writes one checkpoint per queue to the revive topic
-  `rmq_sys_REVIVE_LOG_<cluster>` (tag `ck`, `PopCheckPoint` JSON: which offsets, popped when, invisible for
-  how long), and only then moves the group's consume offset past them. Each message's receipt handle
-  (`POP_CK`, `ExtraInfoUtil`'s format) names its checkpoint.
-* **Ack** writes an ack record to the same revive queue (tag `ack`, `AckMsg` JSON). **Change invisible time**
-  writes a new checkpoint for the message, then acks the old one.
+  retry topic `%RETRY%<group>_<topic>`) and makes one checkpoint per queue (`PopCheckPoint`: which offsets,
+  popped when, invisible for how long). The checkpoint goes to the buffer (`PopBufferMergeService`,
+  pop_buffer.py, with its journal) and reaches the revive topic `rmq_sys_REVIVE_LOG_<cluster>` (tag `ck`,
+  JSON) only if acks do not settle it within its bound; the group's consume offset moves past a pop once
+  its checkpoint is stored or settled. Each message's receipt handle (`POP_CK`, `ExtraInfoUtil`'s format)
+  names its checkpoint.
+* **Ack** settles the message in the buffer, or, when its checkpoint is stored, writes an ack record to the
+  same revive queue (tag `ack`, `AckMsg` JSON). **Change invisible time** stores the queue's buffered
+  checkpoints, writes a new checkpoint for the message, then acks the old one.
 * **Revive** (`PopReviveService`, a thread) reads the revive queues with group `CID_RMQ_SYS_REVIVE_GROUP`,
   matches acks to checkpoints, and when a checkpoint's invisible time is over puts every message it holds
   that nobody acked on the pop retry topic with its reconsume count raised (the group's DLQ `%DLQ%<group>`

@@ -23,6 +23,7 @@ from ..common.properties import (
 from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase, decode_records
+from .remoting_client import MQBrokerError
 
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
 
@@ -83,16 +84,33 @@ class PopConsumer:
         self.shutdown()
 
     def pop(self, topic: str, max_nums: int = 32, invisible_time: int = 60_000, poll_time: int = 0,
-            tags: str = "*", queue_id: int = -1) -> list[MessageExt]:
+            tags: str = "*", queue_id: int = -1, ack: list[MessageExt] | None = None) -> list[MessageExt]:
         """Up to `max_nums` messages, invisible to the group for `invisible_time` ms; with `poll_time` > 0
-        the broker waits up to that many ms for one (long polling)."""
+        the broker waits up to that many ms for one (long polling).
+
+        `ack`: messages popped before, settled as `ack_batch` does, in the same write as this pop (the
+        broker serves the ack first): one round trip for both, as a Redis client pipelines XACK with the
+        next XREADGROUP. If the broker refuses the ack, `MQBrokerError` is raised and what this pop took
+        comes back after its invisible time."""
         validate_topic(topic)
         addr = self._base.broker_for(topic)
         cmd = RemotingCommand.request(RequestCode.POP_MESSAGE, {
             "consumerGroup": self.group, "topic": topic, "queueId": queue_id, "maxMsgNums": max_nums,
             "invisibleTime": invisible_time, "pollTime": poll_time, "bornTime": 0, "initMode": 1,
             "expType": "TAG", "exp": tags, "order": False})
-        r = self._base.invoke(addr, cmd, self._base.timeout + poll_time / 1000.0, ok=_POP_OK)
+        timeout = self._base.timeout + poll_time / 1000.0
+        acks = self._ack_requests(ack) if ack else {}
+        for other, ack_cmd in acks.items():
+            if other != addr:
+                self._base.invoke(other, ack_cmd)
+        if addr in acks:
+            acked, r = self._base.remoting.invoke_many(addr, [acks[addr], cmd], timeout)
+            if r.code not in _POP_OK:
+                raise MQBrokerError(r.code, r.remark, addr)
+            if acked.code != ResponseCode.SUCCESS:
+                raise MQBrokerError(acked.code, acked.remark, addr)
+        else:
+            r = self._base.invoke(addr, cmd, timeout, ok=_POP_OK)
         if r.code != ResponseCode.SUCCESS or not r.body:
             return []
         x = r.ext_fields
@@ -139,6 +157,11 @@ class PopConsumer:
 
     def ack_batch(self, msgs: list[MessageExt]) -> None:
         """Settle several popped messages with one BATCH_ACK_MESSAGE per broker (one entry per pop)."""
+        for addr, cmd in self._ack_requests(msgs).items():
+            self._base.invoke(addr, cmd)
+
+    def _ack_requests(self, msgs: list[MessageExt]) -> dict[str, RemotingCommand]:
+        """The BATCH_ACK_MESSAGE requests settling `msgs`, by broker address."""
         groups: dict[tuple[str, str], BatchAck] = {}
         by_broker: dict[str, list[BatchAck]] = {}
         for m in msgs:
@@ -160,9 +183,8 @@ class PopConsumer:
                 ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
                 continue
             ack.bits.append(int(last) - ack.start_offset)
-        for addr, acks in by_broker.items():
-            body = json.dumps({"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()
-            self._base.invoke(addr, RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
+        return {addr: RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(
+            {"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()) for addr, acks in by_broker.items()}
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:
         """Make a popped message invisible for `invisible_time` ms from now (0: visible again now); the

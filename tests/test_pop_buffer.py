@@ -197,6 +197,33 @@ def test_a_kill_after_the_checkpoint_is_stored_brings_back_exactly_the_unacked(t
         broker.stop()
 
 
+def test_a_kill_after_the_buffer_emptied_brings_back_no_acked_message(tmp_path: Path) -> None:
+    """Settled pops leave the journal when the buffer empties, but their offsets stay in it (`O` lines):
+    consumerOffset.json is written only every few seconds (here: not before the kill)."""
+    broker = Broker(tmp_path)
+    broker.conf.write_text(broker.conf.read_text() + "flushConsumerOffsetInterval=600000\n")
+    broker.start()
+    try:
+        send(broker.namesrv, "jobs", 12)
+        with PopConsumer(broker.namesrv, "g") as c:
+            n = 0
+            while n < 12:
+                got = c.pop("jobs", max_nums=4, invisible_time=60_000, queue_id=0, poll_time=500)
+                c.ack_batch(got)
+                n += len(got)
+        journal = tmp_path / "store" / "pop" / "ckbuffer.journal"
+        deadline = time.monotonic() + 10
+        while not journal.read_text().startswith("O ") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert journal.read_text() == "O g jobs 0 12\n"
+        broker.kill()
+        broker.start()
+        with PopConsumer(broker.namesrv, "g") as c:
+            assert c.pop("jobs", max_nums=32, invisible_time=60_000, poll_time=1000) == []
+    finally:
+        broker.stop()
+
+
 def test_pop_with_the_previous_batchs_ack_in_the_same_write(broker: RunningBroker) -> None:
     """`PopConsumer.pop(ack=...)`: the batch ack and the next pop go out in one write, the ack served first."""
     ns = broker.namesrv_address
@@ -230,6 +257,12 @@ def test_journal_recovery_skips_a_torn_line_and_applies_acks(tmp_path: Path) -> 
     j.close()
     with open(path, "a") as f:
         f.write("C g t 0 10 1002 300")  # a write cut short by the kill
-    (ck1, qid1, next1, acked1, stored1), (ck2, _, next2, _, stored2) = PopJournal.recover(str(path), "b")
+    entries, offsets = PopJournal.recover(str(path), "b")
+    (ck1, qid1, next1, acked1, stored1), (ck2, _, next2, _, stored2) = entries
     assert (ck1.start_offset, ck1.queue_offset_diff, qid1, next1, acked1, stored1) == (5, [0, 1, 3], 2, 9, 0b10, False)
-    assert (ck2.start_offset, next2, stored2) == (9, 10, True)
+    assert (ck2.start_offset, next2, stored2) == (9, 10, True) and offsets == {}
+    # emptied: the offsets the buffer committed stay (consumerOffset.json may be seconds behind)
+    j = PopJournal(str(path))
+    j.reset([], {("g", "t", 0): 10})
+    j.close()
+    assert PopJournal.recover(str(path), "b") == ([], {("g", "t", 0): 10})

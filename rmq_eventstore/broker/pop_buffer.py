@@ -77,11 +77,13 @@ class PopJournal:
     returns them, the broker stores the unsettled ones in the revive topic (their messages then come back
     at their revive time, not at once) and moves the offsets past the settled ones (no acked message comes
     back). Far cheaper than a store put: no record encoding, no dispatch, no arrival wake-ups. The file is
-    emptied when the buffer is, and rewritten with only the live entries when it grows past `max_bytes`.
+    rewritten when the buffer holds nothing unsettled (or past `max_bytes`) with only the live entries and
+    the offsets the buffer committed (`O` lines): consumerOffset.json is written every few seconds only,
+    and a settled pop dropped from the journal must still not come back after a crash.
 
     Lines: `C group topic queue start popTime invisible reviveQid nextOffset diff,diff,...`,
-    `A group topic queue start popTime offset,offset,...`, `S group topic queue start popTime` (group and
-    topic names never hold spaces)."""
+    `A group topic queue start popTime offset,offset,...`, `S group topic queue start popTime`,
+    `O group topic queue offset` (group and topic names never hold spaces)."""
 
     def __init__(self, path: str, max_bytes: int = 8 << 20) -> None:
         self.path = path
@@ -105,14 +107,16 @@ class PopJournal:
     def stored(self, key: CkKey) -> None:
         self._write(f"S {key[0]} {key[1]} {key[2]} {key[3]} {key[4]}\n")
 
-    def reset(self, live: list[_Entry]) -> None:
-        """Start the journal afresh with only the `live` entries (buffered, not stored, not settled)."""
-        if not live:
+    def reset(self, live: list[_Entry], offsets: dict[QueueKey, int]) -> None:
+        """Start the journal afresh with the consume `offsets` the buffer committed and only the `live`
+        entries (buffered, not stored, not settled)."""
+        if not live and not offsets:
             os.ftruncate(self._fd, 0)
             self.size = 0
             return
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(f"O {g} {t} {q} {off}\n" for (g, t, q), off in offsets.items())
             for e in live:
                 ck = e.ck
                 assert ck is not None
@@ -129,20 +133,25 @@ class PopJournal:
         self.size = os.fstat(self._fd).st_size
 
     @staticmethod
-    def recover(path: str, broker_name: str) -> list[tuple[PopCheckPoint, int, int, int, bool]]:
+    def recover(path: str, broker_name: str) -> tuple[list[tuple[PopCheckPoint, int, int, int, bool]],
+                                                      dict[QueueKey, int]]:
         """What a journal left by a stopped or killed broker says: per checkpoint (ck, revive qid, next
-        offset, acked bits, stored), in journal order. Lines that do not parse (a torn last line) are
-        skipped."""
+        offset, acked bits, stored), in journal order, and the consume offsets it committed. Lines that
+        do not parse (a torn last line) are skipped."""
         out: dict[CkKey, list] = {}
+        offsets: dict[QueueKey, int] = {}
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 lines = f.read().split("\n")
         except FileNotFoundError:
-            return []
+            return [], offsets
         for line in lines:
             p = line.split(" ")
             try:
-                if p[0] == "C" and len(p) == 10:
+                if p[0] == "O" and len(p) == 5:
+                    qkey = (p[1], p[2], int(p[3]))
+                    offsets[qkey] = max(offsets.get(qkey, -1), int(p[4]))
+                elif p[0] == "C" and len(p) == 10:
                     diffs = [int(x) for x in p[9].split(",") if x]
                     ck = PopCheckPoint(int(p[4]), int(p[5]), int(p[6]), len(diffs), int(p[3]), p[2], p[1],
                                        broker_name, diffs)
@@ -161,7 +170,7 @@ class PopJournal:
                             rec[3] |= 1 << ck.queue_offset_diff.index(d)
             except (ValueError, IndexError):
                 continue
-        return [tuple(v) for v in out.values()]  # type: ignore[misc]
+        return [tuple(v) for v in out.values()], offsets  # type: ignore[misc]
 
     def close(self) -> None:
         os.close(self._fd)
@@ -188,6 +197,7 @@ class PopBufferMergeService:
         self._queues: dict[QueueKey, deque[_Entry]] = {}
         self._by_key: dict[CkKey, _Entry] = {}
         self._count = 0  # entries in the queues
+        self._committed_by_me: dict[QueueKey, int] = {}  # offsets this buffer committed (journal O lines)
         self.stored = 0  # checkpoints written by the buffer (statistics)
         self.settled = 0  # checkpoints settled in memory: nothing written for them
 
@@ -241,6 +251,7 @@ class PopBufferMergeService:
             q = self._queues.get(qkey)
             if not q:
                 self._commit(group, topic, queue_id, next_offset)
+                self._committed_by_me[qkey] = next_offset
                 return
             q.append(_Entry(None, 0, next_offset, 0))
             self._count += 1
@@ -283,7 +294,7 @@ class PopBufferMergeService:
                 n += self._flush_queue(qkey, now_ms)
             j = self.journal
             if j is not None and j.size and (not self._by_key or j.size > j.max_bytes):
-                j.reset(list(self._by_key.values()))
+                j.reset(list(self._by_key.values()), self._committed_by_me)
         return n
 
     def flush_queue(self, group: str, topic: str, queue_id: int) -> None:
@@ -335,8 +346,14 @@ class PopBufferMergeService:
             self._count -= 1
         if offset >= 0 and offset > self._committed(*qkey):
             self._commit(*qkey, offset)
+            self._committed_by_me[qkey] = offset
         if not q:
             del self._queues[qkey]
+
+    def committed_offsets(self) -> dict[QueueKey, int]:
+        """The consume offsets this buffer committed (what the journal keeps when it is emptied)."""
+        with self._lock:
+            return dict(self._committed_by_me)
 
     def size(self) -> int:
         """Pops in the buffer (settled or not)."""

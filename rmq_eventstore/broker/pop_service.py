@@ -125,7 +125,7 @@ class PopService:
         self._recover_buffer(journal, stored)
         if self.buffer.enabled:
             self.buffer.journal = PopJournal(journal)
-            self.buffer.journal.reset([])
+            self.buffer.journal.reset([], {})
         self.store.add_message_arriving_listener(self._on_arrival)
         self._thread = threading.Thread(target=self._revive_loop, name="PopReviveService", daemon=True)
         self._thread.start()
@@ -137,8 +137,8 @@ class PopService:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.buffer.flush_all()  # what is in flight comes back at its revive time after the restart too
-        if self.buffer.journal is not None:
-            self.buffer.journal.reset([])
+        if self.buffer.journal is not None:  # everything is stored or settled now: only the offsets stay
+            self.buffer.journal.reset([], self.buffer.committed_offsets())
             self.buffer.journal.close()
 
     def _recover_pop_offsets(self) -> set[tuple]:
@@ -179,7 +179,9 @@ class PopService:
         ends: dict[tuple[str, str, int], int] = {}
         failed: set[tuple[str, str, int]] = set()
         restored = 0
-        for ck, qid, next_offset, acked, was_stored in PopJournal.recover(path, self.broker.config.broker_name):
+        entries, committed = PopJournal.recover(path, self.broker.config.broker_name)
+        ends.update(committed)
+        for ck, qid, next_offset, acked, was_stored in entries:
             qkey = (ck.group, ck.topic, ck.queue_id)
             key = (*qkey, ck.start_offset, ck.pop_time)
             full = (1 << len(ck.queue_offset_diff)) - 1

@@ -126,6 +126,8 @@ class PopService:
         if self.buffer.enabled:
             self.buffer.journal = PopJournal(journal)
             self.buffer.journal.reset([], {})
+        elif os.path.exists(journal):  # recovered: its lines must not be applied again by a later start
+            os.remove(journal)
         self.store.add_message_arriving_listener(self._on_arrival)
         self._thread = threading.Thread(target=self._revive_loop, name="PopReviveService", daemon=True)
         self._thread.start()

@@ -163,9 +163,9 @@ def test_tag_expressions(broker: RunningBroker) -> None:
 # and ChangeInvisibleTimeProcessorTest.testProcessRequest_Success (pop, ack and change with real receipt handles).
 # Not mirrored: testProcessRequest_whenTimerWheelIsFalse (our revive service does not ride on the timer wheel,
 # DESIGN.md), testGetInitOffset_* (a new group starts at the queue's first message whatever its initMode),
-# testProcessRequest_WrongRequestCode (the processor is only routed its own codes), the appendAck and
-# PopBufferMergeServiceTest cases (no in-memory merge buffer: checkpoints and acks go to the revive topic at
-# once), ExtraInfoUtilTest.testOrderCountInfo (orderly POP is not built).
+# testProcessRequest_WrongRequestCode (the processor is only routed its own codes), ExtraInfoUtilTest.
+# testOrderCountInfo (orderly POP is not built). The checkpoint buffer (PopBufferMergeServiceTest's subject)
+# is tested in tests/test_pop_buffer.py.
 def _raw(broker: RunningBroker, code: int, header: dict, body: bytes = b"") -> RemotingCommand:
     """A request answered as it is (no error raised for a failure code)."""
     with Admin(broker.namesrv_address) as admin:

@@ -71,7 +71,7 @@ def test_delete_topic_over_the_wire(tmp_path: Path) -> None:
                 admin.topic_route("Doomed")
             assert e.value.code == ResponseCode.TOPIC_NOT_EXIST
             rb.broker.config.auto_create_topic_enable = True
-            assert rb.broker.pop_service.pending_count() == 0
+            assert rb.broker.pop_service.pending_count() == 0 and rb.broker.pop_service.buffer.size() == 0
 
             # system topics, bad names, blank: INVALID_PARAMETER from the broker, ValueError in the client
             for bad in ("SCHEDULE_TOPIC_XXXX", "rmq_sys_REVIVE_LOG_DefaultCluster", "RMQ_SYS_TRANS_HALF_TOPIC"):

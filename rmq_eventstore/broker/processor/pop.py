@@ -57,12 +57,12 @@ class PopMessageProcessor:
         if queue_id >= tc.read_queue_nums:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
         r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll if wait else 0)
-        if not r.messages and poll and not wait:
+        if not r.buffers and poll and not wait:
             return None
         ext = {"popTime": r.pop_time, "invisibleTime": r.invisible_time, "reviveQid": r.revive_qid,
                "restNum": r.rest_num, "startOffsetInfo": ";".join(r.start_offset_info),
                "msgOffsetInfo": ";".join(r.msg_offset_info)}
-        if not r.messages:
+        if not r.buffers:
             return req.response(ResponseCode.POLLING_TIMEOUT if poll else ResponseCode.NO_MESSAGE,
                                 "no new message", ext)
         return req.response(ResponseCode.SUCCESS, None, ext, b"".join(r.buffers))

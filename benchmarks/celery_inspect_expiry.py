@@ -2,7 +2,7 @@
 
 A local broker (temporary store) and a `celery worker -P solo` process are started; then N times, each with a
 fresh `Control` whose mailbox has a new id (so a new reply queue, as N separate `celery inspect ping` commands
-would have; `--same-reply-queue` keeps one, as one process calling `app.control.inspect()` in a loop),
+would have; `--app-control`: `app.control.inspect()` in a loop, as one process would),
 `inspect(limit=1).ping()` is called. Afterwards the broker's topics are counted: reply queue
 topics left (must be 0), all kombu topics, consume queue directories, lines of the topic deletion log, the
 bindings log's length and how many records a new connection replays (snapshots). Prints counts and times.
@@ -36,11 +36,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pings", type=int, default=10_000)
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
-    ap.add_argument("--same-reply-queue", action="store_true",
-                    help="reuse one reply queue (one process calling app.control.inspect() in a loop); default: a "
-                         "new one per call, as N separate `celery inspect ping` commands")
+    ap.add_argument("--app-control", action="store_true",
+                    help="call app.control.inspect() in a loop, as one process would (kombu names the reply queue "
+                         "after the bound mailbox object, so names recur as addresses are reused); default: a new "
+                         "reply queue per call, as N separate `celery inspect ping` commands")
     args = ap.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="expirytest-"))
+    work.mkdir(parents=True, exist_ok=True)
     store = work / "store"
     (work / "pingapp.py").write_text(APP.format(store=store))
     sys.path[:0] = [str(ROOT), str(work)]
@@ -51,7 +53,7 @@ def main() -> int:
     from rmq_eventstore.client import Admin, ensure_local_broker, stop_local_broker
     from rmq_eventstore.kombu.names import QUEUE_PREFIX
 
-    if not args.same_reply_queue:
+    if not args.app_control:
         # kombu names a mailbox (its reply queue and the replies' routing key) after the process, thread and
         # object; give every mailbox its own id, as N separate `celery inspect ping` processes would have
         import kombu.pidbox
@@ -70,7 +72,7 @@ def main() -> int:
         answered = 0
         t0 = time.perf_counter()
         for i in range(args.pings):
-            control = app.control if args.same_reply_queue else Control(app)
+            control = app.control if args.app_control else Control(app)
             r = control.inspect(timeout=5, limit=1).ping()
             answered += bool(r)
             if (i + 1) % 1000 == 0:
@@ -90,8 +92,8 @@ def main() -> int:
             log_len, replayed = shared._offset, shared.replayed
         print(f"pings: {args.pings}, answered: {answered}, {elapsed:.1f} s ({1000 * elapsed / args.pings:.1f} ms "
               f"per ping)")
-        print(f"reply queues used: {'1' if args.same_reply_queue else args.pings}; reply queue topics left: "
-              f"{len(replies)}")
+        used = {line.split('"')[3] for line in deletions.read_text().splitlines()} if deletions.exists() else set()
+        print(f"reply queues used (deleted topics): {len(used)}; reply queue topics left: {len(replies)}")
         print(f"kombu topics: {len(kombu_topics)} {sorted(kombu_topics)}; all topics: {len(all_topics)}; "
               f"consume queue directories: {cq_dirs}")
         print(f"topic deletion log lines: {del_lines}; bindings log records: {log_len}; "

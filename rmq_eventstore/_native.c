@@ -8,6 +8,7 @@
  * construction, and the test suite checks byte identity on everything that is handled here.
  *
  *   encode_plain_batch  RecordEncoder.encode_plain_batch: whole V1/V2 records for plain messages
+ *   encode_plain_one    RecordEncoder.encode_plain_one: the same for a single put (no batch bookkeeping)
  *   encode_network_batch RecordEncoder.encode_network_batch: the same for messages with a properties string
  *   index_keys          IndexService.build_index's key loop + index_key_hashes (Java String.hashCode)
  *   group_units         MessageStore._dispatch's grouping of consume-queue units per queue
@@ -211,6 +212,171 @@ typedef struct {
 
 #define MAX_QUEUES 4096
 
+/* Pass 1 of encode_plain_batch for one message: checks it is plain, fills `r` (topic, body, tags, keys,
+ * uniq, sizes; not the queue offset). 1: done; 0: not mine (the reference decides); -1: error set.
+ * r->keys may hold a new reference either way (the caller releases it). `u_in` is the uniq key the
+ * store created for it (or None), used when the message has none. */
+static int plain_prepare(PyObject *m, PyObject *u_in, PyObject *topics, Py_ssize_t hsize, Py_ssize_t reserved,
+                         long long max_body, long long max_record, plain_rec *r) {
+    if (Py_TYPE(m) != message_type) return 0;
+    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY);
+    if (topic == NULL || body == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(body)) return 0;
+    PyObject *tp = PyDict_GetItemWithError(topics, topic);
+    if (tp == NULL) { PyErr_Clear(); return 0; }
+    if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
+        return 0;
+    /* not plain: the Python reference says None (or decides otherwise) */
+    PyObject *ps = field(m, F_PROPERTIES_STRING), *born_host = field(m, F_BORN_HOST);
+    if (ps == NULL || ps != Py_None || born_host == NULL || born_host != Py_None) return 0;
+    static const int falsy_fields[] = {F_PROPERTIES, F_BORN_TIMESTAMP, F_SYS_FLAG, F_RECONSUME_TIMES,
+                                       F_PREPARED_TX, F_FORCE_V2};
+    for (size_t k = 0; k < sizeof falsy_fields / sizeof falsy_fields[0]; k++) {
+        PyObject *v = field(m, falsy_fields[k]);
+        if (v == NULL || is_falsy_default(v) != 1) return 0;
+    }
+    int64_t magic, qid, flag;
+    if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &magic)) return 0;
+    PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG);
+    if (qo == NULL || fo == NULL || !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag))
+        return 0;
+    r->topic = topic; r->body = body;
+    r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
+    r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
+    r->magic = (int32_t)magic; r->qid = (int32_t)qid; r->flag = (int32_t)flag;
+    /* tags, keys, uniq: truthy strings (anything else is left to the reference) */
+    Py_ssize_t pl = 0, len;
+    PyObject *tags = field(m, F_TAGS);
+    if (tags == NULL) return 0;
+    if (tags != Py_None) {
+        if (!PyUnicode_CheckExact(tags)) return 0;
+        if (PyUnicode_GET_LENGTH(tags)) {
+            if (PyUnicode_AsUTF8AndSize(tags, &len) == NULL) { PyErr_Clear(); return 0; }
+            r->tags = tags;
+            pl += 6 + len;
+        }
+    }
+    PyObject *k = field(m, F_KEYS);
+    if (k == NULL) return 0;
+    if (k != Py_None) {
+        if (PyUnicode_CheckExact(k)) {
+            if (PyUnicode_GET_LENGTH(k)) r->keys = Py_NewRef(k);
+        } else if (PyList_CheckExact(k) || PyTuple_CheckExact(k)) {
+            if (PySequence_Fast_GET_SIZE(k)) {
+                PyObject *sp = PyUnicode_FromStringAndSize(" ", 1);
+                if (sp == NULL) return -1;
+                r->keys = PyUnicode_Join(sp, k);
+                Py_DECREF(sp);
+                if (r->keys == NULL) { PyErr_Clear(); return 0; }
+            }
+        } else return 0;
+        if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
+            if (PyUnicode_AsUTF8AndSize(r->keys, &len) == NULL) { PyErr_Clear(); return 0; }
+            pl += 6 + len;
+        }
+    }
+    PyObject *u = field(m, F_UNIQ_KEY);
+    if (u == NULL) return 0;
+    if (u != Py_None && !(PyUnicode_CheckExact(u) && PyUnicode_GET_LENGTH(u) == 0)) {
+        if (!PyUnicode_CheckExact(u)) return 0;
+    } else {
+        u = u_in;
+        if (u != Py_None && !PyUnicode_CheckExact(u)) return 0;
+    }
+    if (u != Py_None) {
+        r->uniq = u;
+        if (PyUnicode_GET_LENGTH(u)) {
+            if (PyUnicode_AsUTF8AndSize(u, &len) == NULL) { PyErr_Clear(); return 0; }
+            pl += 10 + len;
+        }
+    }
+    pl += reserved;  /* the properties are empty or end with 0x02: the trailer follows directly */
+    Py_ssize_t bl = PyBytes_GET_SIZE(body);
+    Py_ssize_t total = hsize + bl + r->topic_part_len + 2 + pl;
+    if (pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) return 0;
+    r->pl = pl; r->total = total;
+    return 1;
+}
+
+/* Pass 2 for one record: writes its r->total bytes at `out`; returns where its properties start. */
+static unsigned char *plain_write(const plain_rec *r, unsigned char *out, int64_t phys, int64_t now,
+                                  const char *store_addr, Py_ssize_t addr_len, int store_port, int sys_flag,
+                                  Py_ssize_t reserved) {
+    unsigned char *p = out;
+    const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
+    Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
+    put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
+    put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
+    put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
+    put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, sys_flag); put_i64(p + 40, now);
+    p += 48;
+    memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+    put_i64(p, now); p += 8;
+    memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+    put_i32(p, 0); put_i64(p + 4, 0); put_i32(p + 12, (int32_t)bl); p += 16;
+    memcpy(p, body, bl); p += bl;
+    memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
+    put_i16(p, (int)r->pl); p += 2;
+    unsigned char *props = p;
+    Py_ssize_t len;
+    const char *s;
+    if (r->tags != NULL) {
+        s = PyUnicode_AsUTF8AndSize(r->tags, &len);
+        memcpy(p, "TAGS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
+    }
+    if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
+        s = PyUnicode_AsUTF8AndSize(r->keys, &len);
+        memcpy(p, "KEYS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
+    }
+    if (r->uniq != NULL && PyUnicode_GET_LENGTH(r->uniq)) {
+        s = PyUnicode_AsUTF8AndSize(r->uniq, &len);
+        memcpy(p, "UNIQ_KEY\x01", 9); memcpy(p + 9, s, len); p[9 + len] = 2; p += 10 + len;
+    }
+    if (reserved) fill_crc_trailer(out, r->total);
+    return props;
+}
+
+/* The DispatchRequest of one written record: (topic, qid, phys, total, tags code, now, q, keys, uniq,
+ * sysFlag, 0, props); `phys_obj` is a new reference the caller passes in (stolen). NULL on error. */
+static PyObject *plain_request(const plain_rec *r, PyObject *phys_obj, const unsigned char *props, Py_ssize_t reserved,
+                               PyObject *tags_cache, PyObject *tags_fn, PyTypeObject *rtype, PyObject *now_obj,
+                               PyObject *sys_obj, PyObject *zero, PyObject *empty) {
+    PyObject *code;
+    if (r->tags != NULL) {
+        code = PyDict_GetItemWithError(tags_cache, r->tags);
+        if (code != NULL) Py_INCREF(code);
+        else if (PyErr_Occurred()) code = NULL;
+        else code = PyObject_CallOneArg(tags_fn, r->tags);
+    } else code = Py_NewRef(zero);
+    PyObject *ps_obj = r->pl > reserved ? PyUnicode_DecodeUTF8((const char *)props, r->pl - reserved, "strict")
+                                        : Py_NewRef(empty);
+    PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
+    PyObject *q_obj = PyLong_FromLongLong(r->q);
+    PyObject *req = rtype->tp_alloc(rtype, 12);
+    if (code == NULL || ps_obj == NULL || phys_obj == NULL || qid_obj == NULL || total_obj == NULL ||
+        q_obj == NULL || req == NULL) {
+        Py_XDECREF(code); Py_XDECREF(ps_obj); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
+        Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(req);
+        return NULL;
+    }
+    PyObject *uniq = r->uniq != NULL ? r->uniq : Py_None;
+    PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
+    PyTuple_SET_ITEM(req, 1, qid_obj);
+    PyTuple_SET_ITEM(req, 2, phys_obj);
+    PyTuple_SET_ITEM(req, 3, total_obj);
+    PyTuple_SET_ITEM(req, 4, code);
+    PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
+    PyTuple_SET_ITEM(req, 6, q_obj);
+    PyTuple_SET_ITEM(req, 7, Py_NewRef(r->keys != NULL ? r->keys : Py_None));
+    PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
+    PyTuple_SET_ITEM(req, 9, Py_NewRef(sys_obj));
+    PyTuple_SET_ITEM(req, 10, Py_NewRef(zero));
+    PyTuple_SET_ITEM(req, 11, ps_obj);
+    /* str, int and None only: no reference cycle can pass through it (CPython untracks such tuples
+       itself at their first collection); untracked now, the collector never walks the batch */
+    PyObject_GC_UnTrack(req);
+    return req;
+}
+
 static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     PyObject *msgs, *uniq_keys, *queue_table, *topics, *tags_cache, *tags_fn, *request_type;
     long long base, now, max_body, max_record;
@@ -250,82 +416,12 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = items[i];
         plain_rec *r = &recs[i];
-        if (Py_TYPE(m) != message_type) goto decline;
-        PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY);
-        if (topic == NULL || body == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(body)) goto decline;
-        PyObject *tp = PyDict_GetItemWithError(topics, topic);
-        if (tp == NULL) { PyErr_Clear(); goto decline; }
-        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
-            goto decline;
-        /* not plain: the Python reference says None (or decides otherwise) */
-        PyObject *ps = field(m, F_PROPERTIES_STRING), *born_host = field(m, F_BORN_HOST);
-        if (ps == NULL || ps != Py_None || born_host == NULL || born_host != Py_None) goto decline;
-        static const int falsy_fields[] = {F_PROPERTIES, F_BORN_TIMESTAMP, F_SYS_FLAG, F_RECONSUME_TIMES,
-                                           F_PREPARED_TX, F_FORCE_V2};
-        for (size_t k = 0; k < sizeof falsy_fields / sizeof falsy_fields[0]; k++) {
-            PyObject *v = field(m, falsy_fields[k]);
-            if (v == NULL || is_falsy_default(v) != 1) goto decline;
-        }
-        int64_t magic, qid, flag;
-        if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &magic)) goto decline;
-        PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG);
-        if (qo == NULL || fo == NULL || !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag))
-            goto decline;
-        r->topic = topic; r->body = body;
-        r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
-        r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
-        r->magic = (int32_t)magic; r->qid = (int32_t)qid; r->flag = (int32_t)flag;
-        /* tags, keys, uniq: truthy strings (anything else is left to the reference) */
-        Py_ssize_t pl = 0, len;
-        PyObject *tags = field(m, F_TAGS);
-        if (tags == NULL) goto decline;
-        if (tags != Py_None) {
-            if (!PyUnicode_CheckExact(tags)) goto decline;
-            if (PyUnicode_GET_LENGTH(tags)) {
-                if (PyUnicode_AsUTF8AndSize(tags, &len) == NULL) { PyErr_Clear(); goto decline; }
-                r->tags = tags;
-                pl += 6 + len;
-            }
-        }
-        PyObject *k = field(m, F_KEYS);
-        if (k == NULL) goto decline;
-        if (k != Py_None) {
-            if (PyUnicode_CheckExact(k)) {
-                if (PyUnicode_GET_LENGTH(k)) r->keys = Py_NewRef(k);
-            } else if (PyList_CheckExact(k) || PyTuple_CheckExact(k)) {
-                if (PySequence_Fast_GET_SIZE(k)) {
-                    PyObject *sp = PyUnicode_FromStringAndSize(" ", 1);
-                    if (sp == NULL) goto fail;
-                    r->keys = PyUnicode_Join(sp, k);
-                    Py_DECREF(sp);
-                    if (r->keys == NULL) { PyErr_Clear(); goto decline; }
-                }
-            } else goto decline;
-            if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
-                if (PyUnicode_AsUTF8AndSize(r->keys, &len) == NULL) { PyErr_Clear(); goto decline; }
-                pl += 6 + len;
-            }
-        }
-        PyObject *u = field(m, F_UNIQ_KEY);
-        if (u == NULL) goto decline;
-        if (u != Py_None && !(PyUnicode_CheckExact(u) && PyUnicode_GET_LENGTH(u) == 0)) {
-            if (!PyUnicode_CheckExact(u)) goto decline;
-        } else {
-            u = useq != NULL ? PySequence_Fast_ITEMS(useq)[i] : Py_None;
-            if (u != Py_None && !PyUnicode_CheckExact(u)) goto decline;
-        }
-        if (u != Py_None) {
-            r->uniq = u;
-            if (PyUnicode_GET_LENGTH(u)) {
-                if (PyUnicode_AsUTF8AndSize(u, &len) == NULL) { PyErr_Clear(); goto decline; }
-                pl += 10 + len;
-            }
-        }
-        pl += reserved;  /* the properties are empty or end with 0x02: the trailer follows directly */
-        Py_ssize_t bl = PyBytes_GET_SIZE(body);
-        Py_ssize_t total = hsize + bl + r->topic_part_len + 2 + pl;
-        if (pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
-        r->pl = pl; r->total = total;
+        int got = plain_prepare(m, useq != NULL ? PySequence_Fast_ITEMS(useq)[i] : Py_None, topics, hsize, reserved,
+                                max_body, max_record, r);
+        if (got < 0) goto fail;
+        if (got == 0) goto decline;
+        PyObject *topic = r->topic;
+        Py_ssize_t total = r->total;
         /* queue offset: the queue table, then +1 per message of the same queue in this batch */
         int qi = -1;
         if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
@@ -384,75 +480,14 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     int ok = 1;
     for (Py_ssize_t i = 0; i < n && ok; i++) {
         plain_rec *r = &recs[i];
-        unsigned char *p = out;
-        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
-        Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
-        put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
-        put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
-        put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
-        put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, sys_flag); put_i64(p + 40, now);
-        p += 48;
-        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
-        put_i64(p, now); p += 8;
-        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
-        put_i32(p, 0); put_i64(p + 4, 0); put_i32(p + 12, (int32_t)bl); p += 16;
-        memcpy(p, body, bl); p += bl;
-        memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
-        put_i16(p, (int)r->pl); p += 2;
-        unsigned char *props = p;
-        Py_ssize_t len;
-        const char *s;
-        if (r->tags != NULL) {
-            s = PyUnicode_AsUTF8AndSize(r->tags, &len);
-            memcpy(p, "TAGS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
-        }
-        if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
-            s = PyUnicode_AsUTF8AndSize(r->keys, &len);
-            memcpy(p, "KEYS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
-        }
-        if (r->uniq != NULL && PyUnicode_GET_LENGTH(r->uniq)) {
-            s = PyUnicode_AsUTF8AndSize(r->uniq, &len);
-            memcpy(p, "UNIQ_KEY\x01", 9); memcpy(p + 9, s, len); p[9 + len] = 2; p += 10 + len;
-        }
-        if (reserved) fill_crc_trailer(out, r->total);
+        unsigned char *props = plain_write(r, out, phys, now, store_addr, addr_len, store_port, sys_flag, reserved);
         out += r->total;
-        /* the DispatchRequest: (topic, qid, phys, total, tags code, now, q, keys, uniq, sysFlag, 0, props) */
-        PyObject *code;
-        if (r->tags != NULL) {
-            code = PyDict_GetItemWithError(tags_cache, r->tags);
-            if (code != NULL) Py_INCREF(code);
-            else if (PyErr_Occurred()) code = NULL;
-            else code = PyObject_CallOneArg(tags_fn, r->tags);
-        } else code = Py_NewRef(zero);
-        PyObject *ps_obj = r->pl > reserved ? PyUnicode_DecodeUTF8((const char *)props, r->pl - reserved, "strict")
-                                            : Py_NewRef(empty);
         PyObject *phys_obj = PyLong_FromLongLong(phys);
-        PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
-        PyObject *q_obj = PyLong_FromLongLong(r->q);
-        PyObject *req = rtype->tp_alloc(rtype, 12);
-        if (code == NULL || ps_obj == NULL || phys_obj == NULL || qid_obj == NULL || total_obj == NULL ||
-            q_obj == NULL || req == NULL) {
-            Py_XDECREF(code); Py_XDECREF(ps_obj); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
-            Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(req);
-            ok = 0;
-            break;
-        }
+        if (phys_obj == NULL) { ok = 0; break; }
+        PyObject *req = plain_request(r, Py_NewRef(phys_obj), props, reserved, tags_cache, tags_fn, rtype, now_obj,
+                                      sys_obj, zero, empty);
+        if (req == NULL) { Py_DECREF(phys_obj); ok = 0; break; }
         PyObject *uniq = r->uniq != NULL ? r->uniq : Py_None;
-        PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
-        PyTuple_SET_ITEM(req, 1, qid_obj);
-        PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
-        PyTuple_SET_ITEM(req, 3, total_obj);
-        PyTuple_SET_ITEM(req, 4, code);
-        PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
-        PyTuple_SET_ITEM(req, 6, q_obj);
-        PyTuple_SET_ITEM(req, 7, Py_NewRef(r->keys != NULL ? r->keys : Py_None));
-        PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
-        PyTuple_SET_ITEM(req, 9, Py_NewRef(sys_obj));
-        PyTuple_SET_ITEM(req, 10, Py_NewRef(zero));
-        PyTuple_SET_ITEM(req, 11, ps_obj);
-        /* str, int and None only: no reference cycle can pass through it (CPython untracks such tuples
-           itself at their first collection); untracked now, the collector never walks the batch */
-        PyObject_GC_UnTrack(req);
         PyList_SET_ITEM(requests, i, req);
         PyList_SET_ITEM(offsets, i, phys_obj);
         PyList_SET_ITEM(uniqs, i, Py_NewRef(uniq));
@@ -488,6 +523,67 @@ decline_early:
     Py_XDECREF(useq);
     Py_DECREF(seq);
     Py_RETURN_NONE;
+}
+
+/* encode_plain_one(msg, uniq, q, base, now, ctx): encode_plain_batch for one message whose queue offset `q`
+ * the caller looked up: (record bytes, DispatchRequest) or None (the batch path / reference decides).
+ * ctx = (topics, store addr, store port, sysFlag, max body, max record, tags cache, tags fn, request type,
+ * append_crc), bound once per encoder: a single put pays for no batch bookkeeping. */
+static PyObject *encode_plain_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "encode_plain_one takes 6 arguments"); return NULL; }
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    PyObject *msg = args[0], *u = args[1], *ctx = args[5];
+    int64_t q, base, now, max_body, max_record, port, sys_flag;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 10) {
+        PyErr_SetString(PyExc_TypeError, "ctx must be a 10-tuple");
+        return NULL;
+    }
+    PyObject *topics = PyTuple_GET_ITEM(ctx, 0), *addr = PyTuple_GET_ITEM(ctx, 1);
+    PyObject *tags_cache = PyTuple_GET_ITEM(ctx, 6), *tags_fn = PyTuple_GET_ITEM(ctx, 7);
+    PyObject *rt = PyTuple_GET_ITEM(ctx, 8);
+    if (!PyDict_CheckExact(topics) || !PyBytes_CheckExact(addr) || !PyDict_CheckExact(tags_cache) ||
+        !PyType_Check(rt) || !PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bad ctx");
+        return NULL;
+    }
+    if (!as_i64(PyTuple_GET_ITEM(ctx, 2), 0, INT32_MAX, &port) || !as_i64(PyTuple_GET_ITEM(ctx, 3), 0, INT32_MAX, &sys_flag) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 4), 0, INT64_MAX, &max_body) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 5), 0, INT64_MAX, &max_record))
+        Py_RETURN_NONE;
+    if (!as_i64(args[2], 0, INT64_MAX - 1, &q) || !as_i64(args[3], 0, INT64_MAX, &base) ||
+        !as_i64(args[4], INT64_MIN, INT64_MAX, &now))
+        Py_RETURN_NONE;
+    Py_ssize_t addr_len = PyBytes_GET_SIZE(addr);
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    const Py_ssize_t reserved = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 9)) == 1 ? CRC_RESERVED : 0;
+    const Py_ssize_t hsize = addr_len == 16 ? 112 : 88;
+    plain_rec r;
+    memset(&r, 0, sizeof r);
+    PyObject *result = NULL;
+    int got = plain_prepare(msg, u, topics, hsize, reserved, max_body, max_record, &r);
+    if (got <= 0 || base > INT64_MAX - r.total) {
+        Py_XDECREF(r.keys);
+        if (got < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    r.q = q;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, r.total);
+    PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+    PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);
+    if (data != NULL && now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && phys_obj != NULL) {
+        unsigned char *props = plain_write(&r, (unsigned char *)PyBytes_AS_STRING(data), base, now,
+                                           PyBytes_AS_STRING(addr), addr_len, (int)port, (int)sys_flag, reserved);
+        PyObject *req = plain_request(&r, phys_obj, props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj,
+                                      sys_obj, zero, empty);
+        phys_obj = NULL;  /* stolen */
+        if (req != NULL) {
+            result = PyTuple_Pack(2, data, req);
+            Py_DECREF(req);
+        }
+    }
+    Py_XDECREF(phys_obj); Py_XDECREF(data); Py_XDECREF(now_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero);
+    Py_XDECREF(empty); Py_XDECREF(r.keys);
+    return result;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1279,6 +1375,8 @@ static PyMethodDef methods[] = {
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "RecordEncoder.encode_plain_batch's loop: (data, requests, offsets, uniq_keys, queue_offsets, first_q) "
      "or None when the Python reference must decide."},
+    {"encode_plain_one", (PyCFunction)(void (*)(void))encode_plain_one, METH_FASTCALL,
+     "encode_plain_batch for one message at a known queue offset: (record bytes, DispatchRequest) or None."},
     {"encode_network_batch", encode_network_batch, METH_VARARGS,
      "RecordEncoder.encode_network_batch's loop: as encode_plain_batch, or None when the reference decides."},
     {"index_keys", index_keys, METH_VARARGS,

@@ -116,6 +116,43 @@ def test_encode_plain_batch_native_equals_python(msgs, store_host, base, table, 
         _same_batch(enc.encode_plain_batch(msgs, uniq, table, base, now), ref)
 
 
+@PROPS
+@given(msg=_plain, store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]), base=st.integers(0, 2 ** 40),
+       q=st.integers(0, 2 ** 40), uniq=st.none() | st.just("00000000000000000000000000000ABC"),
+       append_crc=st.booleans())
+def test_encode_plain_one_equals_the_batch_of_one(msg, store_host, base, q, uniq, append_crc):
+    """A single put's encoder (`encode_plain_one`, native and Python) gives the record and request of a batch
+    of one message at the same queue offset."""
+    enc = _encoder(store_host, append_crc)
+    now = 1_700_000_000_123
+    ref = enc.encode_plain_batch_py([msg], [uniq], {f"{msg.topic}-{msg.queue_id}": q}, base, now)
+    assert ref is not None
+    for got in (enc.encode_plain_one(msg, uniq, q, base, now),
+                _native.encode_plain_one(msg, uniq, q, base, now, (
+                    enc._topics, *enc.store_host, codec.BORNHOST_V6_FLAG | codec.STOREHOSTADDRESS_V6_FLAG
+                    if enc._store_v6 else 0, enc.max_message_size, enc.max_message_size + codec.RECORD_HEADROOM,
+                    codec._TAGS_CODE_CACHE, codec.tags_string_to_tags_code, codec.DispatchRequest, append_crc))):
+        assert got is not None
+        data, req = got
+        assert data == ref.data and type(data) is bytes
+        assert req == ref.requests[0] and type(req) is codec.DispatchRequest
+        assert [type(v) for v in req] == [type(v) for v in ref.requests[0]]
+
+
+def test_encode_plain_one_declines_what_is_not_plain():
+    enc = _encoder("127.0.0.1:10911")
+    for m in (Message(topic="TopicA", body=b"x", properties={"a": "b"}), Message(topic="new", body=b"x"),
+              Message(topic="TopicA", body=b"x", properties_string="a\x01b"), Message(topic="TopicA", body=b"x", queue_id=-1),
+              Message(topic="TopicA", body=bytearray(b"x"))):
+        assert enc.encode_plain_one(m, None, 0, 0, 1) is None
+    m = Message(topic="TopicA", body=b"x", flag=2 ** 31)  # out of int32: the reference raises struct.error
+    assert _native.encode_plain_one(m, None, 0, 0, 1, (enc._topics, *enc.store_host, 0, 100, 200, {}, str,
+                                                      codec.DispatchRequest, False)) is None
+    with pytest.raises(struct.error):
+        enc.encode_plain_one_py(m, None, 0, 0, 1)
+    assert enc.encode_plain_one(Message(topic="TopicA", body=b"x"), None, -1, 0, 1) is None  # a bad offset
+
+
 class _MyMessage(Message):
     __slots__ = ()
 

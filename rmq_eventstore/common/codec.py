@@ -433,6 +433,7 @@ class RecordEncoder:
         self.uniq_ids = uniq_ids
         self._store_v6 = STOREHOSTADDRESS_V6_FLAG if len(self.store_host[0]) == 16 else 0
         self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length-prefixed bytes, magic)
+        self._plain_ctx: tuple | None = None  # encode_plain_one's bound arguments (built at its first call)
 
     def _topic_part(self, topic: str, force_v2: bool) -> tuple[bytes, int]:
         tp = None if force_v2 else self._topics.get(topic)
@@ -574,6 +575,30 @@ class RecordEncoder:
             if r is not None:
                 return _new_tuple(PlainBatch, r)
         return self.encode_plain_batch_py(msgs, uniq_keys, queue_table, base_offset, now)
+
+    def encode_plain_one(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int,
+                         now: int) -> tuple[bytes, DispatchRequest] | None:
+        """`encode_plain_batch` of one message whose queue offset the caller looked up (a single put):
+        `(record, request)`, or None when the message is not plain (the batch path then decides). The
+        native loop when it is active, else `encode_plain_batch_py`; the same bytes either way."""
+        if native is not None:
+            ctx = self._plain_ctx
+            if ctx is None:
+                addr, port = self.store_host
+                ctx = self._plain_ctx = (
+                    self._topics, addr, port, (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0,
+                    self.max_message_size, self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE,
+                    tags_string_to_tags_code, DispatchRequest, self.append_crc)
+            return native.encode_plain_one(msg, uniq_key, queue_offset, offset, now, ctx)
+        return self.encode_plain_one_py(msg, uniq_key, queue_offset, offset, now)
+
+    def encode_plain_one_py(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int,
+                            now: int) -> tuple[bytes, DispatchRequest] | None:
+        """`encode_plain_one`'s reference: `encode_plain_batch_py` of the message alone."""
+        if queue_offset < 0:
+            return None
+        b = self.encode_plain_batch_py((msg,), (uniq_key,), {f"{msg.topic}-{msg.queue_id}": queue_offset}, offset, now)
+        return None if b is None else (b.data, b.requests[0])
 
     def encode_plain_batch_py(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
                               queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:

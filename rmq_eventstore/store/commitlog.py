@@ -271,10 +271,12 @@ class CommitLog:
 
     def put_message(self, msg: Message) -> PutMessageResult:
         uniq = None
-        if self.config.auto_create_uniq_key and msg.uniq_key is None and msg.properties_string is None:
+        if msg.uniq_key is None and msg.properties_string is None and self.config.auto_create_uniq_key:
             uniq = self.uniq_ids.create()
         if self.writeable and not self.read_only:
-            fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
+            fast = self._append_one(msg, uniq)
+            if fast is None:
+                fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
             if fast is not None:
                 return fast
         rec = self._prepare(msg, uniq)
@@ -413,6 +415,57 @@ class CommitLog:
         return self._finish(AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, begin, batch.first_queue_offset, len(msgs),
             now_ms() - begin, self.store_host_bytes, self.store_port, batch.offsets, batch.uniq_keys), wait)
+
+    def _append_one(self, msg: Message, uniq: str | None) -> PutMessageResult | None:
+        """`put_message`'s fast path: `_append_plain` for one plain message in the common case only (the
+        current file has room, the queue exists, ASYNC_FLUSH or no WAIT property); None, having changed
+        nothing, for anything else, which `_append_plain` then handles. The same bytes and hand-off."""
+        with self.put_lock:
+            files = self.mapped_file_queue.mapped_files
+            if not files:
+                return None
+            mf = files[-1]
+            pos = mf.wrote_position
+            room = self.file_size - pos
+            if room <= codec.END_FILE_MIN_BLANK_LENGTH:
+                return None
+            table = self.topic_queue_table
+            key = f"{msg.topic}-{msg.queue_id}"
+            q = table.get(key)
+            if q is None:
+                return None  # a new queue (announced by on_new_queue), or not a plain message: the general path
+            begin = now_ms()
+            self.begin_time_in_lock = begin
+            base = mf.file_from_offset + pos
+            try:
+                rec = self.encoder.encode_plain_one(msg, uniq, q, base, begin)
+            except (struct.error, TypeError, AttributeError, ValueError):
+                rec = None  # the general path explains it
+            if rec is None:
+                self.begin_time_in_lock = 0
+                return None
+            data, req = rec
+            total = len(data)
+            if total + codec.END_FILE_MIN_BLANK_LENGTH > room:
+                self.begin_time_in_lock = 0
+                return None  # rolls to a new file: the general path
+            mf._write_view[pos:pos + total] = data
+            mf.wrote_position = pos + total
+            mf.store_timestamp = begin
+            table[key] = q + 1
+            cb = self.on_appended
+            if cb is not None:
+                cb(base, base + total, [req])
+            self.begin_time_in_lock = 0
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, begin, q, 1, now_ms() - begin,
+            self.store_host_bytes, self.store_port, [base], [req.uniq_key])
+        if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
+            return self._finish(result, _wait_store_msg_ok(msg))
+        wake = self.flush_wakeup
+        if wake is not None:
+            wake()
+        return PutMessageResult(PutMessageStatus.PUT_OK, result)
 
     def _append(self, recs: list[PreparedRecord], total: int, wait: bool = True) -> PutMessageResult:
         if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:

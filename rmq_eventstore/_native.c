@@ -212,6 +212,54 @@ typedef struct {
 
 #define MAX_QUEUES 4096
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Java String.hashCode over a str's UTF-16 code units, continuing from h; -1 for a lone surrogate  */
+static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end, uint32_t *h) {
+    int kind = PyUnicode_KIND(s);
+    const void *d = PyUnicode_DATA(s);
+    uint32_t x = *h;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *c = (const Py_UCS1 *)d;
+        for (Py_ssize_t i = start; i < end; i++) x = 31u * x + c[i];
+    } else if (kind == PyUnicode_2BYTE_KIND) {
+        const Py_UCS2 *c = (const Py_UCS2 *)d;
+        for (Py_ssize_t i = start; i < end; i++) {
+            if (c[i] >= 0xD800 && c[i] <= 0xDFFF) return -1;
+            x = 31u * x + c[i];
+        }
+    } else {
+        const Py_UCS4 *c = (const Py_UCS4 *)d;
+        for (Py_ssize_t i = start; i < end; i++) {
+            Py_UCS4 cp = c[i];
+            if (cp >= 0xD800 && cp <= 0xDFFF) return -1;
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                x = 31u * x + (0xD800 + (cp >> 10));
+                x = 31u * x + (0xDC00 + (cp & 0x3FF));
+            } else x = 31u * x + cp;
+        }
+    }
+    *h = x;
+    return 0;
+}
+
+static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCode), MIN_VALUE -> 0 */
+    int32_t s = (int32_t)h;
+    if (s == INT32_MIN) return 0;
+    return s < 0 ? -s : s;
+}
+
+typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
+static int gb_reserve(growbuf *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + more) cap *= 2;
+    char *np_ = PyMem_Realloc(b->p, cap);
+    if (np_ == NULL) { PyErr_NoMemory(); return -1; }
+    b->p = np_; b->cap = cap;
+    return 0;
+}
+
 /* Pass 1 of encode_plain_batch for one message: checks it is plain, fills `r` (topic, body, tags, keys,
  * uniq, sizes; not the queue offset). 1: done; 0: not mine (the reference decides); -1: error set.
  * r->keys may hold a new reference either way (the caller releases it). `u_in` is the uniq key the
@@ -381,11 +429,11 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     PyObject *msgs, *uniq_keys, *queue_table, *topics, *tags_cache, *tags_fn, *request_type;
     long long base, now, max_body, max_record;
     const char *store_addr; Py_ssize_t addr_len;
-    int store_port, sys_flag, append_crc;
-    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!p", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
+    int store_port, sys_flag, append_crc, columns = 0;
+    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!p|p", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
                           &now, &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &sys_flag,
                           &max_body, &max_record, &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type,
-                          &request_type, &append_crc))
+                          &request_type, &append_crc, &columns))
         return NULL;
     const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
@@ -408,6 +456,7 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     queue_slot *queues = PyMem_Malloc(sizeof(queue_slot) * 64);
     Py_ssize_t nqueues = 0, cap_queues = 64;
     PyObject *result = NULL, *data = NULL, *requests = NULL, *offsets = NULL, *uniqs = NULL, *seen = NULL;
+    growbuf *qunits = NULL, hb = {0}, pb = {0}, tb = {0};  /* columns: units per queue, index entries */
     if (recs == NULL || queues == NULL) { PyErr_NoMemory(); goto done; }
     Py_ssize_t sum = 0;
     int last_queue = -1;
@@ -464,11 +513,15 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     if (base < 0 || base > INT64_MAX - sum) goto decline;
     /* pass 2: write the records, build the requests */
     data = PyBytes_FromStringAndSize(NULL, sum);
-    requests = PyList_New(n);
+    requests = columns ? NULL : PyList_New(n);
     offsets = PyList_New(n);
     uniqs = PyList_New(n);
     seen = PyDict_New();
-    if (data == NULL || requests == NULL || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    if (data == NULL || (requests == NULL && !columns) || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    if (columns && (qunits = PyMem_Calloc(nqueues ? nqueues : 1, sizeof(growbuf))) == NULL) { PyErr_NoMemory(); goto fail; }
+    PyObject *last_topic = NULL;
+    uint32_t topic_hash = 0;
+    int declined = 0;
     PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLong(sys_flag), *zero = PyLong_FromLong(0);
     PyObject *empty = PyUnicode_New(0, 0);
     if (now_obj == NULL || sys_obj == NULL || zero == NULL || empty == NULL) {
@@ -482,6 +535,72 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
         plain_rec *r = &recs[i];
         unsigned char *props = plain_write(r, out, phys, now, store_addr, addr_len, store_port, sys_flag, reserved);
         out += r->total;
+        if (columns) {
+            /* the consume-queue unit (offset, size, tags code, cq offset) into its queue's column, and the
+               index entries (topic#uniq, then topic#token per KEYS token) as index_keys makes them */
+            int64_t code = 0;
+            if (r->tags != NULL) {
+                PyObject *c = PyDict_GetItemWithError(tags_cache, r->tags);
+                if (c != NULL) Py_INCREF(c);
+                else if (!PyErr_Occurred()) c = PyObject_CallOneArg(tags_fn, r->tags);
+                if (c == NULL) { ok = 0; break; }
+                int good = as_i64(c, INT64_MIN, INT64_MAX, &code);
+                Py_DECREF(c);
+                if (!good) { declined = 1; break; }
+            }
+            growbuf *u = &qunits[r->queue];
+            if (gb_reserve(u, 32) < 0) { ok = 0; break; }
+            int64_t row[4] = {phys, (int64_t)r->total, code, r->q};
+            memcpy(u->p + u->n, row, 32); u->n += 32;
+            if (r->topic != last_topic) {
+                topic_hash = 0;
+                if (java_hash_append(r->topic, 0, PyUnicode_GET_LENGTH(r->topic), &topic_hash) < 0) { declined = 1; break; }
+                topic_hash = 31u * topic_hash + '#';
+                last_topic = r->topic;
+            }
+            Py_ssize_t m = 0;
+            if (r->uniq != NULL) {
+                uint32_t h = topic_hash;
+                if (java_hash_append(r->uniq, 0, PyUnicode_GET_LENGTH(r->uniq), &h) < 0) { declined = 1; break; }
+                if (gb_reserve(&hb, 4) < 0) { ok = 0; break; }
+                int32_t v = index_hash(h);
+                memcpy(hb.p + hb.n, &v, 4); hb.n += 4;
+                m++;
+            }
+            if (r->keys != NULL) {
+                Py_ssize_t len = PyUnicode_GET_LENGTH(r->keys), start = 0;
+                int kind = PyUnicode_KIND(r->keys);
+                const void *d = PyUnicode_DATA(r->keys);
+                for (Py_ssize_t j = 0; j <= len && ok && !declined; j++) {
+                    if (j == len || PyUnicode_READ(kind, d, j) == ' ') {
+                        if (j > start) {
+                            uint32_t h = topic_hash;
+                            if (java_hash_append(r->keys, start, j, &h) < 0) { declined = 1; break; }
+                            if (gb_reserve(&hb, 4) < 0) { ok = 0; break; }
+                            int32_t v = index_hash(h);
+                            memcpy(hb.p + hb.n, &v, 4); hb.n += 4;
+                            m++;
+                        }
+                        start = j + 1;
+                    }
+                }
+                if (!ok || declined) break;
+            }
+            if (m) {
+                if (gb_reserve(&pb, 8 * m) < 0 || gb_reserve(&tb, 8 * m) < 0) { ok = 0; break; }
+                int64_t ts = now;
+                for (Py_ssize_t k = 0; k < m; k++) {
+                    memcpy(pb.p + pb.n, &phys, 8); pb.n += 8;
+                    memcpy(tb.p + tb.n, &ts, 8); tb.n += 8;
+                }
+            }
+            PyObject *phys_obj = PyLong_FromLongLong(phys);
+            if (phys_obj == NULL) { ok = 0; break; }
+            PyList_SET_ITEM(offsets, i, phys_obj);
+            PyList_SET_ITEM(uniqs, i, Py_NewRef(r->uniq != NULL ? r->uniq : Py_None));
+            phys += r->total;
+            continue;
+        }
         PyObject *phys_obj = PyLong_FromLongLong(phys);
         if (phys_obj == NULL) { ok = 0; break; }
         PyObject *req = plain_request(r, Py_NewRef(phys_obj), props, reserved, tags_cache, tags_fn, rtype, now_obj,
@@ -495,10 +614,26 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     }
     Py_DECREF(now_obj); Py_DECREF(sys_obj); Py_DECREF(zero); Py_DECREF(empty);
     if (!ok) goto fail;
+    if (declined) goto decline;
     for (Py_ssize_t j = 0; j < nqueues; j++) {
         PyObject *v = PyLong_FromLongLong(queues[j].next);
         if (v == NULL || PyDict_SetItem(seen, queues[j].qkey, v) < 0) { Py_XDECREF(v); goto fail; }
         Py_DECREF(v);
+    }
+    if (columns) {
+        /* (count, [((topic, queue id), int64 units bytes)] in first-appearance order, int32 hashes bytes,
+           int64 offsets bytes, int64 timestamps bytes, store timestamp) */
+        PyObject *units = PyList_New(nqueues);
+        if (units == NULL) goto fail;
+        for (Py_ssize_t j = 0; j < nqueues; j++) {
+            PyObject *item = Py_BuildValue("((Oi)y#)", queues[j].topic, (int)queues[j].qid,
+                                           qunits[j].p ? qunits[j].p : "", qunits[j].n);
+            if (item == NULL) { Py_DECREF(units); goto fail; }
+            PyList_SET_ITEM(units, j, item);
+        }
+        requests = Py_BuildValue("(nNy#y#y#L)", n, units, hb.p ? hb.p : "", hb.n, pb.p ? pb.p : "", pb.n,
+                                 tb.p ? tb.p : "", tb.n, (long long)now);
+        if (requests == NULL) goto fail;
     }
     result = Py_BuildValue("(NNNNNL)", data, requests, offsets, uniqs, seen, (long long)first_q);
     data = requests = offsets = uniqs = seen = NULL;
@@ -514,6 +649,9 @@ done:
         for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(recs[i].keys);
     if (queues != NULL)
         for (Py_ssize_t j = 0; j < nqueues; j++) Py_DECREF(queues[j].qkey);
+    if (qunits != NULL)
+        for (Py_ssize_t j = 0; j < nqueues; j++) PyMem_Free(qunits[j].p);
+    PyMem_Free(qunits); PyMem_Free(hb.p); PyMem_Free(pb.p); PyMem_Free(tb.p);
     PyMem_Free(recs);
     PyMem_Free(queues);
     Py_XDECREF(useq);
@@ -872,54 +1010,6 @@ done:
     PyMem_Free(queues);
     Py_DECREF(seq);
     return result;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* Java String.hashCode over a str's UTF-16 code units, continuing from h; -1 for a lone surrogate  */
-static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end, uint32_t *h) {
-    int kind = PyUnicode_KIND(s);
-    const void *d = PyUnicode_DATA(s);
-    uint32_t x = *h;
-    if (kind == PyUnicode_1BYTE_KIND) {
-        const Py_UCS1 *c = (const Py_UCS1 *)d;
-        for (Py_ssize_t i = start; i < end; i++) x = 31u * x + c[i];
-    } else if (kind == PyUnicode_2BYTE_KIND) {
-        const Py_UCS2 *c = (const Py_UCS2 *)d;
-        for (Py_ssize_t i = start; i < end; i++) {
-            if (c[i] >= 0xD800 && c[i] <= 0xDFFF) return -1;
-            x = 31u * x + c[i];
-        }
-    } else {
-        const Py_UCS4 *c = (const Py_UCS4 *)d;
-        for (Py_ssize_t i = start; i < end; i++) {
-            Py_UCS4 cp = c[i];
-            if (cp >= 0xD800 && cp <= 0xDFFF) return -1;
-            if (cp >= 0x10000) {
-                cp -= 0x10000;
-                x = 31u * x + (0xD800 + (cp >> 10));
-                x = 31u * x + (0xDC00 + (cp & 0x3FF));
-            } else x = 31u * x + cp;
-        }
-    }
-    *h = x;
-    return 0;
-}
-
-static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCode), MIN_VALUE -> 0 */
-    int32_t s = (int32_t)h;
-    if (s == INT32_MIN) return 0;
-    return s < 0 ? -s : s;
-}
-
-typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
-static int gb_reserve(growbuf *b, Py_ssize_t more) {
-    if (b->n + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + more) cap *= 2;
-    char *np_ = PyMem_Realloc(b->p, cap);
-    if (np_ == NULL) { PyErr_NoMemory(); return -1; }
-    b->p = np_; b->cap = cap;
-    return 0;
 }
 
 /* index_keys(requests, end_phy, rollback_type) -> (hashes int32 bytes, phy int64 bytes, ts int64 bytes) or None */

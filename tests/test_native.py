@@ -114,6 +114,19 @@ def test_encode_plain_batch_native_equals_python(msgs, store_host, base, table, 
     _same_batch(codec.PlainBatch(*raw), ref)
     if codec.NATIVE:
         _same_batch(enc.encode_plain_batch(msgs, uniq, table, base, now), ref)
+        # the columns hand-off: the units and index entries the dispatchers' references make of the requests
+        got = enc.encode_plain_batch(msgs, uniq, table, base, now, columns=True)
+        _same_batch(got._replace(requests=ref.requests), ref)
+        cols = got.requests
+        assert type(cols) is codec.DispatchColumns and len(cols) == len(msgs) and cols.store_timestamp == now
+        groups = ms_module.group_units_py(ref.requests)
+        assert [k for k, _ in cols.units] == list(groups)
+        for k, u in cols.units:
+            assert np.frombuffer(u, np.int64).reshape(-1, 4).tolist() == [list(x) for x in groups[k]]
+        h, p, t = index_module.index_entries_py(ref.requests, 0)
+        assert np.frombuffer(cols.hashes, np.int32).tolist() == h.tolist()
+        assert np.frombuffer(cols.phy, np.int64).tolist() == p.tolist()
+        assert np.frombuffer(cols.ts, np.int64).tolist() == t.tolist()
 
 
 @PROPS
@@ -553,3 +566,83 @@ def test_encoders_native_crc_trailer_edges():
     assert prop_crc_damage(data, 0, len(data)) == ""
     data[100] ^= 1
     assert prop_crc_damage(data, 0, len(data)) == "__CRC32# property mismatch"
+
+
+# -- (g) the columns hand-off of a batch put -------------------------------------------------------------
+def _tree(root, sub):
+    base = root / sub
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def test_columns_dispatch_writes_what_requests_write(tmp_path, monkeypatch, small_geometry):
+    """A batch put hands its dispatch over as `DispatchColumns` (native) instead of one request per record:
+    the commitlog, consume queues and index files it leaves are byte for byte those of the request path,
+    across file rolls, several queues, tags and multi-token keys, with single puts in between; the arrival
+    listeners hear of the same queue ends."""
+    from rmq_eventstore.common.codec import DispatchColumns
+    from rmq_eventstore.store import MessageStore
+    from rmq_eventstore.store import commitlog as commitlog_module
+    from rmq_eventstore.store.commitlog import CommitLog
+
+    small_geometry.update(max_index_num=300, max_hash_slot_num=64,  # index files roll too
+                          auto_create_uniq_key=False)  # records without a UNIQ_KEY, the same in both stores
+    clock = [1_700_000_000_000]
+    monkeypatch.setattr(commitlog_module, "now_ms", lambda: clock[0])
+    handed: dict[str, list[type]] = {"columns": [], "requests": []}
+
+    def run(name: str) -> tuple[dict, dict, dict, dict]:
+        root = tmp_path / name
+        store = MessageStore.open(root, **small_geometry)
+        grown: dict = {}
+        store.add_message_arriving_listener(lambda g: grown.update(g))
+        orig = store.commit_log.on_appended
+        store.commit_log.on_appended = lambda s, e, r: (handed[name].append(type(r)), orig(s, e, r))
+        clock[0] = 1_700_000_000_000
+        n = 0
+        for size in (7, 1, 40, 3, 120, 1, 65, 200, 2, 90):  # a batch first: its born time is the clock's
+            msgs = [Message(topic="TopicA" if i % 5 else "%RETRY%g-1", body=bytes([i % 251]) * (i % 97),
+                            keys=None if i % 7 == 0 else (f"k{i} x{i % 3}" if i % 2 else [f"a{i}", "", f"b{i}"]),
+                            tags=None if i % 3 else f"tag{i % 4}", queue_id=i % 3,
+                            uniq_key=f"{i:032X}" if i % 11 else None)
+                    for i in range(n, n + size)]
+            n += size
+            clock[0] += 3
+            r = store.put_messages(msgs) if size > 1 else store.put_message(msgs[0])
+            assert r.is_ok(), r
+        assert store.wait_for_dispatch(10)
+        store.shutdown()
+        index = [p.read_bytes() for p in sorted((root / "index").iterdir())]
+        return _tree(root, "commitlog"), _tree(root, "consumequeue"), {"index": index}, grown
+
+    a = run("columns")
+    monkeypatch.setattr(CommitLog, "_encode_plain_columns",
+                        lambda self, msgs, uniq, table, base, begin: self.encoder.encode_plain_batch(
+                            msgs, uniq, table, base, begin))
+    b = run("requests")
+    assert len(a[0]) > 1 and len(a[2]["index"]) > 1  # commitlog and index files rolled
+    assert a[0] == b[0]
+    assert a[1] == b[1]
+    assert a[2] == b[2]
+    assert a[3] == b[3]
+    assert DispatchColumns not in handed["requests"]
+    if codec.NATIVE:
+        assert DispatchColumns in handed["columns"]
+
+
+def test_dispatch_columns_merge_and_grown():
+    from rmq_eventstore.common.codec import DispatchColumns
+
+    def rows(*r):
+        return np.array(r, dtype=np.int64).tobytes()
+
+    a = DispatchColumns(2, [(("T", 0), rows([0, 10, 0, 5])), (("T", 1), rows([10, 10, 0, 0]))],
+                        np.array([1, 2], np.int32).tobytes(), rows(0, 10), rows(7, 7), 7)
+    b = DispatchColumns(1, [(("T", 0), rows([20, 10, 3, 6]))], np.array([3], np.int32).tobytes(), rows(20), rows(8), 8)
+    m = DispatchColumns.merge([a, b])
+    assert len(m) == 3 and m.store_timestamp == 8
+    assert [k for k, _ in m.units] == [("T", 0), ("T", 1)]
+    assert np.frombuffer(m.units[0][1], np.int64).reshape(-1, 4).tolist() == [[0, 10, 0, 5], [20, 10, 3, 6]]
+    assert np.frombuffer(m.hashes, np.int32).tolist() == [1, 2, 3]
+    assert np.frombuffer(m.phy, np.int64).tolist() == [0, 10, 20]
+    assert m.grown() == {("T", 0): 7, ("T", 1): 1}
+    assert DispatchColumns.merge([a]) is a

@@ -561,18 +561,24 @@ class RecordEncoder:
         parts += (rec.head, _QOFF_PHYS.pack(queue_offset, physical_offset), rec.mid, store_timestamp, rec.tail)
 
     def encode_plain_batch(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
-                           queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
+                           queue_table: dict[str, int], base_offset: int, now: int,
+                           columns: bool = False) -> PlainBatch | None:
         """The batch put's fast path (see `encode_plain_batch_py`, the reference): the C loop of
         `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
-        Python loop. Both write the `__CRC32#` trailer when `append_crc` is on."""
+        Python loop. Both write the `__CRC32#` trailer when `append_crc` is on. With `columns`, the C loop
+        hands its dispatch over as one `DispatchColumns` (in `requests`) instead of a request per record;
+        the Python loop always gives requests (dispatch takes either)."""
         if native is not None:
             addr, port = self.store_host
             r = native.encode_plain_batch(
                 msgs, uniq_keys, queue_table, base_offset, now, self._topics, addr, port,
                 (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0, self.max_message_size,
                 self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
-                DispatchRequest, self.append_crc)
+                DispatchRequest, self.append_crc, columns)
             if r is not None:
+                if columns:
+                    data, cols, offsets, uniqs, seen, first_q = r
+                    return PlainBatch(data, DispatchColumns(*cols), offsets, uniqs, seen, first_q)
                 return _new_tuple(PlainBatch, r)
         return self.encode_plain_batch_py(msgs, uniq_keys, queue_table, base_offset, now)
 
@@ -867,6 +873,58 @@ class DispatchRequest(NamedTuple):
     sys_flag: int
     prepared_transaction_offset: int
     properties_string: str
+
+
+class DispatchColumns:
+    """What a batch put hands to dispatch as columns instead of one `DispatchRequest` per record (issue 16).
+
+    The native encoder fills them in the pass that writes the records: the consume-queue units per queue
+    (int64 rows `(commitLogOffset, size, tagsCode, cqOffset)`, what `group_units` makes of requests) and the
+    index entries of every record (int32 key hashes, int64 offsets, int64 store times, what `index_keys`
+    makes), so nothing is built per record between the put and the consume queues and index files.
+    `len()` is the number of records.
+    """
+
+    __slots__ = ("count", "units", "hashes", "phy", "ts", "store_timestamp")
+
+    def __init__(self, count: int, units: list[tuple[tuple[str, int], bytes]], hashes: bytes, phy: bytes,
+                 ts: bytes, store_timestamp: int) -> None:
+        self.count = count
+        self.units = units  # [((topic, queue id), int64 rows bytes)], queues in order of first appearance
+        self.hashes = hashes
+        self.phy = phy
+        self.ts = ts
+        self.store_timestamp = store_timestamp  # of the last record
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"DispatchColumns({self.count} records, {len(self.units)} queues, {len(self.hashes) // 4} keys)"
+
+    @classmethod
+    def merge(cls, parts: Sequence[DispatchColumns]) -> DispatchColumns:
+        """Consecutive hand-offs as one (units of a queue concatenated in log order)."""
+        if len(parts) == 1:
+            return parts[0]
+        units: dict[tuple[str, int], list[bytes]] = {}
+        for p in parts:
+            for key, u in p.units:
+                g = units.get(key)
+                if g is None:
+                    units[key] = [u]
+                else:
+                    g.append(u)
+        return cls(sum(p.count for p in parts), [(k, b"".join(v)) for k, v in units.items()],
+                   b"".join(p.hashes for p in parts), b"".join(p.phy for p in parts), b"".join(p.ts for p in parts),
+                   parts[-1].store_timestamp)
+
+    def grown(self) -> dict[tuple[str, int], int]:
+        """(topic, queue id) -> the queue's max offset after these records (the arrival listeners' argument)."""
+        return {key: _NATIVE_LONG.unpack_from(u, len(u) - 8)[0] + 1 for key, u in self.units if u}
+
+
+_NATIVE_LONG = struct.Struct("=q")
 
 
 class CheckResult(NamedTuple):

@@ -359,6 +359,10 @@ class CommitLog:
                 wake()
         return PutMessageResult(status, result)
 
+    def _encode_plain_columns(self, msgs: Sequence[Message], uniq: list[str | None] | None, table: dict[str, int],
+                              base: int, begin: int) -> codec.PlainBatch | None:
+        return self.encoder.encode_plain_batch(msgs, uniq, table, base, begin, True)
+
     def _encode_network_batch(self, msgs: Sequence[Message], _uniq: list[str | None] | None,
                               table: dict[str, int], base: int, begin: int) -> codec.PlainBatch | None:
         return self.encoder.encode_network_batch(msgs, table, base, begin)
@@ -381,7 +385,7 @@ class CommitLog:
                 else:
                     base = last.file_from_offset + last.wrote_position
                 table = self.topic_queue_table
-                encode = self.encoder.encode_plain_batch
+                encode = self._encode_plain_columns
                 try:
                     batch = encode(msgs, uniq, table, base, begin)
                     if batch is None:  # messages from the network carry a properties string

@@ -473,8 +473,12 @@ class MessageStore:
                     _OWNED.discard(self._lock_key)
 
     # -- dispatch -----------------------------------------------------------------------------------
-    def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:
-        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch."""
+    def _dispatch(self, requests: list[codec.DispatchRequest] | codec.DispatchColumns) -> None:
+        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch: requests,
+        or the columns a native batch put handed over (`codec.DispatchColumns`, the same entries)."""
+        if requests.__class__ is codec.DispatchColumns:
+            self._dispatch_columns(requests)  # type: ignore[arg-type]
+            return
         for (topic, queue_id), units in group_units(requests).items():
             cq = self.find_consume_queue(topic, queue_id)
             if cq is None:
@@ -486,6 +490,19 @@ class MessageStore:
             self.checkpoint.logics_msg_timestamp = requests[-1].store_timestamp
         if self.config.message_index_enable:
             self.index_service.build_index(requests)
+
+    def _dispatch_columns(self, cols: codec.DispatchColumns) -> None:
+        """`_dispatch` of columns: each queue's units and the batch's index entries written as they are."""
+        for (topic, queue_id), units in cols.units:
+            cq = self.find_consume_queue(topic, queue_id)
+            if cq is None:
+                log.error("not dispatching %d records of illegal topic %r", len(units) // 32, topic)
+                continue
+            cq.put_message_position_infos(np.frombuffer(units, dtype=np.int64).reshape(-1, 4))
+        if self.checkpoint is not None and cols.count:
+            self.checkpoint.logics_msg_timestamp = cols.store_timestamp
+        if self.config.message_index_enable:
+            self.index_service.build_index_columns(cols.hashes, cols.phy, cols.ts)
 
     def find_consume_queue(self, topic: str, queue_id: int, create: bool = True) -> ConsumeQueue | None:
         queues = self.consume_queue_table.get(topic)

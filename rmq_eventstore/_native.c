@@ -15,6 +15,7 @@
  *   skim_records        codec.skim_records(_prop_crc): the record walk of recovery and verify (body CRC,
  *                       and the `__CRC32#` trailer with prop_crc)
  *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
+ *   copy_into           MappedFile.append_message's copy of a batch, without the GIL
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -1261,13 +1262,21 @@ static PyObject *put_index_entries(PyObject *self, PyObject *args) {
     int64_t begin_phy = 0;
     int begin_set = 0;
     Py_ssize_t used = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {  /* checked first: the loop below runs without the GIL */
+        int32_t h;
+        memcpy(&h, hs + i, 4);
+        if (h < 0) { PyErr_SetString(PyExc_ValueError, "negative key hash"); goto out; }
+    }
+    /* The entries are written without the GIL (page faults on fresh index pages then overlap with the put
+       thread). Only the dispatch thread writes the last index file; a reader (select_by_hash) follows a
+       slot to its entry, so each entry is stored before its slot points at it (release fence). */
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < k; i++, count++) {
         int32_t h;
         int64_t phy, t;
         memcpy(&h, hs + i, 4);
         memcpy(&phy, ps + i, 8);
         memcpy(&t, ts + i, 8);
-        if (h < 0) { PyErr_SetString(PyExc_ValueError, "negative key hash"); goto out; }
         unsigned char *slot = base + 40 + (Py_ssize_t)(h % slots) * 4;
         int64_t sv = get_i32(slot);
         if (sv <= 0 || sv > count) sv = 0;
@@ -1278,10 +1287,12 @@ static PyObject *put_index_entries(PyObject *self, PyObject *args) {
         }
         unsigned char *e = base + entries_base + count * 20;
         put_i32(e, h); put_i64(e + 4, phy); put_i32(e + 12, (int32_t)td); put_i32(e + 16, (int32_t)sv);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
         put_i32(slot, (int32_t)count);
         if (count <= 1) { begin_phy = phy; begin_ts = t; begin_set = 1; }
         if (sv == 0) used++;
     }
+    Py_END_ALLOW_THREADS
     if (begin_set) result = Py_BuildValue("(nnLL)", k, used, (long long)begin_phy, begin_ts);
     else result = Py_BuildValue("(nnOL)", k, used, Py_None, begin_ts);
 out:
@@ -1460,7 +1471,29 @@ static PyObject *crc32_py(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* copy_into(dst, pos, src): dst[pos:pos + len(src)] = src, without the GIL for 64 KiB and more (a batch
+ * copied into a mapped commitlog file: first writes to fresh pages fault them in, which then overlaps with
+ * the dispatch thread). The caller owns the region (the put lock); readers stop at the write position. */
+static PyObject *copy_into(PyObject *self, PyObject *args) {
+    Py_buffer dst, src;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "w*ny*", &dst, &pos, &src)) return NULL;
+    if (pos < 0 || src.len > dst.len || pos > dst.len - src.len) {
+        PyBuffer_Release(&dst); PyBuffer_Release(&src);
+        PyErr_SetString(PyExc_ValueError, "copy_into: the bytes do not fit at that position");
+        return NULL;
+    }
+    if (src.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        memcpy((char *)dst.buf + pos, src.buf, src.len);
+        Py_END_ALLOW_THREADS
+    } else memcpy((char *)dst.buf + pos, src.buf, src.len);
+    PyBuffer_Release(&dst); PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
     {"init", native_init, METH_VARARGS, "init(Message): look up the slots of the Message dataclass once."},
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "RecordEncoder.encode_plain_batch's loop: (data, requests, offsets, uniq_keys, queue_offsets, first_q) "

@@ -646,3 +646,23 @@ def test_dispatch_columns_merge_and_grown():
     assert np.frombuffer(m.phy, np.int64).tolist() == [0, 10, 20]
     assert m.grown() == {("T", 0): 7, ("T", 1): 1}
     assert DispatchColumns.merge([a]) is a
+
+
+def test_copy_into_copies_small_and_large_and_checks_bounds(tmp_path):
+    import mmap
+
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * (1 << 20))
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 1 << 20) as mm:
+        view = memoryview(mm)
+        big = bytes(range(256)) * 400  # 100 KiB: copied without the GIL
+        _native.copy_into(view, 5, b"abc")
+        _native.copy_into(view, 1000, big)
+        assert mm[5:8] == b"abc" and mm[1000:1000 + len(big)] == big and mm[:5] == b"\0" * 5
+        _native.copy_into(view, (1 << 20) - 3, b"xyz")  # exactly at the end
+        for pos, data in ((-1, b"a"), ((1 << 20) - 2, b"xyz"), (1 << 21, b"")):
+            with pytest.raises(ValueError):
+                _native.copy_into(view, pos, data)
+        with pytest.raises(TypeError):
+            _native.copy_into(b"read-only", 0, b"a")
+        view.release()

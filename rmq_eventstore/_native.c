@@ -16,6 +16,7 @@
  *                       and the `__CRC32#` trailer with prop_crc)
  *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
  *   copy_into           MappedFile.append_message's copy of a batch, without the GIL
+ *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -1471,6 +1472,25 @@ static PyObject *crc32_py(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* count_missing_uniq(msgs): how many Messages have neither a uniq key nor a properties string (those the
+ * store gives a UNIQ_KEY: CommitLog._uniq_keys), or None when an item is not exactly a Message. */
+static PyObject *count_missing_uniq(PyObject *self, PyObject *msgs) {
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    PyObject *seq = PySequence_Fast(msgs, "msgs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), need = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = items[i];
+        if (Py_TYPE(m) != message_type) { Py_DECREF(seq); Py_RETURN_NONE; }
+        PyObject *u = field(m, F_UNIQ_KEY), *ps = field(m, F_PROPERTIES_STRING);
+        if (u == NULL || ps == NULL) { Py_DECREF(seq); Py_RETURN_NONE; }
+        need += u == Py_None && ps == Py_None;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(need);
+}
+
 /* copy_into(dst, pos, src): dst[pos:pos + len(src)] = src, without the GIL for 64 KiB and more (a batch
  * copied into a mapped commitlog file: first writes to fresh pages fault them in, which then overlaps with
  * the dispatch thread). The caller owns the region (the put lock); readers stop at the write position. */
@@ -1493,6 +1513,7 @@ static PyObject *copy_into(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
     {"init", native_init, METH_VARARGS, "init(Message): look up the slots of the Message dataclass once."},
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,

@@ -666,3 +666,13 @@ def test_copy_into_copies_small_and_large_and_checks_bounds(tmp_path):
         with pytest.raises(TypeError):
             _native.copy_into(b"read-only", 0, b"a")
         view.release()
+
+
+@PROPS
+@given(flags=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=20))
+def test_count_missing_uniq_counts_what_uniq_keys_counts(flags):
+    msgs = [Message(topic="TopicA", body=b"x", uniq_key="U" if u else None, properties_string="a\x01b\x02" if p else None)
+            for u, p in flags]
+    assert _native.count_missing_uniq(msgs) == sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
+    assert _native.count_missing_uniq(tuple(msgs)) == _native.count_missing_uniq(msgs)
+    assert _native.count_missing_uniq([*msgs, _MyMessage(topic="TopicA", body=b"x")]) is None  # not exactly a Message

@@ -263,9 +263,13 @@ class CommitLog:
     def _uniq_keys(self, msgs: Sequence[Message]) -> list[str | None] | None:
         if not self.config.auto_create_uniq_key:
             return None
-        need = sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
+        need = codec.native.count_missing_uniq(msgs) if codec.native is not None else None
+        if need is None:
+            need = sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
         if not need:
             return None
+        if need == len(msgs):
+            return self.uniq_ids.create_many(need)  # every message gets one: the ids are the list
         ids = iter(self.uniq_ids.create_many(need))
         return [next(ids) if m.uniq_key is None and m.properties_string is None else None for m in msgs]
 

@@ -403,7 +403,7 @@ def test_consume_queue_native_arrays_write_what_lists_write(tmp_path_factory, ba
 
     root = tmp_path_factory.mktemp("cq")
     queues = []
-    for name in ("lists", "arrays"):
+    for name in ("lists", "arrays", "packed"):
         cq = ConsumeQueue("T", 0, str(root / name), 20 * 50)  # 50 units per file: batches roll files
         cq.load()
         queues.append(cq)
@@ -417,12 +417,14 @@ def test_consume_queue_native_arrays_write_what_lists_write(tmp_path_factory, ba
             off = max(0, off + doff * size)
         ref = queues[0].put_message_position_infos(units)
         got = queues[1].put_message_position_infos(np.asarray(units, dtype=np.int64))
-        written.append((ref, got))
+        packed = queues[2].put_units_packed(np.asarray(units, dtype=np.int64).tobytes())  # rows as dispatch hands them
+        written.append((ref, got, packed))
     try:
-        assert all(a == b for a, b in written), written
+        assert all(a == b == c for a, b, c in written), written
         files = [[bytes(mf.mm) for mf in cq.mapped_file_queue.mapped_files] for cq in queues]
-        assert files[0] == files[1]
-        assert queues[0].get_max_offset_in_queue() == queues[1].get_max_offset_in_queue()
+        assert files[0] == files[1] == files[2]
+        assert queues[0].get_max_offset_in_queue() == queues[1].get_max_offset_in_queue() == \
+            queues[2].get_max_offset_in_queue()
     finally:
         for cq in queues:
             cq.destroy()

@@ -479,7 +479,15 @@ class MessageStore:
         if requests.__class__ is codec.DispatchColumns:
             self._dispatch_columns(requests)  # type: ignore[arg-type]
             return
-        for (topic, queue_id), units in group_units(requests).items():
+        raw = codec.native.group_units(requests, codec.TRANSACTION_PREPARED_TYPE) if codec.native is not None else None
+        if raw is not None:  # [((topic, queue id), int64 rows as bytes)]
+            for (topic, queue_id), packed in raw:
+                cq = self.find_consume_queue(topic, queue_id)
+                if cq is None:
+                    log.error("not dispatching %d records of illegal topic %r", len(packed) // 32, topic)
+                    continue
+                cq.put_units_packed(packed)
+        for (topic, queue_id), units in (group_units_py(requests) if raw is None else {}).items():
             cq = self.find_consume_queue(topic, queue_id)
             if cq is None:
                 log.error("not dispatching %d records of illegal topic %r", len(units), topic)
@@ -498,7 +506,7 @@ class MessageStore:
             if cq is None:
                 log.error("not dispatching %d records of illegal topic %r", len(units) // 32, topic)
                 continue
-            cq.put_message_position_infos(np.frombuffer(units, dtype=np.int64).reshape(-1, 4))
+            cq.put_units_packed(units)
         if self.checkpoint is not None and cols.count:
             self.checkpoint.logics_msg_timestamp = cols.store_timestamp
         if self.config.message_index_enable:

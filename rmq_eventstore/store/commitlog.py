@@ -130,8 +130,8 @@ class CommitLog:
     """The commitlog directory: a MappedFileQueue, the put lock and the queue-offset table.
 
     `on_appended(start, end, requests)` receives, under the put lock and in log order, the dispatch
-    requests of what was just written, so the reput service need not parse back records this process
-    encoded itself.
+    requests of what was just written (a list of `DispatchRequest`, or one `DispatchColumns` from a
+    native batch put), so the reput service need not parse back records this process encoded itself.
     """
 
     def __init__(self, config: StoreConfig, read_only: bool = False) -> None:

@@ -3,8 +3,8 @@
 It walks the commitlog from `reput_from_offset` (spec §10.3), hands each batch of records to the
 dispatchers (consume queues first, then the index), rolls over BLANK records, and tells arrival
 listeners (the broker's long polling) which queues grew. Records this process appended arrive already
-parsed through `notify_appended`; anything else (recovery, records written before a restart) is parsed
-back from the mapped files.
+parsed through `notify_appended` (as `DispatchRequest`s, or as `DispatchColumns` from a native batch
+put); anything else (recovery, records written before a restart) is parsed back from the mapped files.
 """
 
 from __future__ import annotations

@@ -665,12 +665,14 @@ decline_early:
     Py_RETURN_NONE;
 }
 
-/* encode_plain_one(msg, uniq, q, base, now, ctx): encode_plain_batch for one message whose queue offset `q`
- * the caller looked up: (record bytes, DispatchRequest) or None (the batch path / reference decides).
+/* encode_plain_one(msg, uniq, q, base, now, ctx[, dst, pos, limit]): encode_plain_batch for one message whose
+ * queue offset `q` the caller looked up: (record bytes, DispatchRequest) or None (the batch path / reference
+ * decides); with dst/pos/limit the record is written into the writable buffer dst at pos instead (when it
+ * takes at most `limit` bytes) and (total, DispatchRequest) returned.
  * ctx = (topics, store addr, store port, sysFlag, max body, max record, tags cache, tags fn, request type,
  * append_crc), bound once per encoder: a single put pays for no batch bookkeeping. */
 static PyObject *encode_plain_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "encode_plain_one takes 6 arguments"); return NULL; }
+    if (nargs != 6 && nargs != 9) { PyErr_SetString(PyExc_TypeError, "encode_plain_one takes 6 or 9 arguments"); return NULL; }
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
     PyObject *msg = args[0], *u = args[1], *ctx = args[5];
     int64_t q, base, now, max_body, max_record, port, sys_flag;
@@ -707,6 +709,36 @@ static PyObject *encode_plain_one(PyObject *self, PyObject *const *args, Py_ssiz
         Py_RETURN_NONE;
     }
     r.q = q;
+    if (nargs == 9) {
+        /* (dst, pos, limit): written in place at dst[pos:] when it takes at most `limit` bytes (the
+           caller's room): (total, request); None, nothing written, when it does not fit */
+        int64_t pos, limit;
+        if (!as_i64(args[7], 0, PY_SSIZE_T_MAX, &pos) || !as_i64(args[8], 0, PY_SSIZE_T_MAX, &limit)) {
+            Py_XDECREF(r.keys);
+            Py_RETURN_NONE;
+        }
+        Py_buffer dst;
+        if (PyObject_GetBuffer(args[6], &dst, PyBUF_WRITABLE) < 0) { Py_XDECREF(r.keys); return NULL; }
+        if (r.total > limit || pos > dst.len || r.total > dst.len - pos) {
+            PyBuffer_Release(&dst);
+            Py_XDECREF(r.keys);
+            Py_RETURN_NONE;
+        }
+        PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+        PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);
+        if (now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && phys_obj != NULL) {
+            unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
+                                               addr_len, (int)port, (int)sys_flag, reserved);
+            PyObject *req = plain_request(&r, phys_obj, props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt,
+                                          now_obj, sys_obj, zero, empty);
+            phys_obj = NULL;  /* stolen */
+            if (req != NULL) result = Py_BuildValue("(nN)", r.total, req);
+        }
+        PyBuffer_Release(&dst);
+        Py_XDECREF(phys_obj); Py_XDECREF(now_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
+        Py_XDECREF(r.keys);
+        return result;
+    }
     PyObject *data = PyBytes_FromStringAndSize(NULL, r.total);
     PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
     PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);

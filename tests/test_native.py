@@ -150,6 +150,14 @@ def test_encode_plain_one_equals_the_batch_of_one(msg, store_host, base, q, uniq
         assert data == ref.data and type(data) is bytes
         assert req == ref.requests[0] and type(req) is codec.DispatchRequest
         assert [type(v) for v in req] == [type(v) for v in ref.requests[0]]
+    # written in place (a single put into its mapped file; the Python path under RMQ_EVENTSTORE_PURE=1): the
+    # same bytes at pos, nothing around them; nothing at all when the room is one byte short
+    size = len(ref.data)
+    buf = bytearray(b"\xee" * (size + 20))
+    assert enc.encode_plain_one_into(msg, uniq, q, base, now, memoryview(buf), 7, size - 1) is None
+    assert buf == b"\xee" * (size + 20)
+    assert enc.encode_plain_one_into(msg, uniq, q, base, now, memoryview(buf), 7, size) == (size, ref.requests[0])
+    assert buf[7:7 + size] == ref.data and buf[:7] == b"\xee" * 7 and buf[7 + size:] == b"\xee" * 13
 
 
 def test_encode_plain_one_declines_what_is_not_plain():

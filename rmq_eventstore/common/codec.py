@@ -598,6 +598,22 @@ class RecordEncoder:
             return native.encode_plain_one(msg, uniq_key, queue_offset, offset, now, ctx)
         return self.encode_plain_one_py(msg, uniq_key, queue_offset, offset, now)
 
+    def encode_plain_one_into(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int, now: int,
+                              dst: memoryview | bytearray, pos: int, limit: int) -> tuple[int, DispatchRequest] | None:
+        """`encode_plain_one` written straight into `dst` at `pos` (a single put's mapped file): `(size,
+        request)`, or None, with nothing written, when the message is not plain or its record would take more
+        than `limit` bytes. Native when active, else `encode_plain_one_py` and a copy; the same bytes."""
+        if native is not None:
+            if self._plain_ctx is None:
+                self.encode_plain_one(msg, uniq_key, queue_offset, offset, now)  # binds the context
+            return native.encode_plain_one(msg, uniq_key, queue_offset, offset, now, self._plain_ctx, dst, pos, limit)
+        r = self.encode_plain_one_py(msg, uniq_key, queue_offset, offset, now)
+        if r is None or len(r[0]) > limit or pos + len(r[0]) > len(dst):
+            return None
+        data, req = r
+        dst[pos:pos + len(data)] = data
+        return len(data), req
+
     def encode_plain_one_py(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int,
                             now: int) -> tuple[bytes, DispatchRequest] | None:
         """`encode_plain_one`'s reference: `encode_plain_batch_py` of the message alone."""

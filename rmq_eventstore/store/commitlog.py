@@ -446,18 +446,15 @@ class CommitLog:
             self.begin_time_in_lock = begin
             base = mf.file_from_offset + pos
             try:
-                rec = self.encoder.encode_plain_one(msg, uniq, q, base, begin)
+                # written in place when it fits before the file's end (else the general path rolls the file)
+                rec = self.encoder.encode_plain_one_into(msg, uniq, q, base, begin, mf._write_view, pos,
+                                                         room - codec.END_FILE_MIN_BLANK_LENGTH)
             except (struct.error, TypeError, AttributeError, ValueError):
                 rec = None  # the general path explains it
             if rec is None:
                 self.begin_time_in_lock = 0
                 return None
-            data, req = rec
-            total = len(data)
-            if total + codec.END_FILE_MIN_BLANK_LENGTH > room:
-                self.begin_time_in_lock = 0
-                return None  # rolls to a new file: the general path
-            mf._write_view[pos:pos + total] = data
+            total, req = rec
             mf.wrote_position = pos + total
             mf.store_timestamp = begin
             table[key] = q + 1

@@ -426,8 +426,9 @@ class CommitLog:
 
     def _append_one(self, msg: Message, uniq: str | None) -> PutMessageResult | None:
         """`put_message`'s fast path: `_append_plain` for one plain message in the common case only (the
-        current file has room, the queue exists, ASYNC_FLUSH or no WAIT property); None, having changed
-        nothing, for anything else, which `_append_plain` then handles. The same bytes and hand-off."""
+        current file has room for it, its queue exists), the record encoded straight into the mapped file;
+        None, having changed nothing, for anything else, which `_append_plain` then handles. The same
+        bytes, hand-off and result."""
         with self.put_lock:
             files = self.mapped_file_queue.mapped_files
             if not files:

@@ -272,6 +272,33 @@ def test_acks_go_in_batches_and_all_land_by_close(namesrv: str, ns: str) -> None
             c.SimpleQueue("batched").get(timeout=4)  # past the 2 s leases: nothing comes back
 
 
+def test_acks_of_a_process_that_exits_without_closing_still_land(namesrv: str, ns: str) -> None:
+    """A process that acks and exits at once, its connection never closed, still delivers its acks (the
+    batcher is flushed at exit): none of its messages comes back after its lease."""
+    with conn(namesrv, ns) as c:
+        q = c.SimpleQueue("exit")
+        for i in range(20):
+            q.put({"n": i})
+    k = child("""
+        import sys, kombu, rmq_eventstore.kombu
+        namesrv, ns = sys.argv[1:3]
+        c = kombu.Connection(f"rocketmq://{namesrv}//", transport_options={"namespace": ns, "visibility_timeout": 2})
+        q = c.SimpleQueue("exit")
+        msgs = [q.get(timeout=10) for _ in range(20)]
+        for m in msgs:
+            m.ack()
+        print("acked", len(msgs), flush=True)
+    """, namesrv, ns)
+    try:
+        assert wait_line(k, "acked") == "acked 20"
+        assert k.wait(30) == 0, k.stderr.read()[-2000:]
+    finally:
+        k.kill()
+    with conn(namesrv, ns) as c:
+        with pytest.raises(c.SimpleQueue("exit").Empty):
+            c.SimpleQueue("exit").get(timeout=4)  # past the 2 s leases
+
+
 def test_without_ack_batching_each_ack_is_a_round_trip(namesrv: str, ns: str) -> None:
     """Transport option `ack_batching=False`: `basic_ack` returns once the broker has the ack."""
     with conn(namesrv, ns, visibility_timeout=2, ack_batching=False) as c:

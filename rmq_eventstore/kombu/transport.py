@@ -3,7 +3,9 @@
 - A kombu queue is a topic (`names.topic_name`), consumed by one POP consumer group (`kombu`, or
   `<namespace>%kombu`). Delivery is POP with the `visibility_timeout` (seconds, default 3600 as Redis) as
   invisible time; ack is ACK; reject with requeue, `basic_recover` and restore on close change the
-  invisible time to zero (the same message comes back, no copy is sent). Nothing about unacked messages
+  invisible time to zero (the same message comes back, no copy is sent). Acks are sent in batches
+  (BATCH_ACK_MESSAGE) by a background thread per connection (`_AckBatcher`), so a worker does not wait for
+  a round trip per task; closing the connection waits for them. Nothing about unacked messages
   is kept in memory only: a worker that dies holding messages loses nothing, the broker's revive puts them
   back once their invisible time is over.
 - The delivery tag is `<topic>/<receipt handle>`: unique per delivery, and all an ACK needs, so acks from
@@ -699,7 +701,9 @@ class Transport(virtual.Transport):
     `batch_size` (32), `max_poll` (s, 1.0: the longest POP long poll on kombu's hub, or while several queues
     wait in `drain_events`), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
     `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
-    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`)."""
+    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`),
+    `ack_batching` (True: acks leave in batches from a background thread, `_AckBatcher`; False: each
+    `basic_ack` waits for its ACK_MESSAGE's answer)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT

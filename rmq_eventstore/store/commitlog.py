@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ..common import codec
 from ..common.codec import DispatchRequest, EncodeError, PreparedRecord, RecordEncoder, UniqueIdGenerator
 from ..common.message import Message, MessageExt
+from ..common.properties import get_property
 from ..common.status import AppendMessageStatus, PutMessageStatus
 from ..common.topic import TopicValidationError, validate_topic
 from .config import FlushDiskType, StoreConfig, parse_delay_levels
@@ -116,7 +117,10 @@ def _wait_store_msg_ok(msg: Message) -> bool:
             return v.lower() == "true"
     s = msg.properties_string
     if s and "WAIT\x01" in s:
-        v = codec.string_to_properties(s).get(codec.PROPERTY_WAIT_STORE_MSG_OK)
+        if s.count("WAIT\x01") == 1:  # one candidate (a producer's usual WAIT=true): read it, parse nothing else
+            v = get_property(s, codec.PROPERTY_WAIT_STORE_MSG_OK) or None  # empty: absent, as the parse
+        else:
+            v = codec.string_to_properties(s).get(codec.PROPERTY_WAIT_STORE_MSG_OK)
         if v is not None:
             return v.lower() == "true"
     return True

@@ -199,8 +199,21 @@ static int name_is(const uint8_t *p, int32_t len, const char *name) {
     return (size_t)len == n && memcmp(p, name, n) == 0;
 }
 
-static int host_text(char *dst, const uint8_t *addr, int32_t port) {
-    return sprintf(dst, "%u.%u.%u.%u:%d", addr[0], addr[1], addr[2], addr[3], (int)port);
+/* Java's `a.b.c.d:port` of the 8 bytes address + port at `hp`; the last one is kept (hosts repeat). */
+typedef struct {
+    uint8_t raw[8];
+    int len, valid;
+    char text[32];
+} HostCache;
+
+static int host_text(char *dst, const uint8_t *hp, HostCache *c) {
+    if (!c->valid || memcmp(c->raw, hp, 8) != 0) {
+        c->len = snprintf(c->text, sizeof c->text, "%u.%u.%u.%u:%d", hp[0], hp[1], hp[2], hp[3], (int)be32(hp + 4));
+        memcpy(c->raw, hp, 8);
+        c->valid = 1;
+    }
+    memcpy(dst, c->text, (size_t)c->len);
+    return c->len;
 }
 
 static const char HEXU[] = "0123456789ABCDEF";
@@ -349,6 +362,7 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
             tkd[t] = PyBytes_AS_STRING(tk_data[t]);
             tko[t][0] = 0;
         }
+        HostCache born_c = {{0}, 0, 0, {0}}, store_c = {{0}, 0, 0, {0}};
         int32_t tp = 0, bp = 0, hp = 0, sp = 0, pp = 0, kp = 0, vp = 0;
         to[0] = bo[0] = ho[0] = so[0] = mo[0] = mko[0] = mvo[0] = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -365,8 +379,8 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
             recon[i] = be32(h + 72);
             prep[i] = be64(h + 76);
             tot[i] = r->total;
-            hp += host_text(hd + hp, h + 48, be32(h + 52)); ho[i + 1] = hp;
-            sp += host_text(sd + sp, h + 64, be32(h + 68)); so[i + 1] = sp;
+            hp += host_text(hd + hp, h + 48, &born_c); ho[i + 1] = hp;
+            sp += host_text(sd + sp, h + 64, &store_c); so[i + 1] = sp;
             char *m = mid + 32 * i;
             for (int j = 0; j < 8; j++) { m[2 * j] = HEXU[h[64 + j] >> 4]; m[2 * j + 1] = HEXU[h[64 + j] & 15]; }
             for (int j = 0; j < 8; j++) { m[16 + 2 * j] = HEXU[h[28 + j] >> 4]; m[17 + 2 * j] = HEXU[h[28 + j] & 15]; }

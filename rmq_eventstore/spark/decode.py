@@ -148,10 +148,18 @@ def resync(buf: memoryview | bytes, mm: object, pos: int, limit: int, file_from:
     """
     find = mm.find  # mmap.find / bytes.find: a memchr-speed search
     p = pos
+    window = 1 << 16
     while p < limit:
-        hits = [h for h in (find(m, p + 4, limit) for m in _MAGIC_BYTES) if h >= 0]
+        # Search a window that doubles until a magic code turns up, so that a magic code the store never
+        # uses (V2 in a V1 store) does not send every search to the end of the segment.
+        hi = min(limit, p + 4 + window)
+        hits = [h for h in (find(m, p + 4, hi) for m in _MAGIC_BYTES) if h >= 0]
         if not hits:
-            return None
+            if hi >= limit:
+                return None
+            window *= 2
+            p = hi - 7  # a magic code may straddle the window's end
+            continue
         cand = min(hits) - 4
         if cand >= pos and cand + 36 <= limit and _PHYS.unpack_from(buf, cand + codec.PHY_POS_POSITION)[0] \
                 == file_from + cand:

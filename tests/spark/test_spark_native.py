@@ -104,6 +104,15 @@ def _same(xs: list[pa.RecordBatch], ys: list[pa.RecordBatch]) -> None:
         assert x.equals(y), (x.to_pylist()[:2], y.to_pylist()[:2])
 
 
+def test_the_c_scan_is_there_when_required() -> None:
+    """`make test` sets RMQ_EVENTSTORE_REQUIRE_NATIVE=1 for its first pass: a missing build fails there."""
+    required = os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0")
+    pure = os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0")
+    if required and not pure:
+        assert decode.NATIVE, "RMQ_EVENTSTORE_REQUIRE_NATIVE is set but rmq_eventstore._spark_native does not import"
+    assert decode.NATIVE == (decode._native is not None) and not (pure and decode.NATIVE)
+
+
 def test_the_decoder_in_use_reads_what_the_engine_reads(varied_store: Path) -> None:
     batches, states = _scan(varied_store, 64)
     rows = [r for b in batches for r in b.to_pylist()]

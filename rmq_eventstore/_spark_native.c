@@ -166,7 +166,7 @@ static PyObject *sn_walk(PyObject *self, PyObject *args) {
 
 typedef struct {
     int64_t start;
-    int32_t total, topic_len, props_len, body_len, n_pairs;
+    int32_t total, topic_len, props_len, body_len, n_pairs, v2;
     int32_t tags_i, keys_i, uniq_i;  /* index of the pair among the record's pairs, -1 if absent */
 } Rec;
 
@@ -288,6 +288,7 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
         }
         Rec *r = &recs[n];
         r->start = s; r->total = total; r->body_len = body_len; r->topic_len = tl; r->props_len = pl;
+        r->v2 = magic == MAGIC_V2;
         const uint8_t *topic = a + s + 88 + body_len + (magic == MAGIC_V2 ? 2 : 1);
         const uint8_t *props = topic + tl + 2;
         if (!utf8_valid(topic, tl) || !utf8_valid(props, pl)) { fallback = 1; break; }
@@ -368,7 +369,7 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const Rec *r = &recs[i];
             const uint8_t *h = a + r->start;
-            int v2 = be32(h + 4) == MAGIC_V2;
+            int v2 = r->v2;  /* every length and position below is pass 1's: the buffer may be a live file */
             qid[i] = be32(h + 12);
             flag[i] = be32(h + 16);
             qoff[i] = be64(h + 20);
@@ -398,7 +399,9 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
             memcpy(td + tp, topic, (size_t)r->topic_len); tp += r->topic_len; to[i + 1] = tp;
             const uint8_t *props = topic + r->topic_len + 2;
             int np = r->n_pairs ? split_props(props, r->props_len, ks, kl, vs, vl) : 0;
+            if (np != r->n_pairs) goto changed;
             for (int j = 0; j < np; j++) {
+                if (kp + (int64_t)kl[j] > key_sz || vp + (int64_t)vl[j] > val_sz) goto changed;
                 memcpy(mkd + kp, props + ks[j], (size_t)kl[j]); kp += kl[j]; mko[pp + j + 1] = kp;
                 memcpy(mvd + vp, props + vs[j], (size_t)vl[j]); vp += vl[j]; mvo[pp + j + 1] = vp;
             }
@@ -407,6 +410,7 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
             for (int t = 0; t < 3; t++) {
                 if (idx[t] >= 0) {
                     int j = idx[t];
+                    if (tpos_[t] + (int64_t)vl[j] > tk_sz[t]) goto changed;
                     memcpy(tkd[t] + tpos_[t], props + vs[j], (size_t)vl[j]);
                     tpos_[t] += vl[j];
                     tv[t][i >> 3] |= (uint8_t)(1u << (i & 7));
@@ -417,6 +421,11 @@ static PyObject *sn_decode(PyObject *self, PyObject *args) {
         if (_PyBytes_Resize(&born_data, hp) < 0 || _PyBytes_Resize(&store_data, sp) < 0) goto fail;
     }
     if (_PyBytes_Resize(&kept_b, n * 8) < 0) goto fail;
+    if (0) {
+    changed:
+        PyErr_SetString(PyExc_RuntimeError, "commitlog bytes changed while the batch was being decoded");
+        goto fail;
+    }
     result = Py_BuildValue(
         "nn(NNNNNNNNNN)(NN)(NN)(NN)(NNN)(NNN)(NNN)(NNNNN)(NN)NNN",
         n, bad,

@@ -11,6 +11,12 @@ the record, the computed length equal to TOTALSIZE); the first record that fails
 the engine's reader stops at damage. Values equal what `codec.decode_message` returns in a
 `MessageExt`: properties parsed like `codec.string_to_properties` (the last duplicate wins), hosts in
 Java's `ip:port` text, `msg_id` the offsetMsgId of the store host and PHYSICALOFFSET.
+
+When the C extension `rmq_eventstore._spark_native` is built (and `RMQ_EVENTSTORE_PURE` is not set;
+`NATIVE` says which), `walk` and `decode_batch` run in C: it validates the same way and fills the Arrow
+buffers of every column, which are wrapped here without a copy. A batch it declines (an IPv6 host, text
+that is not strict UTF-8, a property name given twice) runs the numpy code below, which stays the
+definition; `tests/spark/test_spark_native.py` holds the two to identical batches.
 """
 
 from __future__ import annotations

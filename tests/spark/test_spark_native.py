@@ -232,3 +232,34 @@ def test_spark_dataframe_equals_the_engine_rows(spark: Any, varied_store: Path) 
     df = spark.read.format("rocketmq").option("splitSize", str(SEGMENT // 3)).load(str(varied_store))
     got = sorted((normalise(r.asDict()) for r in df.collect()), key=lambda r: r["commit_log_offset"])
     assert got == by_offset(engine_rows(varied_store))
+
+
+def test_damaged_bytes_decode_alike(varied_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random bytes overwritten in a segment: both decoders keep the same rows and stop at the same place."""
+    if not decode.NATIVE:
+        pytest.skip("the C scan is not active")
+    first = sorted(os.listdir(varied_store / "commitlog"))[0]
+    clean = (varied_store / "commitlog" / first).read_bytes()[:200_000]
+    rnd = random.Random(7)
+
+    def scan(data: bytes) -> tuple[list[Any], tuple[Any, ...]]:
+        a = np.frombuffer(data, dtype=np.uint8)
+        st = decode.WalkState(0)
+        out = []
+        try:
+            for d in decode.iter_batches(memoryview(data), a, 0, 0, len(a), None, True, st, max_rows=16):
+                out.append((d.batch.to_pylist() if d.batch is not None else None, d.bad, d.crc_bad))
+        except Exception as e:  # noqa: BLE001 - the exception itself is compared
+            return out, ("raised", type(e).__name__)
+        return out, (st.pos, st.reason)
+
+    for _ in range(40):
+        data = bytearray(clean)
+        for _ in range(rnd.randrange(1, 4)):
+            p = rnd.randrange(len(data) - 8)
+            data[p:p + 4] = rnd.randbytes(4) if rnd.random() < 0.7 else b"\x00\x00\x00\x00"
+        native = scan(bytes(data))
+        with monkeypatch.context() as m:
+            m.setattr(decode, "_native", None)
+            numpy = scan(bytes(data))
+        assert native == numpy

@@ -265,3 +265,26 @@ def test_commitlog_expiry_forgets_the_cutoff(tmp_path: Path) -> None:
     with MessageStore.open(tmp_path, **cfg) as s:
         assert "Gone" not in s.topic_deletions.cutoffs
         assert s.get_max_offset_in_queue("Gone", 0) == 0
+
+
+def test_dispatch_leaves_out_units_before_the_cutoff(tmp_path: Path) -> None:
+    """Both dispatch paths (requests, and the columns of a native batch put) drop a deleted topic's units from
+    before its deletion and keep those after it."""
+    import numpy as np
+
+    from rmq_eventstore.common import codec
+
+    with MessageStore.open(tmp_path, message_index_enable=False) as s:
+        s.put_messages([Message("Cut", b"a", queue_id=0), Message("Cut", b"b", queue_id=0)])
+        s.wait_for_dispatch()
+        assert s.delete_topic("Cut")
+        cutoff = s.topic_deletions.cutoffs["Cut"]
+        rows = np.array([[cutoff - 200, 100, 0, 0], [cutoff + 50, 100, 0, 0]], dtype=np.int64)
+        s._dispatch(codec.DispatchColumns(2, [(("Cut", 0), rows.tobytes())], b"", b"", b"", 0))
+        assert s.get_max_offset_in_queue("Cut", 0) == 1  # only the unit after the cutoff
+        assert s.get_commit_log_offset_in_queue("Cut", 0, 0) == cutoff + 50
+        old = codec.DispatchRequest("Cut2", 0, 10, 100, 0, 0, 0, None, None, 0, 0, "")
+        s.topic_deletions.cutoffs["Cut2"] = 20  # as if Cut2 had been deleted at 20
+        s._dispatch([old, old._replace(commit_log_offset=30)])
+        assert s.get_max_offset_in_queue("Cut2", 0) == 1
+        assert s.get_commit_log_offset_in_queue("Cut2", 0, 0) == 30

@@ -165,3 +165,30 @@ def test_a_killed_member_s_queues_are_taken_over(broker):
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_a_pull_held_when_the_queue_is_released_is_dropped(broker):
+    """a long-polls all 8 empty queues (3 s polls); b joins and takes 4 of them while a's polls are held.
+    Messages sent then wake a's held polls too: a must drop them (its queue is gone), or they run twice."""
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def handler_for(name):
+        def handle(m):
+            with lock:
+                seen.append((name, int(m.body)))
+        return handle
+
+    with ClusterConsumer(broker.namesrv_address, "held", handler_for("a"), {"events": "*"},
+                         poll_timeout_ms=3000, rebalance_interval=30, consume_from="last") as a:
+        assert wait_for(lambda: len(a.assigned()) == 8)
+        time.sleep(0.5)  # every queue's poll is held now
+        with ClusterConsumer(broker.namesrv_address, "held", handler_for("b"), {"events": "*"},
+                             poll_timeout_ms=3000, rebalance_interval=30, consume_from="last") as b:
+            assert wait_for(lambda: len(a.assigned()) == 4 and len(b.assigned()) == 4, 10)
+            time.sleep(0.3)  # b's polls are held too; a's released ones may still be
+            produce(broker.namesrv_address, 80)
+            assert wait_for(lambda: len({n for _, n in seen}) == 80, 15)
+            time.sleep(1.0)
+    bodies = [n for _, n in seen]
+    assert sorted(bodies) == list(range(80)), [n for n in set(bodies) if bodies.count(n) > 1]

@@ -249,6 +249,11 @@ class ClusterConsumer:
                 log.warning("pull of %s-%d for %s failed: %s", w.topic, w.queue_id, self.group, e)
                 w.stop.wait(1.0)
                 continue
+            if w.stop.is_set():
+                # released while the pull was held (a rebalance gave the queue to another member, which
+                # starts at the committed offset): drop what it brought, as RocketMQ drops the result of a
+                # pull whose process queue was dropped, so nothing is handled twice for that reason
+                break
             if r.status == OFFSET_ILLEGAL:
                 w.offset = max(min(w.offset, r.max_offset), r.min_offset)
                 continue
@@ -258,7 +263,7 @@ class ClusterConsumer:
                     self._commit_quietly(w)
                 continue
             for m in r.messages:
-                if not self._handle(w, m):
+                if w.stop.is_set() or not self._handle(w, m):
                     break  # stopping: the unhandled rest comes again to whoever holds the queue next
                 w.offset = m.queue_offset + 1
             else:

@@ -741,7 +741,7 @@ def _check_content(text: str) -> int:
 def test_crash_safety_sigkill_during_persist(tmp_path: Path) -> None:
     """A child persisting big, changing content is SIGKILLed at random instants (35 rounds); each time the
     file (and its .bak) must hold one complete version, the newest or an older one, never a torn one."""
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")  # fork would copy locks held by the threads other tests left in this process
     config_dir = tmp_path / "config"
     path = config_dir / "consumerOffset.json"
     rng = random.Random(20240601)

@@ -20,23 +20,32 @@
   without a hub. See `Transport.register_with_event_loop`.
 - TTL: a message's `expiration` and a queue's `x-message-ttl` are checked when it is popped; expired
   messages are acked and dropped.
-- A `deliver_at` message property (epoch seconds) makes `_put` send a RocketMQ timer message, delivered
-  by the broker when due (the hint Celery's ETA support can use).
+- ETA / countdown (transport option `eta_timers`, on by default): a Celery task with an eta (protocol 2's
+  `eta` header, or protocol 1's body) is sent as a RocketMQ timer message due `eta_lead` seconds before its
+  eta, so the broker holds it, not a worker: no worker keeps it in memory for hours, none sees it redelivered
+  by the visibility timeout, a worker restart loses nothing. The worker still gets Celery's message with its
+  eta and waits out the lead. A `deliver_at` message property (epoch seconds) is the same without lead.
+  Farther than the broker's `timerMaxDelaySec` (`eta_max_delay`), a message is chained: sent due at the
+  maximum, and the transport that pops that hop sends the next one (first) and acks the hop (then).
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import concurrent.futures
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable
+from datetime import datetime
 from itertools import count
 from queue import Empty
 from typing import Any
@@ -60,7 +69,7 @@ from ..client import (
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
 from ..common.pop import ExtraInfo, pop_retry_topic
-from ..common.properties import PROPERTY_POP_CK
+from ..common.properties import PROPERTY_POP_CK, PROPERTY_TIMER_DELIVER_MS
 from ..common.topic import TopicValidationError
 from .bindings import SharedState
 from .names import queue_name, system_topic, topic_name, validate_namespace
@@ -75,8 +84,44 @@ DEFAULT_MAX_POLL = 1.0  # longest POP long poll (s) while waiting on several que
 DEFAULT_REQUEUE_WAIT = 2.0  # how long a get waits for a message this channel requeued to come back (s)
 DEFAULT_PUBLISH_WAIT = 1.0  # how long a get waits for a message this connection just sent to be readable (s)
 DEFAULT_RETRY_MAX_TIMES = 10_000  # redeliveries before RocketMQ moves a message to %DLQ%<group>
-_TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: later deliveries are sent at once
+_TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: farther timers are chained (hops)
+DEFAULT_ETA_LEAD = 1.5  # s before its eta a task is delivered: a timer tick's rounding, and a margin
+TIMER_TICK = 1.0  # RocketMQ's timerPrecisionMs default (s): nearer than this, a timer is not worth it
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
+PROPERTY_DUE_AT = "KOMBU_DUE_AT"  # epoch ms when a timer-sent message is due at the consumer (chains' last hop)
+_MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "no", "off")
+    return bool(value)
+
+
+def celery_eta(message: dict[str, Any]) -> float | None:
+    """The eta (epoch seconds) of a Celery task message as kombu hands it to `_put`: protocol 2's `eta`
+    header (ISO 8601, with or without an offset: a naive one is local time, as `datetime.timestamp` reads
+    it), or protocol 1's `eta` field of a JSON body; None when it has none (or it cannot be read)."""
+    headers = message.get("headers") or {}
+    eta = headers.get("eta")
+    if eta is None and "task" not in headers:  # protocol 1: everything is in the body
+        props = message.get("properties") or {}
+        if "json" not in str(message.get("content-type") or props.get("content_type") or ""):
+            return None
+        try:
+            body = message.get("body")
+            if props.get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            doc = json.loads(body)
+            eta = doc.get("eta") if isinstance(doc, dict) else None
+        except (TypeError, ValueError):
+            return None
+    if not eta:
+        return None
+    try:
+        return datetime.fromisoformat(str(eta)).timestamp()
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -188,6 +233,40 @@ class _AckRetry:
 
 
 _ack_retry = _AckRetry()
+_consuming: weakref.WeakSet[Transport] = weakref.WeakSet()  # connections of this process that consume
+_celery_hooked = False
+
+
+def _hook_celery_shutdown() -> None:
+    """Once per process, when Celery is loaded: on its worker's `worker_shutting_down` signal, give back the
+    eta tasks the worker holds (`Transport.give_back_waiting`)."""
+    global _celery_hooked
+    if _celery_hooked or "celery" not in sys.modules:
+        return
+    from celery.signals import worker_shutting_down
+
+    worker_shutting_down.connect(_on_worker_shutting_down, weak=False)
+    _celery_hooked = True
+
+
+def _celery_scheduled_ids() -> set[str] | None:
+    """Ids of the tasks Celery's worker in this process holds for their eta, not handed to its pool yet
+    (`celery.worker.state.scheduled_requests`); None for a Celery without that record."""
+    state = sys.modules.get("celery.worker.state")
+    scheduled = getattr(state, "scheduled_requests", None)
+    if scheduled is None:
+        return None
+    for _ in range(3):
+        try:
+            return {r.id for r in list(scheduled)}
+        except RuntimeError:  # changed meanwhile
+            continue
+    return None
+
+
+def _on_worker_shutting_down(**kwargs: Any) -> None:
+    for t in list(_consuming):
+        t.give_back_waiting()
 atexit.register(_shutdown_settlers)
 os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
 os.register_at_fork(after_in_child=lambda: _ack_retry.__init__())
@@ -392,23 +471,51 @@ class Channel(virtual.Channel):
                 props[PROPERTY_EXPIRE_AT] = str(int(time.time() * 1000) + int(float(expiration)))
             except ValueError:
                 pass
-        deliver_at = (message.get("properties") or {}).get("deliver_at")
-        due = None
-        if deliver_at not in (None, ""):
-            due_s = float(deliver_at)
-            if time.time() < due_s < time.time() + _TIMER_MAX_DELAY:
-                due = int(due_s * 1000)
+        due_at = self._due_at(message)
+        if due_at is not None:
+            props[PROPERTY_DUE_AT] = str(int(due_at * 1000))
         body = json.dumps(message, separators=(",", ":")).encode()
         lane = _clamp_priority(message) if lanes > 1 else 0
-        msg = Message(topic, body, properties=props or None)
-        try:
-            c.producer.send(msg, queue_id=lane, deliver_at=due)
-        except ValueError:  # the route we hold predates the lanes: ask again
-            c.producer.refresh_route(topic)
-            c.producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0,
-                            deliver_at=due)
-        if due is None:
+        if not self._send(topic, body, props, lane, due_at):
             self.connection.expect(queue, float(self.publish_wait))
+
+    def _due_at(self, message: dict[str, Any]) -> float | None:
+        """When a message is due at the consumer (epoch s): its `deliver_at` property, or with `eta_timers`
+        its Celery eta less `eta_lead`; None for a message due now."""
+        deliver_at = (message.get("properties") or {}).get("deliver_at")
+        if deliver_at not in (None, ""):
+            return float(deliver_at)
+        t = self._transport
+        if not t.eta_timers:
+            return None
+        eta = celery_eta(message)
+        return None if eta is None else eta - t.eta_lead
+
+    def _send(self, topic: str, body: bytes, props: dict[str, str], lane: int, due_at: float | None) -> bool:
+        """Send to `topic`'s queue `lane`; as a timer message when `due_at` is more than a tick away (no
+        farther than the broker's maximum: a farther one is a hop of a chain, see `_forward`). Whether it
+        was sent as a timer message. A broker that refuses the delay with its `timerMaxDelaySec` (a lower
+        maximum than `eta_max_delay`) is taken at its word and asked again."""
+        c = self.clients
+        t = self._transport
+        for _ in range(2):
+            due = t.timer_due(due_at)
+            msg = Message(topic, body, properties=props or None)
+            try:
+                try:
+                    c.producer.send(msg, queue_id=lane, deliver_at=due)
+                except ValueError:  # the route we hold predates the lanes: ask again
+                    c.producer.refresh_route(topic)
+                    c.producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0,
+                                    deliver_at=due)
+                return due is not None
+            except MQBrokerError as e:
+                m = _MAX_DELAY_RE.search(str(e))
+                if due is None or m is None or float(m.group(1)) >= t.eta_max_delay:
+                    raise
+                log.warning("kombu: the broker's timerMaxDelaySec is %s s: timers farther are chained", m.group(1))
+                t.eta_max_delay = float(m.group(1))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
         for queue in sorted({q for _, _, q in self.get_table(exchange)}):
@@ -416,6 +523,8 @@ class Channel(virtual.Channel):
 
     # -- consuming ---------------------------------------------------------------------------------------------------
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        _consuming.add(self._transport)
+        _hook_celery_shutdown()
         if no_ack:
             self._no_ack.add(queue)
         else:
@@ -427,6 +536,7 @@ class Channel(virtual.Channel):
         r = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
             self._no_ack.discard(queue)
+            self._transport.forget_queue(self, queue)
         return r
 
     def fetch(self, queue: str, n: int, poll_ms: int = 0) -> list[dict[str, Any]]:
@@ -460,6 +570,7 @@ class Channel(virtual.Channel):
         expired = []
         now = int(time.time() * 1000)
         ttl = self._queue_args(queue).get("x-message-ttl")
+        forwarded = []
         for i, m in enumerate(popped):
             receipt = _Receipt(topic, m.properties[PROPERTY_POP_CK])
             expire_at = m.properties.get(PROPERTY_EXPIRE_AT)
@@ -473,16 +584,45 @@ class Channel(virtual.Channel):
                 log.error("kombu: %s offset %d is not a kombu message; dropped", topic, m.queue_offset)
                 expired.append(receipt)
                 continue
+            if m.properties.get(PROPERTY_DUE_AT) and self._forward(queue, topic, m, raw, now):
+                forwarded.append(receipt)
+                continue
             props["delivery_tag"] = f"{topic}/{receipt.properties[PROPERTY_POP_CK]}"
             if m.reconsume_times > 0:
                 raw["redelivered"] = True
                 props.setdefault("delivery_info", {})["redelivered"] = True
             out.append((-_clamp_priority(raw), i, raw))
-        if expired:
-            self.clients.pop.ack_batch(expired)
+        if expired or forwarded:  # a hop is acked only once its next hop is sent (`_forward`)
+            self.clients.pop.ack_batch(expired + forwarded)
         if self._lanes(queue) > 1:
             out.sort(key=lambda t: (t[0], t[1]))
         return [raw for _, _, raw in out]
+
+    def _forward(self, queue: str, topic: str, m: Any, raw: dict[str, Any], now_ms: int) -> bool:
+        """A popped hop of a chained timer message (`KOMBU_DUE_AT` still more than a tick away): send the
+        next hop (due at the broker's maximum, or the last one, due when the message is); True when sent,
+        and the caller acks this hop after (sent first: a worker that dies between the two leaves a
+        duplicate hop, never a lost message). False: deliver it now (it is due, or it came far earlier than
+        its timer said, so the broker does not hold timers and forwarding would spin)."""
+        try:
+            due_at = int(m.properties[PROPERTY_DUE_AT]) / 1000.0
+            timer = int(m.properties.get(PROPERTY_TIMER_DELIVER_MS) or 0)
+        except ValueError:
+            return False
+        if now_ms < timer - 2000 * TIMER_TICK:
+            log.warning("kombu: a timer message came %.1f s before its time: the broker does not hold timers; "
+                        "delivered now", (timer - now_ms) / 1000.0)
+            return False
+        if self._transport.timer_due(due_at, now_ms / 1000.0) is None:
+            return False
+        props = {k: m.properties[k] for k in (PROPERTY_EXPIRE_AT, PROPERTY_DUE_AT) if m.properties.get(k)}
+        lane = _clamp_priority(raw) if self._lanes(queue) > 1 else 0
+        try:
+            self._send(topic, bytes(m.body), props, lane, due_at)
+            return True
+        except (MQBrokerError, RemotingError, OSError, ValueError):
+            log.warning("kombu: could not send the next hop of a timer message; delivered now", exc_info=True)
+            return False
 
     def settle_no_ack(self, queue: str, raws: list[dict[str, Any]]) -> None:
         """Ack at once what a no-ack consumer of `queue` gets."""
@@ -590,7 +730,11 @@ class Transport(virtual.Transport):
     `batch_size` (32), `max_poll` (s, 1.0: the longest POP long poll on kombu's hub, or while several queues
     wait in `drain_events`), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
     `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
-    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`)."""
+    follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`),
+    `eta_timers` (True: tasks with an eta are sent as timer messages; False: sent at once, held by the
+    worker, as with Redis), `eta_lead` (s, 1.5: how long before its eta a task reaches the worker),
+    `eta_max_delay` (s, 259200: the broker's `timerMaxDelaySec`; farther etas are chained; a broker that
+    says it holds less is believed)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT
@@ -612,6 +756,12 @@ class Transport(virtual.Transport):
         self.max_poll = float(opts.get("max_poll", DEFAULT_MAX_POLL))
         self.retry_max_times = int(opts.get("retry_max_times", DEFAULT_RETRY_MAX_TIMES))
         self.broker_options = opts.get("broker_options")
+        self.eta_timers = _as_bool(opts.get("eta_timers", True))
+        self.eta_lead = float(opts.get("eta_lead", DEFAULT_ETA_LEAD))
+        self.eta_max_delay = float(opts.get("eta_max_delay", _TIMER_MAX_DELAY))
+        if self.eta_lead < 0 or self.eta_max_delay < 2 * TIMER_TICK:
+            raise ValueError(f"eta_lead must be >= 0 and eta_max_delay >= {2 * TIMER_TICK} s, not "
+                             f"{self.eta_lead} and {self.eta_max_delay}")
         restore = opts.get("restore_on_connection_loss")
         self._restore_on_loss = None if restore is None else bool(restore)
         self._clients: _Clients | None = None
@@ -620,6 +770,9 @@ class Transport(virtual.Transport):
         # what finished POPs brought and is not delivered yet: (id(channel), queue) -> (channel, queue, raws)
         self._held: dict[tuple[int, str], tuple[Channel, str, deque[dict[str, Any]]]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._abandoned: list[concurrent.futures.Future] = []  # POPs of cancelled consumers (`forget_queue`)
+        self._waiting_thread: threading.Thread | None = None  # gives back held eta tasks (`give_back_waiting`)
+        self._retiring = False  # Celery's worker is shutting down: nothing more is popped or delivered
         self._hub: Any = None  # kombu's Hub this connection is registered with (Celery's asynloop)
         self._hub_thread: int | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None  # read end is the hub's reader
@@ -634,6 +787,17 @@ class Transport(virtual.Transport):
 
     def driver_version(self) -> str:
         return __version__
+
+    def timer_due(self, due_at: float | None, now: float | None = None) -> int | None:
+        """The timer a message due at `due_at` (epoch s) is sent with (epoch ms): None when it is due within a
+        tick (sent as it is), else `due_at`, or the farthest the broker holds (`eta_max_delay` less a tick for
+        the clocks) when that is nearer: a hop of a chain."""
+        if due_at is None:
+            return None
+        now = time.time() if now is None else now
+        if due_at - now <= TIMER_TICK:
+            return None
+        return int(min(due_at, now + self.eta_max_delay - TIMER_TICK) * 1000)
 
     def expect(self, queue: str, seconds: float) -> None:
         """A message is on its way to `queue` (sent, or given back) and readable within `seconds`: a get
@@ -732,15 +896,102 @@ class Transport(virtual.Transport):
         self.clients()
         return super().establish_connection()
 
+    def give_back_waiting(self) -> None:
+        """Celery's worker in this process began its shutdown (signal `worker_shutting_down`): its hub fires
+        no more timers, so the tasks it holds for an eta still ahead will not run here. Give them back now,
+        on a thread (this runs in a signal handler), so another worker runs them on time, instead of at
+        close, once the pool has stopped (a second or more). Other unacked messages (running tasks) wait
+        for close as before. `close_connection` waits for the thread, so nothing is given back twice."""
+        if self._closed or self.lost is not None:
+            return
+        self._retiring = True  # no more POPs, no more deliveries: what comes in goes back
+        for key in list(self._inflight):
+            ch, queue = self._inflight[key][1], self._inflight[key][2]
+            self.forget_queue(ch, queue)
+        held = [raw for _, _, h in self._held.values() for raw in h]
+        for _, (ch, _, h) in list(self._held.items()):
+            ch.qos.reserved -= len(h)
+        self._held.clear()
+        waiting = [(None, raw["properties"]["delivery_tag"]) for raw in held]
+        now = time.time()
+        scheduled = _celery_scheduled_ids()
+        for ch in list(self.channels):
+            for _ in range(3):  # the hub thread may change the dict meanwhile
+                try:
+                    delivered = list(ch.qos._delivered.items())
+                    break
+                except RuntimeError:
+                    continue
+            else:
+                continue
+            for tag, message in delivered:
+                headers = getattr(message, "headers", None) or {}
+                if tag in ch.qos._dirty or not headers.get("eta"):
+                    continue
+                if scheduled is not None:
+                    if headers.get("id") in scheduled:
+                        waiting.append((ch, tag))
+                elif (eta := celery_eta({"headers": headers})) is not None and eta > now + 0.05:
+                    waiting.append((ch, tag))
+        if not waiting:
+            return
+
+        def give_back() -> None:
+            for ch, tag in waiting:
+                try:
+                    receipt = _receipt(tag)
+                    self.settle(lambda pop, r=receipt: pop.change_invisible_time(r, 0))
+                    if ch is not None:
+                        ch.qos.ack(tag)  # given back: not restored again at close
+                except Exception:
+                    log.debug("kombu: could not give back a waiting eta task at shutdown", exc_info=True)
+
+        self._waiting_thread = threading.Thread(target=give_back, name="kombu-rocketmq-eta-giveback", daemon=True)
+        self._waiting_thread.start()
+
+    def forget_queue(self, ch: Channel, queue: str) -> None:
+        """`ch` no longer consumes `queue` (a cancel; Celery's warm shutdown cancels first, and its hub may
+        not turn again): give back at once what POPs brought for it and nobody took, and what the POP under
+        way for it brings (when it ends, on its pool thread), rather than at close or after the lease."""
+        key = (id(ch), queue)
+        entry = self._inflight.pop(key, None)
+        if entry is not None:
+            fut, _, _, n = entry
+            ch.qos.reserved -= n
+            self._abandoned = [f for f in self._abandoned if not f.done()]
+            self._abandoned.append(fut)
+            fut.add_done_callback(self._give_back_result)
+        if key in self._held:
+            self._release_held()
+
+    def _give_back_result(self, fut: concurrent.futures.Future) -> None:
+        """The end of a POP nobody waits for any more (`forget_queue`): its messages go back at once."""
+        try:
+            raws = fut.result(timeout=0) if not fut.cancelled() else []
+        except BaseException:  # failed: it brought nothing (or the broker gives it back, its client gone)
+            return
+        for raw in raws or ():
+            receipt = _receipt(raw["properties"]["delivery_tag"])
+            try:
+                self.settle(lambda pop, r=receipt: pop.change_invisible_time(r, 0))
+            except Exception:
+                log.warning("kombu: could not give back a message popped for a cancelled consumer; it comes "
+                            "back after its visibility timeout", exc_info=True)
+
     def close_connection(self, connection: Any) -> None:
         try:
             self.unregister_from_event_loop(connection, self._hub)
+            if self._waiting_thread is not None:
+                self._waiting_thread.join(timeout=30)
             try:
-                self._settle_pops(wait=True)
-            except self.connection_errors as e:  # the connection is lost already: closing goes on
-                log.debug("kombu: a POP under way failed at close: %r", e)
+                super().close_connection(connection)  # channels first: their unacked messages go back now
             finally:
-                super().close_connection(connection)
+                try:
+                    self._settle_pops(wait=True)  # then what POPs under way bring goes back too
+                except self.connection_errors as e:  # the connection is lost already: closing goes on
+                    log.debug("kombu: a POP under way failed at close: %r", e)
+                abandoned, self._abandoned = self._abandoned, []
+                concurrent.futures.wait(abandoned, timeout=self.max_poll + 10)
         finally:
             self._closed = True
             if self._executor is not None:
@@ -757,7 +1008,9 @@ class Transport(virtual.Transport):
     # -- draining ----------------------------------------------------------------------------------------------
     def _candidates(self) -> list[tuple[Channel, str]]:
         """(channel, queue) pairs being consumed and without a POP under way, rotated for fairness."""
-        out = []
+        out: list[tuple[Channel, str]] = []
+        if self._retiring:
+            return out
         for ch in list(self.channels):
             if ch.closed or not ch._consumers:
                 continue
@@ -851,6 +1104,8 @@ class Transport(virtual.Transport):
     def _deliver_held(self) -> int:
         """Deliver held messages through `_deliver` while each channel's QoS lets it take one."""
         delivered = 0
+        if self._retiring:
+            return delivered
         for key, (ch, queue, held) in list(self._held.items()):
             while held and not ch.closed and queue in self._callbacks and self._may_deliver(ch):
                 raw = held.popleft()

@@ -225,8 +225,9 @@ def run_scenario(tmp_path: Path, workers: list[EtaWorker], n: int, horizon: floa
 def test_eta_tasks_run_once_on_time_across_rolling_restarts_and_chains(tmp_path: Path,
                                                                         workers: list[EtaWorker]) -> None:
     """300 tasks, etas 2.5..20 s ahead, a broker holding timers at most 6 s (so those farther go through 2 or
-    3 hops); two workers at all times, replaced at 5 s (SIGTERM), 11 s (SIGKILL) and 16 s (SIGTERM)."""
-    plan = [(5.0, "term"), (11.0, "kill"), (16.0, "term")]
+    3 hops, due about 6, 11 and 16 s after the sending); workers replaced at 5 s (SIGTERM), 13.5 s (SIGKILL,
+    between two waves of hops) and 18 s (SIGTERM)."""
+    plan = [(5.0, "term"), (13.5, "kill"), (18.0, "term")]
     numbers, problems, etas, log = run_scenario(tmp_path, workers, 300, 20.0, 6, plan, first=2.5)
     print(f"  {numbers}")
     assert not problems, "\n".join(problems)
@@ -278,3 +279,42 @@ def test_eta_soak(tmp_path: Path, workers: list[EtaWorker]) -> None:
           f"lateness p50 {numbers['p50']:.3f} s p99 {numbers['p99']:.3f} s max {numbers['max']:.3f} s, "
           f"redelivered {numbers['redelivered']}")
     assert not problems, "\n".join(problems)
+
+
+# -- the pieces, without a broker ----------------------------------------------------------------------------------
+def test_celery_eta_reads_both_protocols() -> None:
+    import base64
+    import json
+    from datetime import datetime
+
+    from rmq_eventstore.kombu.transport import celery_eta
+
+    assert celery_eta({"headers": {"task": "t", "eta": "2026-11-25T10:00:00.500000+00:00"}}) == 1795600800.5
+    assert celery_eta({"headers": {"task": "t", "eta": "2026-11-25T11:00:00+01:00"}}) == 1795600800.0
+    naive = "2026-11-25T10:00:00"
+    assert celery_eta({"headers": {"task": "t", "eta": naive}}) == datetime.fromisoformat(naive).timestamp()
+    assert celery_eta({"headers": {"task": "t", "eta": None}}) is None
+    assert celery_eta({"headers": {"task": "t", "eta": "tomorrow"}}) is None
+    body = base64.b64encode(json.dumps({"task": "t", "eta": "2026-11-25T10:00:00+00:00"}).encode()).decode()
+    v1 = {"headers": {}, "body": body, "content-type": "application/json",
+          "properties": {"body_encoding": "base64"}}
+    assert celery_eta(v1) == 1795600800.0
+    assert celery_eta({**v1, "content-type": "application/x-python-serialize"}) is None
+    assert celery_eta({**v1, "body": "not base64 json"}) is None
+
+
+def test_timer_due_is_none_near_and_a_hop_far() -> None:
+    from kombu import Connection
+
+    t = Connection("rocketmq://127.0.0.1:1//", transport_options={"eta_max_delay": 100}).transport
+    assert (t.eta_timers, t.eta_lead, t.eta_max_delay) == (True, LEAD, 100.0)
+    now = 1_000_000.0
+    assert t.timer_due(None, now) is None
+    assert t.timer_due(now + 0.5, now) is None  # within a tick: sent at once
+    assert t.timer_due(now - 10, now) is None
+    assert t.timer_due(now + 50, now) == (now + 50) * 1000
+    assert t.timer_due(now + 500, now) == (now + 99) * 1000  # a hop: the maximum less a tick
+    off = Connection("rocketmq://127.0.0.1:1//", transport_options={"eta_timers": "false"}).transport
+    assert off.eta_timers is False
+    with pytest.raises(ValueError):
+        _ = Connection("rocketmq://127.0.0.1:1//", transport_options={"eta_lead": -1}).transport

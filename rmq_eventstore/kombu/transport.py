@@ -87,6 +87,7 @@ DEFAULT_RETRY_MAX_TIMES = 10_000  # redeliveries before RocketMQ moves a message
 _TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: farther timers are chained (hops)
 DEFAULT_ETA_LEAD = 1.5  # s before its eta a task is delivered: a timer tick's rounding, and a margin
 TIMER_TICK = 1.0  # RocketMQ's timerPrecisionMs default (s): nearer than this, a timer is not worth it
+HOP_RETRY = 5.0  # s after which a hop that could not be sent on comes back to be tried again
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
 PROPERTY_DUE_AT = "KOMBU_DUE_AT"  # epoch ms when a timer-sent message is due at the consumer (chains' last hop)
 _MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
@@ -493,11 +494,11 @@ class Channel(virtual.Channel):
 
     def _send(self, topic: str, body: bytes, props: dict[str, str], lane: int, due_at: float | None) -> bool:
         """Send to `topic`'s queue `lane`; as a timer message when `due_at` is more than a tick away (no
-        farther than the broker's maximum: a farther one is a hop of a chain, see `_forward`). Whether it
+        farther than the broker's maximum: a farther one is a hop of a chain, see `_forward_hops`). Whether it
         was sent as a timer message. A broker that refuses the delay with its `timerMaxDelaySec` (a lower
         maximum than `eta_max_delay`) is taken at its word and asked again."""
-        c = self.clients
         t = self._transport
+        c = t.clients()
         for _ in range(2):
             due = t.timer_due(due_at)
             msg = Message(topic, body, properties=props or None)
@@ -570,7 +571,8 @@ class Channel(virtual.Channel):
         expired = []
         now = int(time.time() * 1000)
         ttl = self._queue_args(queue).get("x-message-ttl")
-        forwarded = []
+        hops: list[tuple[Any, int, _Receipt]] = []
+        lanes = self._lanes(queue)
         for i, m in enumerate(popped):
             receipt = _Receipt(topic, m.properties[PROPERTY_POP_CK])
             expire_at = m.properties.get(PROPERTY_EXPIRE_AT)
@@ -584,45 +586,63 @@ class Channel(virtual.Channel):
                 log.error("kombu: %s offset %d is not a kombu message; dropped", topic, m.queue_offset)
                 expired.append(receipt)
                 continue
-            if m.properties.get(PROPERTY_DUE_AT) and self._forward(queue, topic, m, raw, now):
-                forwarded.append(receipt)
+            if m.properties.get(PROPERTY_DUE_AT) and self._is_hop(m, now):
+                hops.append((m, _clamp_priority(raw) if lanes > 1 else 0, receipt))
                 continue
             props["delivery_tag"] = f"{topic}/{receipt.properties[PROPERTY_POP_CK]}"
             if m.reconsume_times > 0:
                 raw["redelivered"] = True
                 props.setdefault("delivery_info", {})["redelivered"] = True
             out.append((-_clamp_priority(raw), i, raw))
-        if expired or forwarded:  # a hop is acked only once its next hop is sent (`_forward`)
-            self.clients.pop.ack_batch(expired + forwarded)
-        if self._lanes(queue) > 1:
+        if expired:
+            self.clients.pop.ack_batch(expired)
+        if hops:
+            self._transport.forward(lambda: self._forward_hops(topic, hops))
+        if lanes > 1:
             out.sort(key=lambda t: (t[0], t[1]))
         return [raw for _, _, raw in out]
 
-    def _forward(self, queue: str, topic: str, m: Any, raw: dict[str, Any], now_ms: int) -> bool:
-        """A popped hop of a chained timer message (`KOMBU_DUE_AT` still more than a tick away): send the
-        next hop (due at the broker's maximum, or the last one, due when the message is); True when sent,
-        and the caller acks this hop after (sent first: a worker that dies between the two leaves a
-        duplicate hop, never a lost message). False: deliver it now (it is due, or it came far earlier than
-        its timer said, so the broker does not hold timers and forwarding would spin)."""
+    def _is_hop(self, m: Any, now_ms: int) -> bool:
+        """Whether a popped message is a hop of a chained timer message to send on (`KOMBU_DUE_AT` still more
+        than a tick away) rather than deliver: not when it came far earlier than its timer said (a broker that
+        does not hold timers: forwarding would spin)."""
         try:
-            due_at = int(m.properties[PROPERTY_DUE_AT]) / 1000.0
+            due_at = int(m.properties[PROPERTY_DUE_AT])
             timer = int(m.properties.get(PROPERTY_TIMER_DELIVER_MS) or 0)
         except ValueError:
+            return False
+        if due_at - now_ms <= 1000 * TIMER_TICK:
             return False
         if now_ms < timer - 2000 * TIMER_TICK:
             log.warning("kombu: a timer message came %.1f s before its time: the broker does not hold timers; "
                         "delivered now", (timer - now_ms) / 1000.0)
             return False
-        if self._transport.timer_due(due_at, now_ms / 1000.0) is None:
-            return False
-        props = {k: m.properties[k] for k in (PROPERTY_EXPIRE_AT, PROPERTY_DUE_AT) if m.properties.get(k)}
-        lane = _clamp_priority(raw) if self._lanes(queue) > 1 else 0
+        return True
+
+    def _forward_hops(self, topic: str, hops: list[tuple[Any, int, _Receipt]]) -> None:
+        """Send the next hop of each popped hop (`_is_hop`), then ack the hops sent: sent first, so a worker
+        that dies between the two leaves a duplicate hop, never a lost message. Runs on the transport's
+        forwarding thread (`Transport.forward`), so the POP that brought them delivers its due messages at
+        once. A hop that could not be sent on comes back in `HOP_RETRY` s (its invisible time changed)."""
+        t = self._transport
+        sent, failed = [], []
+        for m, lane, receipt in hops:
+            props = {k: m.properties[k] for k in (PROPERTY_EXPIRE_AT, PROPERTY_DUE_AT) if m.properties.get(k)}
+            try:
+                self._send(topic, bytes(m.body), props, lane, int(m.properties[PROPERTY_DUE_AT]) / 1000.0)
+                sent.append(receipt)
+            except Exception:
+                log.warning("kombu: could not send the next hop of a timer message; it comes back in %s s",
+                            HOP_RETRY, exc_info=True)
+                failed.append(receipt)
         try:
-            self._send(topic, bytes(m.body), props, lane, due_at)
-            return True
-        except (MQBrokerError, RemotingError, OSError, ValueError):
-            log.warning("kombu: could not send the next hop of a timer message; delivered now", exc_info=True)
-            return False
+            if sent:
+                t.settle(lambda pop: pop.ack_batch(sent))
+            for r in failed:
+                t.settle(lambda pop, r=r: pop.change_invisible_time(r, int(HOP_RETRY * 1000)))
+        except Exception:
+            log.warning("kombu: could not settle forwarded hops; they come back after the visibility timeout "
+                        "(then a task may run twice)", exc_info=True)
 
     def settle_no_ack(self, queue: str, raws: list[dict[str, Any]]) -> None:
         """Ack at once what a no-ack consumer of `queue` gets."""
@@ -773,6 +793,7 @@ class Transport(virtual.Transport):
         self._abandoned: list[concurrent.futures.Future] = []  # POPs of cancelled consumers (`forget_queue`)
         self._waiting_thread: threading.Thread | None = None  # gives back held eta tasks (`give_back_waiting`)
         self._retiring = False  # Celery's worker is shutting down: nothing more is popped or delivered
+        self._forwarder: concurrent.futures.ThreadPoolExecutor | None = None  # sends hops on (`forward`)
         self._hub: Any = None  # kombu's Hub this connection is registered with (Celery's asynloop)
         self._hub_thread: int | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None  # read end is the hub's reader
@@ -896,6 +917,15 @@ class Transport(virtual.Transport):
         self.clients()
         return super().establish_connection()
 
+    def forward(self, job: Any) -> None:
+        """Run `job` (sending hops on, `Channel._forward_hops`) on this connection's forwarding thread; close
+        waits for it."""
+        with self._clients_lock:
+            if self._forwarder is None:
+                self._forwarder = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="kombu-rocketmq-hops")
+            self._forwarder.submit(job)
+
     def give_back_waiting(self) -> None:
         """Celery's worker in this process began its shutdown (signal `worker_shutting_down`): its hub fires
         no more timers, so the tasks it holds for an eta still ahead will not run here. Give them back now,
@@ -992,6 +1022,9 @@ class Transport(virtual.Transport):
                     log.debug("kombu: a POP under way failed at close: %r", e)
                 abandoned, self._abandoned = self._abandoned, []
                 concurrent.futures.wait(abandoned, timeout=self.max_poll + 10)
+                if self._forwarder is not None:  # hops being sent on: sent and acked before the clients go
+                    self._forwarder.shutdown(wait=True)
+                    self._forwarder = None
         finally:
             self._closed = True
             if self._executor is not None:

@@ -88,6 +88,7 @@ _TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: farther tim
 DEFAULT_ETA_LEAD = 1.5  # s before its eta a task is delivered: a timer tick's rounding, and a margin
 TIMER_TICK = 1.0  # RocketMQ's timerPrecisionMs default (s): nearer than this, a timer is not worth it
 HOP_RETRY = 5.0  # s after which a hop that could not be sent on comes back to be tried again
+FORWARD_THREADS = 4  # hops of tasks sent together come due together: send them on in parallel
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
 PROPERTY_DUE_AT = "KOMBU_DUE_AT"  # epoch ms when a timer-sent message is due at the consumer (chains' last hop)
 _MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
@@ -622,10 +623,11 @@ class Channel(virtual.Channel):
     def _forward_hops(self, topic: str, hops: list[tuple[Any, int, _Receipt]]) -> None:
         """Send the next hop of each popped hop (`_is_hop`), then ack the hops sent: sent first, so a worker
         that dies between the two leaves a duplicate hop, never a lost message. Runs on the transport's
-        forwarding thread (`Transport.forward`), so the POP that brought them delivers its due messages at
+        forwarding threads (`Transport.forward`), so the POP that brought them delivers its due messages at
         once. A hop that could not be sent on comes back in `HOP_RETRY` s (its invisible time changed)."""
         t = self._transport
         sent, failed = [], []
+        hops = sorted(hops, key=lambda h: int(h[0].properties[PROPERTY_DUE_AT]))  # the nearest first
         for m, lane, receipt in hops:
             props = {k: m.properties[k] for k in (PROPERTY_EXPIRE_AT, PROPERTY_DUE_AT) if m.properties.get(k)}
             try:
@@ -918,12 +920,12 @@ class Transport(virtual.Transport):
         return super().establish_connection()
 
     def forward(self, job: Any) -> None:
-        """Run `job` (sending hops on, `Channel._forward_hops`) on this connection's forwarding thread; close
-        waits for it."""
+        """Run `job` (sending hops on, `Channel._forward_hops`) on this connection's forwarding threads; close
+        waits for them."""
         with self._clients_lock:
             if self._forwarder is None:
                 self._forwarder = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="kombu-rocketmq-hops")
+                    max_workers=FORWARD_THREADS, thread_name_prefix="kombu-rocketmq-hops")
             self._forwarder.submit(job)
 
     def give_back_waiting(self) -> None:

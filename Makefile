@@ -8,7 +8,7 @@ STORE ?= var/store
 
 # pip builds the native core (setup.py: rmq_eventstore/_native.c, optional: without a C compiler the
 # store runs its pure-Python loops) into the source tree, as the install is editable.
-$(VENV)/.installed: pyproject.toml setup.py rmq_eventstore/_native.c
+$(VENV)/.installed: pyproject.toml setup.py rmq_eventstore/_native.c rmq_eventstore/_spark_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
@@ -45,16 +45,17 @@ $(CHROMEDRIVER):
 .PHONY: chromium
 chromium: $(CHROMEDRIVER)
 
-## native: (re)build the native core (rmq_eventstore._native) in place
+## native: (re)build the native core (rmq_eventstore._native, rmq_eventstore._spark_native) in place
 native: $(VENV)/.installed
 	$(PY) -m pip install --quiet --no-deps -e . --config-settings editable_mode=compat
 	$(PY) -c "from rmq_eventstore.common import codec; assert codec.NATIVE, 'the native core did not build'"
+	$(PY) -c "from rmq_eventstore.spark import decode; assert decode.NATIVE, 'the Spark scan (_spark_native) did not build'"
 
 # The files whose tests run a second time on the pure-Python loops (RMQ_EVENTSTORE_PURE=1): the golden
 # vectors, the codec property tests, the native-vs-Python comparisons, the index file (put_keys against
-# put_key) and the crash suite (CI's 50 rounds).
+# put_key), the crash suite (CI's 50 rounds) and the Spark decoder (numpy instead of _spark_native).
 PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/test_native.py tests/test_index.py \
-	tests/test_crash.py
+	tests/test_crash.py tests/spark/test_spark_decode.py tests/spark/test_spark_native.py
 
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the
 ## codec and crash tests again on the pure-Python loops (the first pass requires the native core), and the

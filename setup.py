@@ -1,4 +1,5 @@
-"""The native core (issue 16): the C extension `rmq_eventstore._native`, built by `pip install` / `make`.
+"""The native core (issue 16): the C extensions `rmq_eventstore._native` (store) and
+`rmq_eventstore._spark_native` (the Spark source's scan), built by `pip install` / `make`.
 
 Everything else about the project is in pyproject.toml. The extension is optional: when it cannot be built
 (no C compiler) the install still succeeds and the store uses its pure-Python loops (`codec.NATIVE` says
@@ -28,6 +29,14 @@ setup(
             libraries=["z"] if zlib else [],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(  # the Spark source's commitlog scan (rmq_eventstore.spark.decode); optional as well
+            "rmq_eventstore._spark_native",
+            sources=["rmq_eventstore/_spark_native.c"],
+            define_macros=[("RMQ_HAVE_ZLIB", "1")] if zlib else [],
+            libraries=["z"] if zlib else [],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

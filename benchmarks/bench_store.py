@@ -3,6 +3,7 @@
 
     python benchmarks/bench_store.py [--quick] [--out benchmarks/results] [--reps N]
     python benchmarks/bench_store.py --profile [--quick]     # where the time goes (py-spy, else cProfile)
+    python benchmarks/bench_store.py --only memory [--quick] # RSS while 10 M (quick: 1 M) messages are appended
 
 Every variant runs several times, interleaved (the order rotates each round), and is reported as the
 median with min/max; ratios are taken round by round (both sides measured minutes apart at most) and
@@ -62,10 +63,10 @@ REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 FULL = dict(reps=5, single=100_000, batch=500_000, raw=500_000, redis_single=20_000, redis_pipe=200_000,
             read_store=500_000, read_samples=20_000, query_store=5_000_000, query_keys=2_000,
-            query_passes=3, redis_query=1_000_000, profile=500_000)
+            query_passes=3, redis_query=1_000_000, profile=500_000, memory=10_000_000)
 QUICK = dict(reps=3, single=20_000, batch=50_000, raw=50_000, redis_single=5_000, redis_pipe=50_000,
              read_store=50_000, read_samples=5_000, query_store=200_000, query_keys=2_000,
-             query_passes=3, redis_query=200_000, profile=100_000)
+             query_passes=3, redis_query=200_000, profile=100_000, memory=1_000_000)
 
 rng = random.Random(SEED)
 BODIES = [rng.randbytes(BODY_SIZE) for _ in range(N_BODIES)]
@@ -477,6 +478,67 @@ def phase_throughput(root: Path, cfg: dict, dl: Deadline, with_redis: bool) -> d
     return out
 
 
+# -- phase 4: memory while appending ----------------------------------------------------------------------
+def memory_status() -> dict[str, int]:
+    """This process's resident memory in KiB (/proc/self/status): VmRSS = RssAnon (heap: Python objects,
+    buffers) + RssFile (mapped file pages: the commitlog, consume queues and index being written) + RssShmem."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def phase_memory(root: Path, cfg: dict, dl: Deadline) -> dict:
+    """RSS while `cfg['memory']` messages are appended with put_messages x1000 (Message objects built per
+    batch and dropped, as fill_store_batched does), sampled 20 times: flat RssAnon means nothing is kept
+    per message (hand-off chunks, per-record objects); RssFile grows with the mapped pages written."""
+    n = cfg["memory"]
+    batch = 1000
+    every = max(batch, (n // 20) // batch * batch)
+    store, path = open_store(root, "memory")
+    samples: list[dict] = []
+    try:
+        gc.collect()
+        put = store.put_messages
+        t0 = time.perf_counter()
+        samples.append({"appended": 0, "s": 0.0, **memory_status()})
+        for start in range(0, n, batch):
+            msgs = [Message(topic=TOPIC, body=BODIES[i & (N_BODIES - 1)], keys=f"m00-{i:010d}", queue_id=i % QUEUES)
+                    for i in range(start, min(n, start + batch))]
+            if put(msgs).status is not PutMessageStatus.PUT_OK:
+                raise AssertionError("put_messages failed")
+            done = start + len(msgs)
+            if done % every == 0 and done < n:
+                samples.append({"appended": done, "s": round(time.perf_counter() - t0, 2), **memory_status()})
+            dl.check()
+        wait_dispatched(store, dl)
+        wait_complete(store, n, dl)
+        t1 = time.perf_counter()
+        samples.append({"appended": n, "s": round(t1 - t0, 2), **memory_status()})
+        check_store(store, n)
+    finally:
+        close_store(store, path)
+    anon = [x.get("RssAnon", 0) for x in samples]
+    # growth of the heap from the first tenth on (the first batches warm caches and allocators up)
+    ref = anon[min(2, len(anon) - 1)]
+    out = {"n": n, "seconds": round(t1 - t0, 1), "rate": n / (t1 - t0), "samples": samples,
+           "rss_anon_mib_start": round(anon[0] / 1024, 1), "rss_anon_mib_max": round(max(anon) / 1024, 1),
+           "rss_anon_growth_mib_after_warmup": round((max(anon[2:] or anon) - ref) / 1024, 1),
+           "rss_anon_bytes_per_msg_after_warmup": round((anon[-1] - ref) * 1024 / max(1, n - samples[min(2, len(samples) - 1)]["appended"]), 2),
+           "rss_file_mib_end": round(samples[-1].get("RssFile", 0) / 1024, 1),
+           "vm_rss_mib_max": round(max(x.get("VmRSS", 0) for x in samples) / 1024, 1)}
+    log(f"  memory: {n:,} msgs in {out['seconds']} s; RssAnon {out['rss_anon_mib_start']} -> max "
+        f"{out['rss_anon_mib_max']} MiB (growth after warm-up {out['rss_anon_growth_mib_after_warmup']} MiB), "
+        f"RssFile at the end {out['rss_file_mib_end']} MiB")
+    return out
+
+
 # -- phase 2: reads ---------------------------------------------------------------------------------------
 def fill_store_batched(store: MessageStore, n: int, prefix: str, dl: Deadline, batch: int = 1000,
                        collect: Callable[[int, object], None] | None = None) -> dict:
@@ -705,6 +767,12 @@ def targets(results: dict) -> dict:
         single = tp["store put_message"]["rate"]["median"]
         out["batched >= 300k msgs/s"] = {"measured": round(best), "met": best >= 300_000}
         out["single >= 100k msgs/s"] = {"measured": round(single), "met": single >= 100_000}
+        ratios = results["throughput"]["ratios"]
+        rb = max(ratios[f"store put_messages x{b} / raw framing ceiling (b5)"]["median_of_rounds"] for b in (100, 1000))
+        rs = ratios["store put_message / raw framing ceiling (b5)"]["median_of_rounds"]
+        out["batched >= 1.0x raw ceiling (issue 16)"] = {"measured": rb, "met": rb >= 1.0}
+        out["single >= 150k msgs/s and >= 0.3x raw ceiling (issue 16)"] = {
+            "measured": round(single), "ratio": rs, "met": single >= 150_000 and rs >= 0.3}
     q = results.get("query", {})
     if "query_key" in q:
         p99 = max(q["query_key"]["all"]["p99_us"], q["query_uniq_key"]["all"]["p99_us"])
@@ -841,6 +909,12 @@ def markdown(results: dict) -> str:
         b = q["build"]
         lines.append(f"- query store build: {q['n_messages']:,} msgs, put_messages x1000, {b['seconds']} s "
                      f"({b['rate']:,.0f} msgs/s incl. dispatch), index entries {q['index_entries']:,}")
+    mem = results.get("memory")
+    if mem:
+        lines.append(f"- memory while appending {mem['n']:,} msgs (put_messages x1000, {mem['rate']:,.0f} msgs/s): "
+                     f"RssAnon {mem['rss_anon_mib_start']} MiB at the start, max {mem['rss_anon_mib_max']} MiB, "
+                     f"growth after warm-up {mem['rss_anon_growth_mib_after_warmup']} MiB; RssFile (mapped pages "
+                     f"written) {mem['rss_file_mib_end']} MiB at the end")
     if "redis_build" in q:
         b = q["redis_build"]
         lines.append(f"- Redis build: {b['n']:,} XADD + HSET pipelined x1000, {b['seconds']} s ({b['rate']:,.0f}/s)")
@@ -1063,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query-store", type=int, help="messages in the query-by-key store (default 5 M, quick 200 k)")
     ap.add_argument("--no-redis", action="store_true", help="skip the Redis comparisons")
     ap.add_argument("--max-seconds", type=float, default=1800, help="abort the run after this long")
-    ap.add_argument("--only", choices=["throughput", "reads", "query"], action="append",
+    ap.add_argument("--only", choices=["throughput", "reads", "query", "memory"], action="append",
                     help="run only these phases (repeatable)")
     ap.add_argument("--profile", action="store_true", help="profile the batched put path instead")
     ap.add_argument("--profile-workload", type=int, metavar="N", help=argparse.SUPPRESS)
@@ -1086,7 +1160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     dl = Deadline(args.max_seconds)
-    phases = args.only or ["throughput", "reads", "query"]
+    phases = args.only or ["throughput", "reads", "query", "memory"]
     with_redis = not args.no_redis
     rinfo = redis_info() if with_redis else {"available": False, "error": "--no-redis"}
     if with_redis and not rinfo["available"]:
@@ -1115,6 +1189,9 @@ def main(argv: list[str] | None = None) -> int:
         if "query" in phases:
             log("phase 3: query by key")
             results["query"] = phase_query(sdir, cfg, dl, with_redis)
+        if "memory" in phases:
+            log("phase 4: memory while appending")
+            results["memory"] = phase_memory(sdir, cfg, dl)
     finally:
         shutil.rmtree(sdir, ignore_errors=True)
     machine["loadavg_after"] = os.getloadavg()

@@ -2,7 +2,7 @@
 """Where the broker process spends its time, per operation: CPU per thread, and cProfile of the event-loop
 thread and of the store's dispatch (reput) thread, for one phase at a time.
 
-    python benchmarks/profile_broker.py [single|batch|pull32|pull256|pop] ... [--n N] [--no-cprofile]
+    python benchmarks/profile_broker.py [single|batch|pull32|pull256|pop|pop1] ... [--n N] [--no-cprofile]
                                         [--event-loop auto|uvloop|asyncio]
 
 The broker runs in a child process (`serve_in_thread`, the settings of bench_broker.py) driven over stdin:
@@ -131,7 +131,7 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
         with Producer(child.namesrv, "profile-producer") as p:
             p.send(Message("Profile", BODIES[0], tags=TAG, keys=["warm"]), queue_id=0)
             msgs = [Message("Profile", BODIES[i & 1023], tags=TAG, keys=[f"k{i:010d}"]) for i in range(n)]
-            if phase in ("pull32", "pull256", "pop"):
+            if phase.startswith(("pull", "pop")):
                 for i in range(0, n, 100):
                     p.send_batch(msgs[i:i + 100], queue_id=0)
                 time.sleep(0.5)  # dispatched
@@ -159,13 +159,14 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
                         if not r.messages:
                             break
                         offset, ops = r.next_begin_offset, ops + 1
-            elif phase == "pop":
+            elif phase.startswith("pop"):
+                size = int(phase[3:] or 32)
                 with PopConsumer(child.namesrv, "profile-pop") as c:
                     child.ask("start")
                     t = time.perf_counter()
                     got, ops = 0, 0
                     while got < n:
-                        popped = c.pop("Profile", max_nums=32, invisible_time=60_000, poll_time=1000)
+                        popped = c.pop("Profile", max_nums=size, invisible_time=60_000, poll_time=1000)
                         c.ack_batch(popped)
                         got, ops = got + len(popped), ops + 1
             else:

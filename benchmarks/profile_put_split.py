@@ -7,12 +7,14 @@ added by the store) is put into a fresh store whose reput thread is NOT started:
 own, single-threaded, in µs per message:
 
 - uniq: `CommitLog._uniq_keys` (the UNIQ_KEY ids of a batch);
-- encode: `RecordEncoder.encode_plain_batch` alone (the same batch, a copy of the queue table);
+- encode: `RecordEncoder.encode_plain_batch` alone (the same batch, a copy of the queue table), with the
+  columns hand-off the put asks for (`DispatchColumns`: units and index entries made while encoding);
 - append: the rest of `CommitLog.put_messages` (lock, file, copy into the mmap, queue table, result);
 - dispatch: `MessageStore._dispatch` of what the puts handed over, split into the consume-queue grouping
   loop, `ConsumeQueue.put_message_position_infos` and `IndexService.build_index` (of which the
   `index_key_hashes` hashing and `IndexFile.put_keys` insert are timed too; with the native core the
-  keys are hashed inside its key loop, so "index hashing" is 0 and "index keys" holds both).
+  keys are hashed while encoding (columns), so "index hashing" is 0 and "index keys" is the arrays only;
+  "grouping loop" is then the rest of `_dispatch_columns`).
 
 It prints which record codec is active (`codec.NATIVE`); run it with `RMQ_EVENTSTORE_PURE=1` for the
 pure-Python one. The sum is what one core spends per message when nothing overlaps. Times are the
@@ -82,7 +84,7 @@ def one_run(n: int, batch: int, root: Path) -> dict[str, float]:
             t0 = time.thread_time()
             u = cl._uniq_keys(b)
             t1 = time.thread_time()
-            res = enc.encode_plain_batch(b, u, table, 0, 1)
+            res = enc.encode_plain_batch(b, u, table, 0, 1, True)  # what put_messages asks for (columns)
             t2 = time.thread_time()
             assert res is not None
             uniq_s += t1 - t0
@@ -97,10 +99,12 @@ def one_run(n: int, batch: int, root: Path) -> dict[str, float]:
         cq_t, idx_t, hash_t, ins_t = Timer(), Timer(), Timer(), Timer()
         orig_cq = cq_mod.ConsumeQueue.put_message_position_infos
         orig_build = store.index_service.build_index
+        orig_build_cols = store.index_service.build_index_columns
         orig_hash = index_mod.index_key_hashes
         orig_ins = index_mod.IndexFile.put_keys
         cq_mod.ConsumeQueue.put_message_position_infos = cq_t.wrap(orig_cq)
         store.index_service.build_index = idx_t.wrap(orig_build)
+        store.index_service.build_index_columns = idx_t.wrap(orig_build_cols)
         index_mod.index_key_hashes = hash_t.wrap(orig_hash)
         index_mod.IndexFile.put_keys = ins_t.wrap(orig_ins)
         try:

@@ -8,12 +8,15 @@
  * construction, and the test suite checks byte identity on everything that is handled here.
  *
  *   encode_plain_batch  RecordEncoder.encode_plain_batch: whole V1/V2 records for plain messages
+ *   encode_plain_one    RecordEncoder.encode_plain_one: the same for a single put (no batch bookkeeping)
  *   encode_network_batch RecordEncoder.encode_network_batch: the same for messages with a properties string
  *   index_keys          IndexService.build_index's key loop + index_key_hashes (Java String.hashCode)
  *   group_units         MessageStore._dispatch's grouping of consume-queue units per queue
  *   skim_records        codec.skim_records(_prop_crc): the record walk of recovery and verify (body CRC,
  *                       and the `__CRC32#` trailer with prop_crc)
  *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
+ *   copy_into           MappedFile.append_message's copy of a batch, without the GIL
+ *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -211,15 +214,228 @@ typedef struct {
 
 #define MAX_QUEUES 4096
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Java String.hashCode over a str's UTF-16 code units, continuing from h; -1 for a lone surrogate  */
+static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end, uint32_t *h) {
+    int kind = PyUnicode_KIND(s);
+    const void *d = PyUnicode_DATA(s);
+    uint32_t x = *h;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *c = (const Py_UCS1 *)d;
+        for (Py_ssize_t i = start; i < end; i++) x = 31u * x + c[i];
+    } else if (kind == PyUnicode_2BYTE_KIND) {
+        const Py_UCS2 *c = (const Py_UCS2 *)d;
+        for (Py_ssize_t i = start; i < end; i++) {
+            if (c[i] >= 0xD800 && c[i] <= 0xDFFF) return -1;
+            x = 31u * x + c[i];
+        }
+    } else {
+        const Py_UCS4 *c = (const Py_UCS4 *)d;
+        for (Py_ssize_t i = start; i < end; i++) {
+            Py_UCS4 cp = c[i];
+            if (cp >= 0xD800 && cp <= 0xDFFF) return -1;
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                x = 31u * x + (0xD800 + (cp >> 10));
+                x = 31u * x + (0xDC00 + (cp & 0x3FF));
+            } else x = 31u * x + cp;
+        }
+    }
+    *h = x;
+    return 0;
+}
+
+static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCode), MIN_VALUE -> 0 */
+    int32_t s = (int32_t)h;
+    if (s == INT32_MIN) return 0;
+    return s < 0 ? -s : s;
+}
+
+typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
+static int gb_reserve(growbuf *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + more) cap *= 2;
+    char *np_ = PyMem_Realloc(b->p, cap);
+    if (np_ == NULL) { PyErr_NoMemory(); return -1; }
+    b->p = np_; b->cap = cap;
+    return 0;
+}
+
+/* Pass 1 of encode_plain_batch for one message: checks it is plain, fills `r` (topic, body, tags, keys,
+ * uniq, sizes; not the queue offset). 1: done; 0: not mine (the reference decides); -1: error set.
+ * r->keys may hold a new reference either way (the caller releases it). `u_in` is the uniq key the
+ * store created for it (or None), used when the message has none. */
+static int plain_prepare(PyObject *m, PyObject *u_in, PyObject *topics, Py_ssize_t hsize, Py_ssize_t reserved,
+                         long long max_body, long long max_record, plain_rec *r) {
+    if (Py_TYPE(m) != message_type) return 0;
+    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY);
+    if (topic == NULL || body == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(body)) return 0;
+    PyObject *tp = PyDict_GetItemWithError(topics, topic);
+    if (tp == NULL) { PyErr_Clear(); return 0; }
+    if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
+        return 0;
+    /* not plain: the Python reference says None (or decides otherwise) */
+    PyObject *ps = field(m, F_PROPERTIES_STRING), *born_host = field(m, F_BORN_HOST);
+    if (ps == NULL || ps != Py_None || born_host == NULL || born_host != Py_None) return 0;
+    static const int falsy_fields[] = {F_PROPERTIES, F_BORN_TIMESTAMP, F_SYS_FLAG, F_RECONSUME_TIMES,
+                                       F_PREPARED_TX, F_FORCE_V2};
+    for (size_t k = 0; k < sizeof falsy_fields / sizeof falsy_fields[0]; k++) {
+        PyObject *v = field(m, falsy_fields[k]);
+        if (v == NULL || is_falsy_default(v) != 1) return 0;
+    }
+    int64_t magic, qid, flag;
+    if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &magic)) return 0;
+    PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG);
+    if (qo == NULL || fo == NULL || !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag))
+        return 0;
+    r->topic = topic; r->body = body;
+    r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
+    r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
+    r->magic = (int32_t)magic; r->qid = (int32_t)qid; r->flag = (int32_t)flag;
+    /* tags, keys, uniq: truthy strings (anything else is left to the reference) */
+    Py_ssize_t pl = 0, len;
+    PyObject *tags = field(m, F_TAGS);
+    if (tags == NULL) return 0;
+    if (tags != Py_None) {
+        if (!PyUnicode_CheckExact(tags)) return 0;
+        if (PyUnicode_GET_LENGTH(tags)) {
+            if (PyUnicode_AsUTF8AndSize(tags, &len) == NULL) { PyErr_Clear(); return 0; }
+            r->tags = tags;
+            pl += 6 + len;
+        }
+    }
+    PyObject *k = field(m, F_KEYS);
+    if (k == NULL) return 0;
+    if (k != Py_None) {
+        if (PyUnicode_CheckExact(k)) {
+            if (PyUnicode_GET_LENGTH(k)) r->keys = Py_NewRef(k);
+        } else if (PyList_CheckExact(k) || PyTuple_CheckExact(k)) {
+            if (PySequence_Fast_GET_SIZE(k)) {
+                PyObject *sp = PyUnicode_FromStringAndSize(" ", 1);
+                if (sp == NULL) return -1;
+                r->keys = PyUnicode_Join(sp, k);
+                Py_DECREF(sp);
+                if (r->keys == NULL) { PyErr_Clear(); return 0; }
+            }
+        } else return 0;
+        if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
+            if (PyUnicode_AsUTF8AndSize(r->keys, &len) == NULL) { PyErr_Clear(); return 0; }
+            pl += 6 + len;
+        }
+    }
+    PyObject *u = field(m, F_UNIQ_KEY);
+    if (u == NULL) return 0;
+    if (u != Py_None && !(PyUnicode_CheckExact(u) && PyUnicode_GET_LENGTH(u) == 0)) {
+        if (!PyUnicode_CheckExact(u)) return 0;
+    } else {
+        u = u_in;
+        if (u != Py_None && !PyUnicode_CheckExact(u)) return 0;
+    }
+    if (u != Py_None) {
+        r->uniq = u;
+        if (PyUnicode_GET_LENGTH(u)) {
+            if (PyUnicode_AsUTF8AndSize(u, &len) == NULL) { PyErr_Clear(); return 0; }
+            pl += 10 + len;
+        }
+    }
+    pl += reserved;  /* the properties are empty or end with 0x02: the trailer follows directly */
+    Py_ssize_t bl = PyBytes_GET_SIZE(body);
+    Py_ssize_t total = hsize + bl + r->topic_part_len + 2 + pl;
+    if (pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) return 0;
+    r->pl = pl; r->total = total;
+    return 1;
+}
+
+/* Pass 2 for one record: writes its r->total bytes at `out`; returns where its properties start. */
+static unsigned char *plain_write(const plain_rec *r, unsigned char *out, int64_t phys, int64_t now,
+                                  const char *store_addr, Py_ssize_t addr_len, int store_port, int sys_flag,
+                                  Py_ssize_t reserved) {
+    unsigned char *p = out;
+    const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
+    Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
+    put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
+    put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
+    put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
+    put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, sys_flag); put_i64(p + 40, now);
+    p += 48;
+    memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+    put_i64(p, now); p += 8;
+    memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
+    put_i32(p, 0); put_i64(p + 4, 0); put_i32(p + 12, (int32_t)bl); p += 16;
+    memcpy(p, body, bl); p += bl;
+    memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
+    put_i16(p, (int)r->pl); p += 2;
+    unsigned char *props = p;
+    Py_ssize_t len;
+    const char *s;
+    if (r->tags != NULL) {
+        s = PyUnicode_AsUTF8AndSize(r->tags, &len);
+        memcpy(p, "TAGS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
+    }
+    if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
+        s = PyUnicode_AsUTF8AndSize(r->keys, &len);
+        memcpy(p, "KEYS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
+    }
+    if (r->uniq != NULL && PyUnicode_GET_LENGTH(r->uniq)) {
+        s = PyUnicode_AsUTF8AndSize(r->uniq, &len);
+        memcpy(p, "UNIQ_KEY\x01", 9); memcpy(p + 9, s, len); p[9 + len] = 2; p += 10 + len;
+    }
+    if (reserved) fill_crc_trailer(out, r->total);
+    return props;
+}
+
+/* The DispatchRequest of one written record: (topic, qid, phys, total, tags code, now, q, keys, uniq,
+ * sysFlag, 0, props); `phys_obj` is a new reference the caller passes in (stolen). NULL on error. */
+static PyObject *plain_request(const plain_rec *r, PyObject *phys_obj, const unsigned char *props, Py_ssize_t reserved,
+                               PyObject *tags_cache, PyObject *tags_fn, PyTypeObject *rtype, PyObject *now_obj,
+                               PyObject *sys_obj, PyObject *zero, PyObject *empty) {
+    PyObject *code;
+    if (r->tags != NULL) {
+        code = PyDict_GetItemWithError(tags_cache, r->tags);
+        if (code != NULL) Py_INCREF(code);
+        else if (PyErr_Occurred()) code = NULL;
+        else code = PyObject_CallOneArg(tags_fn, r->tags);
+    } else code = Py_NewRef(zero);
+    PyObject *ps_obj = r->pl > reserved ? PyUnicode_DecodeUTF8((const char *)props, r->pl - reserved, "strict")
+                                        : Py_NewRef(empty);
+    PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
+    PyObject *q_obj = PyLong_FromLongLong(r->q);
+    PyObject *req = rtype->tp_alloc(rtype, 12);
+    if (code == NULL || ps_obj == NULL || phys_obj == NULL || qid_obj == NULL || total_obj == NULL ||
+        q_obj == NULL || req == NULL) {
+        Py_XDECREF(code); Py_XDECREF(ps_obj); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
+        Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(req);
+        return NULL;
+    }
+    PyObject *uniq = r->uniq != NULL ? r->uniq : Py_None;
+    PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
+    PyTuple_SET_ITEM(req, 1, qid_obj);
+    PyTuple_SET_ITEM(req, 2, phys_obj);
+    PyTuple_SET_ITEM(req, 3, total_obj);
+    PyTuple_SET_ITEM(req, 4, code);
+    PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
+    PyTuple_SET_ITEM(req, 6, q_obj);
+    PyTuple_SET_ITEM(req, 7, Py_NewRef(r->keys != NULL ? r->keys : Py_None));
+    PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
+    PyTuple_SET_ITEM(req, 9, Py_NewRef(sys_obj));
+    PyTuple_SET_ITEM(req, 10, Py_NewRef(zero));
+    PyTuple_SET_ITEM(req, 11, ps_obj);
+    /* str, int and None only: no reference cycle can pass through it (CPython untracks such tuples
+       itself at their first collection); untracked now, the collector never walks the batch */
+    PyObject_GC_UnTrack(req);
+    return req;
+}
+
 static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     PyObject *msgs, *uniq_keys, *queue_table, *topics, *tags_cache, *tags_fn, *request_type;
     long long base, now, max_body, max_record;
     const char *store_addr; Py_ssize_t addr_len;
-    int store_port, sys_flag, append_crc;
-    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!p", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
+    int store_port, sys_flag, append_crc, columns = 0;
+    if (!PyArg_ParseTuple(args, "OOO!LLO!y#iiLLO!OO!p|p", &msgs, &uniq_keys, &PyDict_Type, &queue_table, &base,
                           &now, &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &sys_flag,
                           &max_body, &max_record, &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type,
-                          &request_type, &append_crc))
+                          &request_type, &append_crc, &columns))
         return NULL;
     const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
@@ -242,6 +458,7 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     queue_slot *queues = PyMem_Malloc(sizeof(queue_slot) * 64);
     Py_ssize_t nqueues = 0, cap_queues = 64;
     PyObject *result = NULL, *data = NULL, *requests = NULL, *offsets = NULL, *uniqs = NULL, *seen = NULL;
+    growbuf *qunits = NULL, hb = {0}, pb = {0}, tb = {0};  /* columns: units per queue, index entries */
     if (recs == NULL || queues == NULL) { PyErr_NoMemory(); goto done; }
     Py_ssize_t sum = 0;
     int last_queue = -1;
@@ -250,82 +467,12 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = items[i];
         plain_rec *r = &recs[i];
-        if (Py_TYPE(m) != message_type) goto decline;
-        PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY);
-        if (topic == NULL || body == NULL || !PyUnicode_CheckExact(topic) || !PyBytes_CheckExact(body)) goto decline;
-        PyObject *tp = PyDict_GetItemWithError(topics, topic);
-        if (tp == NULL) { PyErr_Clear(); goto decline; }
-        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
-            goto decline;
-        /* not plain: the Python reference says None (or decides otherwise) */
-        PyObject *ps = field(m, F_PROPERTIES_STRING), *born_host = field(m, F_BORN_HOST);
-        if (ps == NULL || ps != Py_None || born_host == NULL || born_host != Py_None) goto decline;
-        static const int falsy_fields[] = {F_PROPERTIES, F_BORN_TIMESTAMP, F_SYS_FLAG, F_RECONSUME_TIMES,
-                                           F_PREPARED_TX, F_FORCE_V2};
-        for (size_t k = 0; k < sizeof falsy_fields / sizeof falsy_fields[0]; k++) {
-            PyObject *v = field(m, falsy_fields[k]);
-            if (v == NULL || is_falsy_default(v) != 1) goto decline;
-        }
-        int64_t magic, qid, flag;
-        if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &magic)) goto decline;
-        PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG);
-        if (qo == NULL || fo == NULL || !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag))
-            goto decline;
-        r->topic = topic; r->body = body;
-        r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
-        r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
-        r->magic = (int32_t)magic; r->qid = (int32_t)qid; r->flag = (int32_t)flag;
-        /* tags, keys, uniq: truthy strings (anything else is left to the reference) */
-        Py_ssize_t pl = 0, len;
-        PyObject *tags = field(m, F_TAGS);
-        if (tags == NULL) goto decline;
-        if (tags != Py_None) {
-            if (!PyUnicode_CheckExact(tags)) goto decline;
-            if (PyUnicode_GET_LENGTH(tags)) {
-                if (PyUnicode_AsUTF8AndSize(tags, &len) == NULL) { PyErr_Clear(); goto decline; }
-                r->tags = tags;
-                pl += 6 + len;
-            }
-        }
-        PyObject *k = field(m, F_KEYS);
-        if (k == NULL) goto decline;
-        if (k != Py_None) {
-            if (PyUnicode_CheckExact(k)) {
-                if (PyUnicode_GET_LENGTH(k)) r->keys = Py_NewRef(k);
-            } else if (PyList_CheckExact(k) || PyTuple_CheckExact(k)) {
-                if (PySequence_Fast_GET_SIZE(k)) {
-                    PyObject *sp = PyUnicode_FromStringAndSize(" ", 1);
-                    if (sp == NULL) goto fail;
-                    r->keys = PyUnicode_Join(sp, k);
-                    Py_DECREF(sp);
-                    if (r->keys == NULL) { PyErr_Clear(); goto decline; }
-                }
-            } else goto decline;
-            if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
-                if (PyUnicode_AsUTF8AndSize(r->keys, &len) == NULL) { PyErr_Clear(); goto decline; }
-                pl += 6 + len;
-            }
-        }
-        PyObject *u = field(m, F_UNIQ_KEY);
-        if (u == NULL) goto decline;
-        if (u != Py_None && !(PyUnicode_CheckExact(u) && PyUnicode_GET_LENGTH(u) == 0)) {
-            if (!PyUnicode_CheckExact(u)) goto decline;
-        } else {
-            u = useq != NULL ? PySequence_Fast_ITEMS(useq)[i] : Py_None;
-            if (u != Py_None && !PyUnicode_CheckExact(u)) goto decline;
-        }
-        if (u != Py_None) {
-            r->uniq = u;
-            if (PyUnicode_GET_LENGTH(u)) {
-                if (PyUnicode_AsUTF8AndSize(u, &len) == NULL) { PyErr_Clear(); goto decline; }
-                pl += 10 + len;
-            }
-        }
-        pl += reserved;  /* the properties are empty or end with 0x02: the trailer follows directly */
-        Py_ssize_t bl = PyBytes_GET_SIZE(body);
-        Py_ssize_t total = hsize + bl + r->topic_part_len + 2 + pl;
-        if (pl > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
-        r->pl = pl; r->total = total;
+        int got = plain_prepare(m, useq != NULL ? PySequence_Fast_ITEMS(useq)[i] : Py_None, topics, hsize, reserved,
+                                max_body, max_record, r);
+        if (got < 0) goto fail;
+        if (got == 0) goto decline;
+        PyObject *topic = r->topic;
+        Py_ssize_t total = r->total;
         /* queue offset: the queue table, then +1 per message of the same queue in this batch */
         int qi = -1;
         if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
@@ -368,11 +515,15 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     if (base < 0 || base > INT64_MAX - sum) goto decline;
     /* pass 2: write the records, build the requests */
     data = PyBytes_FromStringAndSize(NULL, sum);
-    requests = PyList_New(n);
+    requests = columns ? NULL : PyList_New(n);
     offsets = PyList_New(n);
     uniqs = PyList_New(n);
     seen = PyDict_New();
-    if (data == NULL || requests == NULL || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    if (data == NULL || (requests == NULL && !columns) || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
+    if (columns && (qunits = PyMem_Calloc(nqueues ? nqueues : 1, sizeof(growbuf))) == NULL) { PyErr_NoMemory(); goto fail; }
+    PyObject *last_topic = NULL;
+    uint32_t topic_hash = 0;
+    int declined = 0;
     PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLong(sys_flag), *zero = PyLong_FromLong(0);
     PyObject *empty = PyUnicode_New(0, 0);
     if (now_obj == NULL || sys_obj == NULL || zero == NULL || empty == NULL) {
@@ -384,75 +535,80 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     int ok = 1;
     for (Py_ssize_t i = 0; i < n && ok; i++) {
         plain_rec *r = &recs[i];
-        unsigned char *p = out;
-        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
-        Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
-        put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
-        put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
-        put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
-        put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, sys_flag); put_i64(p + 40, now);
-        p += 48;
-        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
-        put_i64(p, now); p += 8;
-        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
-        put_i32(p, 0); put_i64(p + 4, 0); put_i32(p + 12, (int32_t)bl); p += 16;
-        memcpy(p, body, bl); p += bl;
-        memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
-        put_i16(p, (int)r->pl); p += 2;
-        unsigned char *props = p;
-        Py_ssize_t len;
-        const char *s;
-        if (r->tags != NULL) {
-            s = PyUnicode_AsUTF8AndSize(r->tags, &len);
-            memcpy(p, "TAGS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
-        }
-        if (r->keys != NULL && PyUnicode_GET_LENGTH(r->keys)) {
-            s = PyUnicode_AsUTF8AndSize(r->keys, &len);
-            memcpy(p, "KEYS\x01", 5); memcpy(p + 5, s, len); p[5 + len] = 2; p += 6 + len;
-        }
-        if (r->uniq != NULL && PyUnicode_GET_LENGTH(r->uniq)) {
-            s = PyUnicode_AsUTF8AndSize(r->uniq, &len);
-            memcpy(p, "UNIQ_KEY\x01", 9); memcpy(p + 9, s, len); p[9 + len] = 2; p += 10 + len;
-        }
-        if (reserved) fill_crc_trailer(out, r->total);
+        unsigned char *props = plain_write(r, out, phys, now, store_addr, addr_len, store_port, sys_flag, reserved);
         out += r->total;
-        /* the DispatchRequest: (topic, qid, phys, total, tags code, now, q, keys, uniq, sysFlag, 0, props) */
-        PyObject *code;
-        if (r->tags != NULL) {
-            code = PyDict_GetItemWithError(tags_cache, r->tags);
-            if (code != NULL) Py_INCREF(code);
-            else if (PyErr_Occurred()) code = NULL;
-            else code = PyObject_CallOneArg(tags_fn, r->tags);
-        } else code = Py_NewRef(zero);
-        PyObject *ps_obj = r->pl > reserved ? PyUnicode_DecodeUTF8((const char *)props, r->pl - reserved, "strict")
-                                            : Py_NewRef(empty);
-        PyObject *phys_obj = PyLong_FromLongLong(phys);
-        PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
-        PyObject *q_obj = PyLong_FromLongLong(r->q);
-        PyObject *req = rtype->tp_alloc(rtype, 12);
-        if (code == NULL || ps_obj == NULL || phys_obj == NULL || qid_obj == NULL || total_obj == NULL ||
-            q_obj == NULL || req == NULL) {
-            Py_XDECREF(code); Py_XDECREF(ps_obj); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
-            Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(req);
-            ok = 0;
-            break;
+        if (columns) {
+            /* the consume-queue unit (offset, size, tags code, cq offset) into its queue's column, and the
+               index entries (topic#uniq, then topic#token per KEYS token) as index_keys makes them */
+            int64_t code = 0;
+            if (r->tags != NULL) {
+                PyObject *c = PyDict_GetItemWithError(tags_cache, r->tags);
+                if (c != NULL) Py_INCREF(c);
+                else if (!PyErr_Occurred()) c = PyObject_CallOneArg(tags_fn, r->tags);
+                if (c == NULL) { ok = 0; break; }
+                int good = as_i64(c, INT64_MIN, INT64_MAX, &code);
+                Py_DECREF(c);
+                if (!good) { declined = 1; break; }
+            }
+            growbuf *u = &qunits[r->queue];
+            if (gb_reserve(u, 32) < 0) { ok = 0; break; }
+            int64_t row[4] = {phys, (int64_t)r->total, code, r->q};
+            memcpy(u->p + u->n, row, 32); u->n += 32;
+            if (r->topic != last_topic) {
+                topic_hash = 0;
+                if (java_hash_append(r->topic, 0, PyUnicode_GET_LENGTH(r->topic), &topic_hash) < 0) { declined = 1; break; }
+                topic_hash = 31u * topic_hash + '#';
+                last_topic = r->topic;
+            }
+            Py_ssize_t m = 0;
+            if (r->uniq != NULL) {
+                uint32_t h = topic_hash;
+                if (java_hash_append(r->uniq, 0, PyUnicode_GET_LENGTH(r->uniq), &h) < 0) { declined = 1; break; }
+                if (gb_reserve(&hb, 4) < 0) { ok = 0; break; }
+                int32_t v = index_hash(h);
+                memcpy(hb.p + hb.n, &v, 4); hb.n += 4;
+                m++;
+            }
+            if (r->keys != NULL) {
+                Py_ssize_t len = PyUnicode_GET_LENGTH(r->keys), start = 0;
+                int kind = PyUnicode_KIND(r->keys);
+                const void *d = PyUnicode_DATA(r->keys);
+                for (Py_ssize_t j = 0; j <= len && ok && !declined; j++) {
+                    if (j == len || PyUnicode_READ(kind, d, j) == ' ') {
+                        if (j > start) {
+                            uint32_t h = topic_hash;
+                            if (java_hash_append(r->keys, start, j, &h) < 0) { declined = 1; break; }
+                            if (gb_reserve(&hb, 4) < 0) { ok = 0; break; }
+                            int32_t v = index_hash(h);
+                            memcpy(hb.p + hb.n, &v, 4); hb.n += 4;
+                            m++;
+                        }
+                        start = j + 1;
+                    }
+                }
+                if (!ok || declined) break;
+            }
+            if (m) {
+                if (gb_reserve(&pb, 8 * m) < 0 || gb_reserve(&tb, 8 * m) < 0) { ok = 0; break; }
+                int64_t ts = now;
+                for (Py_ssize_t k = 0; k < m; k++) {
+                    memcpy(pb.p + pb.n, &phys, 8); pb.n += 8;
+                    memcpy(tb.p + tb.n, &ts, 8); tb.n += 8;
+                }
+            }
+            PyObject *phys_obj = PyLong_FromLongLong(phys);
+            if (phys_obj == NULL) { ok = 0; break; }
+            PyList_SET_ITEM(offsets, i, phys_obj);
+            PyList_SET_ITEM(uniqs, i, Py_NewRef(r->uniq != NULL ? r->uniq : Py_None));
+            phys += r->total;
+            continue;
         }
+        PyObject *phys_obj = PyLong_FromLongLong(phys);
+        if (phys_obj == NULL) { ok = 0; break; }
+        PyObject *req = plain_request(r, Py_NewRef(phys_obj), props, reserved, tags_cache, tags_fn, rtype, now_obj,
+                                      sys_obj, zero, empty);
+        if (req == NULL) { Py_DECREF(phys_obj); ok = 0; break; }
         PyObject *uniq = r->uniq != NULL ? r->uniq : Py_None;
-        PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
-        PyTuple_SET_ITEM(req, 1, qid_obj);
-        PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
-        PyTuple_SET_ITEM(req, 3, total_obj);
-        PyTuple_SET_ITEM(req, 4, code);
-        PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
-        PyTuple_SET_ITEM(req, 6, q_obj);
-        PyTuple_SET_ITEM(req, 7, Py_NewRef(r->keys != NULL ? r->keys : Py_None));
-        PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
-        PyTuple_SET_ITEM(req, 9, Py_NewRef(sys_obj));
-        PyTuple_SET_ITEM(req, 10, Py_NewRef(zero));
-        PyTuple_SET_ITEM(req, 11, ps_obj);
-        /* str, int and None only: no reference cycle can pass through it (CPython untracks such tuples
-           itself at their first collection); untracked now, the collector never walks the batch */
-        PyObject_GC_UnTrack(req);
         PyList_SET_ITEM(requests, i, req);
         PyList_SET_ITEM(offsets, i, phys_obj);
         PyList_SET_ITEM(uniqs, i, Py_NewRef(uniq));
@@ -460,10 +616,26 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
     }
     Py_DECREF(now_obj); Py_DECREF(sys_obj); Py_DECREF(zero); Py_DECREF(empty);
     if (!ok) goto fail;
+    if (declined) goto decline;
     for (Py_ssize_t j = 0; j < nqueues; j++) {
         PyObject *v = PyLong_FromLongLong(queues[j].next);
         if (v == NULL || PyDict_SetItem(seen, queues[j].qkey, v) < 0) { Py_XDECREF(v); goto fail; }
         Py_DECREF(v);
+    }
+    if (columns) {
+        /* (count, [((topic, queue id), int64 units bytes)] in first-appearance order, int32 hashes bytes,
+           int64 offsets bytes, int64 timestamps bytes, store timestamp) */
+        PyObject *units = PyList_New(nqueues);
+        if (units == NULL) goto fail;
+        for (Py_ssize_t j = 0; j < nqueues; j++) {
+            PyObject *item = Py_BuildValue("((Oi)y#)", queues[j].topic, (int)queues[j].qid,
+                                           qunits[j].p ? qunits[j].p : "", qunits[j].n);
+            if (item == NULL) { Py_DECREF(units); goto fail; }
+            PyList_SET_ITEM(units, j, item);
+        }
+        requests = Py_BuildValue("(nNy#y#y#L)", n, units, hb.p ? hb.p : "", hb.n, pb.p ? pb.p : "", pb.n,
+                                 tb.p ? tb.p : "", tb.n, (long long)now);
+        if (requests == NULL) goto fail;
     }
     result = Py_BuildValue("(NNNNNL)", data, requests, offsets, uniqs, seen, (long long)first_q);
     data = requests = offsets = uniqs = seen = NULL;
@@ -479,6 +651,9 @@ done:
         for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(recs[i].keys);
     if (queues != NULL)
         for (Py_ssize_t j = 0; j < nqueues; j++) Py_DECREF(queues[j].qkey);
+    if (qunits != NULL)
+        for (Py_ssize_t j = 0; j < nqueues; j++) PyMem_Free(qunits[j].p);
+    PyMem_Free(qunits); PyMem_Free(hb.p); PyMem_Free(pb.p); PyMem_Free(tb.p);
     PyMem_Free(recs);
     PyMem_Free(queues);
     Py_XDECREF(useq);
@@ -488,6 +663,99 @@ decline_early:
     Py_XDECREF(useq);
     Py_DECREF(seq);
     Py_RETURN_NONE;
+}
+
+/* encode_plain_one(msg, uniq, q, base, now, ctx[, dst, pos, limit]): encode_plain_batch for one message whose
+ * queue offset `q` the caller looked up: (record bytes, DispatchRequest) or None (the batch path / reference
+ * decides); with dst/pos/limit the record is written into the writable buffer dst at pos instead (when it
+ * takes at most `limit` bytes) and (total, DispatchRequest) returned.
+ * ctx = (topics, store addr, store port, sysFlag, max body, max record, tags cache, tags fn, request type,
+ * append_crc), bound once per encoder: a single put pays for no batch bookkeeping. */
+static PyObject *encode_plain_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 && nargs != 9) { PyErr_SetString(PyExc_TypeError, "encode_plain_one takes 6 or 9 arguments"); return NULL; }
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    PyObject *msg = args[0], *u = args[1], *ctx = args[5];
+    int64_t q, base, now, max_body, max_record, port, sys_flag;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 10) {
+        PyErr_SetString(PyExc_TypeError, "ctx must be a 10-tuple");
+        return NULL;
+    }
+    PyObject *topics = PyTuple_GET_ITEM(ctx, 0), *addr = PyTuple_GET_ITEM(ctx, 1);
+    PyObject *tags_cache = PyTuple_GET_ITEM(ctx, 6), *tags_fn = PyTuple_GET_ITEM(ctx, 7);
+    PyObject *rt = PyTuple_GET_ITEM(ctx, 8);
+    if (!PyDict_CheckExact(topics) || !PyBytes_CheckExact(addr) || !PyDict_CheckExact(tags_cache) ||
+        !PyType_Check(rt) || !PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bad ctx");
+        return NULL;
+    }
+    if (!as_i64(PyTuple_GET_ITEM(ctx, 2), 0, INT32_MAX, &port) || !as_i64(PyTuple_GET_ITEM(ctx, 3), 0, INT32_MAX, &sys_flag) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 4), 0, INT64_MAX, &max_body) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 5), 0, INT64_MAX, &max_record))
+        Py_RETURN_NONE;
+    if (!as_i64(args[2], 0, INT64_MAX - 1, &q) || !as_i64(args[3], 0, INT64_MAX, &base) ||
+        !as_i64(args[4], INT64_MIN, INT64_MAX, &now))
+        Py_RETURN_NONE;
+    Py_ssize_t addr_len = PyBytes_GET_SIZE(addr);
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    const Py_ssize_t reserved = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 9)) == 1 ? CRC_RESERVED : 0;
+    const Py_ssize_t hsize = addr_len == 16 ? 112 : 88;
+    plain_rec r;
+    memset(&r, 0, sizeof r);
+    PyObject *result = NULL;
+    int got = plain_prepare(msg, u, topics, hsize, reserved, max_body, max_record, &r);
+    if (got <= 0 || base > INT64_MAX - r.total) {
+        Py_XDECREF(r.keys);
+        if (got < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    r.q = q;
+    if (nargs == 9) {
+        /* (dst, pos, limit): written in place at dst[pos:] when it takes at most `limit` bytes (the
+           caller's room): (total, request); None, nothing written, when it does not fit */
+        int64_t pos, limit;
+        if (!as_i64(args[7], 0, PY_SSIZE_T_MAX, &pos) || !as_i64(args[8], 0, PY_SSIZE_T_MAX, &limit)) {
+            Py_XDECREF(r.keys);
+            Py_RETURN_NONE;
+        }
+        Py_buffer dst;
+        if (PyObject_GetBuffer(args[6], &dst, PyBUF_WRITABLE) < 0) { Py_XDECREF(r.keys); return NULL; }
+        if (r.total > limit || pos > dst.len || r.total > dst.len - pos) {
+            PyBuffer_Release(&dst);
+            Py_XDECREF(r.keys);
+            Py_RETURN_NONE;
+        }
+        PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+        PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);
+        if (now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && phys_obj != NULL) {
+            unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
+                                               addr_len, (int)port, (int)sys_flag, reserved);
+            PyObject *req = plain_request(&r, phys_obj, props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt,
+                                          now_obj, sys_obj, zero, empty);
+            phys_obj = NULL;  /* stolen */
+            if (req != NULL) result = Py_BuildValue("(nN)", r.total, req);
+        }
+        PyBuffer_Release(&dst);
+        Py_XDECREF(phys_obj); Py_XDECREF(now_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
+        Py_XDECREF(r.keys);
+        return result;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, r.total);
+    PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+    PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);
+    if (data != NULL && now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && phys_obj != NULL) {
+        unsigned char *props = plain_write(&r, (unsigned char *)PyBytes_AS_STRING(data), base, now,
+                                           PyBytes_AS_STRING(addr), addr_len, (int)port, (int)sys_flag, reserved);
+        PyObject *req = plain_request(&r, phys_obj, props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj,
+                                      sys_obj, zero, empty);
+        phys_obj = NULL;  /* stolen */
+        if (req != NULL) {
+            result = PyTuple_Pack(2, data, req);
+            Py_DECREF(req);
+        }
+    }
+    Py_XDECREF(phys_obj); Py_XDECREF(data); Py_XDECREF(now_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero);
+    Py_XDECREF(empty); Py_XDECREF(r.keys);
+    return result;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -778,54 +1046,6 @@ done:
     return result;
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* Java String.hashCode over a str's UTF-16 code units, continuing from h; -1 for a lone surrogate  */
-static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end, uint32_t *h) {
-    int kind = PyUnicode_KIND(s);
-    const void *d = PyUnicode_DATA(s);
-    uint32_t x = *h;
-    if (kind == PyUnicode_1BYTE_KIND) {
-        const Py_UCS1 *c = (const Py_UCS1 *)d;
-        for (Py_ssize_t i = start; i < end; i++) x = 31u * x + c[i];
-    } else if (kind == PyUnicode_2BYTE_KIND) {
-        const Py_UCS2 *c = (const Py_UCS2 *)d;
-        for (Py_ssize_t i = start; i < end; i++) {
-            if (c[i] >= 0xD800 && c[i] <= 0xDFFF) return -1;
-            x = 31u * x + c[i];
-        }
-    } else {
-        const Py_UCS4 *c = (const Py_UCS4 *)d;
-        for (Py_ssize_t i = start; i < end; i++) {
-            Py_UCS4 cp = c[i];
-            if (cp >= 0xD800 && cp <= 0xDFFF) return -1;
-            if (cp >= 0x10000) {
-                cp -= 0x10000;
-                x = 31u * x + (0xD800 + (cp >> 10));
-                x = 31u * x + (0xDC00 + (cp & 0x3FF));
-            } else x = 31u * x + cp;
-        }
-    }
-    *h = x;
-    return 0;
-}
-
-static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCode), MIN_VALUE -> 0 */
-    int32_t s = (int32_t)h;
-    if (s == INT32_MIN) return 0;
-    return s < 0 ? -s : s;
-}
-
-typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
-static int gb_reserve(growbuf *b, Py_ssize_t more) {
-    if (b->n + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + more) cap *= 2;
-    char *np_ = PyMem_Realloc(b->p, cap);
-    if (np_ == NULL) { PyErr_NoMemory(); return -1; }
-    b->p = np_; b->cap = cap;
-    return 0;
-}
-
 /* index_keys(requests, end_phy, rollback_type) -> (hashes int32 bytes, phy int64 bytes, ts int64 bytes) or None */
 static PyObject *index_keys(PyObject *self, PyObject *args) {
     PyObject *requests;
@@ -1075,13 +1295,21 @@ static PyObject *put_index_entries(PyObject *self, PyObject *args) {
     int64_t begin_phy = 0;
     int begin_set = 0;
     Py_ssize_t used = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {  /* checked first: the loop below runs without the GIL */
+        int32_t h;
+        memcpy(&h, hs + i, 4);
+        if (h < 0) { PyErr_SetString(PyExc_ValueError, "negative key hash"); goto out; }
+    }
+    /* The entries are written without the GIL (page faults on fresh index pages then overlap with the put
+       thread). Only the dispatch thread writes the last index file; a reader (select_by_hash) follows a
+       slot to its entry, so each entry is stored before its slot points at it (release fence). */
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < k; i++, count++) {
         int32_t h;
         int64_t phy, t;
         memcpy(&h, hs + i, 4);
         memcpy(&phy, ps + i, 8);
         memcpy(&t, ts + i, 8);
-        if (h < 0) { PyErr_SetString(PyExc_ValueError, "negative key hash"); goto out; }
         unsigned char *slot = base + 40 + (Py_ssize_t)(h % slots) * 4;
         int64_t sv = get_i32(slot);
         if (sv <= 0 || sv > count) sv = 0;
@@ -1092,10 +1320,12 @@ static PyObject *put_index_entries(PyObject *self, PyObject *args) {
         }
         unsigned char *e = base + entries_base + count * 20;
         put_i32(e, h); put_i64(e + 4, phy); put_i32(e + 12, (int32_t)td); put_i32(e + 16, (int32_t)sv);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
         put_i32(slot, (int32_t)count);
         if (count <= 1) { begin_phy = phy; begin_ts = t; begin_set = 1; }
         if (sv == 0) used++;
     }
+    Py_END_ALLOW_THREADS
     if (begin_set) result = Py_BuildValue("(nnLL)", k, used, (long long)begin_phy, begin_ts);
     else result = Py_BuildValue("(nnOL)", k, used, Py_None, begin_ts);
 out:
@@ -1274,11 +1504,55 @@ static PyObject *crc32_py(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* count_missing_uniq(msgs): how many Messages have neither a uniq key nor a properties string (those the
+ * store gives a UNIQ_KEY: CommitLog._uniq_keys), or None when an item is not exactly a Message. */
+static PyObject *count_missing_uniq(PyObject *self, PyObject *msgs) {
+    if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
+    PyObject *seq = PySequence_Fast(msgs, "msgs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), need = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = items[i];
+        if (Py_TYPE(m) != message_type) { Py_DECREF(seq); Py_RETURN_NONE; }
+        PyObject *u = field(m, F_UNIQ_KEY), *ps = field(m, F_PROPERTIES_STRING);
+        if (u == NULL || ps == NULL) { Py_DECREF(seq); Py_RETURN_NONE; }
+        need += u == Py_None && ps == Py_None;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(need);
+}
+
+/* copy_into(dst, pos, src): dst[pos:pos + len(src)] = src, without the GIL for 64 KiB and more (a batch
+ * copied into a mapped commitlog file: first writes to fresh pages fault them in, which then overlaps with
+ * the dispatch thread). The caller owns the region (the put lock); readers stop at the write position. */
+static PyObject *copy_into(PyObject *self, PyObject *args) {
+    Py_buffer dst, src;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "w*ny*", &dst, &pos, &src)) return NULL;
+    if (pos < 0 || src.len > dst.len || pos > dst.len - src.len) {
+        PyBuffer_Release(&dst); PyBuffer_Release(&src);
+        PyErr_SetString(PyExc_ValueError, "copy_into: the bytes do not fit at that position");
+        return NULL;
+    }
+    if (src.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        memcpy((char *)dst.buf + pos, src.buf, src.len);
+        Py_END_ALLOW_THREADS
+    } else memcpy((char *)dst.buf + pos, src.buf, src.len);
+    PyBuffer_Release(&dst); PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
+    {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
     {"init", native_init, METH_VARARGS, "init(Message): look up the slots of the Message dataclass once."},
     {"encode_plain_batch", encode_plain_batch, METH_VARARGS,
      "RecordEncoder.encode_plain_batch's loop: (data, requests, offsets, uniq_keys, queue_offsets, first_q) "
      "or None when the Python reference must decide."},
+    {"encode_plain_one", (PyCFunction)(void (*)(void))encode_plain_one, METH_FASTCALL,
+     "encode_plain_batch for one message at a known queue offset: (record bytes, DispatchRequest) or None."},
     {"encode_network_batch", encode_network_batch, METH_VARARGS,
      "RecordEncoder.encode_network_batch's loop: as encode_plain_batch, or None when the reference decides."},
     {"index_keys", index_keys, METH_VARARGS,

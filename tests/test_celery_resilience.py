@@ -627,10 +627,11 @@ def test_a_task_running_across_a_reconnect_runs_once(outage: str, stalled_broker
 # -- connection_errors: everything a lost connection raises is one ------------------------------------------------
 @pytest.mark.parametrize("outage", ["broker-killed", pytest.param("silent", marks=full_only)])
 def test_what_a_lost_connection_raises_is_in_connection_errors(outage: str, stalled_broker: tuple) -> None:
-    """Publishing, draining, acking and rejecting on a lost connection raise only `connection_errors` (so kombu
-    retries and Celery reconnects), and the connection still closes in bounded time. Afterwards: the ack that
-    failed is sent again once the broker answers, within the message's lease, so that message never comes
-    back; the rejected one (its give-back failed too) comes back when its lease ends."""
+    """Publishing, draining and rejecting on a lost connection raise only `connection_errors` (so kombu
+    retries and Celery reconnects), and the connection still closes in bounded time. An ack returns at once
+    (the connection's ack batcher sends it). Afterwards: the ack that failed is sent again once the broker
+    answers, within the message's lease, so that message never comes back; the rejected one (its give-back
+    failed too) comes back when its lease ends."""
     import kombu
 
     import rmq_eventstore.kombu  # noqa: F401
@@ -652,8 +653,10 @@ def test_what_a_lost_connection_raises_is_in_connection_errors(outage: str, stal
             for p in proxies:
                 p.blackhole()
         errors = c.connection_errors
+        t0 = time.monotonic()
+        held[0].ack()  # taken by the batcher; it fails on the lost connection and is sent again later
+        assert time.monotonic() - t0 < 0.5
         attempts = {
-            "ack": held[0].ack,
             "reject": lambda: held[1].reject(requeue=True),
             "drain": lambda: c.drain_events(timeout=1),
             "publish": lambda: c.default_channel.basic_publish(
@@ -687,6 +690,50 @@ def test_what_a_lost_connection_raises_is_in_connection_errors(outage: str, stal
             if m.payload != "x":  # (the publish that timed out in the stall may have been stored when it resumed)
                 got.append(m.payload["n"])
         assert got == [2]
+
+
+def test_acks_taken_while_the_broker_is_down_land_once_it_is_back(tmp_path: Path, cleanup: list) -> None:
+    """Acks given while the broker is down (SIGKILLed) return at once; their batch fails, marks the
+    connection lost (the next drain raises a connection error) and each ack is sent again in the background.
+    Once the broker is back (same ports, same store) they land within the lease: of five held messages only
+    the two never acked come back, and the acked ones never do, even past their lease."""
+    import kombu
+
+    import rmq_eventstore.kombu  # noqa: F401
+
+    b = BrokerProcess(tmp_path / "store")
+    b.start()
+    cleanup.append(b.stop)
+    url = f"rocketmq://{b.namesrv}//"
+    vt = 10.0
+    opts = {"visibility_timeout": vt}
+    c = kombu.Connection(url, transport_options=opts)
+    cleanup.append(c.release)
+    q = c.SimpleQueue("down")
+    for i in range(5):
+        q.put({"n": i})
+    held = sorted((q.get(timeout=10) for _ in range(5)), key=lambda m: m.payload["n"])
+    leased = time.monotonic()
+    b.kill()
+    t0 = time.monotonic()
+    for m in held[:3]:
+        m.ack()
+    assert time.monotonic() - t0 < 0.5
+    assert c.transport.flush_acks(10)  # the batch was tried (and failed): its acks are with the retries now
+    with pytest.raises(c.connection_errors):
+        c.drain_events(timeout=1)
+    b.start()
+    with kombu.Connection(url, transport_options=opts) as c2:
+        q2 = c2.SimpleQueue("down")
+        got = []
+        while time.monotonic() < leased + vt + 4:
+            try:
+                m = q2.get(timeout=max(leased + vt + 4 - time.monotonic(), 0.1))
+            except q2.Empty:
+                break
+            got.append(m.payload["n"])
+            m.ack()
+    assert sorted(got) == [3, 4]
 
 
 @full_only

@@ -238,6 +238,80 @@ def test_reject_requeue_and_restore_on_close(namesrv: str, ns: str) -> None:
         m.ack()
 
 
+# -- acks -----------------------------------------------------------------------------------------------------------
+def test_acks_go_in_batches_and_all_land_by_close(namesrv: str, ns: str) -> None:
+    """`basic_ack` hands the ack to the connection's batcher and returns: acks that come while a batch is in
+    flight go together in the next BATCH_ACK_MESSAGE, and closing the connection waits for all of them, so
+    none of the messages comes back after its (short) lease. A malformed delivery tag still raises at once."""
+    n = 150
+    sizes: list[int] = []
+    with conn(namesrv, ns, visibility_timeout=2) as c:
+        q = c.SimpleQueue("batched")
+        for i in range(n):
+            q.put({"n": i})
+        pop = c.transport.clients().pop
+        real = pop.ack_batch
+
+        def counting(msgs: list) -> None:
+            real(msgs)
+            sizes.append(len(msgs))
+
+        pop.ack_batch = counting  # a spy on the real client: the acks still go to the broker
+        got = [q.get(timeout=10) for _ in range(n)]
+        assert sorted(m.payload["n"] for m in got) == list(range(n))
+        t0 = time.monotonic()
+        for m in got:
+            m.ack()
+        took = time.monotonic() - t0
+        with pytest.raises(ValueError):
+            c.default_channel.basic_ack("batched/not a receipt handle")
+    print(f"\n{n} acks taken in {took * 1000:.1f} ms, sent in {len(sizes)} requests: {sizes}")
+    assert sum(sizes) == n and max(sizes) > 1  # all answered before close returned, some together
+    with conn(namesrv, ns) as c:
+        with pytest.raises(c.SimpleQueue("batched").Empty):
+            c.SimpleQueue("batched").get(timeout=4)  # past the 2 s leases: nothing comes back
+
+
+def test_acks_of_a_process_that_exits_without_closing_still_land(namesrv: str, ns: str) -> None:
+    """A process that acks and exits at once, its connection never closed, still delivers its acks (the
+    batcher is flushed at exit): none of its messages comes back after its lease."""
+    with conn(namesrv, ns) as c:
+        q = c.SimpleQueue("exit")
+        for i in range(20):
+            q.put({"n": i})
+    k = child("""
+        import sys, kombu, rmq_eventstore.kombu
+        namesrv, ns = sys.argv[1:3]
+        c = kombu.Connection(f"rocketmq://{namesrv}//", transport_options={"namespace": ns, "visibility_timeout": 2})
+        q = c.SimpleQueue("exit")
+        msgs = [q.get(timeout=10) for _ in range(20)]
+        for m in msgs:
+            m.ack()
+        print("acked", len(msgs), flush=True)
+    """, namesrv, ns)
+    try:
+        assert wait_line(k, "acked") == "acked 20"
+        assert k.wait(30) == 0, k.stderr.read()[-2000:]
+    finally:
+        k.kill()
+    with conn(namesrv, ns) as c:
+        with pytest.raises(c.SimpleQueue("exit").Empty):
+            c.SimpleQueue("exit").get(timeout=4)  # past the 2 s leases
+
+
+def test_without_ack_batching_each_ack_is_a_round_trip(namesrv: str, ns: str) -> None:
+    """Transport option `ack_batching=False`: `basic_ack` returns once the broker has the ack."""
+    with conn(namesrv, ns, visibility_timeout=2, ack_batching=False) as c:
+        q = c.SimpleQueue("unbatched")
+        q.put({"n": 1})
+        m = q.get(timeout=10)
+        assert c.transport._acks is None
+        m.ack()
+    with conn(namesrv, ns) as c:
+        with pytest.raises(c.SimpleQueue("unbatched").Empty):
+            c.SimpleQueue("unbatched").get(timeout=4)
+
+
 # -- prefetch -----------------------------------------------------------------------------------------------------
 def test_prefetch_is_exact(namesrv: str, ns: str) -> None:
     queue = Queue("pf")

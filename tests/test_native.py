@@ -114,6 +114,64 @@ def test_encode_plain_batch_native_equals_python(msgs, store_host, base, table, 
     _same_batch(codec.PlainBatch(*raw), ref)
     if codec.NATIVE:
         _same_batch(enc.encode_plain_batch(msgs, uniq, table, base, now), ref)
+        # the columns hand-off: the units and index entries the dispatchers' references make of the requests
+        got = enc.encode_plain_batch(msgs, uniq, table, base, now, columns=True)
+        _same_batch(got._replace(requests=ref.requests), ref)
+        cols = got.requests
+        assert type(cols) is codec.DispatchColumns and len(cols) == len(msgs) and cols.store_timestamp == now
+        groups = ms_module.group_units_py(ref.requests)
+        assert [k for k, _ in cols.units] == list(groups)
+        for k, u in cols.units:
+            assert np.frombuffer(u, np.int64).reshape(-1, 4).tolist() == [list(x) for x in groups[k]]
+        h, p, t = index_module.index_entries_py(ref.requests, 0)
+        assert np.frombuffer(cols.hashes, np.int32).tolist() == h.tolist()
+        assert np.frombuffer(cols.phy, np.int64).tolist() == p.tolist()
+        assert np.frombuffer(cols.ts, np.int64).tolist() == t.tolist()
+
+
+@PROPS
+@given(msg=_plain, store_host=st.sampled_from(["127.0.0.1:10911", "[::1]:10911"]), base=st.integers(0, 2 ** 40),
+       q=st.integers(0, 2 ** 40), uniq=st.none() | st.just("00000000000000000000000000000ABC"),
+       append_crc=st.booleans())
+def test_encode_plain_one_equals_the_batch_of_one(msg, store_host, base, q, uniq, append_crc):
+    """A single put's encoder (`encode_plain_one`, native and Python) gives the record and request of a batch
+    of one message at the same queue offset."""
+    enc = _encoder(store_host, append_crc)
+    now = 1_700_000_000_123
+    ref = enc.encode_plain_batch_py([msg], [uniq], {f"{msg.topic}-{msg.queue_id}": q}, base, now)
+    assert ref is not None
+    for got in (enc.encode_plain_one(msg, uniq, q, base, now),
+                _native.encode_plain_one(msg, uniq, q, base, now, (
+                    enc._topics, *enc.store_host, codec.BORNHOST_V6_FLAG | codec.STOREHOSTADDRESS_V6_FLAG
+                    if enc._store_v6 else 0, enc.max_message_size, enc.max_message_size + codec.RECORD_HEADROOM,
+                    codec._TAGS_CODE_CACHE, codec.tags_string_to_tags_code, codec.DispatchRequest, append_crc))):
+        assert got is not None
+        data, req = got
+        assert data == ref.data and type(data) is bytes
+        assert req == ref.requests[0] and type(req) is codec.DispatchRequest
+        assert [type(v) for v in req] == [type(v) for v in ref.requests[0]]
+    # written in place (a single put into its mapped file; the Python path under RMQ_EVENTSTORE_PURE=1): the
+    # same bytes at pos, nothing around them; nothing at all when the room is one byte short
+    size = len(ref.data)
+    buf = bytearray(b"\xee" * (size + 20))
+    assert enc.encode_plain_one_into(msg, uniq, q, base, now, memoryview(buf), 7, size - 1) is None
+    assert buf == b"\xee" * (size + 20)
+    assert enc.encode_plain_one_into(msg, uniq, q, base, now, memoryview(buf), 7, size) == (size, ref.requests[0])
+    assert buf[7:7 + size] == ref.data and buf[:7] == b"\xee" * 7 and buf[7 + size:] == b"\xee" * 13
+
+
+def test_encode_plain_one_declines_what_is_not_plain():
+    enc = _encoder("127.0.0.1:10911")
+    for m in (Message(topic="TopicA", body=b"x", properties={"a": "b"}), Message(topic="new", body=b"x"),
+              Message(topic="TopicA", body=b"x", properties_string="a\x01b"), Message(topic="TopicA", body=b"x", queue_id=-1),
+              Message(topic="TopicA", body=bytearray(b"x"))):
+        assert enc.encode_plain_one(m, None, 0, 0, 1) is None
+    m = Message(topic="TopicA", body=b"x", flag=2 ** 31)  # out of int32: the reference raises struct.error
+    assert _native.encode_plain_one(m, None, 0, 0, 1, (enc._topics, *enc.store_host, 0, 100, 200, {}, str,
+                                                      codec.DispatchRequest, False)) is None
+    with pytest.raises(struct.error):
+        enc.encode_plain_one_py(m, None, 0, 0, 1)
+    assert enc.encode_plain_one(Message(topic="TopicA", body=b"x"), None, -1, 0, 1) is None  # a bad offset
 
 
 class _MyMessage(Message):
@@ -353,7 +411,7 @@ def test_consume_queue_native_arrays_write_what_lists_write(tmp_path_factory, ba
 
     root = tmp_path_factory.mktemp("cq")
     queues = []
-    for name in ("lists", "arrays"):
+    for name in ("lists", "arrays", "packed"):
         cq = ConsumeQueue("T", 0, str(root / name), 20 * 50)  # 50 units per file: batches roll files
         cq.load()
         queues.append(cq)
@@ -367,12 +425,14 @@ def test_consume_queue_native_arrays_write_what_lists_write(tmp_path_factory, ba
             off = max(0, off + doff * size)
         ref = queues[0].put_message_position_infos(units)
         got = queues[1].put_message_position_infos(np.asarray(units, dtype=np.int64))
-        written.append((ref, got))
+        packed = queues[2].put_units_packed(np.asarray(units, dtype=np.int64).tobytes())  # rows as dispatch hands them
+        written.append((ref, got, packed))
     try:
-        assert all(a == b for a, b in written), written
+        assert all(a == b == c for a, b, c in written), written
         files = [[bytes(mf.mm) for mf in cq.mapped_file_queue.mapped_files] for cq in queues]
-        assert files[0] == files[1]
-        assert queues[0].get_max_offset_in_queue() == queues[1].get_max_offset_in_queue()
+        assert files[0] == files[1] == files[2]
+        assert queues[0].get_max_offset_in_queue() == queues[1].get_max_offset_in_queue() == \
+            queues[2].get_max_offset_in_queue()
     finally:
         for cq in queues:
             cq.destroy()
@@ -516,3 +576,113 @@ def test_encoders_native_crc_trailer_edges():
     assert prop_crc_damage(data, 0, len(data)) == ""
     data[100] ^= 1
     assert prop_crc_damage(data, 0, len(data)) == "__CRC32# property mismatch"
+
+
+# -- (g) the columns hand-off of a batch put -------------------------------------------------------------
+def _tree(root, sub):
+    base = root / sub
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def test_columns_dispatch_writes_what_requests_write(tmp_path, monkeypatch, small_geometry):
+    """A batch put hands its dispatch over as `DispatchColumns` (native) instead of one request per record:
+    the commitlog, consume queues and index files it leaves are byte for byte those of the request path,
+    across file rolls, several queues, tags and multi-token keys, with single puts in between; the arrival
+    listeners hear of the same queue ends."""
+    from rmq_eventstore.common.codec import DispatchColumns
+    from rmq_eventstore.store import MessageStore
+    from rmq_eventstore.store import commitlog as commitlog_module
+    from rmq_eventstore.store.commitlog import CommitLog
+
+    small_geometry.update(max_index_num=300, max_hash_slot_num=64,  # index files roll too
+                          auto_create_uniq_key=False)  # records without a UNIQ_KEY, the same in both stores
+    clock = [1_700_000_000_000]
+    monkeypatch.setattr(commitlog_module, "now_ms", lambda: clock[0])
+    handed: dict[str, list[type]] = {"columns": [], "requests": []}
+
+    def run(name: str) -> tuple[dict, dict, dict, dict]:
+        root = tmp_path / name
+        store = MessageStore.open(root, **small_geometry)
+        grown: dict = {}
+        store.add_message_arriving_listener(lambda g: grown.update(g))
+        orig = store.commit_log.on_appended
+        store.commit_log.on_appended = lambda s, e, r: (handed[name].append(type(r)), orig(s, e, r))
+        clock[0] = 1_700_000_000_000
+        n = 0
+        for size in (7, 1, 40, 3, 120, 1, 65, 200, 2, 90):  # a batch first: its born time is the clock's
+            msgs = [Message(topic="TopicA" if i % 5 else "%RETRY%g-1", body=bytes([i % 251]) * (i % 97),
+                            keys=None if i % 7 == 0 else (f"k{i} x{i % 3}" if i % 2 else [f"a{i}", "", f"b{i}"]),
+                            tags=None if i % 3 else f"tag{i % 4}", queue_id=i % 3,
+                            uniq_key=f"{i:032X}" if i % 11 else None)
+                    for i in range(n, n + size)]
+            n += size
+            clock[0] += 3
+            r = store.put_messages(msgs) if size > 1 else store.put_message(msgs[0])
+            assert r.is_ok(), r
+        assert store.wait_for_dispatch(10)
+        store.shutdown()
+        index = [p.read_bytes() for p in sorted((root / "index").iterdir())]
+        return _tree(root, "commitlog"), _tree(root, "consumequeue"), {"index": index}, grown
+
+    a = run("columns")
+    monkeypatch.setattr(CommitLog, "_encode_plain_columns",
+                        lambda self, msgs, uniq, table, base, begin: self.encoder.encode_plain_batch(
+                            msgs, uniq, table, base, begin))
+    b = run("requests")
+    assert len(a[0]) > 1 and len(a[2]["index"]) > 1  # commitlog and index files rolled
+    assert a[0] == b[0]
+    assert a[1] == b[1]
+    assert a[2] == b[2]
+    assert a[3] == b[3]
+    assert DispatchColumns not in handed["requests"]
+    if codec.NATIVE:
+        assert DispatchColumns in handed["columns"]
+
+
+def test_dispatch_columns_merge_and_grown():
+    from rmq_eventstore.common.codec import DispatchColumns
+
+    def rows(*r):
+        return np.array(r, dtype=np.int64).tobytes()
+
+    a = DispatchColumns(2, [(("T", 0), rows([0, 10, 0, 5])), (("T", 1), rows([10, 10, 0, 0]))],
+                        np.array([1, 2], np.int32).tobytes(), rows(0, 10), rows(7, 7), 7)
+    b = DispatchColumns(1, [(("T", 0), rows([20, 10, 3, 6]))], np.array([3], np.int32).tobytes(), rows(20), rows(8), 8)
+    m = DispatchColumns.merge([a, b])
+    assert len(m) == 3 and m.store_timestamp == 8
+    assert [k for k, _ in m.units] == [("T", 0), ("T", 1)]
+    assert np.frombuffer(m.units[0][1], np.int64).reshape(-1, 4).tolist() == [[0, 10, 0, 5], [20, 10, 3, 6]]
+    assert np.frombuffer(m.hashes, np.int32).tolist() == [1, 2, 3]
+    assert np.frombuffer(m.phy, np.int64).tolist() == [0, 10, 20]
+    assert m.grown() == {("T", 0): 7, ("T", 1): 1}
+    assert DispatchColumns.merge([a]) is a
+
+
+def test_copy_into_copies_small_and_large_and_checks_bounds(tmp_path):
+    import mmap
+
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * (1 << 20))
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 1 << 20) as mm:
+        view = memoryview(mm)
+        big = bytes(range(256)) * 400  # 100 KiB: copied without the GIL
+        _native.copy_into(view, 5, b"abc")
+        _native.copy_into(view, 1000, big)
+        assert mm[5:8] == b"abc" and mm[1000:1000 + len(big)] == big and mm[:5] == b"\0" * 5
+        _native.copy_into(view, (1 << 20) - 3, b"xyz")  # exactly at the end
+        for pos, data in ((-1, b"a"), ((1 << 20) - 2, b"xyz"), (1 << 21, b"")):
+            with pytest.raises(ValueError):
+                _native.copy_into(view, pos, data)
+        with pytest.raises(TypeError):
+            _native.copy_into(b"read-only", 0, b"a")
+        view.release()
+
+
+@PROPS
+@given(flags=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=20))
+def test_count_missing_uniq_counts_what_uniq_keys_counts(flags):
+    msgs = [Message(topic="TopicA", body=b"x", uniq_key="U" if u else None, properties_string="a\x01b\x02" if p else None)
+            for u, p in flags]
+    assert _native.count_missing_uniq(msgs) == sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
+    assert _native.count_missing_uniq(tuple(msgs)) == _native.count_missing_uniq(msgs)
+    assert _native.count_missing_uniq([*msgs, _MyMessage(topic="TopicA", body=b"x")]) is None  # not exactly a Message

@@ -163,9 +163,9 @@ def test_tag_expressions(broker: RunningBroker) -> None:
 # and ChangeInvisibleTimeProcessorTest.testProcessRequest_Success (pop, ack and change with real receipt handles).
 # Not mirrored: testProcessRequest_whenTimerWheelIsFalse (our revive service does not ride on the timer wheel,
 # DESIGN.md), testGetInitOffset_* (a new group starts at the queue's first message whatever its initMode),
-# testProcessRequest_WrongRequestCode (the processor is only routed its own codes), the appendAck and
-# PopBufferMergeServiceTest cases (no in-memory merge buffer: checkpoints and acks go to the revive topic at
-# once), ExtraInfoUtilTest.testOrderCountInfo (orderly POP is not built).
+# testProcessRequest_WrongRequestCode (the processor is only routed its own codes), ExtraInfoUtilTest.
+# testOrderCountInfo (orderly POP is not built). The checkpoint buffer (PopBufferMergeServiceTest's subject)
+# is tested in tests/test_pop_buffer.py.
 def _raw(broker: RunningBroker, code: int, header: dict, body: bytes = b"") -> RemotingCommand:
     """A request answered as it is (no error raised for a failure code)."""
     with Admin(broker.namesrv_address) as admin:
@@ -201,6 +201,59 @@ def test_batch_ack_without_acks_is_no_message(broker: RunningBroker) -> None:
     """AckMessageProcessorTest.testBatchAck_NoMessage: no body, no `acks`, or an empty list: NO_MESSAGE."""
     for body in (b"", b"{}", b'{"acks":[]}'):
         assert _raw(broker, RequestCode.BATCH_ACK_MESSAGE, {}, body).code == ResponseCode.NO_MESSAGE, body
+
+
+def _batch_body(*acks: dict) -> bytes:
+    return json.dumps({"acks": list(acks)}).encode()
+
+
+def test_batch_ack_over_the_wire_settles_the_good_entries_beside_bad_ones(broker: RunningBroker) -> None:
+    """BATCH_ACK_MESSAGE as upstream's batch path (`AckMessageProcessor.appendAck` with a BatchAck): an entry
+    for a queue that does not exist, and offsets outside the queue, are skipped without failing the request,
+    and the good entries beside them are settled; a retried message is acked by an entry naming its retry topic
+    (our client) or the popped topic with `r` = "1" (upstream's clients, `ExtraInfoUtil.getRealTopic`); a body
+    that is not BatchAcks is ILLEGAL_OPERATION."""
+    from rmq_eventstore.common.pop import BatchAck
+
+    ns = broker.namesrv_address
+    with Producer(ns, "pop-producer") as p:
+        for i in range(4):
+            p.send(Message("tasks", f"m{i}".encode()), queue_id=0)
+    broker.store.wait_for_dispatch()
+
+    def entry(m, **change) -> dict:  # noqa: ANN001
+        e = ExtraInfo.split(m.properties["POP_CK"])
+        topic = pop_retry_topic("workers", "tasks") if e.retry else "tasks"
+        d = BatchAck("workers", topic, e.retry, e.ck_queue_offset, e.queue_id, e.revive_qid, e.pop_time,
+                     e.invisible_time, [e.queue_offset - e.ck_queue_offset]).to_dict()
+        d.update(change)
+        return d
+
+    with PopConsumer(ns, "workers") as c:
+        got = sorted(c.pop("tasks", max_nums=32, invisible_time=800), key=lambda m: m.body)
+        assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3"]
+        both = entry(got[0])
+        both["b"] = [0, 1, 500]  # m0 and m1 of this pop, and an offset past the queue's end
+        r = _raw(broker, RequestCode.BATCH_ACK_MESSAGE, {}, _batch_body(
+            entry(got[2], t="noSuchTopic"),  # no such queue: skipped
+            both,
+            entry(got[3], q=5),  # a queue of the topic with nothing in it: skipped
+        ))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        bad = _raw(broker, RequestCode.BATCH_ACK_MESSAGE, {}, _batch_body({"c": "workers", "t": "tasks"}))
+        assert bad.code == ResponseCode.ILLEGAL_OPERATION and "bad BATCH_ACK_MESSAGE body" in bad.remark
+        time.sleep(1.2)
+        back: list = []
+        deadline = time.monotonic() + 10
+        while len(back) < 2 and time.monotonic() < deadline:
+            back += c.pop("tasks", invisible_time=800, poll_time=500)
+        assert sorted(m.body for m in back) == [b"m2", b"m3"]  # m0 and m1 were settled
+        assert all(ExtraInfo.split(m.properties["POP_CK"]).retry for m in back)
+        back.sort(key=lambda m: m.body)
+        ours, upstream = entry(back[0]), entry(back[1], t="tasks")  # upstream: the popped topic, r = "1"
+        assert _raw(broker, RequestCode.BATCH_ACK_MESSAGE, {}, _batch_body(ours, upstream)).code == ResponseCode.SUCCESS
+        time.sleep(1.5)
+        assert c.pop("tasks", invisible_time=800, poll_time=300) == []
 
 
 def test_pop_of_a_topic_that_does_not_exist_or_has_nothing(broker: RunningBroker) -> None:

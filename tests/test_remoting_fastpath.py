@@ -60,3 +60,30 @@ def test_frames_decode_alike_whatever_the_reads(cmds: list[RemotingCommand], cut
             assert (x.code, x.opaque, x.flag, x.remark, x.version, x.body) == (c.code, c.opaque, c.flag, c.remark,
                                                                               c.version, c.body)
             assert x.ext_fields == c.ext_fields and x.language == c.language[:16]
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
+                           max_leaves=12)
+
+
+@given(st.one_of(
+    json_values.map(lambda v: json.dumps(v, ensure_ascii=False).encode("utf-8", "surrogatepass")),
+    st.tuples(st.dictionaries(text, json_values, max_size=4), st.sampled_from(["", " ", "\n\t", " x", "}", "{"]))
+      .map(lambda t: (json.dumps(t[0]) + t[1]).encode()),
+    st.binary(max_size=40).map(lambda b: b"{" + b),  # broken JSON, broken UTF-8
+))
+@settings(max_examples=400)
+def test_header_json_is_read_as_json_loads_reads_it(data: bytes) -> None:
+    """The header reader's direct use of json's C scanner gives json.loads' result, or fails where it fails."""
+    from rmq_eventstore.remoting.command import _loads_header
+
+    try:
+        want: object = ("ok", json.loads(data))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        want = ("error", type(e))
+    try:
+        got: object = ("ok", _loads_header(data))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        got = ("error", type(e))
+    assert got == want

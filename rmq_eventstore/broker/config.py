@@ -41,6 +41,13 @@ class BrokerConfig:
     # access control (RocketMQ's aclEnable; the plain_acl.yml path is ours: default <store>/config/plain_acl.yml)
     acl_enable: bool = False
     acl_file: str | None = None
+    # POP's checkpoint buffer (RocketMQ's enablePopBufferMerge, popCkStayBufferTime, popCkStayBufferTimeOut,
+    # popCkMaxBufferSize; pop_buffer.py): a checkpoint stays in memory up to the stay time (ms), and is written at
+    # the latest the time-out before its revive time (ours 500 ms: our revive service runs every 100 ms, not 1 s)
+    enable_pop_buffer_merge: bool = True
+    pop_ck_stay_buffer_time: int = 10_000
+    pop_ck_stay_buffer_time_out: int = 500
+    pop_ck_max_buffer_size: int = 200_000
     # the statistics history (ours, GET_BROKER_STATS_HISTORY): one sample every interval (ms), this many kept
     stats_sample_interval: int = 5000
     stats_history_size: int = 720

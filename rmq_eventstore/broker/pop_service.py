@@ -1,12 +1,15 @@
 """POP consumption as RocketMQ 5 does it: pop, ack, change of invisible time, and the revive service.
 
 * **Pop** reads a group's messages from a queue (or from every queue of the topic and of the group's pop
-  retry topic `%RETRY%<group>_<topic>`), writes one checkpoint per queue to the revive topic
-  `rmq_sys_REVIVE_LOG_<cluster>` (tag `ck`, `PopCheckPoint` JSON: which offsets, popped when, invisible for
-  how long), and only then moves the group's consume offset past them. Each message's receipt handle
-  (`POP_CK`, `ExtraInfoUtil`'s format) names its checkpoint.
-* **Ack** writes an ack record to the same revive queue (tag `ack`, `AckMsg` JSON). **Change invisible time**
-  writes a new checkpoint for the message, then acks the old one.
+  retry topic `%RETRY%<group>_<topic>`) and makes one checkpoint per queue (`PopCheckPoint`: which offsets,
+  popped when, invisible for how long). The checkpoint goes to the buffer (`PopBufferMergeService`,
+  pop_buffer.py, with its journal) and reaches the revive topic `rmq_sys_REVIVE_LOG_<cluster>` (tag `ck`,
+  JSON) only if acks do not settle it within its bound; the group's consume offset moves past a pop once
+  its checkpoint is stored or settled. Each message's receipt handle (`POP_CK`, `ExtraInfoUtil`'s format)
+  names its checkpoint.
+* **Ack** settles the message in the buffer, or, when its checkpoint is stored, writes an ack record to the
+  same revive queue (tag `ack`, `AckMsg` JSON). **Change invisible time** stores the queue's buffered
+  checkpoints, writes a new checkpoint for the message, then acks the old one.
 * **Revive** (`PopReviveService`, a thread) reads the revive queues with group `CID_RMQ_SYS_REVIVE_GROUP`,
   matches acks to checkpoints, and when a checkpoint's invisible time is over puts every message it holds
   that nobody acked on the pop retry topic with its reconsume count raised (the group's DLQ `%DLQ%<group>`
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -33,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..common import GetMessageStatus, Message, MessageExt
+from ..common import GetMessageStatus, Message, MessageExt, codec
 from ..common.filter import MessageFilter
 from ..common.pop import (
     ACK_TAG,
@@ -57,6 +61,7 @@ from ..common.properties import (
 )
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ..common.topic_config import PermName
+from .pop_buffer import PopBufferMergeService, PopJournal
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -69,16 +74,23 @@ POP_FROM_RETRY_PROBABILITY = 20  # percent of pops that look at the retry topic 
 
 @dataclass
 class PopResult:
-    """What a pop found: messages (stored bytes and decoded), per queue start offsets and offsets."""
+    """What a pop found: the stored records (the response body as they are; `messages` decodes them on
+    first access), per queue start offsets and offsets."""
 
     pop_time: int
     invisible_time: int
     revive_qid: int
     buffers: list[bytes]
-    messages: list[MessageExt]
     start_offset_info: list[str]
     msg_offset_info: list[str]
     rest_num: int
+    _messages: list[MessageExt] | None = None
+
+    @property
+    def messages(self) -> list[MessageExt]:
+        if self._messages is None:
+            self._messages = [codec.decode_message(b, 0) for b in self.buffers]
+        return self._messages
 
 
 class PopService:
@@ -98,11 +110,25 @@ class PopService:
         self._read: dict[int, int] = {}
         self._pending: dict[int, OrderedDict[tuple, tuple[PopCheckPoint, int]]] = {}
         self.revived = 0
+        cfg = broker.config
+        offsets = broker.offset_manager
+        self.buffer = PopBufferMergeService(
+            lambda ck, qid: self._put_revive(ck.to_json(), CK_TAG, qid), offsets.commit, offsets.file.query_offset,
+            enabled=cfg.enable_pop_buffer_merge, stay_ms=cfg.pop_ck_stay_buffer_time,
+            margin_ms=cfg.pop_ck_stay_buffer_time_out, max_size=cfg.pop_ck_max_buffer_size)
+        offsets.pop_frontier = self.buffer.frontier
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
         self.broker.topic_manager.ensure(self.revive_topic, REVIVE_QUEUE_NUM, PermName.PERM_READ | PermName.PERM_WRITE)
-        self._recover_pop_offsets()
+        stored = self._recover_pop_offsets()
+        journal = os.path.join(self.store.config.store_path_root_dir, "pop", "ckbuffer.journal")
+        self._recover_buffer(journal, stored)
+        if self.buffer.enabled:
+            self.buffer.journal = PopJournal(journal)
+            self.buffer.journal.reset([], {})
+        elif os.path.exists(journal):  # recovered: its lines must not be applied again by a later start
+            os.remove(journal)
         self.store.add_message_arriving_listener(self._on_arrival)
         self._thread = threading.Thread(target=self._revive_loop, name="PopReviveService", daemon=True)
         self._thread.start()
@@ -113,12 +139,17 @@ class PopService:
             self._arrival.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.buffer.flush_all()  # what is in flight comes back at its revive time after the restart too
+        if self.buffer.journal is not None:  # everything is stored or settled now: only the offsets stay
+            self.buffer.journal.reset([], self.buffer.committed_offsets())
+            self.buffer.journal.close()
 
-    def _recover_pop_offsets(self) -> None:
+    def _recover_pop_offsets(self) -> set[tuple]:
         """Consume offsets are flushed every few seconds, checkpoints at once: after a crash, move each
         group's offset past what the checkpoints from the revive offset on say was popped, so that only
-        what was in flight is delivered again."""
+        what was in flight is delivered again. The keys of those checkpoints are returned."""
         offsets = self.broker.offset_manager
+        keys: set[tuple] = set()
         self.store.wait_for_dispatch(60.0)
         for qid in range(REVIVE_QUEUE_NUM):
             pos = max(offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid), 0)
@@ -134,10 +165,44 @@ class PopService:
                         ck = PopCheckPoint.from_json(bytes(m.body))
                     except (ValueError, KeyError):
                         continue
+                    keys.add((ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time))
                     if ck.queue_offset_diff:
                         end = ck.start_offset + max(ck.queue_offset_diff) + 1
                         if offsets.file.query_offset(ck.group, ck.topic, ck.queue_id) < end:
                             offsets.commit(ck.group, ck.topic, ck.queue_id, end)
+        return keys
+
+    def _recover_buffer(self, path: str, stored: set[tuple]) -> None:
+        """The checkpoints a stopped or killed broker held in its buffer (its journal, `PopJournal`): the
+        ones with unacked messages that are not in the revive topic yet are stored now (only those
+        messages: they come back at their revive time), and each queue's offset moves past its pops, all
+        of which are then stored or settled. A queue where a store fails keeps its offset (its pops are
+        delivered again at once rather than lost)."""
+        offsets = self.broker.offset_manager
+        ends: dict[tuple[str, str, int], int] = {}
+        failed: set[tuple[str, str, int]] = set()
+        restored = 0
+        entries, committed = PopJournal.recover(path, self.broker.config.broker_name)
+        ends.update(committed)
+        for ck, qid, next_offset, acked, was_stored in entries:
+            qkey = (ck.group, ck.topic, ck.queue_id)
+            key = (*qkey, ck.start_offset, ck.pop_time)
+            full = (1 << len(ck.queue_offset_diff)) - 1
+            if not was_stored and key not in stored and acked != full:
+                diffs = [d for i, d in enumerate(ck.queue_offset_diff) if not acked >> i & 1]
+                ck.num, ck.queue_offset_diff = len(diffs), diffs
+                if not self._put_revive(ck.to_json(), CK_TAG, qid):
+                    failed.add(qkey)
+                    continue
+                restored += 1
+            ends[qkey] = max(ends.get(qkey, -1), next_offset)
+        for (group, topic, queue_id), end in ends.items():
+            if (group, topic, queue_id) not in failed and offsets.file.query_offset(group, topic, queue_id) < end:
+                offsets.commit(group, topic, queue_id, end)
+        if ends:
+            offsets.persist()
+            log.info("POP checkpoint buffer recovered: %d checkpoints stored, offsets of %d queues moved",
+                     restored, len(ends))
 
     def _on_arrival(self, batch: dict[tuple[str, int], int]) -> None:
         with self._arrival:
@@ -159,7 +224,7 @@ class PopService:
         deadline = time.monotonic() + poll_time_ms / 1000.0
         while True:
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
-            if result.messages or poll_time_ms <= 0 or self._stop.is_set():
+            if result.buffers or poll_time_ms <= 0 or self._stop.is_set():
                 return result
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -184,10 +249,11 @@ class PopService:
                   expression: str) -> PopResult:
         pop_time = int(time.time() * 1000)
         self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
-        result = PopResult(pop_time, invisible_time, self._qid, [], [], [], [], 0)
+        result = PopResult(pop_time, invisible_time, self._qid, [], [], [], 0)
         filt = MessageFilter(expression)
+        broker_name = self.broker.config.broker_name
         for t, q, retry in self._queues(group, topic, queue_id):
-            want = max_nums - len(result.messages)
+            want = max_nums - len(result.buffers)
             if want <= 0:
                 offset = self._offset(group, t, q)
                 result.rest_num += max(self.store.get_max_offset_in_queue(t, q) - offset, 0)
@@ -197,24 +263,24 @@ class PopService:
                 r = self.store.get_message(group, t, q, offset, want, filt)
                 if r is None:
                     continue
-                if r.status == GetMessageStatus.OFFSET_TOO_SMALL or (not r.messages and r.next_begin_offset > offset):
-                    self.broker.offset_manager.commit(group, t, q, r.next_begin_offset)  # skip filtered / removed
-                if not r.messages:
+                offsets = r.message_queue_offsets
+                if not offsets:
+                    if r.status == GetMessageStatus.OFFSET_TOO_SMALL or r.next_begin_offset > offset:
+                        self.buffer.add_offset(group, t, q, r.next_begin_offset)  # skip filtered / removed
                     continue
-                ck = PopCheckPoint(offset, pop_time, invisible_time, len(r.messages), q, t, group,
-                                   self.broker.config.broker_name, [m.queue_offset - offset for m in r.messages])
-                if not self._put_revive(ck.to_json(), CK_TAG, result.revive_qid):
+                ck = PopCheckPoint(offset, pop_time, invisible_time, len(offsets), q, t, group, broker_name,
+                                   [o - offset for o in offsets])
+                # buffered (or written): the consume offset moves past it by the buffer's rule (pop_buffer.py)
+                if not self.buffer.add_ck(ck, result.revive_qid, r.next_begin_offset):
                     continue  # nothing handed out without its checkpoint
-                self.broker.offset_manager.commit(group, t, q, r.next_begin_offset)
             result.start_offset_info.append(f"{1 if retry else 0} {q} {offset}")
-            result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(str(m.queue_offset) for m in r.messages)}")
+            result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(map(str, offsets))}")
             result.buffers += r.message_buffers
-            result.messages += r.messages
             result.rest_num += max(r.max_offset - r.next_begin_offset, 0)
         return result
 
     def _offset(self, group: str, topic: str, queue_id: int) -> int:
-        off = self.broker.offset_manager.file.query_offset(group, topic, queue_id)
+        off = self.buffer.pop_offset(group, topic, queue_id)
         return max(off, self.store.get_min_offset_in_queue(topic, queue_id), 0)
 
     def _put_revive(self, body: str, tag: str, qid: int) -> bool:
@@ -228,13 +294,19 @@ class PopService:
     # -- ack and change invisible time ------------------------------------------------------------------------
     def ack(self, group: str, topic: str, extra: ExtraInfo, offset: int) -> bool:
         """Settle one popped message (its receipt handle `extra`)."""
+        if self.buffer.ack((group, topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time), [offset]):
+            return True  # matched in the buffer: nothing to write
         ack = AckMsg(offset, extra.ck_queue_offset, group, topic, extra.queue_id, extra.pop_time,
                      extra.broker_name)
         return self._put_revive(ack.to_json(), ACK_TAG, extra.revive_qid)
 
     def batch_ack(self, ack: BatchAck) -> bool:
-        """Settle several messages of one pop with one revive record (tag `bAck`, ack offset list `aol`)."""
-        body = json.dumps({"aol": [ack.start_offset + b for b in ack.bits], "so": ack.start_offset, "c": ack.group,
+        """Settle several messages of one pop: in the buffer, or with one revive record (tag `bAck`, ack
+        offset list `aol`)."""
+        offsets = [ack.start_offset + b for b in ack.bits]
+        if self.buffer.ack((ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time), offsets):
+            return True
+        body = json.dumps({"aol": offsets, "so": ack.start_offset, "c": ack.group,
                            "t": ack.topic, "q": ack.queue_id, "pt": ack.pop_time,
                            "bn": self.broker.config.broker_name}, separators=(",", ":"))
         return self._put_revive(body, BATCH_ACK_TAG, ack.revive_qid)
@@ -246,6 +318,9 @@ class PopService:
         # a checkpoint is known by (group, topic, queue, start offset, pop time): the new one must not share
         # the old one's key, or the ack of the old one would settle it
         pop_time = max(int(time.time() * 1000), extra.pop_time + 1)
+        # the old checkpoint (and the queue's earlier ones) go to the revive topic first: the new one's end
+        # must not carry the offset past them at a recovery
+        self.buffer.flush_queue(group, topic, extra.queue_id)
         ck = PopCheckPoint(offset, pop_time, invisible_time, 1, extra.queue_id, topic, group,
                            self.broker.config.broker_name, [0])
         if not self._put_revive(ck.to_json(), CK_TAG, extra.revive_qid):
@@ -265,6 +340,7 @@ class PopService:
     def revive_once(self, now_ms: int | None = None) -> int:
         """One round over the revive queues; how many messages were put back."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        self.buffer.flush_due(now)
         n = 0
         for qid in range(REVIVE_QUEUE_NUM):
             n += self._revive_queue(qid, now)

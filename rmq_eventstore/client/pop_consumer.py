@@ -14,10 +14,16 @@ import json
 
 from ..common import MessageExt
 from ..common.pop import BatchAck, ExtraInfo, pop_retry_topic
-from ..common.properties import PROPERTY_POP_CK, PROPERTY_RETRY_TOPIC
+from ..common.properties import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_POP_CK,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_SEPARATOR,
+)
 from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from .base import ClientBase, decode_records
+from .remoting_client import MQBrokerError
 
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
 
@@ -28,6 +34,31 @@ def _parse_starts(info: str) -> dict[tuple[bool, int], int]:
         retry, qid, start = item.split(" ")
         out[(retry != "0", int(qid))] = int(start)
     return out
+
+
+def _set_handle(msg: MessageExt, handle: str) -> None:
+    """Set the `POP_CK` property without parsing the message's properties (appended to the string when
+    they were not parsed yet: the last occurrence of a name wins)."""
+    if msg._properties is not None:
+        msg._properties[PROPERTY_POP_CK] = handle
+        return
+    s = msg.properties_string
+    msg.properties_string = f"{s}{'' if not s or s.endswith(PROPERTY_SEPARATOR) else PROPERTY_SEPARATOR}" \
+                            f"{PROPERTY_POP_CK}{NAME_VALUE_SEPARATOR}{handle}{PROPERTY_SEPARATOR}"
+
+
+def _get_handle(msg: MessageExt) -> str | None:
+    """The message's `POP_CK`, read from the end of its properties string when they were not parsed yet
+    (anything else with a `properties` mapping, e.g. kombu's receipts, is asked for it)."""
+    if type(msg) is not MessageExt or msg._properties is not None:
+        return msg.properties.get(PROPERTY_POP_CK)
+    s = msg.properties_string
+    lead = PROPERTY_POP_CK + NAME_VALUE_SEPARATOR
+    i = s.rfind(lead)
+    if i < 0 or (i and s[i - 1] != PROPERTY_SEPARATOR):
+        return msg.properties.get(PROPERTY_POP_CK)
+    j = s.find(PROPERTY_SEPARATOR, i)
+    return s[i + len(lead):j if j >= 0 else len(s)] or None
 
 
 class PopConsumer:
@@ -53,16 +84,33 @@ class PopConsumer:
         self.shutdown()
 
     def pop(self, topic: str, max_nums: int = 32, invisible_time: int = 60_000, poll_time: int = 0,
-            tags: str = "*", queue_id: int = -1) -> list[MessageExt]:
+            tags: str = "*", queue_id: int = -1, ack: list[MessageExt] | None = None) -> list[MessageExt]:
         """Up to `max_nums` messages, invisible to the group for `invisible_time` ms; with `poll_time` > 0
-        the broker waits up to that many ms for one (long polling)."""
+        the broker waits up to that many ms for one (long polling).
+
+        `ack`: messages popped before, settled as `ack_batch` does, in the same write as this pop (the
+        broker serves the ack first): one round trip for both, as a Redis client pipelines XACK with the
+        next XREADGROUP. If the broker refuses the ack, `MQBrokerError` is raised and what this pop took
+        comes back after its invisible time."""
         validate_topic(topic)
         addr = self._base.broker_for(topic)
         cmd = RemotingCommand.request(RequestCode.POP_MESSAGE, {
             "consumerGroup": self.group, "topic": topic, "queueId": queue_id, "maxMsgNums": max_nums,
             "invisibleTime": invisible_time, "pollTime": poll_time, "bornTime": 0, "initMode": 1,
             "expType": "TAG", "exp": tags, "order": False})
-        r = self._base.invoke(addr, cmd, self._base.timeout + poll_time / 1000.0, ok=_POP_OK)
+        timeout = self._base.timeout + poll_time / 1000.0
+        acks = self._ack_requests(ack) if ack else {}
+        for other, ack_cmd in acks.items():
+            if other != addr:
+                self._base.invoke(other, ack_cmd)
+        if addr in acks:
+            acked, r = self._base.remoting.invoke_many(addr, [acks[addr], cmd], timeout)
+            if r.code not in _POP_OK:
+                raise MQBrokerError(r.code, r.remark, addr)
+            if acked.code != ResponseCode.SUCCESS:
+                raise MQBrokerError(acked.code, acked.remark, addr)
+        else:
+            r = self._base.invoke(addr, cmd, timeout, ok=_POP_OK)
         if r.code != ResponseCode.SUCCESS or not r.body:
             return []
         x = r.ext_fields
@@ -71,17 +119,30 @@ class PopConsumer:
         names = list(self._base.route(topic).broker_addrs)
         broker_name = names[0] if names else ""
         msgs = decode_records(r.body)
+        # each message's handle is ExtraInfo(start, popTime, invisibleTime, reviveQid, retry, brokerName,
+        # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue
+        prefixes: dict[tuple[bool, int], str] = {}
         for m in msgs:
             retry = m.topic != topic
-            extra = ExtraInfo(starts.get((retry, m.queue_id), m.queue_offset), pop_time, invisible, revive_qid, retry,
-                              broker_name, m.queue_id, m.queue_offset)
-            m.properties[PROPERTY_POP_CK] = extra.build()
+            qid = m.queue_id
+            prefix = prefixes.get((retry, qid))
+            if prefix is None:
+                start = starts.get((retry, qid))
+                if start is None:  # no start offset for the queue: the message is its own checkpoint start
+                    _set_handle(m, ExtraInfo(m.queue_offset, pop_time, invisible, revive_qid, retry, broker_name,
+                                             qid, m.queue_offset).build())
+                    if retry:
+                        m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+                    continue
+                prefix = prefixes[(retry, qid)] = (f"{start} {pop_time} {invisible} {revive_qid} "
+                                                   f"{1 if retry else 0} {broker_name} {qid} ")
+            _set_handle(m, prefix + str(m.queue_offset))
             if retry:
                 m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
         return msgs
 
     def _target(self, msg: MessageExt) -> tuple[str, ExtraInfo]:
-        handle = msg.properties.get(PROPERTY_POP_CK)
+        handle = _get_handle(msg)
         if not handle:
             raise ValueError("the message has no POP_CK receipt handle: it was not popped by a PopConsumer")
         extra = ExtraInfo.split(handle)
@@ -96,20 +157,34 @@ class PopConsumer:
 
     def ack_batch(self, msgs: list[MessageExt]) -> None:
         """Settle several popped messages with one BATCH_ACK_MESSAGE per broker (one entry per pop)."""
-        groups: dict[tuple, BatchAck] = {}
+        for addr, cmd in self._ack_requests(msgs).items():
+            self._base.invoke(addr, cmd)
+
+    def _ack_requests(self, msgs: list[MessageExt]) -> dict[str, RemotingCommand]:
+        """The BATCH_ACK_MESSAGE requests settling `msgs`, by broker address."""
+        groups: dict[tuple[str, str], BatchAck] = {}
         by_broker: dict[str, list[BatchAck]] = {}
         for m in msgs:
-            topic, extra = self._target(m)
-            key = (topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time, extra.revive_qid)
+            # the handles of one pop's queue differ only in their last field (the offset): each distinct
+            # rest is parsed once
+            handle = _get_handle(m) or ""
+            prefix, _, last = handle.rpartition(" ")
+            key = (m.topic, prefix)
             ack = groups.get(key)
-            if ack is None:
-                ack = groups[key] = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
-                                             extra.revive_qid, extra.pop_time, extra.invisible_time, [])
-                by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
-            ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
-        for addr, acks in by_broker.items():
-            body = json.dumps({"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()
-            self._base.invoke(addr, RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
+            if ack is None or handle.count(" ") != 7:
+                topic, extra = self._target(m)
+                key = (m.topic, extra.build().rpartition(" ")[0])
+                ack = groups.get(key)
+                if ack is None:
+                    ack = groups[key] = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset,
+                                                 extra.queue_id, extra.revive_qid, extra.pop_time,
+                                                 extra.invisible_time, [])
+                    by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
+                ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
+                continue
+            ack.bits.append(int(last) - ack.start_offset)
+        return {addr: RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(
+            {"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()) for addr, acks in by_broker.items()}
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:
         """Make a popped message invisible for `invisible_time` ms from now (0: visible again now); the

@@ -294,6 +294,29 @@ class ClientConnection:
             raise
         if while_waiting is not None:
             while_waiting()
+        return self._finish(cmd, slot, deadline, timeout)
+
+    def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
+        """Send several requests with one write (pipelined: the broker serves them in order and answers
+        those it can at once with one write too) and wait for their responses, in the order of `cmds`."""
+        slots = [_Pending() for _ in cmds]
+        with self._lock:
+            if self.closed:
+                raise self._error or RemotingError(f"connection to {self.address} is closed")
+            for cmd, slot in zip(cmds, slots, strict=True):
+                self._pending[cmd.opaque] = slot
+        deadline = time.monotonic() + timeout
+        try:
+            self._send(b"".join(cmd.encode() for cmd in cmds))
+        except RemotingError:
+            with self._lock:
+                for cmd in cmds:
+                    self._pending.pop(cmd.opaque, None)
+            raise
+        return [self._finish(cmd, slot, deadline, timeout) for cmd, slot in zip(cmds, slots, strict=True)]
+
+    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float) -> RemotingCommand:
+        """The response to `cmd`, sent already: wait for it up to `deadline`."""
         try:
             self._await(slot, deadline)
         except RemotingTimeoutError:
@@ -388,6 +411,13 @@ class RemotingClient:
         if self._sign is not None:
             self._sign(cmd)
         return self.connection(address).invoke(cmd, timeout, while_waiting)
+
+    def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:
+        """`ClientConnection.invoke_many`: several requests in one write, their responses in order."""
+        if self._sign is not None:
+            for cmd in cmds:
+                self._sign(cmd)
+        return self.connection(address).invoke_many(cmds, timeout)
 
     def invoke_oneway(self, address: str, cmd: RemotingCommand) -> None:
         if self._sign is not None:

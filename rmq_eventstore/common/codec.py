@@ -433,6 +433,7 @@ class RecordEncoder:
         self.uniq_ids = uniq_ids
         self._store_v6 = STOREHOSTADDRESS_V6_FLAG if len(self.store_host[0]) == 16 else 0
         self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length-prefixed bytes, magic)
+        self._plain_ctx: tuple | None = None  # encode_plain_one's bound arguments (built at its first call)
 
     def _topic_part(self, topic: str, force_v2: bool) -> tuple[bytes, int]:
         tp = None if force_v2 else self._topics.get(topic)
@@ -560,20 +561,66 @@ class RecordEncoder:
         parts += (rec.head, _QOFF_PHYS.pack(queue_offset, physical_offset), rec.mid, store_timestamp, rec.tail)
 
     def encode_plain_batch(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
-                           queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
+                           queue_table: dict[str, int], base_offset: int, now: int,
+                           columns: bool = False) -> PlainBatch | None:
         """The batch put's fast path (see `encode_plain_batch_py`, the reference): the C loop of
         `rmq_eventstore._native` when it is active (`NATIVE`) and the batch is one it covers, else the
-        Python loop. Both write the `__CRC32#` trailer when `append_crc` is on."""
+        Python loop. Both write the `__CRC32#` trailer when `append_crc` is on. With `columns`, the C loop
+        hands its dispatch over as one `DispatchColumns` (in `requests`) instead of a request per record;
+        the Python loop always gives requests (dispatch takes either)."""
         if native is not None:
             addr, port = self.store_host
             r = native.encode_plain_batch(
                 msgs, uniq_keys, queue_table, base_offset, now, self._topics, addr, port,
                 (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0, self.max_message_size,
                 self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE, tags_string_to_tags_code,
-                DispatchRequest, self.append_crc)
+                DispatchRequest, self.append_crc, columns)
             if r is not None:
+                if columns:
+                    data, cols, offsets, uniqs, seen, first_q = r
+                    return PlainBatch(data, DispatchColumns(*cols), offsets, uniqs, seen, first_q)
                 return _new_tuple(PlainBatch, r)
         return self.encode_plain_batch_py(msgs, uniq_keys, queue_table, base_offset, now)
+
+    def encode_plain_one(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int,
+                         now: int) -> tuple[bytes, DispatchRequest] | None:
+        """`encode_plain_batch` of one message whose queue offset the caller looked up (a single put):
+        `(record, request)`, or None when the message is not plain (the batch path then decides). The
+        native loop when it is active, else `encode_plain_batch_py`; the same bytes either way."""
+        if native is not None:
+            ctx = self._plain_ctx
+            if ctx is None:
+                addr, port = self.store_host
+                ctx = self._plain_ctx = (
+                    self._topics, addr, port, (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0,
+                    self.max_message_size, self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE,
+                    tags_string_to_tags_code, DispatchRequest, self.append_crc)
+            return native.encode_plain_one(msg, uniq_key, queue_offset, offset, now, ctx)
+        return self.encode_plain_one_py(msg, uniq_key, queue_offset, offset, now)
+
+    def encode_plain_one_into(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int, now: int,
+                              dst: memoryview | bytearray, pos: int, limit: int) -> tuple[int, DispatchRequest] | None:
+        """`encode_plain_one` written straight into `dst` at `pos` (a single put's mapped file): `(size,
+        request)`, or None, with nothing written, when the message is not plain or its record would take more
+        than `limit` bytes. Native when active, else `encode_plain_one_py` and a copy; the same bytes."""
+        if native is not None:
+            if self._plain_ctx is None:
+                self.encode_plain_one(msg, uniq_key, queue_offset, offset, now)  # binds the context
+            return native.encode_plain_one(msg, uniq_key, queue_offset, offset, now, self._plain_ctx, dst, pos, limit)
+        r = self.encode_plain_one_py(msg, uniq_key, queue_offset, offset, now)
+        if r is None or len(r[0]) > limit or pos + len(r[0]) > len(dst):
+            return None
+        data, req = r
+        dst[pos:pos + len(data)] = data
+        return len(data), req
+
+    def encode_plain_one_py(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int,
+                            now: int) -> tuple[bytes, DispatchRequest] | None:
+        """`encode_plain_one`'s reference: `encode_plain_batch_py` of the message alone."""
+        if queue_offset < 0:
+            return None
+        b = self.encode_plain_batch_py((msg,), (uniq_key,), {f"{msg.topic}-{msg.queue_id}": queue_offset}, offset, now)
+        return None if b is None else (b.data, b.requests[0])
 
     def encode_plain_batch_py(self, msgs: Sequence[Message], uniq_keys: Sequence[str | None] | None,
                               queue_table: dict[str, int], base_offset: int, now: int) -> PlainBatch | None:
@@ -842,6 +889,58 @@ class DispatchRequest(NamedTuple):
     sys_flag: int
     prepared_transaction_offset: int
     properties_string: str
+
+
+class DispatchColumns:
+    """What a batch put hands to dispatch as columns instead of one `DispatchRequest` per record (issue 16).
+
+    The native encoder fills them in the pass that writes the records: the consume-queue units per queue
+    (int64 rows `(commitLogOffset, size, tagsCode, cqOffset)`, what `group_units` makes of requests) and the
+    index entries of every record (int32 key hashes, int64 offsets, int64 store times, what `index_keys`
+    makes), so nothing is built per record between the put and the consume queues and index files.
+    `len()` is the number of records.
+    """
+
+    __slots__ = ("count", "units", "hashes", "phy", "ts", "store_timestamp")
+
+    def __init__(self, count: int, units: list[tuple[tuple[str, int], bytes]], hashes: bytes, phy: bytes,
+                 ts: bytes, store_timestamp: int) -> None:
+        self.count = count
+        self.units = units  # [((topic, queue id), int64 rows bytes)], queues in order of first appearance
+        self.hashes = hashes
+        self.phy = phy
+        self.ts = ts
+        self.store_timestamp = store_timestamp  # of the last record
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"DispatchColumns({self.count} records, {len(self.units)} queues, {len(self.hashes) // 4} keys)"
+
+    @classmethod
+    def merge(cls, parts: Sequence[DispatchColumns]) -> DispatchColumns:
+        """Consecutive hand-offs as one (units of a queue concatenated in log order)."""
+        if len(parts) == 1:
+            return parts[0]
+        units: dict[tuple[str, int], list[bytes]] = {}
+        for p in parts:
+            for key, u in p.units:
+                g = units.get(key)
+                if g is None:
+                    units[key] = [u]
+                else:
+                    g.append(u)
+        return cls(sum(p.count for p in parts), [(k, b"".join(v)) for k, v in units.items()],
+                   b"".join(p.hashes for p in parts), b"".join(p.phy for p in parts), b"".join(p.ts for p in parts),
+                   parts[-1].store_timestamp)
+
+    def grown(self) -> dict[tuple[str, int], int]:
+        """(topic, queue id) -> the queue's max offset after these records (the arrival listeners' argument)."""
+        return {key: _NATIVE_LONG.unpack_from(u, len(u) - 8)[0] + 1 for key, u in self.units if u}
+
+
+_NATIVE_LONG = struct.Struct("=q")
 
 
 class CheckResult(NamedTuple):

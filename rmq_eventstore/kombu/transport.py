@@ -3,7 +3,9 @@
 - A kombu queue is a topic (`names.topic_name`), consumed by one POP consumer group (`kombu`, or
   `<namespace>%kombu`). Delivery is POP with the `visibility_timeout` (seconds, default 3600 as Redis) as
   invisible time; ack is ACK; reject with requeue, `basic_recover` and restore on close change the
-  invisible time to zero (the same message comes back, no copy is sent). Nothing about unacked messages
+  invisible time to zero (the same message comes back, no copy is sent). Acks are sent in batches
+  (BATCH_ACK_MESSAGE) by a background thread per connection (`_AckBatcher`), so a worker does not wait for
+  a round trip per task; closing the connection waits for them. Nothing about unacked messages
   is kept in memory only: a worker that dies holding messages loses nothing, the broker's revive puts them
   back once their invisible time is over.
 - The delivery tag is `<topic>/<receipt handle>`: unique per delivery, and all an ACK needs, so acks from
@@ -234,6 +236,113 @@ class _AckRetry:
                 self._pending[:0] = keep
 
 
+class _AckBatcher:
+    """The acks of one kombu connection, sent by a background thread as BATCH_ACK_MESSAGE requests, so that
+    `basic_ack` does not wait for a round trip (a worker used to spend about half its time there).
+
+    Batching adapts to the rate and delays nothing on purpose: an ack is sent at once when no batch is in
+    flight; acks that come while one is in flight go together, as soon as its answer is in (at most
+    `MAX_BATCH` per request). So an ack waits at most for the batch before it (one round trip; the client's
+    timeout if the broker stalls), and `flush` waits for all of them (at close and at exit). A batch that
+    fails on a lost connection marks the connection lost (the next `drain_events` raises, the consumer
+    reconnects) and each of its acks goes to `_AckRetry`: sent again until it lands or its lease ends. A
+    batch the broker refuses is acked one by one, so that one bad handle does not hold the others back."""
+
+    MAX_BATCH = 64
+    IDLE_EXIT = 5.0  # the thread exits after this long without acks (and starts again with the next one)
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[_Receipt] = []
+        self._busy = False  # a batch is in flight
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, receipt: _Receipt) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's thread and lock are not ours
+            self._reset()
+        with self._cond:
+            self._queue.append(receipt)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kombu-rocketmq-acks", daemon=True)
+                self._thread.start()
+            elif not self._busy:
+                self._cond.notify()
+
+    def pending(self) -> int:
+        """Acks taken but not answered yet (queued or in flight)."""
+        with self._cond:
+            return len(self._queue) + (1 if self._busy else 0)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every ack taken so far was answered (or handed to `_AckRetry`); False on timeout."""
+        if self._pid != os.getpid():
+            return True
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                if not self._queue:
+                    cond.wait(self.IDLE_EXIT)
+                    if not self._queue:
+                        self._thread = None
+                        return
+                batch, self._queue = self._queue[:self.MAX_BATCH], self._queue[self.MAX_BATCH:]
+                self._busy = True
+            try:
+                self._send(batch)
+            except Exception:  # never let the thread die with acks queued
+                log.exception("kombu: a batch of %d acks failed", len(batch))
+            finally:
+                with cond:
+                    self._busy = False
+                    cond.notify_all()
+
+    def _send(self, batch: list[_Receipt]) -> None:
+        t = self._transport
+        if t.lost is not None and t._settle_from is not None:  # its connection is gone: straight to the retries
+            for receipt in batch:
+                _ack_retry.add(t._late_pop, receipt)
+            return
+        settle = t.settle
+        try:
+            settle(lambda pop: pop.ack_batch(batch), acks=batch)
+            return
+        except (RemotingError, OSError):
+            return  # settle marked the connection lost and queued every ack of the batch for retries
+        except MQBrokerError as e:
+            if len(batch) == 1:
+                log.error("kombu: the broker refused the ack of %s/%s: %s", batch[0].topic,
+                          batch[0].properties[PROPERTY_POP_CK], e)
+                return
+            log.warning("kombu: the broker refused a batch of %d acks (%s); acking them one by one", len(batch), e)
+        for receipt in batch:
+            try:
+                settle(lambda pop, r=receipt: pop.ack(r), acks=[receipt])
+            except (RemotingError, OSError):
+                pass  # queued for retries by settle
+            except MQBrokerError as e:
+                log.error("kombu: the broker refused the ack of %s/%s: %s", receipt.topic,
+                          receipt.properties[PROPERTY_POP_CK], e)
+
+
+_ack_batchers: weakref.WeakSet[_AckBatcher] = weakref.WeakSet()
+
+
+def _flush_ack_batchers(timeout: float = 10.0) -> None:
+    """At exit: send what the connections still hold (they may never have been closed)."""
+    end = time.monotonic() + timeout
+    for b in list(_ack_batchers):
+        b.flush(max(end - time.monotonic(), 0.0))
+
+
 _ack_retry = _AckRetry()
 _consuming: weakref.WeakSet[Transport] = weakref.WeakSet()  # connections of this process that consume
 _celery_hooked = False
@@ -270,6 +379,7 @@ def _on_worker_shutting_down(**kwargs: Any) -> None:
     for t in list(_consuming):
         t.give_back_waiting()
 atexit.register(_shutdown_settlers)
+atexit.register(_flush_ack_batchers)  # runs first (atexit is last in, first out)
 os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
 os.register_at_fork(after_in_child=lambda: _ack_retry.__init__())
 
@@ -707,7 +817,7 @@ class Channel(virtual.Channel):
     # -- acks ------------------------------------------------------------------------------------------------------
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         try:
-            self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
+            self._transport.ack(_receipt(delivery_tag))
         finally:
             super().basic_ack(delivery_tag)
             self.connection.credit_freed(self)
@@ -717,7 +827,7 @@ class Channel(virtual.Channel):
             if requeue:
                 self._give_back(delivery_tag)
             else:
-                self._transport.settle(lambda pop: pop.ack(_receipt(delivery_tag)), ack=_receipt(delivery_tag))
+                self._transport.ack(_receipt(delivery_tag))
         finally:
             self.qos.ack(delivery_tag)  # forget it either way: the broker has it now
             self.connection.credit_freed(self)
@@ -753,10 +863,11 @@ class Transport(virtual.Transport):
     wait in `drain_events`), `requeue_wait` (s, 2.0), `retry_max_times` (10000),
     `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
     follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`),
-    `eta_timers` (True: tasks with an eta are sent as timer messages; False: sent at once, held by the
-    worker, as with Redis), `eta_lead` (s, 1.5: how long before its eta a task reaches the worker),
-    `eta_max_delay` (s, 259200: the broker's `timerMaxDelaySec`; farther etas are chained; a broker that
-    says it holds less is believed)."""
+    `ack_batching` (True: acks leave in batches from a background thread, `_AckBatcher`; False: each
+    `basic_ack` waits for its ACK_MESSAGE's answer), `eta_timers` (True: tasks with an eta are sent as timer
+    messages; False: sent at once, held by the worker, as with Redis), `eta_lead` (s, 1.5: how long before its
+    eta a task reaches the worker), `eta_max_delay` (s, 259200: the broker's `timerMaxDelaySec`; farther etas
+    are chained; a broker that says it holds less is believed)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT
@@ -807,6 +918,10 @@ class Transport(virtual.Transport):
         self.lost: BaseException | None = None  # the connection error that ended this connection, if any
         self._settle_from: tuple[str, str | None] | None = None  # (name server, local store) once connected
         self._keys: tuple[str | None, str | None] = (None, None)
+        self._acks: _AckBatcher | None = None
+        if opts.get("ack_batching", True):
+            self._acks = _AckBatcher(self)
+            _ack_batchers.add(self._acks)
 
     def driver_version(self) -> str:
         return __version__
@@ -895,12 +1010,30 @@ class Transport(virtual.Transport):
             namesrv = found.namesrv_addr if found is not None else namesrv
         return _settler(namesrv, self.group, *self._keys)
 
-    def settle(self, op: Any, ack: _Receipt | None = None) -> Any:
+    def ack(self, receipt: _Receipt) -> None:
+        """Settle a delivered message: through the connection's `_AckBatcher` (returns at once; transport
+        option `ack_batching`, default on), else with one ACK_MESSAGE round trip. A malformed receipt handle
+        raises ValueError here, either way."""
+        ExtraInfo.split(receipt.properties[PROPERTY_POP_CK])
+        if self._acks is None:
+            self.settle(lambda pop: pop.ack(receipt), acks=[receipt])
+        else:
+            self._acks.add(receipt)
+
+    def flush_acks(self, timeout: float = 10.0) -> bool:
+        """Wait until every ack `basic_ack` took so far is answered by the broker (or, its connection lost,
+        handed to the background retries); False when `timeout` (s) ran out first."""
+        return True if self._acks is None else self._acks.flush(timeout)
+
+    def settle(self, op: Any, ack: _Receipt | None = None, acks: list[_Receipt] | None = None) -> Any:
         """Run `op(pop_consumer)` (an ack, a reject, a give-back) on this connection's POP consumer, or, once
         the connection is closed, on the process-wide settler of the group (`_settler`): an ack that comes
         after Celery replaced the connection still lands. A connection error marks the connection lost, so
-        the next `drain_events` raises it and the consumer reconnects at once; an ack (`ack`: its receipt)
-        that failed so is also sent again in the background until it lands or its lease is over (`_AckRetry`)."""
+        the next `drain_events` raises it and the consumer reconnects at once; acks (`ack`, `acks`: their
+        receipts) that failed so are also sent again in the background until they land or their lease is
+        over (`_AckRetry`)."""
+        if ack is not None:
+            acks = [ack, *(acks or [])]
         clients = self._clients
         try:
             if clients is not None and not self._closed:
@@ -911,8 +1044,9 @@ class Transport(virtual.Transport):
         except (RemotingError, OSError) as e:
             if not self._closed and self.lost is None:
                 self.lost = e
-            if ack is not None and self._settle_from is not None:
-                _ack_retry.add(self._late_pop, ack)
+            if acks and self._settle_from is not None:
+                for receipt in acks:
+                    _ack_retry.add(self._late_pop, receipt)
             raise
 
     def establish_connection(self) -> Transport:
@@ -1012,6 +1146,9 @@ class Transport(virtual.Transport):
 
     def close_connection(self, connection: Any) -> None:
         try:
+            if self._acks is not None and not self._acks.flush(self._ack_flush_timeout()):
+                log.warning("kombu: %d acks still unanswered at close; they go on in the background",
+                            self._acks.pending())
             self.unregister_from_event_loop(connection, self._hub)
             if self._waiting_thread is not None:
                 self._waiting_thread.join(timeout=30)
@@ -1039,6 +1176,11 @@ class Transport(virtual.Transport):
             if self._clients is not None:
                 self._clients.shutdown()
                 self._clients = None
+
+    def _ack_flush_timeout(self) -> float:
+        """How long close waits for the acks in flight: one request timeout and a little."""
+        clients = self._clients
+        return (clients.pop._base.timeout if clients is not None else 3.0) + 2.0
 
     # -- draining ----------------------------------------------------------------------------------------------
     def _candidates(self) -> list[tuple[Channel, str]]:

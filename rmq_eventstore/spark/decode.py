@@ -11,10 +11,17 @@ the record, the computed length equal to TOTALSIZE); the first record that fails
 the engine's reader stops at damage. Values equal what `codec.decode_message` returns in a
 `MessageExt`: properties parsed like `codec.string_to_properties` (the last duplicate wins), hosts in
 Java's `ip:port` text, `msg_id` the offsetMsgId of the store host and PHYSICALOFFSET.
+
+When the C extension `rmq_eventstore._spark_native` is built (and `RMQ_EVENTSTORE_PURE` is not set;
+`NATIVE` says which), `walk` and `decode_batch` run in C: it validates the same way and fills the Arrow
+buffers of every column, which are wrapped here without a copy. A batch it declines (an IPv6 host, text
+that is not strict UTF-8, a property name given twice) runs the numpy code below, which stays the
+definition; `tests/spark/test_spark_native.py` holds the two to identical batches.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -59,6 +66,21 @@ _TAIL44 = np.dtype([("born_addr", "V4"), ("born_port", ">i4"), ("store_ts", ">i8
                     ("store_port", ">i4"), ("reconsume", ">i4"), ("prep_tx", ">i8"), ("body_len", ">i4")])
 _HEAD88 = np.dtype(_HEAD48.descr + _TAIL44.descr)  # the whole header of an all-IPv4 record
 assert _HEAD48.itemsize == 48 and _TAIL44.itemsize == 40 and _HEAD88.itemsize == 88
+
+
+def _load_native() -> object | None:
+    """`rmq_eventstore._spark_native` (the scan in C) unless `RMQ_EVENTSTORE_PURE` is set or it is not built."""
+    if os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0"):
+        return None
+    try:
+        from .. import _spark_native
+    except ImportError:
+        return None
+    return _spark_native
+
+
+_native = _load_native()
+NATIVE: bool = _native is not None  # True: `walk` and `decode_batch` run in C (same results)
 _HEX = np.frombuffer(b"".join(f"{i:02X}".encode() for i in range(256)), dtype=np.uint16)
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
@@ -81,6 +103,15 @@ def walk(buf: memoryview | bytes, pos: int, stop: int, limit: int, max_rows: int
     Checks magic and that TOTALSIZE stays inside `limit`; full validation is `decode_batch`'s. Returns at
     most `max_rows` starts (or about `max_bytes` of records); `state.pos` is where to continue.
     """
+    if _native is not None:
+        raw, state.pos, state.reason, state.detail = _native.walk(buf, pos, stop, limit, max_rows, max_bytes)
+        return np.frombuffer(raw, dtype=np.int64)
+    return _walk_py(buf, pos, stop, limit, max_rows, max_bytes, state)
+
+
+def _walk_py(buf: memoryview | bytes, pos: int, stop: int, limit: int, max_rows: int, max_bytes: int,
+             state: WalkState) -> np.ndarray:
+    """`walk` in Python (the reference for `_spark_native.walk`)."""
     out: list[int] = []
     state.reason, state.detail = "more", ""
     unpack = _SIZE_MAGIC.unpack_from
@@ -123,10 +154,18 @@ def resync(buf: memoryview | bytes, mm: object, pos: int, limit: int, file_from:
     """
     find = mm.find  # mmap.find / bytes.find: a memchr-speed search
     p = pos
+    window = 1 << 16
     while p < limit:
-        hits = [h for h in (find(m, p + 4, limit) for m in _MAGIC_BYTES) if h >= 0]
+        # Search a window that doubles until a magic code turns up, so that a magic code the store never
+        # uses (V2 in a V1 store) does not send every search to the end of the segment.
+        hi = min(limit, p + 4 + window)
+        hits = [h for h in (find(m, p + 4, hi) for m in _MAGIC_BYTES) if h >= 0]
         if not hits:
-            return None
+            if hi >= limit:
+                return None
+            window *= 2
+            p = hi - 7  # a magic code may straddle the window's end
+            continue
         cand = min(hits) - 4
         if cand >= pos and cand + 36 <= limit and _PHYS.unpack_from(buf, cand + codec.PHY_POS_POSITION)[0] \
                 == file_from + cand:
@@ -447,6 +486,10 @@ def decode_batch(a: np.ndarray, buf: memoryview | bytes, starts: np.ndarray, fil
     """
     if len(starts) == 0:
         return Decoded(None)
+    if _native is not None:
+        d = _decode_native(a, buf, starts, file_from, filters, check_crc, skip_bad)
+        if d is not None:
+            return d
     f = record_layout(a, starts)
     if skip_bad and not f["ok"].all():  # records picked through a consume queue: drop what is not one
         idx = np.flatnonzero(f["ok"])
@@ -497,6 +540,72 @@ def decode_batch(a: np.ndarray, buf: memoryview | bytes, starts: np.ndarray, fil
     if check_crc:
         crc_bad = check_body_crcs(buf, f["body_pos"], f["body_len"], f["crc"], starts)
     return Decoded(batch, bad, reason, crc_bad)
+
+
+def _arrow_buffers(typ: pa.DataType, n: int, *bufs: bytes | None) -> pa.Array:
+    return pa.Array.from_buffers(typ, n, [None if b is None else pa.py_buffer(b) for b in bufs])
+
+
+_INT_TYPES = (pa.int32(), pa.int64(), pa.int64(), pa.int32(), pa.int32(), pa.int32(), _TS, _TS, pa.int32(),
+              pa.int64())
+
+
+def _decode_native(a: np.ndarray, buf: memoryview | bytes, starts: np.ndarray, file_from: int,
+                   filters: Filters | None, check_crc: bool, skip_bad: bool) -> Decoded | None:
+    """`decode_batch` through `_spark_native.decode`; None for a batch the C decoder leaves to numpy
+    (IPv6 hosts, text that is not UTF-8, a property name given twice)."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    r = _native.decode(a, starts, check_crc, skip_bad)
+    if r is None:
+        return None
+    n, bad, ints, topic, born, store, tags, keys, uniq, props, body, msg_id, crc_bad, kept = r
+    reason = ""
+    if bad >= 0:
+        rr = codec.check_message_and_return_size(buf, int(starts[bad]), limit=len(a))
+        reason = rr.reason or "record fails the length checks"
+    bad_i = None if bad < 0 else bad
+    if n == 0:
+        return Decoded(None, bad_i, reason)
+    starts = starts[np.frombuffer(kept, dtype=np.int64)]
+    qid, qoff, phys, total, sys_flag, flag, born_ts, store_ts, reconsume, prep = (
+        _arrow_buffers(t, n, None, b) for t, b in zip(_INT_TYPES, ints, strict=True))
+    topic_a = _arrow_buffers(pa.string(), n, None, *topic)
+    text = [_arrow_buffers(pa.string(), n, *t) for t in (tags, keys, uniq)]
+    moff, koff, kdata, voff, vdata = props
+    m = len(koff) // 4 - 1
+    pmap = pa.MapArray.from_arrays(_arrow_buffers(pa.int32(), n + 1, None, moff),
+                                   _arrow_buffers(pa.string(), m, None, koff, kdata),
+                                   _arrow_buffers(pa.string(), m, None, voff, vdata))
+    ids = _binary(np.arange(0, 32 * n + 1, 32, dtype=np.int32), np.frombuffer(msg_id, np.uint8), pa.string())
+    cols = [topic_a, qid, qoff, phys, total, sys_flag, flag, born_ts, _arrow_buffers(pa.string(), n, None, *born),
+            store_ts, _arrow_buffers(pa.string(), n, None, *store), reconsume, prep, *text, pmap,
+            _arrow_buffers(pa.binary(), n, None, *body), ids]
+    batch = pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
+    if filters is not None and filters.active():
+        keep = np.ones(n, dtype=bool)
+        if filters.queue_ids is not None:
+            keep &= np.isin(np.frombuffer(ints[0], np.int32), np.fromiter(filters.queue_ids, dtype=np.int64))
+        if filters.min_ts is not None or filters.max_ts is not None:
+            ms = _be(a, starts + 56, ">i8")  # STORETIMESTAMP (all IPv4 here), as the numpy decoder compares it
+            if filters.min_ts is not None:
+                keep &= ms >= filters.min_ts
+            if filters.max_ts is not None:
+                keep &= ms <= filters.max_ts
+        if filters.min_offset is not None:
+            keep &= starts + file_from >= filters.min_offset
+        if filters.max_offset is not None:
+            keep &= starts + file_from < filters.max_offset
+        if filters.topics is not None:
+            keep &= pc.is_in(topic_a, value_set=pa.array(sorted(filters.topics), pa.string())).to_numpy(
+                zero_copy_only=False)
+        if not keep.all():
+            if not keep.any():
+                return Decoded(None, bad_i, reason)
+            batch = batch.filter(pa.array(keep))
+            if crc_bad:
+                kept_starts = set(starts[keep].tolist())
+                crc_bad = [s for s in crc_bad if s in kept_starts]
+    return Decoded(batch, bad_i, reason, crc_bad)
 
 
 def check_body_crcs(buf: memoryview | bytes, body_pos: np.ndarray, body_len: np.ndarray, crc: np.ndarray,

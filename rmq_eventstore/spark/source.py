@@ -14,8 +14,9 @@ BLANK record or a record that fails the size/magic checks, so a live broker may 
 same store. Each segment (or split) is read independently: records after damage in one segment are
 not read, later segments are (`rmq-eventstore spark verify` reports damage). Known limit: a record a
 writer has copied up to inside its properties has consistent lengths and is read (RocketMQ's own
-`checkMessageAndReturnSize` accepts it too); `verifyCrc` catches a cut inside the body. Rows are decoded in numpy batches (`decode`) and yielded as
-Arrow record batches matching `decode.ARROW_SCHEMA`.
+`checkMessageAndReturnSize` accepts it too); `verifyCrc` catches a cut inside the body. Rows are decoded
+in batches (`decode`: in C by `_spark_native`, else numpy) and yielded as Arrow record batches matching
+`decode.ARROW_SCHEMA`, which Spark's Python data source passes to the JVM as they are.
 
 Options (all optional): `topic`/`topics` (comma-separated), `queueIds` (comma-separated), `startTime`
 (inclusive) / `endTime` (exclusive) as epoch milliseconds or ISO-8601, `startOffset` (inclusive) /

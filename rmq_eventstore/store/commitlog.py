@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ..common import codec
 from ..common.codec import DispatchRequest, EncodeError, PreparedRecord, RecordEncoder, UniqueIdGenerator
 from ..common.message import Message, MessageExt
+from ..common.properties import get_property
 from ..common.status import AppendMessageStatus, PutMessageStatus
 from ..common.topic import TopicValidationError, validate_topic
 from .config import FlushDiskType, StoreConfig, parse_delay_levels
@@ -116,7 +117,10 @@ def _wait_store_msg_ok(msg: Message) -> bool:
             return v.lower() == "true"
     s = msg.properties_string
     if s and "WAIT\x01" in s:
-        v = codec.string_to_properties(s).get(codec.PROPERTY_WAIT_STORE_MSG_OK)
+        if s.count("WAIT\x01") == 1:  # one candidate (a producer's usual WAIT=true): read it, parse nothing else
+            v = get_property(s, codec.PROPERTY_WAIT_STORE_MSG_OK) or None  # empty: absent, as the parse
+        else:
+            v = codec.string_to_properties(s).get(codec.PROPERTY_WAIT_STORE_MSG_OK)
         if v is not None:
             return v.lower() == "true"
     return True
@@ -130,8 +134,8 @@ class CommitLog:
     """The commitlog directory: a MappedFileQueue, the put lock and the queue-offset table.
 
     `on_appended(start, end, requests)` receives, under the put lock and in log order, the dispatch
-    requests of what was just written, so the reput service need not parse back records this process
-    encoded itself.
+    requests of what was just written (a list of `DispatchRequest`, or one `DispatchColumns` from a
+    native batch put), so the reput service need not parse back records this process encoded itself.
     """
 
     def __init__(self, config: StoreConfig, read_only: bool = False) -> None:
@@ -263,18 +267,24 @@ class CommitLog:
     def _uniq_keys(self, msgs: Sequence[Message]) -> list[str | None] | None:
         if not self.config.auto_create_uniq_key:
             return None
-        need = sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
+        need = codec.native.count_missing_uniq(msgs) if codec.native is not None else None
+        if need is None:
+            need = sum(1 for m in msgs if m.uniq_key is None and m.properties_string is None)
         if not need:
             return None
+        if need == len(msgs):
+            return self.uniq_ids.create_many(need)  # every message gets one: the ids are the list
         ids = iter(self.uniq_ids.create_many(need))
         return [next(ids) if m.uniq_key is None and m.properties_string is None else None for m in msgs]
 
     def put_message(self, msg: Message) -> PutMessageResult:
         uniq = None
-        if self.config.auto_create_uniq_key and msg.uniq_key is None and msg.properties_string is None:
+        if msg.uniq_key is None and msg.properties_string is None and self.config.auto_create_uniq_key:
             uniq = self.uniq_ids.create()
         if self.writeable and not self.read_only:
-            fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
+            fast = self._append_one(msg, uniq)
+            if fast is None:
+                fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
             if fast is not None:
                 return fast
         rec = self._prepare(msg, uniq)
@@ -357,6 +367,10 @@ class CommitLog:
                 wake()
         return PutMessageResult(status, result)
 
+    def _encode_plain_columns(self, msgs: Sequence[Message], uniq: list[str | None] | None, table: dict[str, int],
+                              base: int, begin: int) -> codec.PlainBatch | None:
+        return self.encoder.encode_plain_batch(msgs, uniq, table, base, begin, True)
+
     def _encode_network_batch(self, msgs: Sequence[Message], _uniq: list[str | None] | None,
                               table: dict[str, int], base: int, begin: int) -> codec.PlainBatch | None:
         return self.encoder.encode_network_batch(msgs, table, base, begin)
@@ -379,7 +393,7 @@ class CommitLog:
                 else:
                     base = last.file_from_offset + last.wrote_position
                 table = self.topic_queue_table
-                encode = self.encoder.encode_plain_batch
+                encode = self._encode_plain_columns
                 try:
                     batch = encode(msgs, uniq, table, base, begin)
                     if batch is None:  # messages from the network carry a properties string
@@ -413,6 +427,55 @@ class CommitLog:
         return self._finish(AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, begin, batch.first_queue_offset, len(msgs),
             now_ms() - begin, self.store_host_bytes, self.store_port, batch.offsets, batch.uniq_keys), wait)
+
+    def _append_one(self, msg: Message, uniq: str | None) -> PutMessageResult | None:
+        """`put_message`'s fast path: `_append_plain` for one plain message in the common case only (the
+        current file has room for it, its queue exists), the record encoded straight into the mapped file;
+        None, having changed nothing, for anything else, which `_append_plain` then handles. The same
+        bytes, hand-off and result."""
+        with self.put_lock:
+            files = self.mapped_file_queue.mapped_files
+            if not files:
+                return None
+            mf = files[-1]
+            pos = mf.wrote_position
+            room = self.file_size - pos
+            if room <= codec.END_FILE_MIN_BLANK_LENGTH:
+                return None
+            table = self.topic_queue_table
+            key = f"{msg.topic}-{msg.queue_id}"
+            q = table.get(key)
+            if q is None:
+                return None  # a new queue (announced by on_new_queue), or not a plain message: the general path
+            begin = now_ms()
+            self.begin_time_in_lock = begin
+            base = mf.file_from_offset + pos
+            try:
+                # written in place when it fits before the file's end (else the general path rolls the file)
+                rec = self.encoder.encode_plain_one_into(msg, uniq, q, base, begin, mf._write_view, pos,
+                                                         room - codec.END_FILE_MIN_BLANK_LENGTH)
+            except (struct.error, TypeError, AttributeError, ValueError):
+                rec = None  # the general path explains it
+            if rec is None:
+                self.begin_time_in_lock = 0
+                return None
+            total, req = rec
+            mf.wrote_position = pos + total
+            mf.store_timestamp = begin
+            table[key] = q + 1
+            cb = self.on_appended
+            if cb is not None:
+                cb(base, base + total, [req])
+            self.begin_time_in_lock = 0
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, begin, q, 1, now_ms() - begin,
+            self.store_host_bytes, self.store_port, [base], [req.uniq_key])
+        if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
+            return self._finish(result, _wait_store_msg_ok(msg))
+        wake = self.flush_wakeup
+        if wake is not None:
+            wake()
+        return PutMessageResult(PutMessageStatus.PUT_OK, result)
 
     def _append(self, recs: list[PreparedRecord], total: int, wait: bool = True) -> PutMessageResult:
         if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:

@@ -488,17 +488,29 @@ class ConsumeQueue:
         self._max_physic_offset = prev_end
         return last.append_message(b"".join(parts))
 
-    def _put_in_order_native(self, arr: np.ndarray) -> bool:
-        """`_put_small_in_order` for an int64 `(n, 4)` array, checked and packed in C (any size that fits
-        in the current file). False (nothing written) when any unit needs the full rules."""
+    def put_units_packed(self, units: bytes) -> int:
+        """`put_message_position_infos` of units given as native int64 rows in a bytes object (what the
+        native `group_units` and `codec.DispatchColumns` hand over): checked and packed in C straight from
+        the bytes when they go in order into the current file, else through the array path."""
+        n = len(units) // 32
+        if n == 0 or self.read_only:
+            return 0
+        if codec.native is not None and self._put_in_order_native(units, n):
+            return n
+        return self.put_message_position_infos(np.frombuffer(units, dtype=np.int64).reshape(n, 4))
+
+    def _put_in_order_native(self, arr: np.ndarray | bytes, n: int | None = None) -> bool:
+        """`_put_small_in_order` for an int64 `(n, 4)` array (or its `n` rows as bytes), checked and packed
+        in C (any size that fits in the current file). False (nothing written) when any unit needs the
+        full rules."""
         last = self.mapped_file_queue.get_last_mapped_file_or_none()
         if last is None or (last.first_create_in_queue and last.wrote_position == 0):
             return False
         wrote = last.wrote_position
-        if wrote + len(arr) * CQ_STORE_UNIT_SIZE > last.file_size:
+        if wrote + (len(arr) if n is None else n) * CQ_STORE_UNIT_SIZE > last.file_size:
             return False
-        packed = codec.native.cq_pack(np.ascontiguousarray(arr), (last.file_from_offset + wrote) // CQ_STORE_UNIT_SIZE,
-                                      self._max_physic_offset)
+        packed = codec.native.cq_pack(arr if n is not None else np.ascontiguousarray(arr),
+                                      (last.file_from_offset + wrote) // CQ_STORE_UNIT_SIZE, self._max_physic_offset)
         if packed is None:
             return False
         self._max_physic_offset = packed[1]

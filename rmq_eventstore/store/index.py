@@ -819,6 +819,24 @@ class IndexService:
             return 0
         return self._insert(f, hashes, phy, ts)
 
+    def build_index_columns(self, hashes: bytes, phy: bytes, ts: bytes) -> int:
+        """`build_index` of entries a native batch put already made (`codec.DispatchColumns`: int32 key
+        hashes, int64 offsets and store times, in log order); entries below the last file's endPhyOffset
+        are skipped, as `build_index` skips their records."""
+        if not hashes:
+            return 0
+        f = self.get_and_create_last_index_file()
+        h = np.frombuffer(hashes, dtype=np.int32)
+        p = np.frombuffer(phy, dtype=np.int64)
+        t = np.frombuffer(ts, dtype=np.int64)
+        end_phy = f.end_phy_offset
+        if p[0] < end_phy:
+            keep = p >= end_phy
+            h, p, t = h[keep], p[keep], t[keep]
+            if not len(h):
+                return 0
+        return self._insert(f, h, p, t)
+
     def _insert(self, f: IndexFile, hashes: np.ndarray, phy: np.ndarray, ts: np.ndarray) -> int:
         """Insert the keys of `build_index` into `f` and the files after it, rolling as they fill."""
         n = len(hashes)

@@ -473,9 +473,21 @@ class MessageStore:
                     _OWNED.discard(self._lock_key)
 
     # -- dispatch -----------------------------------------------------------------------------------
-    def _dispatch(self, requests: list[codec.DispatchRequest]) -> None:
-        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch."""
-        for (topic, queue_id), units in group_units(requests).items():
+    def _dispatch(self, requests: list[codec.DispatchRequest] | codec.DispatchColumns) -> None:
+        """CommitLogDispatcherBuildConsumeQueue then CommitLogDispatcherBuildIndex for one batch: requests,
+        or the columns a native batch put handed over (`codec.DispatchColumns`, the same entries)."""
+        if requests.__class__ is codec.DispatchColumns:
+            self._dispatch_columns(requests)  # type: ignore[arg-type]
+            return
+        raw = codec.native.group_units(requests, codec.TRANSACTION_PREPARED_TYPE) if codec.native is not None else None
+        if raw is not None:  # [((topic, queue id), int64 rows as bytes)]
+            for (topic, queue_id), packed in raw:
+                cq = self.find_consume_queue(topic, queue_id)
+                if cq is None:
+                    log.error("not dispatching %d records of illegal topic %r", len(packed) // 32, topic)
+                    continue
+                cq.put_units_packed(packed)
+        for (topic, queue_id), units in (group_units_py(requests) if raw is None else {}).items():
             cq = self.find_consume_queue(topic, queue_id)
             if cq is None:
                 log.error("not dispatching %d records of illegal topic %r", len(units), topic)
@@ -486,6 +498,19 @@ class MessageStore:
             self.checkpoint.logics_msg_timestamp = requests[-1].store_timestamp
         if self.config.message_index_enable:
             self.index_service.build_index(requests)
+
+    def _dispatch_columns(self, cols: codec.DispatchColumns) -> None:
+        """`_dispatch` of columns: each queue's units and the batch's index entries written as they are."""
+        for (topic, queue_id), units in cols.units:
+            cq = self.find_consume_queue(topic, queue_id)
+            if cq is None:
+                log.error("not dispatching %d records of illegal topic %r", len(units) // 32, topic)
+                continue
+            cq.put_units_packed(units)
+        if self.checkpoint is not None and cols.count:
+            self.checkpoint.logics_msg_timestamp = cols.store_timestamp
+        if self.config.message_index_enable:
+            self.index_service.build_index_columns(cols.hashes, cols.phy, cols.ts)
 
     def find_consume_queue(self, topic: str, queue_id: int, create: bool = True) -> ConsumeQueue | None:
         queues = self.consume_queue_table.get(topic)

@@ -3,8 +3,8 @@
 It walks the commitlog from `reput_from_offset` (spec §10.3), hands each batch of records to the
 dispatchers (consume queues first, then the index), rolls over BLANK records, and tells arrival
 listeners (the broker's long polling) which queues grew. Records this process appended arrive already
-parsed through `notify_appended`; anything else (recovery, records written before a restart) is parsed
-back from the mapped files.
+parsed through `notify_appended` (as `DispatchRequest`s, or as `DispatchColumns` from a native batch
+put); anything else (recovery, records written before a restart) is parsed back from the mapped files.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..common import codec
-from ..common.codec import DispatchRequest
+from ..common.codec import DispatchColumns, DispatchRequest
 
 if TYPE_CHECKING:
     from .commitlog import CommitLog
@@ -72,12 +72,15 @@ class ReputMessageService:
     def is_caught_up(self) -> bool:
         return self.behind() <= 0
 
-    def _take_pending(self, limit: int) -> list[DispatchRequest]:
-        """Whole hand-off chunks that start exactly at reput_from_offset (BLANK chunks just move it)."""
+    def _take_pending(self, limit: int) -> list[DispatchRequest] | DispatchColumns:
+        """Whole hand-off chunks that start exactly at reput_from_offset (BLANK chunks just move it):
+        requests, or the columns of consecutive native batch puts merged (the two are not mixed)."""
         pend = self._pending
         out: list[DispatchRequest] = []
+        cols: list[DispatchColumns] = []
+        taken = 0
         offset = self.reput_from_offset
-        while pend and len(out) < MAX_BATCH:
+        while pend and taken < MAX_BATCH:
             start, end, reqs = pend[0]
             if end <= offset:  # already dispatched by a parse
                 pend.popleft()
@@ -85,12 +88,21 @@ class ReputMessageService:
                 continue
             if start != offset or end > limit:
                 break
+            if reqs.__class__ is DispatchColumns:
+                if out:
+                    break
+                cols.append(reqs)
+            elif reqs:
+                if cols:
+                    break
+                out.extend(reqs)
             pend.popleft()
-            self._pending_count -= len(reqs)
-            out.extend(reqs)
+            n = len(reqs)
+            self._pending_count -= n
+            taken += n
             offset = end
         self.reput_from_offset = offset
-        return out
+        return DispatchColumns.merge(cols) if cols else out
 
     def _parse(self, limit: int) -> list[DispatchRequest]:
         """Parse records back from the commitlog from reput_from_offset (`doReput`'s buffer walk)."""
@@ -154,6 +166,12 @@ class ReputMessageService:
                     break
                 before = self.reput_from_offset
                 reqs = self._take_pending(limit)
+                if not reqs and self.reput_from_offset == before and self._pending_count < MAX_PENDING:
+                    # A put may have moved the end (read into `limit`) and not yet handed its records over
+                    # (it does so under the put lock, right after): wait for that rather than parse them back.
+                    with self.commit_log.put_lock:
+                        pass
+                    reqs = self._take_pending(limit)
                 if not reqs and self.reput_from_offset == before:
                     reqs = self._parse(limit)
                     if not reqs and self.reput_from_offset == before:
@@ -173,8 +191,11 @@ class ReputMessageService:
                     total += len(reqs)
                     if self.listeners:
                         grown: dict[tuple[str, int], int] = {}
-                        for r in reqs:
-                            grown[(r.topic, r.queue_id)] = r.consume_queue_offset + 1
+                        if reqs.__class__ is DispatchColumns:
+                            grown = reqs.grown()  # type: ignore[union-attr]
+                        else:
+                            for r in reqs:
+                                grown[(r.topic, r.queue_id)] = r.consume_queue_offset + 1
                         for fn in self.listeners:
                             try:
                                 fn(grown)

@@ -103,7 +103,7 @@ class AdminBrokerProcessor:
     def _consume_stats(self, req: RemotingCommand) -> RemotingCommand:
         """A ConsumeStats: per queue of the group's topics (``topicList``, else ``topic``, else every topic the
         group committed an offset on), the broker's max offset, the group's committed offset (0 when none, as
-        RocketMQ answers) and the store time of the last message it consumed."""
+        RocketMQ answers), its pull offset (for a POP group past the pops whose checkpoints are buffered) and the store time of the last message it consumed."""
         group = req.get_str("consumerGroup")
         topic_list = [t for t in req.get_str("topicList", "").split(";") if t]
         topic = req.get_str("topic", "")
@@ -118,8 +118,9 @@ class AdminBrokerProcessor:
             for i in range(cfg.read_queue_nums):
                 broker_offset = max(store.get_max_offset_in_queue(t, i), 0)
                 consumer_offset = max(offsets.query_offset(group, t, i), 0)
+                pull_offset = max(consumer_offset, self.broker.offset_manager.pop_frontier(group, t, i))
                 last = store.get_message_store_timestamp(t, i, consumer_offset - 1) if consumer_offset > 0 else 0
                 table[self._queue_key(t, i)] = Bean(brokerOffset=broker_offset, consumerOffset=consumer_offset,
-                                                   pullOffset=consumer_offset, lastTimestamp=max(last, 0))
+                                                   pullOffset=pull_offset, lastTimestamp=max(last, 0))
         doc = Bean(consumeTps=0.0, offsetTable=table)
         return req.response(body=fastjson_dumps(doc, False).encode("utf-8"))

@@ -9,11 +9,13 @@ thread hand-off when messages are there) and hands only a POP that must wait to 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
+from ...common.topic import RETRY_GROUP_TOPIC_PREFIX
 from ...common.topic_config import PermName
 from ...remoting import RemotingCommand, RequestCode, ResponseCode
 
@@ -61,12 +63,12 @@ class PopMessageProcessor:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
         r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll if wait else 0,
                               alive=lambda: not getattr(channel, "closed", False))
-        if not r.messages and poll and not wait:
+        if not r.buffers and poll and not wait:
             return None
         ext = {"popTime": r.pop_time, "invisibleTime": r.invisible_time, "reviveQid": r.revive_qid,
                "restNum": r.rest_num, "startOffsetInfo": ";".join(r.start_offset_info),
                "msgOffsetInfo": ";".join(r.msg_offset_info)}
-        if not r.messages:
+        if not r.buffers:
             return req.response(ResponseCode.POLLING_TIMEOUT if poll else ResponseCode.NO_MESSAGE,
                                 "no new message", ext)
         return req.response(ResponseCode.SUCCESS, None, ext, b"".join(r.buffers))
@@ -154,7 +156,10 @@ class AckMessageProcessor:
 
     def _batch_ack(self, req: RemotingCommand) -> RemotingCommand:
         """BATCH_ACK_MESSAGE: a JSON body `{"acks": [BatchAck, ...]}` (`BatchAckMessageRequestBody`); no body
-        or no acks is NO_MESSAGE, as in RocketMQ."""
+        or no acks is NO_MESSAGE, as in RocketMQ. As upstream's batch path (`AckMessageProcessor.appendAck`
+        with a BatchAck), an entry whose queue does not exist is skipped, and so is each offset outside its
+        queue: one stale or foreign handle does not fail the acks beside it. What is left of an entry is
+        settled with one revive record (`PopService.batch_ack`); a record not written is SYSTEM_ERROR."""
         try:
             doc = json.loads(req.body or b"{}")
             acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
@@ -163,6 +168,24 @@ class AckMessageProcessor:
         if not acks:
             return req.response(ResponseCode.NO_MESSAGE, "no ack in the request")
         for ack in acks:
-            if not self.broker.pop_service.batch_ack(ack):
+            entry = self._in_queue(ack)
+            if entry is not None and not self.broker.pop_service.batch_ack(entry):
                 return req.response(ResponseCode.SYSTEM_ERROR, "ack not written")
         return req.response()
+
+    def _in_queue(self, ack: BatchAck) -> BatchAck | None:
+        """The part of a batch entry that names offsets of an existing queue (None: nothing left). Upstream's
+        BatchAck names the popped topic with the retry flag (`ExtraInfoUtil.getRealTopic`); our client names
+        the retry topic itself: both are accepted."""
+        topic = ack.topic
+        if ack.retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            topic = pop_retry_topic(ack.group, topic)
+        store = self.broker.store
+        lo = store.get_min_offset_in_queue(topic, ack.queue_id)
+        if lo < 0:
+            return None
+        hi = store.get_max_offset_in_queue(topic, ack.queue_id)
+        bits = [b for b in ack.bits if lo <= ack.start_offset + b <= hi]
+        if not bits:
+            return None
+        return dataclasses.replace(ack, topic=topic, bits=bits)

@@ -33,6 +33,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -222,8 +223,9 @@ class PopService:
 
     # -- pop -------------------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
-            expression: str = "*", poll_time_ms: int = 0) -> PopResult:
-        """Pop up to `max_nums` messages; waits up to `poll_time_ms` for one when none is there."""
+            expression: str = "*", poll_time_ms: int = 0, alive: Callable[[], bool] | None = None) -> PopResult:
+        """Pop up to `max_nums` messages; waits up to `poll_time_ms` for one when none is there, and stops
+        waiting (pops nothing more) once `alive()` is false: the requester's connection is gone."""
         deadline = time.monotonic() + poll_time_ms / 1000.0
         while True:
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
@@ -234,6 +236,8 @@ class PopService:
                 return result
             with self._arrival:
                 self._arrival.wait(min(remaining, 0.5))
+            if alive is not None and not alive():
+                return result
 
     def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
         tc = self.broker.topic_manager.get(topic)

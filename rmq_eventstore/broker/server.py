@@ -42,6 +42,7 @@ from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
 from .long_polling import PullHold
+from .processor.pop import give_back_popped
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +283,37 @@ class BrokerServer:
         task.add_done_callback(conn.tasks.discard)
 
     async def _offloaded(self, conn: Connection, cmd: RemotingCommand) -> None:
-        result = await self.loop.run_in_executor(self._executor, self.broker.process, cmd, conn)
+        fut = self.loop.run_in_executor(self._executor, self.broker.process, cmd, conn)
+        try:
+            result = await asyncio.shield(fut)  # the request goes on if the connection closes meanwhile
+        except asyncio.CancelledError:  # it closed (`connection_lost`): its answer will find nobody
+            fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
+                                  else self._undelivered(cmd, f.result()))
+            raise
+        if conn.closed or conn.transport is None or conn.transport.is_closing():
+            self._undelivered(cmd, result)
+            return
         self._respond(conn, cmd, result)
+
+    def _undelivered(self, cmd: RemotingCommand, result: Any) -> None:
+        """A response that cannot be written (its connection closed while the request was served, e.g. a
+        POP long poll that found messages after its client left): what it handed out is given back at
+        once (`give_back_popped`), on a worker thread, rather than left invisible for its invisible time."""
+        if cmd.code != RequestCode.POP_MESSAGE or not isinstance(result, RemotingCommand):
+            return
+
+        def give_back() -> None:
+            n = give_back_popped(self.broker, cmd, result)
+            if n:
+                log.info("gave back %d messages popped for a connection closed meanwhile", n)
+
+        executor = self._executor
+        try:
+            if executor is None:
+                raise RuntimeError("no executor")
+            executor.submit(give_back)
+        except RuntimeError:  # shutting down: give back in this thread
+            give_back()
 
     async def _hold(self, conn: Connection, hold: PullHold) -> None:
         loop = self.loop

@@ -22,17 +22,24 @@
   without a hub. See `Transport.register_with_event_loop`.
 - TTL: a message's `expiration` and a queue's `x-message-ttl` are checked when it is popped; expired
   messages are acked and dropped.
-- A `deliver_at` message property (epoch seconds) makes `_put` send a RocketMQ timer message, delivered
-  by the broker when due (the hint Celery's ETA support can use).
+- ETA / countdown (transport option `eta_timers`, on by default): a Celery task with an eta (protocol 2's
+  `eta` header, or protocol 1's body) is sent as a RocketMQ timer message due `eta_lead` seconds before its
+  eta, so the broker holds it, not a worker: no worker keeps it in memory for hours, none sees it redelivered
+  by the visibility timeout, a worker restart loses nothing. The worker still gets Celery's message with its
+  eta and waits out the lead. A `deliver_at` message property (epoch seconds) is the same without lead.
+  Farther than the broker's `timerMaxDelaySec` (`eta_max_delay`), a message is chained: sent due at the
+  maximum, and the transport that pops that hop sends the next one (first) and acks the hop (then).
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import concurrent.futures
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -40,6 +47,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterable
+from datetime import datetime
 from itertools import count
 from queue import Empty
 from typing import Any
@@ -63,7 +71,7 @@ from ..client import (
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
 from ..common.pop import ExtraInfo, pop_retry_topic
-from ..common.properties import PROPERTY_POP_CK
+from ..common.properties import PROPERTY_POP_CK, PROPERTY_TIMER_DELIVER_MS
 from ..common.topic import TopicValidationError
 from ..remoting import ResponseCode
 from .bindings import SharedState
@@ -80,8 +88,46 @@ DEFAULT_REQUEUE_WAIT = 2.0  # how long a get waits for a message this channel re
 DEFAULT_PUBLISH_WAIT = 1.0  # how long a get waits for a message this connection just sent to be readable (s)
 DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between two looks for x-expires queues unused for too long
 DEFAULT_RETRY_MAX_TIMES = 10_000  # redeliveries before RocketMQ moves a message to %DLQ%<group>
-_TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: later deliveries are sent at once
+_TIMER_MAX_DELAY = 259_200.0  # RocketMQ's timerMaxDelaySec default: farther timers are chained (hops)
+DEFAULT_ETA_LEAD = 1.5  # s before its eta a task is delivered: a timer tick's rounding, and a margin
+TIMER_TICK = 1.0  # RocketMQ's timerPrecisionMs default (s): nearer than this, a timer is not worth it
+HOP_RETRY = 5.0  # s after which a hop that could not be sent on comes back to be tried again
+FORWARD_THREADS = 4  # hops of tasks sent together come due together: send them on in parallel
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
+PROPERTY_DUE_AT = "KOMBU_DUE_AT"  # epoch ms when a timer-sent message is due at the consumer (chains' last hop)
+_MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "no", "off")
+    return bool(value)
+
+
+def celery_eta(message: dict[str, Any]) -> float | None:
+    """The eta (epoch seconds) of a Celery task message as kombu hands it to `_put`: protocol 2's `eta`
+    header (ISO 8601, with or without an offset: a naive one is local time, as `datetime.timestamp` reads
+    it), or protocol 1's `eta` field of a JSON body; None when it has none (or it cannot be read)."""
+    headers = message.get("headers") or {}
+    eta = headers.get("eta")
+    if eta is None and "task" not in headers:  # protocol 1: everything is in the body
+        props = message.get("properties") or {}
+        if "json" not in str(message.get("content-type") or props.get("content_type") or ""):
+            return None
+        try:
+            body = message.get("body")
+            if props.get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            doc = json.loads(body)
+            eta = doc.get("eta") if isinstance(doc, dict) else None
+        except (TypeError, ValueError):
+            return None
+    if not eta:
+        return None
+    try:
+        return datetime.fromisoformat(str(eta)).timestamp()
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -315,6 +361,40 @@ def _sweep_turn(group: str, interval: float) -> bool:
 
 
 _ack_retry = _AckRetry()
+_consuming: weakref.WeakSet[Transport] = weakref.WeakSet()  # connections of this process that consume
+_celery_hooked = False
+
+
+def _hook_celery_shutdown() -> None:
+    """Once per process, when Celery is loaded: on its worker's `worker_shutting_down` signal, give back the
+    eta tasks the worker holds (`Transport.give_back_waiting`)."""
+    global _celery_hooked
+    if _celery_hooked or "celery" not in sys.modules:
+        return
+    from celery.signals import worker_shutting_down
+
+    worker_shutting_down.connect(_on_worker_shutting_down, weak=False)
+    _celery_hooked = True
+
+
+def _celery_scheduled_ids() -> set[str] | None:
+    """Ids of the tasks Celery's worker in this process holds for their eta, not handed to its pool yet
+    (`celery.worker.state.scheduled_requests`); None for a Celery without that record."""
+    state = sys.modules.get("celery.worker.state")
+    scheduled = getattr(state, "scheduled_requests", None)
+    if scheduled is None:
+        return None
+    for _ in range(3):
+        try:
+            return {r.id for r in list(scheduled)}
+        except RuntimeError:  # changed meanwhile
+            continue
+    return None
+
+
+def _on_worker_shutting_down(**kwargs: Any) -> None:
+    for t in list(_consuming):
+        t.give_back_waiting()
 atexit.register(_shutdown_settlers)
 atexit.register(_flush_ack_batchers)  # runs first (atexit is last in, first out)
 os.register_at_fork(after_in_child=_settlers.clear)  # a forked child must not share its parent's sockets
@@ -568,23 +648,51 @@ class Channel(virtual.Channel):
                 props[PROPERTY_EXPIRE_AT] = str(int(time.time() * 1000) + int(float(expiration)))
             except ValueError:
                 pass
-        deliver_at = (message.get("properties") or {}).get("deliver_at")
-        due = None
-        if deliver_at not in (None, ""):
-            due_s = float(deliver_at)
-            if time.time() < due_s < time.time() + _TIMER_MAX_DELAY:
-                due = int(due_s * 1000)
+        due_at = self._due_at(message)
+        if due_at is not None:
+            props[PROPERTY_DUE_AT] = str(int(due_at * 1000))
         body = json.dumps(message, separators=(",", ":")).encode()
         lane = _clamp_priority(message) if lanes > 1 else 0
-        msg = Message(topic, body, properties=props or None)
-        try:
-            c.producer.send(msg, queue_id=lane, deliver_at=due)
-        except ValueError:  # the route we hold predates the lanes: ask again
-            c.producer.refresh_route(topic)
-            c.producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0,
-                            deliver_at=due)
-        if due is None:
+        if not self._send(topic, body, props, lane, due_at):
             self.connection.expect(queue, float(self.publish_wait))
+
+    def _due_at(self, message: dict[str, Any]) -> float | None:
+        """When a message is due at the consumer (epoch s): its `deliver_at` property, or with `eta_timers`
+        its Celery eta less `eta_lead`; None for a message due now."""
+        deliver_at = (message.get("properties") or {}).get("deliver_at")
+        if deliver_at not in (None, ""):
+            return float(deliver_at)
+        t = self._transport
+        if not t.eta_timers:
+            return None
+        eta = celery_eta(message)
+        return None if eta is None else eta - t.eta_lead
+
+    def _send(self, topic: str, body: bytes, props: dict[str, str], lane: int, due_at: float | None) -> bool:
+        """Send to `topic`'s queue `lane`; as a timer message when `due_at` is more than a tick away (no
+        farther than the broker's maximum: a farther one is a hop of a chain, see `_forward_hops`). Whether it
+        was sent as a timer message. A broker that refuses the delay with its `timerMaxDelaySec` (a lower
+        maximum than `eta_max_delay`) is taken at its word and asked again."""
+        t = self._transport
+        c = t.clients()
+        for _ in range(2):
+            due = t.timer_due(due_at)
+            msg = Message(topic, body, properties=props or None)
+            try:
+                try:
+                    c.producer.send(msg, queue_id=lane, deliver_at=due)
+                except ValueError:  # the route we hold predates the lanes: ask again
+                    c.producer.refresh_route(topic)
+                    c.producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0,
+                                    deliver_at=due)
+                return due is not None
+            except MQBrokerError as e:
+                m = _MAX_DELAY_RE.search(str(e))
+                if due is None or m is None or float(m.group(1)) >= t.eta_max_delay:
+                    raise
+                log.warning("kombu: the broker's timerMaxDelaySec is %s s: timers farther are chained", m.group(1))
+                t.eta_max_delay = float(m.group(1))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
         for queue in sorted({q for _, _, q in self.get_table(exchange)}):
@@ -592,6 +700,8 @@ class Channel(virtual.Channel):
 
     # -- consuming ---------------------------------------------------------------------------------------------------
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        _consuming.add(self._transport)
+        _hook_celery_shutdown()
         if no_ack:
             self._no_ack.add(queue)
         else:
@@ -606,6 +716,7 @@ class Channel(virtual.Channel):
         r = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
             self._no_ack.discard(queue)
+            self._transport.forget_queue(self, queue)
             if (queue in self._auto_delete and self._transport.lost is None
                     and not self._transport.consumes(queue)):
                 try:
@@ -655,6 +766,8 @@ class Channel(virtual.Channel):
         expired = []
         now = int(time.time() * 1000)
         ttl = self._queue_args(queue).get("x-message-ttl")
+        hops: list[tuple[Any, int, _Receipt]] = []
+        lanes = self._lanes(queue)
         for i, m in enumerate(popped):
             receipt = _Receipt(topic, m.properties[PROPERTY_POP_CK])
             expire_at = m.properties.get(PROPERTY_EXPIRE_AT)
@@ -668,6 +781,9 @@ class Channel(virtual.Channel):
                 log.error("kombu: %s offset %d is not a kombu message; dropped", topic, m.queue_offset)
                 expired.append(receipt)
                 continue
+            if m.properties.get(PROPERTY_DUE_AT) and self._is_hop(m, now):
+                hops.append((m, _clamp_priority(raw) if lanes > 1 else 0, receipt))
+                continue
             props["delivery_tag"] = f"{topic}/{receipt.properties[PROPERTY_POP_CK]}"
             if m.reconsume_times > 0:
                 raw["redelivered"] = True
@@ -675,9 +791,54 @@ class Channel(virtual.Channel):
             out.append((-_clamp_priority(raw), i, raw))
         if expired:
             self.clients.pop.ack_batch(expired)
-        if self._lanes(queue) > 1:
+        if hops:
+            self._transport.forward(lambda: self._forward_hops(topic, hops))
+        if lanes > 1:
             out.sort(key=lambda t: (t[0], t[1]))
         return [raw for _, _, raw in out]
+
+    def _is_hop(self, m: Any, now_ms: int) -> bool:
+        """Whether a popped message is a hop of a chained timer message to send on (`KOMBU_DUE_AT` still more
+        than a tick away) rather than deliver: not when it came far earlier than its timer said (a broker that
+        does not hold timers: forwarding would spin)."""
+        try:
+            due_at = int(m.properties[PROPERTY_DUE_AT])
+            timer = int(m.properties.get(PROPERTY_TIMER_DELIVER_MS) or 0)
+        except ValueError:
+            return False
+        if due_at - now_ms <= 1000 * TIMER_TICK:
+            return False
+        if now_ms < timer - 2000 * TIMER_TICK:
+            log.warning("kombu: a timer message came %.1f s before its time: the broker does not hold timers; "
+                        "delivered now", (timer - now_ms) / 1000.0)
+            return False
+        return True
+
+    def _forward_hops(self, topic: str, hops: list[tuple[Any, int, _Receipt]]) -> None:
+        """Send the next hop of each popped hop (`_is_hop`), then ack the hops sent: sent first, so a worker
+        that dies between the two leaves a duplicate hop, never a lost message. Runs on the transport's
+        forwarding threads (`Transport.forward`), so the POP that brought them delivers its due messages at
+        once. A hop that could not be sent on comes back in `HOP_RETRY` s (its invisible time changed)."""
+        t = self._transport
+        sent, failed = [], []
+        hops = sorted(hops, key=lambda h: int(h[0].properties[PROPERTY_DUE_AT]))  # the nearest first
+        for m, lane, receipt in hops:
+            props = {k: m.properties[k] for k in (PROPERTY_EXPIRE_AT, PROPERTY_DUE_AT) if m.properties.get(k)}
+            try:
+                self._send(topic, bytes(m.body), props, lane, int(m.properties[PROPERTY_DUE_AT]) / 1000.0)
+                sent.append(receipt)
+            except Exception:
+                log.warning("kombu: could not send the next hop of a timer message; it comes back in %s s",
+                            HOP_RETRY, exc_info=True)
+                failed.append(receipt)
+        try:
+            if sent:
+                t.settle(lambda pop: pop.ack_batch(sent))
+            for r in failed:
+                t.settle(lambda pop, r=r: pop.change_invisible_time(r, int(HOP_RETRY * 1000)))
+        except Exception:
+            log.warning("kombu: could not settle forwarded hops; they come back after the visibility timeout "
+                        "(then a task may run twice)", exc_info=True)
 
     def settle_no_ack(self, queue: str, raws: list[dict[str, Any]]) -> None:
         """Ack at once what a no-ack consumer of `queue` gets."""
@@ -791,7 +952,10 @@ class Transport(virtual.Transport):
     `broker_options` (settings for a local broker this process starts), `restore_on_connection_loss` (unset:
     follow Celery's `worker_cancel_long_running_tasks_on_connection_loss`, see `restore_on_connection_loss`),
     `ack_batching` (True: acks leave in batches from a background thread, `_AckBatcher`; False: each
-    `basic_ack` waits for its ACK_MESSAGE's answer)."""
+    `basic_ack` waits for its ACK_MESSAGE's answer), `eta_timers` (True: tasks with an eta are sent as timer
+    messages; False: sent at once, held by the worker, as with Redis), `eta_lead` (s, 1.5: how long before its
+    eta a task reaches the worker), `eta_max_delay` (s, 259200: the broker's `timerMaxDelaySec`; farther etas
+    are chained; a broker that says it holds less is believed)."""
 
     Channel = Channel
     default_port = DEFAULT_PORT
@@ -816,6 +980,12 @@ class Transport(virtual.Transport):
         self.expiry_sweep_interval = float(opts.get("expiry_sweep_interval", DEFAULT_SWEEP_INTERVAL))
         self._keeper: threading.Thread | None = None
         self._keeper_stop = threading.Event()
+        self.eta_timers = _as_bool(opts.get("eta_timers", True))
+        self.eta_lead = float(opts.get("eta_lead", DEFAULT_ETA_LEAD))
+        self.eta_max_delay = float(opts.get("eta_max_delay", _TIMER_MAX_DELAY))
+        if self.eta_lead < 0 or self.eta_max_delay < 2 * TIMER_TICK:
+            raise ValueError(f"eta_lead must be >= 0 and eta_max_delay >= {2 * TIMER_TICK} s, not "
+                             f"{self.eta_lead} and {self.eta_max_delay}")
         restore = opts.get("restore_on_connection_loss")
         self._restore_on_loss = None if restore is None else bool(restore)
         self._clients: _Clients | None = None
@@ -824,6 +994,10 @@ class Transport(virtual.Transport):
         # what finished POPs brought and is not delivered yet: (id(channel), queue) -> (channel, queue, raws)
         self._held: dict[tuple[int, str], tuple[Channel, str, deque[dict[str, Any]]]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._abandoned: list[concurrent.futures.Future] = []  # POPs of cancelled consumers (`forget_queue`)
+        self._waiting_thread: threading.Thread | None = None  # gives back held eta tasks (`give_back_waiting`)
+        self._retiring = False  # Celery's worker is shutting down: nothing more is popped or delivered
+        self._forwarder: concurrent.futures.ThreadPoolExecutor | None = None  # sends hops on (`forward`)
         self._hub: Any = None  # kombu's Hub this connection is registered with (Celery's asynloop)
         self._hub_thread: int | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None  # read end is the hub's reader
@@ -842,6 +1016,17 @@ class Transport(virtual.Transport):
 
     def driver_version(self) -> str:
         return __version__
+
+    def timer_due(self, due_at: float | None, now: float | None = None) -> int | None:
+        """The timer a message due at `due_at` (epoch s) is sent with (epoch ms): None when it is due within a
+        tick (sent as it is), else `due_at`, or the farthest the broker holds (`eta_max_delay` less a tick for
+        the clocks) when that is nearer: a hop of a chain."""
+        if due_at is None:
+            return None
+        now = time.time() if now is None else now
+        if due_at - now <= TIMER_TICK:
+            return None
+        return int(min(due_at, now + self.eta_max_delay - TIMER_TICK) * 1000)
 
     def expect(self, queue: str, seconds: float) -> None:
         """A message is on its way to `queue` (sent, or given back) and readable within `seconds`: a get
@@ -1013,6 +1198,97 @@ class Transport(virtual.Transport):
         self.clients()
         return super().establish_connection()
 
+    def forward(self, job: Any) -> None:
+        """Run `job` (sending hops on, `Channel._forward_hops`) on this connection's forwarding threads; close
+        waits for them."""
+        with self._clients_lock:
+            if self._forwarder is None:
+                self._forwarder = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=FORWARD_THREADS, thread_name_prefix="kombu-rocketmq-hops")
+            self._forwarder.submit(job)
+
+    def give_back_waiting(self) -> None:
+        """Celery's worker in this process began its shutdown (signal `worker_shutting_down`): its hub fires
+        no more timers, so the tasks it holds for an eta still ahead will not run here. Give them back now,
+        on a thread (this runs in a signal handler), so another worker runs them on time, instead of at
+        close, once the pool has stopped (a second or more). Other unacked messages (running tasks) wait
+        for close as before. `close_connection` waits for the thread, so nothing is given back twice."""
+        if self._closed or self.lost is not None:
+            return
+        self._retiring = True  # no more POPs, no more deliveries: what comes in goes back
+        for key in list(self._inflight):
+            ch, queue = self._inflight[key][1], self._inflight[key][2]
+            self.forget_queue(ch, queue)
+        held = [raw for _, _, h in self._held.values() for raw in h]
+        for _, (ch, _, h) in list(self._held.items()):
+            ch.qos.reserved -= len(h)
+        self._held.clear()
+        waiting = [(None, raw["properties"]["delivery_tag"]) for raw in held]
+        now = time.time()
+        scheduled = _celery_scheduled_ids()
+        for ch in list(self.channels):
+            for _ in range(3):  # the hub thread may change the dict meanwhile
+                try:
+                    delivered = list(ch.qos._delivered.items())
+                    break
+                except RuntimeError:
+                    continue
+            else:
+                continue
+            for tag, message in delivered:
+                headers = getattr(message, "headers", None) or {}
+                if tag in ch.qos._dirty or not headers.get("eta"):
+                    continue
+                if scheduled is not None:
+                    if headers.get("id") in scheduled:
+                        waiting.append((ch, tag))
+                elif (eta := celery_eta({"headers": headers})) is not None and eta > now + 0.05:
+                    waiting.append((ch, tag))
+        if not waiting:
+            return
+
+        def give_back() -> None:
+            for ch, tag in waiting:
+                try:
+                    receipt = _receipt(tag)
+                    self.settle(lambda pop, r=receipt: pop.change_invisible_time(r, 0))
+                    if ch is not None:
+                        ch.qos.ack(tag)  # given back: not restored again at close
+                except Exception:
+                    log.debug("kombu: could not give back a waiting eta task at shutdown", exc_info=True)
+
+        self._waiting_thread = threading.Thread(target=give_back, name="kombu-rocketmq-eta-giveback", daemon=True)
+        self._waiting_thread.start()
+
+    def forget_queue(self, ch: Channel, queue: str) -> None:
+        """`ch` no longer consumes `queue` (a cancel; Celery's warm shutdown cancels first, and its hub may
+        not turn again): give back at once what POPs brought for it and nobody took, and what the POP under
+        way for it brings (when it ends, on its pool thread), rather than at close or after the lease."""
+        key = (id(ch), queue)
+        entry = self._inflight.pop(key, None)
+        if entry is not None:
+            fut, _, _, n = entry
+            ch.qos.reserved -= n
+            self._abandoned = [f for f in self._abandoned if not f.done()]
+            self._abandoned.append(fut)
+            fut.add_done_callback(self._give_back_result)
+        if key in self._held:
+            self._release_held()
+
+    def _give_back_result(self, fut: concurrent.futures.Future) -> None:
+        """The end of a POP nobody waits for any more (`forget_queue`): its messages go back at once."""
+        try:
+            raws = fut.result(timeout=0) if not fut.cancelled() else []
+        except BaseException:  # failed: it brought nothing (or the broker gives it back, its client gone)
+            return
+        for raw in raws or ():
+            receipt = _receipt(raw["properties"]["delivery_tag"])
+            try:
+                self.settle(lambda pop, r=receipt: pop.change_invisible_time(r, 0))
+            except Exception:
+                log.warning("kombu: could not give back a message popped for a cancelled consumer; it comes "
+                            "back after its visibility timeout", exc_info=True)
+
     def close_connection(self, connection: Any) -> None:
         self._keeper_stop.set()
         try:
@@ -1020,12 +1296,20 @@ class Transport(virtual.Transport):
                 log.warning("kombu: %d acks still unanswered at close; they go on in the background",
                             self._acks.pending())
             self.unregister_from_event_loop(connection, self._hub)
+            if self._waiting_thread is not None:
+                self._waiting_thread.join(timeout=30)
             try:
-                self._settle_pops(wait=True)
-            except self.connection_errors as e:  # the connection is lost already: closing goes on
-                log.debug("kombu: a POP under way failed at close: %r", e)
+                super().close_connection(connection)  # channels first: their unacked messages go back now
             finally:
-                super().close_connection(connection)
+                try:
+                    self._settle_pops(wait=True)  # then what POPs under way bring goes back too
+                except self.connection_errors as e:  # the connection is lost already: closing goes on
+                    log.debug("kombu: a POP under way failed at close: %r", e)
+                abandoned, self._abandoned = self._abandoned, []
+                concurrent.futures.wait(abandoned, timeout=self.max_poll + 10)
+                if self._forwarder is not None:  # hops being sent on: sent and acked before the clients go
+                    self._forwarder.shutdown(wait=True)
+                    self._forwarder = None
         finally:
             self._closed = True
             if self._executor is not None:
@@ -1047,7 +1331,9 @@ class Transport(virtual.Transport):
     # -- draining ----------------------------------------------------------------------------------------------
     def _candidates(self) -> list[tuple[Channel, str]]:
         """(channel, queue) pairs being consumed and without a POP under way, rotated for fairness."""
-        out = []
+        out: list[tuple[Channel, str]] = []
+        if self._retiring:
+            return out
         for ch in list(self.channels):
             if ch.closed or not ch._consumers:
                 continue
@@ -1141,6 +1427,8 @@ class Transport(virtual.Transport):
     def _deliver_held(self) -> int:
         """Deliver held messages through `_deliver` while each channel's QoS lets it take one."""
         delivered = 0
+        if self._retiring:
+            return delivered
         for key, (ch, queue, held) in list(self._held.items()):
             while held and not ch.closed and queue in self._callbacks and self._may_deliver(ch):
                 raw = held.popleft()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
@@ -20,6 +21,8 @@ from ...remoting import RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
     from ..broker import Broker
+
+log = logging.getLogger(__name__)
 
 MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
@@ -58,7 +61,8 @@ class PopMessageProcessor:
             return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
         if queue_id >= tc.read_queue_nums:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
-        r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll if wait else 0)
+        r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll if wait else 0,
+                              alive=lambda: not getattr(channel, "closed", False))
         if not r.buffers and poll and not wait:
             return None
         ext = {"popTime": r.pop_time, "invisibleTime": r.invisible_time, "reviveQid": r.revive_qid,
@@ -68,6 +72,37 @@ class PopMessageProcessor:
             return req.response(ResponseCode.POLLING_TIMEOUT if poll else ResponseCode.NO_MESSAGE,
                                 "no new message", ext)
         return req.response(ResponseCode.SUCCESS, None, ext, b"".join(r.buffers))
+
+
+def give_back_popped(broker: Broker, req: RemotingCommand, resp: RemotingCommand) -> int:
+    """Make the messages of a POP response that could not be written (its connection closed while the
+    long poll was held) visible again at once, by the path of CHANGE_MESSAGE_INVISIBLETIME 0: nobody got
+    them, so nobody should wait out their invisible time. Works from the response's header alone
+    (popTime, reviveQid, startOffsetInfo, msgOffsetInfo); how many were given back."""
+    if req.code != RequestCode.POP_MESSAGE or resp.code != ResponseCode.SUCCESS:
+        return 0
+    x = resp.ext_fields or {}
+    group, topic = req.get_str("consumerGroup"), req.get_str("topic")
+    try:
+        pop_time, invisible, revive_qid = int(x["popTime"]), int(x["invisibleTime"]), int(x["reviveQid"])
+        starts = {}
+        for item in filter(None, str(x.get("startOffsetInfo", "")).split(";")):
+            retry, qid, start = item.split(" ")
+            starts[(retry != "0", int(qid))] = int(start)
+        n = 0
+        for item in filter(None, str(x.get("msgOffsetInfo", "")).split(";")):
+            flag, qid_text, offsets = item.split(" ")
+            retry, qid = flag != "0", int(qid_text)
+            t = pop_retry_topic(group, topic) if retry else topic
+            for off in map(int, filter(None, offsets.split(","))):
+                extra = ExtraInfo(starts.get((retry, qid), off), pop_time, invisible, revive_qid, retry,
+                                  broker.config.broker_name, qid, off)
+                if broker.pop_service.change_invisible_time(group, t, extra, off, 0) is not None:
+                    n += 1
+        return n
+    except (KeyError, ValueError) as e:  # not a response of ours: left to its invisible time
+        log.warning("could not give back an undelivered POP response of %s/%s: %s", group, topic, e)
+        return 0
 
 
 class AckMessageProcessor:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,13 +77,58 @@ def _subscriptions(specs: list[HandlerSpec]) -> dict[str, str]:
     return {t: "*" if "*" in tags else " || ".join(sorted(tags)) for t, tags in subs.items()}
 
 
+class _ForkGuard:
+    """Holds a fork (Celery's prefork pool starting or replacing a child) until no handler runs, and keeps
+    handlers from starting while one is under way. A handler inside a database transaction when the process
+    forks would leave the child a copy of SQLite's in-process lock table saying the file is locked: the
+    child's own connection then finds the database locked for good ("database is locked" in every task)."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cv = threading.Condition()
+        self._running = 0
+        self._forking = False
+
+    def __enter__(self) -> None:
+        with self._cv:
+            while self._forking:
+                self._cv.wait()
+            self._running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._running -= 1
+            if not self._running:
+                self._cv.notify_all()
+
+    def before_fork(self) -> None:
+        with self._cv:
+            self._forking = True
+            if not self._cv.wait_for(lambda: not self._running, timeout=FORK_WAIT):
+                log.warning("forking while %d event handler(s) still run", self._running)
+
+    def after_fork_in_parent(self) -> None:
+        with self._cv:
+            self._forking = False
+            self._cv.notify_all()
+
+
+FORK_WAIT = 30.0  # s a fork waits for running handlers to finish
+_fork_guard = _ForkGuard()
+os.register_at_fork(before=_fork_guard.before_fork, after_in_parent=_fork_guard.after_fork_in_parent,
+                    after_in_child=_fork_guard._reset)
+
+
 def _dispatcher(specs: list[HandlerSpec]) -> Callable[[MessageExt], None]:
     def dispatch(m: MessageExt) -> None:
         event = None
-        for spec in specs:
-            if spec.matches(m):
-                event = event or Event.from_message(m)
-                spec.func(event)
+        with _fork_guard:
+            for spec in specs:
+                if spec.matches(m):
+                    event = event or Event.from_message(m)
+                    spec.func(event)
     return dispatch
 
 

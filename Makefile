@@ -76,10 +76,10 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-## bench: benchmarks side by side with their peers (writes benchmarks/results/)
+## bench: every speed goal in one run, side by side with the peers (bench_all.py: store, sweep, broker, POP,
+## recovery/verify, Spark; writes benchmarks/results/run-<date>/ and the table in benchmarks/README.md; QUICK=1: short)
 bench: $(VENV)/.installed
-	$(PY) benchmarks/bench_store.py
-	$(PY) benchmarks/bench_broker.py
+	$(PY) benchmarks/bench_all.py $(if $(QUICK),--quick)
 
 ## bench-celery: Celery on our transport vs Celery on the local Redis and RabbitMQ, one run (QUICK=1: short)
 bench-celery: $(VENV)/.installed

@@ -63,10 +63,12 @@ REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 FULL = dict(reps=5, single=100_000, batch=500_000, raw=500_000, redis_single=20_000, redis_pipe=200_000,
             read_store=500_000, read_samples=20_000, query_store=5_000_000, query_keys=2_000,
-            query_passes=3, redis_query=1_000_000, profile=500_000, memory=10_000_000)
+            query_passes=3, redis_query=1_000_000, profile=500_000, memory=10_000_000,
+            memory_pull=1_000_000)
 QUICK = dict(reps=3, single=20_000, batch=50_000, raw=50_000, redis_single=5_000, redis_pipe=50_000,
              read_store=50_000, read_samples=5_000, query_store=200_000, query_keys=2_000,
-             query_passes=3, redis_query=200_000, profile=100_000, memory=1_000_000)
+             query_passes=3, redis_query=200_000, profile=100_000, memory=1_000_000,
+             memory_pull=200_000)
 
 rng = random.Random(SEED)
 BODIES = [rng.randbytes(BODY_SIZE) for _ in range(N_BODIES)]
@@ -522,6 +524,7 @@ def phase_memory(root: Path, cfg: dict, dl: Deadline) -> dict:
         t1 = time.perf_counter()
         samples.append({"appended": n, "s": round(t1 - t0, 2), **memory_status()})
         check_store(store, n)
+        pulled = phase_memory_pull(store, min(n, cfg["memory_pull"]), dl)
     finally:
         close_store(store, path)
     anon = [x.get("RssAnon", 0) for x in samples]
@@ -532,11 +535,44 @@ def phase_memory(root: Path, cfg: dict, dl: Deadline) -> dict:
            "rss_anon_growth_mib_after_warmup": round((max(anon[2:] or anon) - ref) / 1024, 1),
            "rss_anon_bytes_per_msg_after_warmup": round((anon[-1] - ref) * 1024 / max(1, n - samples[min(2, len(samples) - 1)]["appended"]), 2),
            "rss_file_mib_end": round(samples[-1].get("RssFile", 0) / 1024, 1),
-           "vm_rss_mib_max": round(max(x.get("VmRSS", 0) for x in samples) / 1024, 1)}
+           "vm_rss_mib_max": round(max(x.get("VmRSS", 0) for x in samples) / 1024, 1), "pull": pulled}
     log(f"  memory: {n:,} msgs in {out['seconds']} s; RssAnon {out['rss_anon_mib_start']} -> max "
         f"{out['rss_anon_mib_max']} MiB (growth after warm-up {out['rss_anon_growth_mib_after_warmup']} MiB), "
         f"RssFile at the end {out['rss_file_mib_end']} MiB")
+    p = pulled
+    log(f"  memory while pulling: {p['n']:,} msgs decoded in {p['seconds']} s; RssAnon "
+        f"{p['rss_anon_mib_start']} -> max {p['rss_anon_mib_max']} MiB")
     return out
+
+
+def phase_memory_pull(store: MessageStore, n: int, dl: Deadline) -> dict:
+    """RSS while `n` messages are pulled back, 32 per get_message and decoded to MessageExt (then dropped),
+    queue by queue from offset 0, sampled 20 times: flat RssAnon means a pull keeps nothing behind."""
+    per_queue = n // QUEUES
+    every = max(32, n // 20)
+    samples = [{"pulled": 0, "s": 0.0, **memory_status()}]
+    gc.collect()
+    t0 = time.perf_counter()
+    done = next_sample = 0
+    for q in range(QUEUES):
+        offset = 0
+        while offset < per_queue:
+            res = store.get_message(GROUP, TOPIC, q, offset, min(32, per_queue - offset))
+            if res is None or not res.messages:
+                raise AssertionError(f"pull at queue {q} offset {offset} returned nothing")
+            got = len(res.messages)
+            offset = res.next_begin_offset
+            done += got
+            if done >= next_sample + every:
+                next_sample = done
+                samples.append({"pulled": done, "s": round(time.perf_counter() - t0, 2), **memory_status()})
+                dl.check()
+    t1 = time.perf_counter()
+    samples.append({"pulled": done, "s": round(t1 - t0, 2), **memory_status()})
+    anon = [x.get("RssAnon", 0) for x in samples]
+    return {"n": done, "seconds": round(t1 - t0, 1), "rate": done / (t1 - t0), "samples": samples,
+            "rss_anon_mib_start": round(anon[0] / 1024, 1), "rss_anon_mib_max": round(max(anon) / 1024, 1),
+            "rss_anon_growth_mib": round((max(anon) - anon[0]) / 1024, 1)}
 
 
 # -- phase 2: reads ---------------------------------------------------------------------------------------

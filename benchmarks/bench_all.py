@@ -1,0 +1,324 @@
+"""`make bench`: every speed goal of issue 16 in ONE run, and the one table that says how close we are.
+
+    python benchmarks/bench_all.py [--quick] [--skip NAME ...] [--no-readme]
+    python benchmarks/bench_all.py --summarize DIR        # only rebuild the table from a run's files
+
+Runs, one after the other, each in its own process with a time limit and its output into one run
+directory `benchmarks/results/run-<date>[-quick]/`:
+  bounds    this machine's bounds, measured now: memcpy, CRC32, sequential disk write with fdatasync,
+            fdatasync rate of 4 KiB appends, and the Python loopback round trip to an echo server on
+            uvloop (the floor for any Python client's synchronous request);
+  store     bench_store.py: embedded put (single, x100, x1000) beside the bare Python framing loop and
+            Redis XADD; reads; the 10 M-append and 1 M-pull memory phases;
+  sweep     bench_sweep.py: throughput against batch size and message size, store and Redis;
+  broker    bench_broker.py: send single / batched, pull 32 / 256 over loopback beside Redis Streams;
+  pop       bench_pop.py: POP + ACK beside Redis XREADGROUP + XACK;
+  recovery  bench_recovery.py: abnormal recovery and verify MB/s of commitlog checked (CRC on);
+  spark     bench_spark.py: the Spark source's scan into DataFrames.
+Then it writes `summary.md` / `summary.json` in the run directory (each path: ours, the peer, the
+ratio, the goal, met or not, and the bound beside it) and puts the table into benchmarks/README.md
+between the `<!-- bench-summary -->` markers. Progress goes to stderr. Only loopback is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+STEPS = ("bounds", "store", "sweep", "broker", "pop", "recovery", "spark")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- bounds ---------------------------------------------------------------------------------------------
+ECHO_SERVER = textwrap.dedent("""
+    import asyncio, socket, sys
+    try:
+        import uvloop
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    class Echo(asyncio.Protocol):
+        def connection_made(self, t):
+            self.t = t
+            t.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        def data_received(self, d):
+            self.t.write(d)
+    srv = loop.run_until_complete(loop.create_server(Echo, "127.0.0.1", 0))
+    print(srv.sockets[0].getsockname()[1], flush=True)
+    loop.run_forever()
+""")
+
+
+def measure_bounds(var: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    buf = os.urandom(64 << 20)
+    dst = bytearray(len(buf))
+    dst[:] = buf  # touch every page first: the copy below is memory bandwidth, not page faults
+    t0 = time.perf_counter()
+    for _ in range(4):
+        dst[:] = buf
+    out["memcpy_gb_s"] = round(4 * len(buf) / (time.perf_counter() - t0) / 1e9, 2)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        zlib.crc32(buf)
+    out["crc32_gb_s"] = round(4 * len(buf) / (time.perf_counter() - t0) / 1e9, 2)
+    var.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(dir=var)
+    try:
+        chunk = buf[: 4 << 20]
+        t0 = time.perf_counter()
+        for _ in range(64):  # 256 MiB
+            os.write(fd, chunk)
+        os.fdatasync(fd)
+        out["disk_write_mb_s"] = round((256 << 20) / (time.perf_counter() - t0) / 1e6, 1)
+        page = buf[:4096]
+        t0 = time.perf_counter()
+        for _ in range(300):
+            os.write(fd, page)
+            os.fdatasync(fd)
+        out["fdatasync_per_s"] = round(300 / (time.perf_counter() - t0))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline()) if proc.stdout else 0
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = b"x" * 400
+        n = 20_000
+        for _ in range(500):  # warm-up
+            s.sendall(msg)
+            s.recv(4096)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            s.sendall(msg)
+            got = s.recv(4096)
+            while len(got) < len(msg):
+                got += s.recv(4096)
+        out["python_echo_round_trips_per_s"] = round(n / (time.perf_counter() - t0))
+        s.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    return out
+
+
+# -- running the benchmarks ------------------------------------------------------------------------------
+def commands(quick: bool, run_dir: Path) -> dict[str, tuple[list[str], float]]:
+    py = sys.executable
+    q = ["--quick"] if quick else []
+    out = ["--out", str(run_dir)]
+    recovery = ["--big-gib", "1.1", "--small-mib", "16", "--reps", "2"] if quick else []
+    return {
+        "store": ([py, str(BENCH / "bench_store.py"), *q, *out], 2400),
+        "sweep": ([py, str(BENCH / "bench_sweep.py"), *q, *out], 900),
+        "broker": ([py, str(BENCH / "bench_broker.py"), *q, "--no-rabbit", *out], 1200),
+        "pop": ([py, str(BENCH / "bench_pop.py"), *q, *out], 900),
+        "recovery": ([py, str(BENCH / "bench_recovery.py"), *recovery, *out], 1800),
+        "spark": ([py, str(BENCH / "bench_spark.py"), *q, "--no-pushdown", "--out", str(run_dir)], 1800),
+    }
+
+
+def newest(run_dir: Path, prefix: str) -> dict[str, Any] | None:
+    files = sorted(run_dir.glob(f"{prefix}-*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(files[-1].read_text()) if files else None
+
+
+# -- the table ---------------------------------------------------------------------------------------------
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None:
+        return "–"
+    if v >= 100:
+        return f"{v:,.0f}{unit}"
+    return f"{v:,.2f}{unit}" if v < 10 else f"{v:,.1f}{unit}"
+
+
+def rows(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per goal of issue 16, from the run's files (a missing file leaves its rows unmeasured)."""
+    out: list[dict[str, Any]] = []
+    bounds = json.loads((run_dir / "bounds.json").read_text()) if (run_dir / "bounds.json").exists() else {}
+
+    def row(path: str, ours: float | None, peer: str, peer_v: float | None, goal: str, goal_ratio: float | None,
+            bound: str = "", unit: str = "msgs/s", ratio: float | None = None, met: bool | None = None) -> None:
+        if ratio is None and ours is not None and peer_v:
+            ratio = ours / peer_v
+        if met is None and ratio is not None and goal_ratio is not None:
+            met = ratio >= goal_ratio
+        out.append({"path": path, "ours": ours, "unit": unit, "peer": peer, "peer_value": peer_v,
+                    "ratio": None if ratio is None else round(ratio, 2), "goal": goal, "met": met, "bound": bound})
+
+    st = newest(run_dir, "store")
+    if st and "throughput" in st:
+        v = st["throughput"]["variants"]
+        rt = st["throughput"]["ratios"]
+        raw = v.get("raw framing ceiling (b5)", {}).get("rate", {}).get("median")
+        for b in (1000, 100):
+            k = f"store put_messages x{b}"
+            row(f"embedded put + dispatch, batches of {b}", v[k]["rate"]["median"], "bare Python framing loop", raw,
+                "≥ 1.0×" if b == 1000 else "(≥ 1.0× at 1000)", 1.0 if b == 1000 else None,
+                ratio=rt[f"{k} / raw framing ceiling (b5)"]["median_of_rounds"],
+                bound=f"disk write {bounds.get('disk_write_mb_s', '?')} MB/s ≈ "
+                      f"{_fmt(bounds.get('disk_write_mb_s', 0) * 1e6 / max(st.get('record_size') or 363, 1))} "
+                      "records/s")
+        single = v["store put_message"]["rate"]["median"]
+        rs = rt["store put_message / raw framing ceiling (b5)"]["median_of_rounds"]
+        row("embedded put + dispatch, single calls", single, "bare Python framing loop", raw,
+            "≥ 150 k/s and ≥ 0.3×", None, ratio=rs, met=single >= 150_000 and rs >= 0.3)
+    if st and "memory" in st:
+        m = st["memory"]
+        row(f"RSS heap growth while {m['n']:,} messages are appended", m["rss_anon_growth_mib_after_warmup"], "", None,
+            "flat", None, unit="MiB", met=m["rss_anon_growth_mib_after_warmup"] < 16,
+            bound=f"heap {m['rss_anon_mib_start']} → max {m['rss_anon_mib_max']} MiB")
+        if "pull" in m:
+            p = m["pull"]
+            row(f"RSS heap growth while {p['n']:,} messages are pulled", p["rss_anon_growth_mib"], "", None, "flat",
+                None, unit="MiB", met=p["rss_anon_growth_mib"] < 16,
+                bound=f"heap {p['rss_anon_mib_start']} → max {p['rss_anon_mib_max']} MiB")
+    br = newest(run_dir, "broker")
+    if br:
+        ours, redis = br["results"].get("ours", {}), br["results"].get("redis", {})
+        echo = bounds.get("python_echo_round_trips_per_s")
+        for key, name, peer, goal, g in (
+                ("send_single", "broker send, one client, single", "Redis XADD single", "≥ 1.0×", 1.0),
+                ("send_batch", "broker send, one client, batched", "Redis XADD pipelined", "≥ 1.5×", 1.5),
+                ("read_x32", "broker pull of 32", "Redis XRANGE 32", "≥ 1.0×", 1.0),
+                ("read_x256", "broker pull of 256", "Redis XRANGE 256", "≥ 1.0×", 1.0)):
+            if key in ours:
+                row(name, ours[key]["median"], peer, redis.get(key, {}).get("median"), goal, g,
+                    bound=f"Python echo round trip {_fmt(echo)}/s" if key == "send_single" and echo else "")
+    pop = newest(run_dir, "pop")
+    if pop:
+        redis = pop.get("peers", {}).get("redis", {})
+        for b in ("1", "32"):
+            if b in pop["ours"]:
+                row(f"POP + ACK, batch {b}", pop["ours"][b]["rate"], "Redis XREADGROUP + XACK",
+                    redis.get(b, {}).get("rate"), "≥ 1.5×", 1.5)
+    rec = newest(run_dir, "recovery")
+    if rec:
+        crc = f"CRC32 {bounds.get('crc32_gb_s', '?')} GB/s, memcpy {bounds.get('memcpy_gb_s', '?')} GB/s"
+        if "abnormal_big" in rec:
+            a = rec["abnormal_big"]
+            row("abnormal recovery (tail checked, CRC on)", a["mb_per_s"], "RocketMQ's reput parse",
+                a.get("reput_parse_mb_per_s"), "≥ 1,000 MB/s", None, unit="MB/s", met=a["mb_per_s"] >= 1000,
+                bound=crc)
+        for k, val in rec.items():
+            if k.startswith("verify") and isinstance(val, dict) and "mb_per_s" in val:
+                row(f"verify ({k})", val["mb_per_s"], "", None, "≥ 1,000 MB/s", None, unit="MB/s",
+                    met=val["mb_per_s"] >= 1000, bound=crc)
+    sp = newest(run_dir, "spark")
+    if sp:
+        by = {r["name"]: r for r in sp["results"]}
+        dec = by.get("python C decoder") or by.get("python numpy decoder")
+        for cores in (1, 2):
+            r = by.get(f"spark local[{cores}] full scan, C decoder") or by.get(f"spark local[{cores}] full scan, numpy decoder")
+            if r:
+                row(f"Spark scan into DataFrames, local[{cores}]", r["mb_per_s_per_core"], "", None,
+                    "≥ 250 MB/s per core", None, unit="MB/s/core", met=r["mb_per_s_per_core"] >= 250,
+                    bound=f"decode alone {_fmt(dec['mb_per_s'])} MB/s" if dec else "")
+    return out
+
+
+def markdown(run_dir: Path, table: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [f"Run `{run_dir.relative_to(ROOT) if run_dir.is_relative_to(ROOT) else run_dir}` "
+             f"({meta.get('started', '?')}, {'quick' if meta.get('quick') else 'full'}; load average "
+             f"{meta.get('load_before', '?')} before, {meta.get('load_after', '?')} after; "
+             f"{os.cpu_count()} vCPUs). Ratio = ours ÷ peer in the same run (the broker and POP rows: "
+             "median of the rounds).", "",
+             "| path | ours | peer | peer's value | ratio | goal | met | bound on this machine |",
+             "|---|---:|---|---:|---:|---|---|---|"]
+    for r in table:
+        met = {True: "**yes**", False: "**no**", None: "–"}[r["met"]]
+        ratio = "–" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        lines.append(f"| {r['path']} | {_fmt(r['ours'])} {r['unit']} | {r['peer'] or '–'} | {_fmt(r['peer_value'])} | "
+                     f"{ratio} | {r['goal']} | {met} | {r['bound'] or '–'} |")
+    b = meta.get("bounds", {})
+    if b:
+        lines += ["", f"Bounds measured in this run: memcpy {b.get('memcpy_gb_s')} GB/s, CRC32 {b.get('crc32_gb_s')} GB/s, "
+                  f"sequential write + fdatasync {b.get('disk_write_mb_s')} MB/s, {b.get('fdatasync_per_s')} fdatasyncs/s "
+                  f"(4 KiB appends), Python loopback echo {b.get('python_echo_round_trips_per_s')} round trips/s."]
+    failed = [k for k, v in meta.get("steps", {}).items() if v.get("rc") not in (0, None)]
+    if failed:
+        lines += ["", "Steps that failed or timed out (their rows are missing): " + ", ".join(failed) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def summarize(run_dir: Path, readme: bool) -> str:
+    meta_path = run_dir / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if (run_dir / "bounds.json").exists():
+        meta["bounds"] = json.loads((run_dir / "bounds.json").read_text())
+    table = rows(run_dir)
+    md = markdown(run_dir, table, meta)
+    (run_dir / "summary.json").write_text(json.dumps({"meta": meta, "rows": table}, indent=1))
+    (run_dir / "summary.md").write_text(md)
+    if readme:
+        if (run_dir / "sweep.png").exists():  # the README shows the latest run's sweep
+            (BENCH / "results" / "sweep.png").write_bytes((run_dir / "sweep.png").read_bytes())
+        path = BENCH / "README.md"
+        text = path.read_text()
+        start, end = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+        if start in text and end in text:
+            head, rest = text.split(start, 1)
+            _, tail = rest.split(end, 1)
+            path.write_text(f"{head}{start}\n{md}{end}{tail}")
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="every benchmark's --quick (about 15 min instead of ~45)")
+    ap.add_argument("--skip", action="append", default=[], choices=STEPS)
+    ap.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")
+    ap.add_argument("--summarize", metavar="DIR", help="only rebuild the summary of an earlier run directory")
+    args = ap.parse_args(argv)
+    if args.summarize:
+        print(summarize(Path(args.summarize).resolve(), not args.no_readme))
+        return 0
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d-%H%M")
+    run_dir = BENCH / "results" / f"run-{stamp}{'-quick' if args.quick else ''}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                            "quick": args.quick, "load_before": [round(x, 1) for x in os.getloadavg()], "steps": {}}
+    todo = [s for s in STEPS if s not in args.skip]
+    cmds = commands(args.quick, run_dir)
+    for i, step in enumerate(todo, 1):
+        t0 = time.perf_counter()
+        log(f"[{i}/{len(todo)}] {step} ...")
+        if step == "bounds":
+            (run_dir / "bounds.json").write_text(json.dumps(measure_bounds(ROOT / "var" / "bench"), indent=1))
+            rc = 0
+        else:
+            cmd, limit = cmds[step]
+            with open(run_dir / f"{step}.log", "w") as logf:
+                try:
+                    rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, timeout=limit).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+        meta["steps"][step] = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+        status = "ok" if rc == 0 else f"FAILED ({rc}), see {run_dir / (step + '.log')}"
+        log(f"[{i}/{len(todo)}] {step}: {status} in {time.perf_counter() - t0:.0f} s")
+        meta["load_after"] = [round(x, 1) for x in os.getloadavg()]
+        (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
+    print(summarize(run_dir, not args.no_readme))
+    return 0 if all(v["rc"] == 0 for v in meta["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

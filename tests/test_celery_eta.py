@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,54 +24,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_celery_resilience import BrokerProcess, runs, tail, wait_for
+from tests.celery_procs import BrokerProcess, CeleryWorker, runs, tail, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 LEAD = 1.5  # the transport's default eta_lead
 ON_TIME = 1.0  # a task must start within this many seconds after its eta
 SOAK = bool(os.environ.get("ETA_SOAK"))
 WARM_UP = 8.0  # s a replacement worker is started before the one it replaces is stopped
 
 
-class EtaWorker:
-    """A real `celery worker` on tests/celery_eta_app.py, in its own session (killpg kills it all)."""
+class EtaWorker(CeleryWorker):
+    """A real `celery worker` on tests/celery_eta_app.py."""
 
     def __init__(self, tmp: Path, name: str, broker_url: str, log: Path, timers: bool = True,
                  concurrency: int = 2) -> None:
-        self.name = name
-        self.log = tmp / f"worker-{name}.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "ETA_BROKER": broker_url, "ETA_LOG": str(log),
-               "ETA_TIMERS": "1" if timers else "0"}
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.celery_eta_app", "worker", "-P", "prefork",
-                 "-c", str(concurrency), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat", "-l", "INFO"],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        ok = wait_for(lambda: " ready." in self.text() or self.proc.poll() is not None, timeout, 0.1)
-        assert ok and self.proc.poll() is None, f"worker {self.name} did not start:\n" + tail(self.log)
+        super().__init__(tmp, name, "tests.celery_eta_app",
+                         {"ETA_BROKER": broker_url, "ETA_LOG": str(log), "ETA_TIMERS": "1" if timers else "0"},
+                         "prefork", concurrency)
 
     def term(self, timeout: float = 30.0) -> None:
         """Warm shutdown (SIGTERM), then whatever is left of the session is killed."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        self.killpg()
-
-    def killpg(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        self.stop(timeout)
 
 
 @pytest.fixture

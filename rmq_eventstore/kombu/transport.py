@@ -1014,6 +1014,13 @@ class Transport(virtual.Transport):
             self._acks = _AckBatcher(self)
             _ack_batchers.add(self._acks)
 
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        """kombu's defaults without its `localhost`: a `rocketmq:///path` URL has no host on purpose (the
+        local store's broker is found by its path), and with a default host kombu warns "No hostname was
+        supplied" at every connect. A URL with neither host nor path still means 127.0.0.1 (`_namesrv`)."""
+        return {"port": self.default_port}
+
     def driver_version(self) -> str:
         return __version__
 

@@ -13,6 +13,8 @@ directory `benchmarks/results/run-<date>[-quick]/`:
   sweep     bench_sweep.py: throughput against batch size and message size, store and Redis;
   broker    bench_broker.py: send single / batched, pull 32 / 256 over loopback beside Redis Streams;
   pop       bench_pop.py: POP + ACK beside Redis XREADGROUP + XACK;
+  celery    bench_celery.py --only apply: Celery's apply_async on our transport beside Redis, and on kombu's
+            in-process memory:// transport (the bound: what Celery itself costs);
   recovery  bench_recovery.py: abnormal recovery and verify MB/s of commitlog checked (CRC on);
   spark     bench_spark.py: the Spark source's scan into DataFrames.
 Then it writes `summary.md` / `summary.json` in the run directory (each path: ours, the peer, the
@@ -38,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-STEPS = ("bounds", "store", "sweep", "broker", "pop", "recovery", "spark")
+STEPS = ("bounds", "store", "sweep", "broker", "pop", "celery", "recovery", "spark")
 
 
 def log(msg: str) -> None:
@@ -131,6 +133,7 @@ def commands(quick: bool, run_dir: Path) -> dict[str, tuple[list[str], float]]:
         "sweep": ([py, str(BENCH / "bench_sweep.py"), *q, *out], 900),
         "broker": ([py, str(BENCH / "bench_broker.py"), *q, "--no-rabbit", *out], 1200),
         "pop": ([py, str(BENCH / "bench_pop.py"), *q, *out], 900),
+        "celery": ([py, str(BENCH / "bench_celery.py"), *q, "--only", "apply", "--no-rabbit", *out], 900),
         "recovery": ([py, str(BENCH / "bench_recovery.py"), *recovery, *out], 1800),
         "spark": ([py, str(BENCH / "bench_spark.py"), *q, "--no-pushdown", "--out", str(run_dir)], 1800),
     }
@@ -210,6 +213,13 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
             if b in pop["ours"]:
                 row(f"POP + ACK, batch {b}", pop["ours"][b]["rate"], "Redis XREADGROUP + XACK",
                     redis.get(b, {}).get("rate"), "≥ 1.5×", 1.5)
+    ce = newest(run_dir, "celery")
+    if ce and ce.get("summary", {}).get("apply_per_s"):
+        a = ce["summary"]["apply_per_s"]
+        bound = ce["summary"].get("apply_bound_per_s")
+        row("Celery apply_async, one producer", a.get("ours"), "Celery on Redis", a.get("redis"), "≥ 1.5×", 1.5,
+            ratio=ce["summary"].get("ratios", {}).get("ours/redis", {}).get("apply"), unit="tasks/s",
+            bound=f"Celery on kombu's memory:// (no broker) {_fmt(bound)}/s" if bound else "")
     rec = newest(run_dir, "recovery")
     if rec:
         crc = f"CRC32 {bounds.get('crc32_gb_s', '?')} GB/s, memcpy {bounds.get('memcpy_gb_s', '?')} GB/s"

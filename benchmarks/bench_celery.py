@@ -208,6 +208,22 @@ def apply_and_drain(side: Side, queue: str, n: int, pool: str, acks_late: bool, 
     return st
 
 
+def apply_bound(n: int) -> float:
+    """apply_async per second on kombu's in-process `memory://` transport: no broker, no socket, so what
+    Celery and kombu themselves cost a producer; no transport can give Celery more on this machine."""
+    app = make_app("memory://", f"bench.celery.{os.getpid()}.bound")
+    task = app.tasks[TASK]
+    with app.producer_or_acquire() as producer:
+        for i in range(min(50, n // 10)):
+            task.apply_async((i,), producer=producer)
+        t0 = time.perf_counter()
+        for i in range(n):
+            task.apply_async((i,), producer=producer)
+        rate = n / (time.perf_counter() - t0)
+    kombu.pools.reset()
+    return rate
+
+
 def event_path(ns: str, broker_pid: int, n: int, tmp: Path) -> dict[str, Any]:
     """n events sent one by one to a 4-queue topic, then handled by an @event_handler in one solo worker."""
     from rmq_eventstore.client import Admin, Message, Producer
@@ -320,6 +336,9 @@ def markdown(s: dict[str, Any], sides: list[str], n: int, rounds: int) -> str:
     row = [f"{s['apply_per_s'][x]:,.0f}" for x in sides]
     rat = [f"{s['ratios'][f'ours/{p}']['apply']:.2f}" for p in sides[1:]]
     lines.append("| apply_async (`delay`), one producer | " + " | ".join(row + rat) + " |")
+    if s.get("apply_bound_per_s"):
+        lines.append(f"| apply_async on kombu's `memory://` (no broker: the bound for any transport) | "
+                     f"{s['apply_bound_per_s']:,.0f} |" + " |" * (2 * len(sides) - 2))
     for name, by_side in s["drain_per_s"].items():
         row = [f"{by_side[x]:,.0f}" if x in by_side else "—" for x in sides]
         rat = [f"{s['ratios'][f'ours/{p}'].get(f'drain {name}', float('nan')):.2f}" for p in sides[1:]]
@@ -501,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="celery-", dir=base))
     runs: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    bounds: list[float] = []
     failures: list[dict[str, Any]] = []
     variants = [(pool, late) for pool in POOLS for late in (False, True)]
     if "drain" not in only:
@@ -522,6 +542,10 @@ def main(argv: list[str] | None = None) -> None:
             sides = [Side("ours", f"rocketmq://{ns}//", [broker.pid]), *peers]
             k = 0
             for r in range(rounds):
+                if "apply" in only:
+                    bounds.append(apply_bound(n))
+                    print(f"round {r + 1}/{rounds} apply_async on memory:// (no broker: the bound) "
+                          f"{bounds[-1]:7,.0f}/s", flush=True)
                 for pool, late in variants:
                     order = sides[k % len(sides):] + sides[:k % len(sides)]
                     k += 1
@@ -556,6 +580,8 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     names = ["ours", *[p.name for p in peers]]
     summary = summarize(runs, events, names) if runs else {"events": summarize([], events, names).get("events")}
+    if bounds:
+        summary["apply_bound_per_s"] = med(bounds)
     md = markdown(summary, names, n, rounds) if runs else ""
     print("\n" + md)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_run)), "seconds": time.time() - t_run,

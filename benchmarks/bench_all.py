@@ -15,6 +15,8 @@ directory `benchmarks/results/run-<date>[-quick]/`:
   pop       bench_pop.py: POP + ACK beside Redis XREADGROUP + XACK;
   celery    bench_celery.py --only apply: Celery's apply_async on our transport beside Redis, and on kombu's
             in-process memory:// transport (the bound: what Celery itself costs);
+  django    bench_django.py: a Django request that saves a row and appends an event in its transaction, beside
+            the row alone and the outbox + Celery publish a Django user writes instead; reads p99;
   recovery  bench_recovery.py: abnormal recovery and verify MB/s of commitlog checked (CRC on);
   spark     bench_spark.py: the Spark source's scan into DataFrames.
 Then it writes `summary.md` / `summary.json` in the run directory (each path: ours, the peer, the
@@ -40,7 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-STEPS = ("bounds", "store", "sweep", "broker", "pop", "celery", "recovery", "spark")
+STEPS = ("bounds", "store", "sweep", "broker", "pop", "celery", "django", "recovery", "spark")
 
 
 def log(msg: str) -> None:
@@ -134,6 +136,7 @@ def commands(quick: bool, run_dir: Path) -> dict[str, tuple[list[str], float]]:
         "broker": ([py, str(BENCH / "bench_broker.py"), *q, "--no-rabbit", *out], 1200),
         "pop": ([py, str(BENCH / "bench_pop.py"), *q, *out], 900),
         "celery": ([py, str(BENCH / "bench_celery.py"), *q, "--only", "apply", "--no-rabbit", *out], 900),
+        "django": ([py, str(BENCH / "bench_django.py"), *q, *out], 900),
         "recovery": ([py, str(BENCH / "bench_recovery.py"), *recovery, *out], 1800),
         "spark": ([py, str(BENCH / "bench_spark.py"), *q, "--no-pushdown", "--out", str(run_dir)], 1800),
     }
@@ -220,6 +223,22 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
         row("Celery apply_async, one producer", a.get("ours"), "Celery on Redis", a.get("redis"), "≥ 1.5×", 1.5,
             ratio=ce["summary"].get("ratios", {}).get("ours/redis", {}).get("apply"), unit="tasks/s",
             bound=f"Celery on kombu's memory:// (no broker) {_fmt(bound)}/s" if bound else "")
+    dj = newest(run_dir, "django")
+    if dj:
+        req = dj["requests"]
+        ev, only = req.get("row+event", {}), req.get("row", {})
+        if ev and only:
+            row("Django request: row + event in one transaction", ev["req_per_s"], "the row alone",
+                only["req_per_s"], "cost ≤ 1.3× the row alone", None, unit="req/s",
+                ratio=1 / ev["cost_vs_row_only"], met=ev["cost_vs_row_only"] <= 1.3,
+                bound=f"cost {ev['cost_vs_row_only']:.2f}× the row alone; the outbox + Celery publish (Redis) "
+                      f"costs {1 / ev['vs_outbox']:.2f}× ours" if ev.get("vs_outbox") else "")
+        reads = dj.get("reads", {})
+        if reads:
+            p99 = max(r["p99_ms"] for r in reads.values())
+            row("Django QuerySet reads through the broker, worst p99", p99, "", None, "p99 ≤ 1 ms", None, unit="ms",
+                met=p99 <= 1.0, bound="; ".join(f"{k.split(' (')[0]} p50 {r['p50_ms']:.2f} / p99 {r['p99_ms']:.2f} ms"
+                                               for k, r in reads.items()))
     rec = newest(run_dir, "recovery")
     if rec:
         crc = f"CRC32 {bounds.get('crc32_gb_s', '?')} GB/s, memcpy {bounds.get('memcpy_gb_s', '?')} GB/s"

@@ -220,6 +220,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--requests", type=int, default=None, help="requests per round and kind (default 500, quick 100)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    ap.add_argument("--out", default=str(HERE / "results"), help="directory for the JSON and the PNG")
     args = ap.parse_args()
     requests = args.requests or (100 if args.quick else 500)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -253,9 +254,11 @@ def main() -> None:
         with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
         shutil.rmtree(tmp, ignore_errors=True)
-    out = HERE / "results" / f"django{'-quick' if args.quick else ''}.json"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"django-{time.strftime('%Y-%m-%d')}{'-quick' if args.quick else ''}.json"
     out.write_text(json.dumps(result, indent=2))
-    plot(result, HERE / "results" / "django.png")
+    plot(result, out_dir / "django.png")
     req = result["requests"]
     print(json.dumps({k: {m: round(v, 3) for m, v in req[k].items()} for k in req}, indent=1))
     print(f"row+event costs {req['row+event']['cost_vs_row_only']:.2f}x the row-only request "

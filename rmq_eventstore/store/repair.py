@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..common import codec
-from ..common.codec import CRC32_RESERVED_LEN, SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
+from ..common.codec import _SKIM_STATES, CRC32_RESERVED_LEN, SKIM_BLANK, SKIM_DAMAGE, SKIM_OK
 from .config import CQ_STORE_UNIT_SIZE
 from .consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
 from .index import INDEX_ENTRY_DTYPE, index_key_hash, record_index_keys
@@ -37,6 +38,7 @@ from .recovery import _TRAILER_HEAD, prop_crc_damage
 from .topic_deletion import read_cutoffs
 
 Progress = Callable[[int], None]
+_INT = struct.Struct(">i")
 MAX_PROBLEMS = 1000  # problems listed per report (all are counted)
 
 
@@ -95,6 +97,19 @@ def commit_log_size(path: str) -> int:
         return 0
 
 
+def _native_verify() -> Any:
+    """The C loops of `verify` (`_native.verify_*`), None on the pure-Python path (`RMQ_EVENTSTORE_PURE=1`
+    or no extension): each only passes what is intact and hands every other item back to the reference
+    checks below, so both paths report the same problems in the same order."""
+    nat = codec.native
+    return nat if nat is not None and hasattr(nat, "verify_scan") else None
+
+
+_SCAN_CHUNK = 16384  # records per native walk call (about 20 MB of 1.2 KB records: the progress step)
+_SPAN = 16384  # consume queue units / index entries per native call
+_CACHE_MAX = 4096  # records remembered by the index check (entries of one record are neighbours)
+
+
 def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Progress | None
                        ) -> dict[tuple[str, int], tuple[int, int]]:
     """CRC and structure of every record, and the `__CRC32#` trailer of every record that ends with one
@@ -103,6 +118,7 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
     # records of a deleted topic from before its deletion have no consume queue (topic_deletion.py)
     cut = ({t.encode(): d for t, d in read_cutoffs(os.path.join(reader.root, "config")).items()}
            if reader.root is not None else {})
+    nat = _native_verify()
     files = reader.commit_log.mapped_files
     report.commit_log_min = files[0].file_from_offset if files else 0
     end = report.commit_log_min
@@ -111,26 +127,24 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
         pos = 0
         limit = mf.mapped_size
         last = i == len(files) - 1
+        buf = mf.mm if mf.mm is not None else mf.view
+        base = mf.file_from_offset
         while True:
-            recs, nxt, state, reason = codec.skim_records(mf.mm if mf.mm is not None else mf.view, pos, limit,
-                                                          True)
-            _tick(progress, nxt - pos)
-            report.commit_log_bytes += nxt - pos
-            base = mf.file_from_offset
-            for rpos, size, queue_id, _qoff, sys_flag, _ts, topic in recs:
-                if mf.view[rpos + size - CRC32_RESERVED_LEN:rpos + size - 11] == _TRAILER_HEAD:
-                    why = prop_crc_damage(mf.view, rpos, size)
+            got = (nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES)
+                   if nat is not None else None)
+            if got is not None:  # the C walk: counts merged, the trailers it could not pass listed
+                nxt, state, reason, n, undecided = got
+                for rpos in undecided:
+                    why = prop_crc_damage(mf.view, rpos, _INT.unpack_from(mf.view, rpos)[0])
                     if why:
                         report.add("commitlog_record", mf.file_name, base + rpos, why)
-                if not sys_flag & codec.TRANSACTION_PREPARED_TYPE:
-                    if cut and topic in cut and base + rpos < cut[topic]:
-                        continue
-                    c = counts.get((topic, queue_id))
-                    if c is None:
-                        c = counts[(topic, queue_id)] = [0, 0]
-                    c[0] += 1
-                    c[1] = base + rpos
-            report.records += len(recs)
+                report.records += n
+            else:
+                recs, nxt, state, reason = codec.skim_records(buf, pos, limit, True)
+                _count_records(mf, recs, cut, counts, report)
+                report.records += len(recs)
+            _tick(progress, nxt - pos)
+            report.commit_log_bytes += nxt - pos
             pos = nxt
             if state == SKIM_OK:
                 continue
@@ -173,6 +187,26 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
     report.commit_log_end = end
     return {(t.decode("utf-8", "replace"), q): (n, last) for (t, q), (n, last) in counts.items()}
 
+
+def _count_records(mf: Any, recs: list[tuple], cut: dict[bytes, int], counts: dict[tuple[bytes, int], list[int]],
+                   report: VerifyReport) -> None:
+    """The reference of `verify_scan`'s per-record work: the `__CRC32#` trailer of a record ending with one,
+    and the count and last offset of its queue (not for a prepared transaction or a record before its
+    topic's deletion)."""
+    base = mf.file_from_offset
+    for rpos, size, queue_id, _qoff, sys_flag, _ts, topic in recs:
+        if mf.view[rpos + size - CRC32_RESERVED_LEN:rpos + size - 11] == _TRAILER_HEAD:
+            why = prop_crc_damage(mf.view, rpos, size)
+            if why:
+                report.add("commitlog_record", mf.file_name, base + rpos, why)
+        if not sys_flag & codec.TRANSACTION_PREPARED_TYPE:
+            if cut and topic in cut and base + rpos < cut[topic]:
+                continue
+            c = counts.get((topic, queue_id))
+            if c is None:
+                c = counts[(topic, queue_id)] = [0, 0]
+            c[0] += 1
+            c[1] = base + rpos
 
 def _record_arrived(mf: Any, pos: int, limit: int, wait: float = 1.0) -> bool:
     """Beside a live writer, bytes after the end are a record being copied in: wait (bounded) until a whole
@@ -257,6 +291,7 @@ _QUEUES: dict[int, dict[tuple[str, int], ConsumeQueue]] = {}
 def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
                            counts: dict[tuple[str, int], tuple[int, int]]) -> None:
     seen: set[tuple[str, int]] = set()
+    nat = _native_verify()
     live = reader.root is not None and _live(reader.root)
     held_by_queue: dict[tuple[str, int], int] = {}
     # A live writer keeps dispatching, one batch at a time and queue by queue within a batch, so a queue
@@ -306,35 +341,30 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
             lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
             k = lo
             held = 0
+            topic_b = _encoded(topic) if nat is not None else None
             while k < hi:
+                span = _cq_span(cq, k, _SPAN) if topic_b is not None else None
+                if span is not None:  # the C loop: passes the intact units, hands the others back
+                    buf, pos, n = span
+                    n_held, deferred = nat.verify_units(
+                        buf, pos, n, k, _cl_files(reader), reader.commit_log.mapped_file_size,
+                        report.commit_log_min, report.commit_log_end, topic_b, qid)
+                    report.units += n
+                    held += n_held
+                    for q, off, size, tags in deferred:
+                        _check_unit(reader, report, where, topic, qid, q, off, size, tags)
+                    k += n
+                    continue
                 units = cq.get_units(k, 4096)
                 if not units:
                     k = cq.roll_next_file(k)
                     continue
                 for i, (off, size, tags) in enumerate(units):
-                    q = k + i
                     report.units += 1
                     if off == 0 and size == BLANK_UNIT_SIZE:
                         continue
                     held += 1
-                    if off < report.commit_log_min:
-                        continue  # expired: the commitlog file was deleted, RocketMQ skips these too
-                    if off >= report.commit_log_end:
-                        req, why = _record_at(reader, off, size)  # appended since the scan?
-                        if req is None:
-                            report.add("cq_unit", where, off, f"unit {q} points past the commitlog end "
-                                       f"{report.commit_log_end}")
-                            continue
-                    else:
-                        req, why = _check_record(reader, off, size)
-                    if req is None:
-                        report.add("cq_unit", where, off, f"unit {q}: {why}")
-                    elif req.topic != topic or req.queue_id != qid or req.consume_queue_offset != q:
-                        report.add("cq_unit", where, off, f"unit {q} points at a record of {req.topic}-"
-                                   f"{req.queue_id} queue offset {req.consume_queue_offset}")
-                    elif req.tags_code != tags:
-                        report.add("cq_unit", where, off, f"unit {q}: tags code {tags} but the record's "
-                                   f"is {req.tags_code}")
+                    _check_unit(reader, report, where, topic, qid, k + i, off, size, tags)
                 k += len(units)
             held_by_queue[(topic, qid)] = held
     for (topic, qid), (n, last) in counts.items():
@@ -347,6 +377,57 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
             report.add("cq_missing", f"consumequeue/{topic}/{qid}", last,
                        f"the commitlog holds {n} records of this queue, the consume queue "
                        f"{held_by_queue[(topic, qid)]}")
+
+
+def _check_unit(reader: StoreReader, report: VerifyReport, where: str, topic: str, qid: int, q: int, off: int,
+                size: int, tags: int) -> None:
+    """The reference check of consume queue unit `q` (not a blank fill unit) against its record."""
+    if off < report.commit_log_min:
+        return  # expired: the commitlog file was deleted, RocketMQ skips these too
+    if off >= report.commit_log_end:
+        req, why = _record_at(reader, off, size)  # appended since the scan?
+        if req is None:
+            report.add("cq_unit", where, off, f"unit {q} points past the commitlog end {report.commit_log_end}")
+            return
+    else:
+        req, why = _check_record(reader, off, size)
+    if req is None:
+        report.add("cq_unit", where, off, f"unit {q}: {why}")
+    elif req.topic != topic or req.queue_id != qid or req.consume_queue_offset != q:
+        report.add("cq_unit", where, off, f"unit {q} points at a record of {req.topic}-"
+                   f"{req.queue_id} queue offset {req.consume_queue_offset}")
+    elif req.tags_code != tags:
+        report.add("cq_unit", where, off, f"unit {q}: tags code {tags} but the record's is {req.tags_code}")
+
+
+def _encoded(topic: str) -> bytes | None:
+    try:
+        return topic.encode()
+    except UnicodeEncodeError:  # a directory name that is not UTF-8: the reference compares it
+        return None
+
+
+def _cl_files(reader: StoreReader) -> list[tuple[int, Any, int]]:
+    """The commitlog files for the C loops (taken again per call: `_record_at` may re-map them)."""
+    return [(mf.file_from_offset, mf.mm if mf.mm is not None else mf.view, mf.mapped_size)
+            for mf in reader.commit_log.mapped_files]
+
+
+def _cq_span(cq: ConsumeQueue, start_index: int, max_count: int) -> tuple[Any, int, int] | None:
+    """Where `cq.get_units(start_index, max_count)` would read: (buffer, position, units), None where it
+    returns nothing (then the caller's reference loop rolls to the next file)."""
+    logic = start_index * CQ_STORE_UNIT_SIZE
+    if start_index < 0 or logic < cq._min_logic_offset:
+        return None
+    mf = cq.mapped_file_queue.find_mapped_file_by_offset(logic)
+    if mf is None:
+        return None
+    pos = logic % cq.mapped_file_size
+    end = min(mf.get_read_position(), pos + max_count * CQ_STORE_UNIT_SIZE)
+    buf = mf.mm if mf.mm is not None else mf.view
+    if end <= pos or (end - pos) % CQ_STORE_UNIT_SIZE or end > len(buf):
+        return None
+    return buf, pos, (end - pos) // CQ_STORE_UNIT_SIZE
 
 
 def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int | None,
@@ -369,6 +450,7 @@ def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int 
     if svc is None:
         return
 
+    nat = _native_verify()
     cache: dict[int, tuple[codec.DispatchRequest | None, str]] = {}
     files = svc.files
     for f in files:
@@ -382,31 +464,45 @@ def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int 
             continue
         count = f.index_count
         base = 40 + f.hash_slot_num * 4
+        if nat is not None and 0 < count and base + count * 20 <= len(f.mm):
+            for start in range(1, count, _SPAN):  # the C loop: passes the intact entries
+                stop = min(count, start + _SPAN)
+                report.index_entries += stop - start
+                for i, h, phy in nat.verify_index(f.mm, base, start, stop, _cl_files(reader),
+                                                  reader.commit_log.mapped_file_size, report.commit_log_min,
+                                                  report.commit_log_end):
+                    _check_entry(reader, report, where, i, h, phy, cache)
+            continue
         entries = np.frombuffer(f.mm, dtype=INDEX_ENTRY_DTYPE, count=count, offset=base)
         try:
             for i in range(1, count):
-                h, phy = int(entries["h"][i]), int(entries["p"][i])
                 report.index_entries += 1
-                if phy < report.commit_log_min:
-                    continue
-                got = cache.get(phy)
-                if got is None:
-                    got = cache[phy] = (_record_at(reader, phy) if phy >= report.commit_log_end
-                                        else _check_record(reader, phy))
-                if got[0] is None and phy >= report.commit_log_end:
-                    report.add("index_entry", where, phy, f"entry {i} points past the commitlog end")
-                    continue
-                    if len(cache) > 100_000:
-                        cache.clear()
-                req, why = got
-                if req is None:
-                    report.add("index_entry", where, phy, f"entry {i}: {why}")
-                    continue
-                keys = record_index_keys(req)
-                if not any(index_key_hash(f"{req.topic}#{k}") == h for k in keys):
-                    report.add("index_entry", where, phy, f"entry {i}: hash {h} is none of the record's keys")
+                _check_entry(reader, report, where, i, int(entries["h"][i]), int(entries["p"][i]), cache)
         finally:
             del entries
+
+
+def _check_entry(reader: StoreReader, report: VerifyReport, where: str, i: int, h: int, phy: int,
+                 cache: dict[int, tuple[codec.DispatchRequest | None, str]]) -> None:
+    """The reference check of index entry `i`: a record at `phy` carrying a key that hashes to `h`."""
+    if phy < report.commit_log_min:
+        return
+    got = cache.get(phy)
+    if got is None:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()  # bounded: an index file's entries of one record are neighbours
+        got = cache[phy] = (_record_at(reader, phy) if phy >= report.commit_log_end
+                            else _check_record(reader, phy))
+    if got[0] is None and phy >= report.commit_log_end:
+        report.add("index_entry", where, phy, f"entry {i} points past the commitlog end")
+        return
+    req, why = got
+    if req is None:
+        report.add("index_entry", where, phy, f"entry {i}: {why}")
+        return
+    keys = record_index_keys(req)
+    if not any(index_key_hash(f"{req.topic}#{k}") == h for k in keys):
+        report.add("index_entry", where, phy, f"entry {i}: hash {h} is none of the record's keys")
 
 
 def verify(path: str | os.PathLike[str], progress: Progress | None = None, *, check_queues: bool = True,

@@ -1895,27 +1895,114 @@ static vf_slot *vf_slot_find(vf_slot **tab, Py_ssize_t *cap, Py_ssize_t *used, c
     return s;
 }
 
+/* indexKeyHashMethod of "topic#key" for the record's UNIQ_KEY and every KEYS token (split on spaces), all
+ * ASCII (a non-ASCII topic gives none, a non-ASCII key is left out: a miss then goes to the reference) */
+static int vf_key_hashes(const unsigned char *b, const vf_rec *r, int32_t *hashes, int max) {
+    int nh = 0;
+    if (!vf_ascii(b + r->topic_pos, r->topic_len)) return 0;
+    uint32_t th = 31u * vf_hash(0, b + r->topic_pos, r->topic_len) + '#';
+    const unsigned char *props = b + r->props_pos;
+    vf_props pr;
+    vf_parse_props(props, r->prop_len, &pr);
+    if (pr.uniq >= 0 && vf_ascii(props + pr.uniq, pr.uniq_len))
+        hashes[nh++] = index_hash(vf_hash(th, props + pr.uniq, pr.uniq_len));
+    Py_ssize_t a = pr.keys, stop = pr.keys + pr.keys_len;
+    while (pr.keys >= 0 && a < stop) {
+        Py_ssize_t z = a;
+        while (z < stop && props[z] != ' ') z++;
+        if (z > a && nh < max && vf_ascii(props + a, z - a)) hashes[nh++] = index_hash(vf_hash(th, props + a, z - a));
+        a = z + 1;
+    }
+    return nh;
+}
+
+/* The index files verify_scan checks beside the walk: [(buffer, entries_pos, count)] in the index pass's
+ * order; entries 1..count-1 are read through a cursor (file, entry) that follows the walk. */
+typedef struct {
+    Py_ssize_t n;
+    Py_buffer *views;
+    Py_ssize_t *epos, *count;
+} vf_ixfiles;
+
+static void vf_ixfiles_release(vf_ixfiles *f) {
+    for (Py_ssize_t i = 0; i < f->n; i++) if (f->views[i].obj != NULL) PyBuffer_Release(&f->views[i]);
+    PyMem_Free(f->views); PyMem_Free(f->epos); PyMem_Free(f->count);
+    f->n = 0; f->views = NULL; f->epos = NULL; f->count = NULL;
+}
+
+static int vf_ixfiles_get(PyObject *list, vf_ixfiles *f) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    f->n = 0;
+    f->views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    f->epos = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    f->count = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    if (!f->views || !f->epos || !f->count) { vf_ixfiles_release(f); PyErr_NoMemory(); return -1; }
+    f->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *buf;
+        Py_ssize_t epos, count;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "Onn", &buf, &epos, &count)) { vf_ixfiles_release(f); return -1; }
+        if (buf == Py_None) continue;  /* not checked beside the walk (count stays 0) */
+        if (PyObject_GetBuffer(buf, &f->views[i], PyBUF_SIMPLE) < 0) { vf_ixfiles_release(f); return -1; }
+        if (epos < 0 || count < 0 || epos + count * 20 > f->views[i].len) {
+            vf_ixfiles_release(f);
+            PyErr_SetString(PyExc_ValueError, "verify_scan: index entries out of range");
+            return -1;
+        }
+        f->epos[i] = epos;
+        f->count[i] = count;
+    }
+    return 0;
+}
+
+/* append (file, start, end) to the confirmed ranges, merged with the last one when they touch */
+static int vf_confirm(PyObject *ranges, Py_ssize_t *rf, Py_ssize_t *rs, Py_ssize_t *re, Py_ssize_t f, Py_ssize_t i) {
+    if (*rf == f && *re == i) { (*re)++; return 0; }
+    if (*rf >= 0) {
+        PyObject *t = Py_BuildValue("(nnn)", *rf, *rs, *re);
+        if (t == NULL || PyList_Append(ranges, t) < 0) { Py_XDECREF(t); return -1; }
+        Py_DECREF(t);
+    }
+    *rf = f; *rs = i; *re = i + 1;
+    return 0;
+}
+
 /* verify_scan(buf, pos, limit, base, max_records, cut, counts, states)
  *   -> (next_pos, state, reason, records, undecided) or None (the reference walks this chunk).
  * skim_records(buf, pos, limit, True, max_records, keep=False)'s walk; for every record that is not a
  * prepared transaction (and not before its topic's deletion cutoff `cut[topic]`), counts[(topic, qid)]
  * (a [count, last commitlog offset] list, created when missing) is updated. `undecided` lists the buffer
  * positions of the records whose last 20 bytes start with "__CRC32#\x01" and that this loop could not
- * pass (recovery.prop_crc_damage decides them); one whose trailer is well formed and equal passes. */
+ * pass (recovery.prop_crc_damage decides them); one whose trailer is well formed and equal passes.
+ *
+ * With `index` ([(buffer or None, entries_pos, count)], the index files in the index pass's order) and the
+ * cursor (ix_file, ix_entry), the index entries are checked beside the walk while each record is at hand:
+ * entries before the record's offset are left to the index pass, one AT it passes when its hash is one of
+ * the record's keys (the record just passed the walk's checks, CRC included: what _check_record would find),
+ * the cursor stops at an entry past it. The result then also has the cursor and `confirmed`, the passed
+ * entries as (file, start, end) ranges; the index pass checks only the others. */
 static PyObject *verify_scan(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t pos, limit, max_records;
+    Py_ssize_t pos, limit, max_records, ixf = 0, ixi = 1;
     long long base;
-    PyObject *cut, *counts, *states;
-    if (!PyArg_ParseTuple(args, "y*nnLnO!O!O!", &view, &pos, &limit, &base, &max_records, &PyDict_Type, &cut,
-                          &PyDict_Type, &counts, &PyTuple_Type, &states))
+    PyObject *cut, *counts, *states, *ixlist = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnLnO!O!O!|Onn", &view, &pos, &limit, &base, &max_records, &PyDict_Type, &cut,
+                          &PyDict_Type, &counts, &PyTuple_Type, &states, &ixlist, &ixf, &ixi))
         return NULL;
     if (limit > view.len || pos < 0 || PyTuple_GET_SIZE(states) != 4) { PyBuffer_Release(&view); Py_RETURN_NONE; }
     const unsigned char *b = view.buf;
     Py_ssize_t cap = 64, used = 0, count = 0;
     vf_slot *tab = PyMem_Calloc((size_t)cap, sizeof(vf_slot));
-    PyObject *undecided = PyList_New(0), *result = NULL;
+    PyObject *undecided = PyList_New(0), *result = NULL, *confirmed = NULL;
+    vf_ixfiles ix = {0};
+    Py_ssize_t rf = -1, rs = 0, re = 0;  /* the open range of confirmed entries */
     if (tab == NULL || undecided == NULL) { PyErr_NoMemory(); goto done; }
+    if (ixlist != Py_None) {
+        if (!PyList_Check(ixlist)) { PyErr_SetString(PyExc_TypeError, "index must be a list"); goto done; }
+        if (vf_ixfiles_get(ixlist, &ix) < 0) goto done;
+        confirmed = PyList_New(0);
+        if (confirmed == NULL) goto done;
+    }
     int state = 2;
     char reason[160] = "";
     while (pos < limit) {
@@ -1948,9 +2035,31 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
                 sl->last = base + pos;
             }
         }
+        if (confirmed != NULL) {  /* the index entries at this record */
+            int32_t hashes[16];
+            int nh = -1;
+            int64_t at = base + pos;
+            while (ixf < ix.n) {
+                if (ixi >= ix.count[ixf]) { ixf++; ixi = 1; continue; }
+                const unsigned char *e = (const unsigned char *)ix.views[ixf].buf + ix.epos[ixf] + ixi * 20;
+                int64_t phy = get_i64(e + 4);
+                if (phy > at) break;
+                if (phy == at) {
+                    if (nh < 0) nh = vf_key_hashes(b, &r, hashes, 16);
+                    int32_t h = get_i32(e);
+                    for (int k = 0; k < nh; k++)
+                        if (hashes[k] == h) {
+                            if (vf_confirm(confirmed, &rf, &rs, &re, ixf, ixi) < 0) goto done;
+                            break;
+                        }
+                }
+                ixi++;
+            }
+        }
         count++;
         pos += r.total;
     }
+    if (confirmed != NULL && rf >= 0 && vf_confirm(confirmed, &rf, &rs, &re, -2, 0) < 0) goto done;
     for (Py_ssize_t i = 0; i < cap; i++) {
         vf_slot *sl = &tab[i];
         if (!sl->used || sl->n == 0) continue;
@@ -1977,10 +2086,16 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
         }
         Py_DECREF(key);
     }
-    result = Py_BuildValue("(nOsnO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided);
+    if (confirmed != NULL)
+        result = Py_BuildValue("(nOsnOnnO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided, ixf, ixi,
+                               confirmed);
+    else
+        result = Py_BuildValue("(nOsnO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided);
 done:
     PyMem_Free(tab);
     Py_XDECREF(undecided);
+    Py_XDECREF(confirmed);
+    vf_ixfiles_release(&ix);
     PyBuffer_Release(&view);
     return result;
 }
@@ -2094,26 +2209,9 @@ static PyObject *verify_index(PyObject *self, PyObject *args) {
                 const unsigned char *lb;
                 last_phy = -1;
                 nh = 0;
-                if (vf_record_at(&files, phy, &lr, &lb) && vf_ascii(lb + lr.topic_pos, lr.topic_len)) {
+                if (vf_record_at(&files, phy, &lr, &lb)) {
                     last_phy = phy;
-                    uint32_t th = 31u * vf_hash(0, lb + lr.topic_pos, lr.topic_len) + '#';
-                    const unsigned char *props = lb + lr.props_pos;
-                    vf_props pr;
-                    vf_parse_props(props, lr.prop_len, &pr);
-                    if (pr.uniq >= 0) {
-                        if (vf_ascii(props + pr.uniq, pr.uniq_len))  /* (else a miss: the reference) */
-                            hashes[nh++] = index_hash(vf_hash(th, props + pr.uniq, pr.uniq_len));
-                    }
-                    Py_ssize_t a = pr.keys, stop = pr.keys + pr.keys_len;
-                    while (pr.keys >= 0 && a < stop) {
-                        Py_ssize_t z = a;
-                        while (z < stop && props[z] != ' ') z++;
-                        if (z > a) {
-                            if (nh < 16 && vf_ascii(props + a, z - a))
-                                hashes[nh++] = index_hash(vf_hash(th, props + a, z - a));
-                            }
-                        a = z + 1;
-                    }
+                    nh = vf_key_hashes(lb, &lr, hashes, 16);
                 }
             }
             if (last_phy == phy)

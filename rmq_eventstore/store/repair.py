@@ -110,10 +110,71 @@ _SPAN = 16384  # consume queue units / index entries per native call
 _CACHE_MAX = 4096  # records remembered by the index check (entries of one record are neighbours)
 
 
-def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Progress | None
-                       ) -> dict[tuple[str, int], tuple[int, int]]:
+class _IndexFusion:
+    """The index entries the native walk checks while each record is at hand (`_native.verify_scan`): the
+    record was just walked (structure and body CRC), so an entry pointing at it with one of its keys' hashes
+    is what the index pass would pass, and the pass then skips it. This reads each record once instead of
+    twice (the index pass's reads went through the whole log again). The entries it passes are kept as
+    ranges per index file (one range per file on an intact store), so memory does not grow with the store.
+    Not used beside a live writer (the index would be loaded before the walk instead of after it)."""
+
+    def __init__(self, files: list[tuple[Any, int, int]]) -> None:
+        self.files = files  # [(mapped file or None, entries position, count)] in the index pass's order
+        self.cursor: tuple[int, int] = (0, 1)  # (file, entry) the walk reached
+        self.confirmed: dict[int, list[list[int]]] = {}  # file -> [[start, end), ...] passed, ascending
+
+    def add(self, ranges: list[tuple[int, int, int]]) -> None:
+        for f, a, b in ranges:
+            runs = self.confirmed.setdefault(f, [])
+            if runs and runs[-1][1] == a:
+                runs[-1][1] = b
+            else:
+                runs.append([a, b])
+
+    def gaps(self, f: int, count: int) -> list[tuple[int, int]]:
+        """The entries of file `f` (1..count-1) the walk did not pass, as [start, end) ranges."""
+        out = []
+        at = 1
+        for a, b in self.confirmed.get(f, []):
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < count:
+            out.append((at, count))
+        return out
+
+
+def _index_fusion(reader: StoreReader, hash_slot_num: int | None, index_num: int | None) -> _IndexFusion | None:
+    """An `_IndexFusion` over the index files `_verify_index` will check, None when it would stop early or
+    report a problem first (it then checks everything itself, as before)."""
+    ip = reader.index_path
+    if not ip or not os.path.isdir(ip):
+        return None
+    names = sorted(n for n in os.listdir(ip) if n.isdigit())
+    if not names or (len(names) == 1 and os.path.getsize(os.path.join(ip, names[0])) == 0):
+        return None
+    try:
+        if not (hash_slot_num and index_num):
+            infer_index_geometry(ip)
+        svc = reader.index_service()
+    except (ValueError, OSError, StoreLoadError):
+        return None  # the index pass reports it
+    if svc is None:
+        return None
+    files: list[tuple[Any, int, int]] = []
+    for f in svc.files:
+        base = 40 + f.hash_slot_num * 4
+        count = f.index_count
+        whole = f.mm is not None and f.mapped_size >= f.file_size and 0 < count and base + count * 20 <= len(f.mm)
+        files.append((f.mm, base, count) if whole else (None, 0, 0))
+    return _IndexFusion(files)
+
+
+def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Progress | None,
+                       fusion: _IndexFusion | None = None) -> dict[tuple[str, int], tuple[int, int]]:
     """CRC and structure of every record, and the `__CRC32#` trailer of every record that ends with one
-    (written with `enabled_append_prop_crc`); returns each queue's record count and last record offset."""
+    (written with `enabled_append_prop_crc`); returns each queue's record count and last record offset.
+    With `fusion` the C walk also passes the index entries of each record it walks (`_IndexFusion`)."""
     counts: dict[tuple[bytes, int], list[int]] = {}
     # records of a deleted topic from before its deletion have no consume queue (topic_deletion.py)
     cut = ({t.encode(): d for t, d in read_cutoffs(os.path.join(reader.root, "config")).items()}
@@ -130,10 +191,18 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
         buf = mf.mm if mf.mm is not None else mf.view
         base = mf.file_from_offset
         while True:
-            got = (nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES)
-                   if nat is not None else None)
+            if nat is None:
+                got = None
+            elif fusion is None:
+                got = nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES)
+            else:
+                got = nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES, fusion.files,
+                                      *fusion.cursor)
+                if got is not None:
+                    fusion.cursor = got[5:7]
+                    fusion.add(got[7])
             if got is not None:  # the C walk: counts merged, the trailers it could not pass listed
-                nxt, state, reason, n, undecided = got
+                nxt, state, reason, n, undecided = got[:5]
                 for rpos in undecided:
                     why = prop_crc_damage(mf.view, rpos, _INT.unpack_from(mf.view, rpos)[0])
                     if why:
@@ -431,7 +500,7 @@ def _cq_span(cq: ConsumeQueue, start_index: int, max_count: int) -> tuple[Any, i
 
 
 def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int | None,
-                  index_num: int | None) -> None:
+                  index_num: int | None, fusion: _IndexFusion | None = None) -> None:
     ip = reader.index_path
     if not ip or not os.path.isdir(ip):
         return
@@ -453,7 +522,7 @@ def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int 
     nat = _native_verify()
     cache: dict[int, tuple[codec.DispatchRequest | None, str]] = {}
     files = svc.files
-    for f in files:
+    for fi, f in enumerate(files):
         report.index_files += 1
         where = f"index/{f.file_name}"
         if f.mm is None or f.mapped_size < f.file_size:
@@ -465,13 +534,14 @@ def _verify_index(reader: StoreReader, report: VerifyReport, hash_slot_num: int 
         count = f.index_count
         base = 40 + f.hash_slot_num * 4
         if nat is not None and 0 < count and base + count * 20 <= len(f.mm):
-            for start in range(1, count, _SPAN):  # the C loop: passes the intact entries
-                stop = min(count, start + _SPAN)
-                report.index_entries += stop - start
-                for i, h, phy in nat.verify_index(f.mm, base, start, stop, _cl_files(reader),
-                                                  reader.commit_log.mapped_file_size, report.commit_log_min,
-                                                  report.commit_log_end):
-                    _check_entry(reader, report, where, i, h, phy, cache)
+            report.index_entries += count - 1
+            # the C loop passes the intact entries (those the walk passed are skipped)
+            for a, b in (fusion.gaps(fi, count) if fusion is not None else [(1, count)]):
+                for start in range(a, b, _SPAN):
+                    for i, h, phy in nat.verify_index(f.mm, base, start, min(b, start + _SPAN), _cl_files(reader),
+                                                      reader.commit_log.mapped_file_size, report.commit_log_min,
+                                                      report.commit_log_end):
+                        _check_entry(reader, report, where, i, h, phy, cache)
             continue
         entries = np.frombuffer(f.mm, dtype=INDEX_ENTRY_DTYPE, count=count, offset=base)
         try:
@@ -514,11 +584,14 @@ def verify(path: str | os.PathLike[str], progress: Progress | None = None, *, ch
     reader = StoreReader(path, commit_log_file_size=commit_log_file_size, hash_slot_num=hash_slot_num,
                          index_num=index_num)
     try:
-        counts = _verify_commit_log(reader, report, progress)
+        fusion = (_index_fusion(reader, hash_slot_num, index_num)
+                  if check_index and reader.root is not None and _native_verify() is not None
+                  and not _live(reader.root) else None)
+        counts = _verify_commit_log(reader, report, progress, fusion)
         if check_queues and reader.root is not None:
             _verify_consume_queues(reader, report, counts)
         if check_index and reader.root is not None:
-            _verify_index(reader, report, hash_slot_num, index_num)
+            _verify_index(reader, report, hash_slot_num, index_num, fusion)
     finally:
         for cq in _QUEUES.pop(id(reader), {}).values():
             cq.shutdown()

@@ -1842,7 +1842,77 @@ typedef struct {
     int32_t qid;
     int used, has_cut;
     int64_t cut, n, last;
+    /* the queue's consume queue spans when verify_scan checks units beside the walk: units k..k+n-1 at
+     * views[j].buf + pos (20 bytes each); looked up with the slot (nspans -1: the queue is not given) */
+    Py_ssize_t nspans, hint;
+    int64_t *sk, *sn;
+    Py_ssize_t *spos;
+    Py_buffer *sviews;
+    int64_t rs, re;  /* the open range of units passed (re == -1: none) */
 } vf_slot;
+
+static void vf_slot_release(vf_slot *s) {
+    for (Py_ssize_t j = 0; j < s->nspans; j++) if (s->sviews[j].obj != NULL) PyBuffer_Release(&s->sviews[j]);
+    PyMem_Free(s->sk); PyMem_Free(s->sn); PyMem_Free(s->spos); PyMem_Free(s->sviews);
+    s->nspans = -1; s->sk = s->sn = NULL; s->spos = NULL; s->sviews = NULL;
+}
+
+/* the slot's spans from queues[(topic, qid)] = [(k, buffer, pos, n)] (absent: none) */
+static int vf_slot_spans(vf_slot *s, PyObject *queues) {
+    s->nspans = -1;
+    s->re = -1;
+    if (queues == NULL || queues == Py_None) return 0;
+    PyObject *key = Py_BuildValue("(y#i)", (const char *)s->topic, s->tlen, (int)s->qid);
+    if (key == NULL) return -1;
+    PyObject *lst = PyDict_GetItemWithError(queues, key);  /* borrowed */
+    Py_DECREF(key);
+    if (lst == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_Check(lst)) { PyErr_SetString(PyExc_TypeError, "queues values must be lists"); return -1; }
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    s->sk = PyMem_Calloc(n ? n : 1, sizeof(int64_t));
+    s->sn = PyMem_Calloc(n ? n : 1, sizeof(int64_t));
+    s->spos = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    s->sviews = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    s->nspans = 0;
+    if (!s->sk || !s->sn || !s->spos || !s->sviews) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        long long k, cnt;
+        Py_ssize_t pos;
+        PyObject *buf;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(lst, j), "LOnL", &k, &buf, &pos, &cnt)) return -1;
+        if (PyObject_GetBuffer(buf, &s->sviews[j], PyBUF_SIMPLE) < 0) return -1;
+        s->nspans = j + 1;
+        if (pos < 0 || cnt < 0 || pos + cnt * 20 > s->sviews[j].len) {
+            PyErr_SetString(PyExc_ValueError, "verify_scan: consume queue span out of range");
+            return -1;
+        }
+        s->sk[j] = k; s->sn[j] = cnt; s->spos[j] = pos;
+    }
+    return 0;
+}
+
+/* unit q of the slot's queue (20 bytes), NULL when no span holds it */
+static const unsigned char *vf_slot_unit(vf_slot *s, int64_t q) {
+    for (Py_ssize_t t = 0; t < s->nspans; t++) {
+        Py_ssize_t j = (s->hint + t) % s->nspans;
+        if (s->sk[j] <= q && q < s->sk[j] + s->sn[j]) {
+            s->hint = j;
+            return (const unsigned char *)s->sviews[j].buf + s->spos[j] + (q - s->sk[j]) * 20;
+        }
+    }
+    return NULL;
+}
+
+/* close the slot's open range of passed units into `out` as (topic, qid, start, end) */
+static int vf_slot_flush(vf_slot *s, PyObject *out) {
+    if (s->re < 0 || out == NULL) return 0;
+    PyObject *t = Py_BuildValue("(y#iLL)", (const char *)s->topic, s->tlen, (int)s->qid, (long long)s->rs,
+                                (long long)s->re);
+    if (t == NULL || PyList_Append(out, t) < 0) { Py_XDECREF(t); return -1; }
+    Py_DECREF(t);
+    s->re = -1;
+    return 0;
+}
 
 static uint32_t vf_slot_hash(const unsigned char *t, Py_ssize_t n, int32_t qid) {
     uint32_t h = 2166136261u;
@@ -1851,7 +1921,7 @@ static uint32_t vf_slot_hash(const unsigned char *t, Py_ssize_t n, int32_t qid) 
 }
 
 static vf_slot *vf_slot_find(vf_slot **tab, Py_ssize_t *cap, Py_ssize_t *used, const unsigned char *t,
-                             Py_ssize_t tl, int32_t qid, PyObject *cut) {
+                             Py_ssize_t tl, int32_t qid, PyObject *cut, PyObject *queues) {
     if ((*used + 1) * 2 > *cap) {  /* grow */
         Py_ssize_t ncap = *cap * 2;
         vf_slot *nt = PyMem_Calloc((size_t)ncap, sizeof(vf_slot));
@@ -1875,6 +1945,8 @@ static vf_slot *vf_slot_find(vf_slot **tab, Py_ssize_t *cap, Py_ssize_t *used, c
     }
     vf_slot *s = &(*tab)[h];
     s->used = 1;
+    s->nspans = -1;
+    s->re = -1;
     s->topic = t;
     s->tlen = tl;
     s->qid = qid;
@@ -1892,6 +1964,7 @@ static vf_slot *vf_slot_find(vf_slot **tab, Py_ssize_t *cap, Py_ssize_t *used, c
             s->cut = c;
         }
     }
+    if (vf_slot_spans(s, queues) < 0) return NULL;
     return s;
 }
 
@@ -1985,15 +2058,15 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, limit, max_records, ixf = 0, ixi = 1;
     long long base;
-    PyObject *cut, *counts, *states, *ixlist = Py_None;
-    if (!PyArg_ParseTuple(args, "y*nnLnO!O!O!|Onn", &view, &pos, &limit, &base, &max_records, &PyDict_Type, &cut,
-                          &PyDict_Type, &counts, &PyTuple_Type, &states, &ixlist, &ixf, &ixi))
+    PyObject *cut, *counts, *states, *ixlist = Py_None, *queues = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnLnO!O!O!|OnnO", &view, &pos, &limit, &base, &max_records, &PyDict_Type, &cut,
+                          &PyDict_Type, &counts, &PyTuple_Type, &states, &ixlist, &ixf, &ixi, &queues))
         return NULL;
     if (limit > view.len || pos < 0 || PyTuple_GET_SIZE(states) != 4) { PyBuffer_Release(&view); Py_RETURN_NONE; }
     const unsigned char *b = view.buf;
     Py_ssize_t cap = 64, used = 0, count = 0;
     vf_slot *tab = PyMem_Calloc((size_t)cap, sizeof(vf_slot));
-    PyObject *undecided = PyList_New(0), *result = NULL, *confirmed = NULL;
+    PyObject *undecided = PyList_New(0), *result = NULL, *confirmed = NULL, *cq_confirmed = NULL;
     vf_ixfiles ix = {0};
     Py_ssize_t rf = -1, rs = 0, re = 0;  /* the open range of confirmed entries */
     if (tab == NULL || undecided == NULL) { PyErr_NoMemory(); goto done; }
@@ -2002,6 +2075,10 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
         if (vf_ixfiles_get(ixlist, &ix) < 0) goto done;
         confirmed = PyList_New(0);
         if (confirmed == NULL) goto done;
+    }
+    if (queues != Py_None) {
+        if (!PyDict_Check(queues)) { PyErr_SetString(PyExc_TypeError, "queues must be a dict"); goto done; }
+        if ((cq_confirmed = PyList_New(0)) == NULL) goto done;
     }
     int state = 2;
     char reason[160] = "";
@@ -2028,11 +2105,38 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
         }
         if (!(r.sys_flag & 0x4)) {  /* TRANSACTION_PREPARED_TYPE */
             const unsigned char *topic = b + r.topic_pos;
-            vf_slot *sl = vf_slot_find(&tab, &cap, &used, topic, r.topic_len, r.queue_id, cut);
+            vf_slot *sl = vf_slot_find(&tab, &cap, &used, topic, r.topic_len, r.queue_id, cut,
+                                       cq_confirmed != NULL ? queues : NULL);
             if (sl == NULL) goto done;
             if (!(sl->has_cut && base + pos < sl->cut)) {
                 sl->n++;
                 sl->last = base + pos;
+            }
+            /* its consume queue unit, while the record is at hand: it passes when it points here with the
+             * record's size and tags code (the unit pass's checks; a SCHEDULE_TOPIC_XXXX record or a
+             * non-ASCII TAGS value is left to the pass) */
+            const unsigned char *u = sl->nspans > 0 ? vf_slot_unit(sl, r.queue_offset) : NULL;
+            if (u != NULL && get_i64(u) == base + pos && get_i32(u + 8) == r.total &&
+                !(r.topic_len == 19 && memcmp(topic, "SCHEDULE_TOPIC_XXXX", 19) == 0)) {
+                int64_t code = 0;
+                int ok = 1;
+                if (r.prop_len) {
+                    vf_props pr;
+                    vf_parse_props(b + r.props_pos, r.prop_len, &pr);
+                    if (pr.tags >= 0) {
+                        if (vf_ascii(b + r.props_pos + pr.tags, pr.tags_len))
+                            code = (int32_t)vf_hash(0, b + r.props_pos + pr.tags, pr.tags_len);
+                        else ok = 0;
+                    }
+                }
+                if (ok && code == get_i64(u + 12)) {
+                    if (sl->re == r.queue_offset) sl->re++;
+                    else {
+                        if (vf_slot_flush(sl, cq_confirmed) < 0) goto done;
+                        sl->rs = r.queue_offset;
+                        sl->re = r.queue_offset + 1;
+                    }
+                }
             }
         }
         if (confirmed != NULL) {  /* the index entries at this record */
@@ -2060,6 +2164,8 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
         pos += r.total;
     }
     if (confirmed != NULL && rf >= 0 && vf_confirm(confirmed, &rf, &rs, &re, -2, 0) < 0) goto done;
+    for (Py_ssize_t i = 0; i < cap; i++)
+        if (tab[i].used && vf_slot_flush(&tab[i], cq_confirmed) < 0) goto done;
     for (Py_ssize_t i = 0; i < cap; i++) {
         vf_slot *sl = &tab[i];
         if (!sl->used || sl->n == 0) continue;
@@ -2086,12 +2192,15 @@ static PyObject *verify_scan(PyObject *self, PyObject *args) {
         }
         Py_DECREF(key);
     }
-    if (confirmed != NULL)
-        result = Py_BuildValue("(nOsnOnnO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided, ixf, ixi,
-                               confirmed);
+    if (ixlist != Py_None || queues != Py_None)
+        result = Py_BuildValue("(nOsnOnnOO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided, ixf, ixi,
+                               confirmed != NULL ? confirmed : Py_None, cq_confirmed != NULL ? cq_confirmed : Py_None);
     else
         result = Py_BuildValue("(nOsnO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided);
 done:
+    if (tab != NULL)
+        for (Py_ssize_t i = 0; i < cap; i++) if (tab[i].used) vf_slot_release(&tab[i]);
+    Py_XDECREF(cq_confirmed);
     PyMem_Free(tab);
     Py_XDECREF(undecided);
     Py_XDECREF(confirmed);

@@ -37,8 +37,10 @@ def make_store(open_store, n: int = N, **config) -> list:
 
 
 def both(store_path: Path, monkeypatch: pytest.MonkeyPatch, reference_calls: list[int] | None = None) -> dict:
-    """verify's report on the native path and on the pure-Python one (asserted equal); `reference_calls`
-    gets how many records the native run handed to the reference check (`repair._check_record`)."""
+    """verify's report on the native path (units and index entries checked beside the walk), on the native
+    path with separate unit and index passes (as beside a live writer) and on the pure-Python one (asserted
+    equal); `reference_calls` gets how many records the first run handed to the reference check
+    (`repair._check_record`)."""
     calls = [0]
     check = repair._check_record
 
@@ -51,6 +53,10 @@ def both(store_path: Path, monkeypatch: pytest.MonkeyPatch, reference_calls: lis
         native = verify(store_path).as_dict()
     if reference_calls is not None:
         reference_calls.append(calls[0])
+    with monkeypatch.context() as m:
+        m.setattr(repair, "_index_fusion", lambda *a: None)
+        m.setattr(repair, "_queue_fusion", lambda *a: None)
+        assert verify(store_path).as_dict() == native
     with monkeypatch.context() as m:
         m.setattr(codec, "native", None)
         pure = verify(store_path).as_dict()

@@ -16,6 +16,7 @@ with `as_dict()` for `--json`.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import os
 import struct
@@ -170,11 +171,81 @@ def _index_fusion(reader: StoreReader, hash_slot_num: int | None, index_num: int
     return _IndexFusion(files)
 
 
+class _QueueFusion:
+    """The consume queue units the native walk checks while each record is at hand (`_native.verify_scan`):
+    the unit at the record's queue offset passes when it points at the record with its size and tags code
+    (the record was just walked, structure and CRC: what `_check_record` would find), and the unit pass then
+    skips it, so the pass no longer reads the log again in queue order. The queues are opened before the
+    walk (read-only; `_open_queue` keeps them for the pass) and the units passed are kept as ranges per
+    queue (one per queue on an intact store). Not used beside a live writer."""
+
+    def __init__(self, queues: dict[tuple[bytes, int], list[tuple[int, Any, int, int]]]) -> None:
+        self.queues = queues  # (topic, qid) -> [(first unit, mapped file, position, units)]
+        self.confirmed: dict[tuple[bytes, int], list[list[int]]] = {}
+        self._sorted: dict[tuple[bytes, int], tuple[list[int], list[list[int]]]] = {}
+
+    def add(self, ranges: list[tuple[bytes, int, int, int]]) -> None:
+        for topic, qid, a, b in ranges:
+            runs = self.confirmed.setdefault((topic, qid), [])
+            if runs and runs[-1][1] == a:
+                runs[-1][1] = b
+            else:
+                runs.append([a, b])
+
+    def gaps(self, key: tuple[bytes, int], lo: int, hi: int) -> list[tuple[int, int]]:
+        """The units lo..hi-1 of a queue the walk did not pass, as [start, end) ranges."""
+        got = self._sorted.get(key)
+        if got is None:
+            runs = sorted(self.confirmed.get(key, []))
+            got = self._sorted[key] = ([b for _a, b in runs], runs)
+        ends, runs = got
+        out = []
+        at = lo
+        for a, b in runs[bisect.bisect_right(ends, lo):]:
+            if a >= hi:
+                break
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+
+def _queue_fusion(reader: StoreReader) -> _QueueFusion:
+    """A `_QueueFusion` over the queues `_verify_consume_queues` will read, span by span as it reads them
+    (a queue that does not open is left to the pass, which reports it)."""
+    queues: dict[tuple[bytes, int], list[tuple[int, Any, int, int]]] = {}
+    for topic in reader.topics():
+        topic_b = _encoded(topic)
+        for qid in reader.queue_ids(topic):
+            try:
+                cq = _open_queue(reader, topic, qid)
+            except (StoreLoadError, OSError, ValueError):
+                continue
+            if cq is None or topic_b is None:
+                continue
+            spans = queues[(topic_b, qid)] = []
+            k, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+            while k < hi:
+                span = _cq_span(cq, k, hi - k)
+                if span is None:  # what the pass's reference loop reads there (or rolls over)
+                    units = cq.get_units(k, 4096)
+                    k = k + len(units) if units else cq.roll_next_file(k)
+                    continue
+                buf, pos, n = span
+                spans.append((k, buf, pos, n))
+                k += n
+    return _QueueFusion(queues)
+
+
 def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Progress | None,
-                       fusion: _IndexFusion | None = None) -> dict[tuple[str, int], tuple[int, int]]:
+                       fusion: _IndexFusion | None = None, qfusion: _QueueFusion | None = None
+                       ) -> dict[tuple[str, int], tuple[int, int]]:
     """CRC and structure of every record, and the `__CRC32#` trailer of every record that ends with one
     (written with `enabled_append_prop_crc`); returns each queue's record count and last record offset.
-    With `fusion` the C walk also passes the index entries of each record it walks (`_IndexFusion`)."""
+    With `fusion` / `qfusion` the C walk also passes the index entries and the consume queue unit of each
+    record it walks (`_IndexFusion`, `_QueueFusion`)."""
     counts: dict[tuple[bytes, int], list[int]] = {}
     # records of a deleted topic from before its deletion have no consume queue (topic_deletion.py)
     cut = ({t.encode(): d for t, d in read_cutoffs(os.path.join(reader.root, "config")).items()}
@@ -193,14 +264,19 @@ def _verify_commit_log(reader: StoreReader, report: VerifyReport, progress: Prog
         while True:
             if nat is None:
                 got = None
-            elif fusion is None:
+            elif fusion is None and qfusion is None:
                 got = nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES)
             else:
-                got = nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES, fusion.files,
-                                      *fusion.cursor)
+                got = nat.verify_scan(buf, pos, limit, base, _SCAN_CHUNK, cut, counts, _SKIM_STATES,
+                                      fusion.files if fusion is not None else None,
+                                      *(fusion.cursor if fusion is not None else (0, 1)),
+                                      qfusion.queues if qfusion is not None else None)
                 if got is not None:
-                    fusion.cursor = got[5:7]
-                    fusion.add(got[7])
+                    if fusion is not None:
+                        fusion.cursor = got[5:7]
+                        fusion.add(got[7])
+                    if qfusion is not None:
+                        qfusion.add(got[8])
             if got is not None:  # the C walk: counts merged, the trailers it could not pass listed
                 nxt, state, reason, n, undecided = got[:5]
                 for rpos in undecided:
@@ -358,7 +434,8 @@ _QUEUES: dict[int, dict[tuple[str, int], ConsumeQueue]] = {}
 
 
 def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
-                           counts: dict[tuple[str, int], tuple[int, int]]) -> None:
+                           counts: dict[tuple[str, int], tuple[int, int]], qfusion: _QueueFusion | None = None
+                           ) -> None:
     seen: set[tuple[str, int]] = set()
     nat = _native_verify()
     live = reader.root is not None and _live(reader.root)
@@ -415,13 +492,17 @@ def _verify_consume_queues(reader: StoreReader, report: VerifyReport,
                 span = _cq_span(cq, k, _SPAN) if topic_b is not None else None
                 if span is not None:  # the C loop: passes the intact units, hands the others back
                     buf, pos, n = span
-                    n_held, deferred = nat.verify_units(
-                        buf, pos, n, k, _cl_files(reader), reader.commit_log.mapped_file_size,
-                        report.commit_log_min, report.commit_log_end, topic_b, qid)
                     report.units += n
-                    held += n_held
-                    for q, off, size, tags in deferred:
-                        _check_unit(reader, report, where, topic, qid, q, off, size, tags)
+                    gaps = qfusion.gaps((topic_b, qid), k, k + n) if qfusion is not None else [(k, k + n)]
+                    held += n - sum(b - a for a, b in gaps)  # (the units the walk passed)
+                    for a, b in gaps:
+                        n_held, deferred = nat.verify_units(
+                            buf, pos + (a - k) * CQ_STORE_UNIT_SIZE, b - a, a, _cl_files(reader),
+                            reader.commit_log.mapped_file_size, report.commit_log_min, report.commit_log_end,
+                            topic_b, qid)
+                        held += n_held
+                        for q, off, size, tags in deferred:
+                            _check_unit(reader, report, where, topic, qid, q, off, size, tags)
                     k += n
                     continue
                 units = cq.get_units(k, 4096)
@@ -584,12 +665,13 @@ def verify(path: str | os.PathLike[str], progress: Progress | None = None, *, ch
     reader = StoreReader(path, commit_log_file_size=commit_log_file_size, hash_slot_num=hash_slot_num,
                          index_num=index_num)
     try:
-        fusion = (_index_fusion(reader, hash_slot_num, index_num)
-                  if check_index and reader.root is not None and _native_verify() is not None
-                  and not _live(reader.root) else None)
-        counts = _verify_commit_log(reader, report, progress, fusion)
+        # beside the walk (native, no live writer): the index entries and the consume queue units
+        fuse = reader.root is not None and _native_verify() is not None and not _live(reader.root)
+        fusion = _index_fusion(reader, hash_slot_num, index_num) if fuse and check_index else None
+        qfusion = _queue_fusion(reader) if fuse and check_queues else None
+        counts = _verify_commit_log(reader, report, progress, fusion, qfusion)
         if check_queues and reader.root is not None:
-            _verify_consume_queues(reader, report, counts)
+            _verify_consume_queues(reader, report, counts, qfusion)
         if check_index and reader.root is not None:
             _verify_index(reader, report, hash_slot_num, index_num, fusion)
     finally:

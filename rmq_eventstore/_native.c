@@ -1552,10 +1552,11 @@ static PyObject *copy_into(PyObject *self, PyObject *args) {
 /* These functions only CONFIRM what is intact; anything else (a damaged record, a unit or index   */
 /* entry that does not match its record, a SCHEDULE_TOPIC record, non-ASCII keys or tags, a read    */
 /* past a buffer) is handed back to repair.py, which runs its pure-Python reference check on that   */
-/* item alone, so the findings and their wording are the reference's by construction. Verify reads */
-/* every record up to three times (the walk, its consume-queue unit, its index entries), so the     */
-/* body CRC here folds with PCLMULQDQ when the CPU has it (about 10x zlib's table loop); the values  */
-/* are zlib's (tests compare them).                                                                 */
+/* item alone, so the findings and their wording are the reference's by construction. Without a    */
+/* live writer the walk also passes each record's consume-queue unit and index entries while the     */
+/* record is at hand (one read per record); beside one, the unit and index loops read the records   */
+/* again, so the body CRC here folds with PCLMULQDQ when the CPU has it (3-4x zlib's table loop);    */
+/* the values are zlib's (tests compare them).                                                      */
 /*                                                                                                  */
 /*   verify_crc32   zlib.crc32(data) (the folding CRC; for the tests)                               */
 /*   verify_scan    _verify_commit_log's walk: skim_records' checks and states, the records' count  */
@@ -2053,7 +2054,13 @@ static int vf_confirm(PyObject *ranges, Py_ssize_t *rf, Py_ssize_t *rs, Py_ssize
  * entries before the record's offset are left to the index pass, one AT it passes when its hash is one of
  * the record's keys (the record just passed the walk's checks, CRC included: what _check_record would find),
  * the cursor stops at an entry past it. The result then also has the cursor and `confirmed`, the passed
- * entries as (file, start, end) ranges; the index pass checks only the others. */
+ * entries as (file, start, end) ranges; the index pass checks only the others.
+ *
+ * With `queues` ({(topic, qid): [(first unit, buffer, pos, units)]}, the spans the unit pass will read),
+ * the unit at each walked record's queue offset passes when it points at the record with its size and tags
+ * code; the result's last item lists the passed units as (topic, qid, start, end) ranges. With either, the
+ * result is (next_pos, state, reason, records, undecided, ix_file, ix_entry, index ranges or None,
+ * unit ranges or None). */
 static PyObject *verify_scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, limit, max_records, ixf = 0, ixi = 1;

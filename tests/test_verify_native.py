@@ -15,7 +15,7 @@ import pytest
 
 from rmq_eventstore.common import codec
 from rmq_eventstore.store import Message, repair
-from rmq_eventstore.store.repair import verify
+from rmq_eventstore.store.repair import commit_log_size, verify
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_recovery import BODY_HEADER_V4, TOPIC, flip, patch, segment  # noqa: E402
@@ -233,3 +233,14 @@ def test_verify_crc32_is_zlibs():
         for off in (0, 1, 5, 15):
             chunk = data[off:off + n]
             assert codec.native.verify_crc32(chunk) == zlib.crc32(chunk), (n, off)
+
+
+def test_progress_covers_the_commitlog_on_both_paths(open_store, store_path, monkeypatch):
+    make_store(open_store)
+    for pure in (False, True):
+        with monkeypatch.context() as m:
+            if pure:
+                m.setattr(codec, "native", None)
+            seen: list[int] = []
+            assert verify(store_path, seen.append).ok
+            assert len(seen) > 3 and sum(seen) == commit_log_size(str(store_path))

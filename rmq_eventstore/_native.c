@@ -17,6 +17,8 @@
  *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
  *   copy_into           MappedFile.append_message's copy of a batch, without the GIL
  *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
+ *   verify_*            store/repair.py verify's loops (commitlog walk, consume-queue units, index entries),
+ *                       in their own block above the method table
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -1544,6 +1546,811 @@ static PyObject *copy_into(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ============================================================================================== */
+/* verify (store/repair.py): the per-record and per-unit loops of `rmq-eventstore verify`.          */
+/*                                                                                                  */
+/* These functions only CONFIRM what is intact; anything else (a damaged record, a unit or index   */
+/* entry that does not match its record, a SCHEDULE_TOPIC record, non-ASCII keys or tags, a read    */
+/* past a buffer) is handed back to repair.py, which runs its pure-Python reference check on that   */
+/* item alone, so the findings and their wording are the reference's by construction. Without a    */
+/* live writer the walk also passes each record's consume-queue unit and index entries while the     */
+/* record is at hand (one read per record); beside one, the unit and index loops read the records   */
+/* again, so the body CRC here folds with PCLMULQDQ when the CPU has it (3-4x zlib's table loop);    */
+/* the values are zlib's (tests compare them).                                                      */
+/*                                                                                                  */
+/*   verify_crc32   zlib.crc32(data) (the folding CRC; for the tests)                               */
+/*   verify_scan    _verify_commit_log's walk: skim_records' checks and states, the records' count  */
+/*                  and last offset per queue merged into a dict, `__CRC32#` trailers decided       */
+/*   verify_units   _verify_consume_queues' unit loop over one span of a consume queue file         */
+/*   verify_index   _verify_index's entry loop over a span of an index file                         */
+/* ============================================================================================== */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VF_HAVE_CLMUL 1
+/* The reflected CRC-32 folding of Intel's "Fast CRC Computation for Generic Polynomials Using
+ * PCLMULQDQ" (as in Chromium's zlib, crc32_simd.c): `len` >= 64 and a multiple of 16, `crc` and the
+ * result in the inverted (running) form. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t vf_crc_fold(const unsigned char *buf, Py_ssize_t len, uint32_t crc) {
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
+    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
+    x0 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);  /* k1, k2 */
+    buf += 64;
+    len -= 64;
+    while (len >= 64) {
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
+        buf += 64;
+        len -= 64;
+    }
+    x0 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);  /* k3, k4 */
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (len >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)buf);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        buf += 16;
+        len -= 16;
+    }
+    /* 128 -> 64 bits */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = _mm_set_epi64x(0, 0x0163cd6124LL);  /* k5 */
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    /* Barrett reduction to 32 bits */
+    x0 = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);  /* P(x)', u' */
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+static int vf_clmul = -1;  /* -1: not probed yet */
+#endif
+
+/* zlib.crc32(p[0:n]) */
+static uint32_t vf_crc32(const unsigned char *p, Py_ssize_t n) {
+#ifdef VF_HAVE_CLMUL
+    if (vf_clmul < 0) {
+        __builtin_cpu_init();
+        vf_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    }
+    if (vf_clmul && n >= 64) {
+        Py_ssize_t chunk = n & ~(Py_ssize_t)15;
+        uint32_t c = ~vf_crc_fold(p, chunk, 0xFFFFFFFFu);
+        return chunk == n ? c : crc32_update(c, p + chunk, n - chunk);
+    }
+#endif
+    return crc32_update(0, p, n);
+}
+
+/* verify_crc32(data) -> zlib.crc32(data) */
+static PyObject *verify_crc32(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    uint32_t c = vf_crc32(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+typedef struct {
+    int32_t total, magic, queue_id, sys_flag;
+    int64_t queue_offset;
+    Py_ssize_t topic_pos, topic_len, props_pos, prop_len;
+} vf_rec;
+
+/* skim_records' checks on the record at b[pos:] (limit: the readable end; blen: the buffer's length):
+ * 0 a record (r filled), 1 BLANK, 2 end (zeroed space, or no room for a header), 3 damage (`reason`),
+ * -1 a read past the buffer (the Python reference's own error message decides). */
+static int vf_record(const unsigned char *b, Py_ssize_t blen, Py_ssize_t pos, Py_ssize_t limit, int check_crc,
+                     vf_rec *r, char *reason, size_t rn) {
+    if (limit - pos < 8) return 2;
+    const unsigned char *p = b + pos;
+    int32_t total = get_i32(p), magic = get_i32(p + 4);
+    if (magic != MAGIC_V1 && magic != MAGIC_V2) {
+        if (magic == MAGIC_BLANK) return 1;
+        if (total == 0 && magic == 0) return 2;
+        snprintf(reason, rn, "illegal magic code 0x%08x", (uint32_t)magic);
+        return 3;
+    }
+    Py_ssize_t rec_end = pos + (Py_ssize_t)total;
+    if (total < 91 || rec_end > limit) {
+        if (total <= 0 || rec_end > limit)
+            snprintf(reason, rn, "total size %d runs past the readable data", total);
+        else
+            snprintf(reason, rn, "record shorter than its header");
+        return 3;
+    }
+    int32_t sys_flag = get_i32(p + 36);
+    Py_ssize_t born = sys_flag & 0x10 ? 20 : 8, store = sys_flag & 0x20 ? 20 : 8;
+    Py_ssize_t hsize = 72 + born + store;
+    if (hsize != 88 && total < hsize + 3) { snprintf(reason, rn, "record shorter than its header"); return 3; }
+    uint32_t crc = (uint32_t)get_i32(p + 8);
+    int32_t body_len = get_i32(p + hsize - 4);
+    Py_ssize_t bpos = pos + hsize, tpos = bpos + body_len;
+    if (body_len < 0 || tpos > rec_end) { snprintf(reason, rn, "body length runs past the record"); return 3; }
+    if (check_crc && body_len && (vf_crc32(b + bpos, body_len) & 0x7FFFFFFFu) != crc) {
+        snprintf(reason, rn, "body CRC mismatch");
+        return 3;
+    }
+    Py_ssize_t topic_len, fixed;
+    if (magic == MAGIC_V2) {
+        if (tpos + 2 > blen) return -1;
+        topic_len = get_i16(b + tpos);
+        tpos += 2;
+        fixed = 76;
+    } else {
+        if (tpos >= blen) return -1;
+        topic_len = b[tpos];
+        tpos += 1;
+        fixed = 75;
+        if (topic_len > 127) { snprintf(reason, rn, "V1 topic length byte is negative"); return 3; }
+    }
+    Py_ssize_t ppos = tpos + topic_len;
+    if (topic_len < 0 || ppos + 2 > rec_end) { snprintf(reason, rn, "topic length runs past the record"); return 3; }
+    Py_ssize_t prop_len = get_i16(b + ppos);
+    Py_ssize_t expected = fixed + hsize - 72 + body_len + topic_len + prop_len;
+    if (prop_len < 0 || expected != total) {
+        if (prop_len < 0 || ppos + 2 + prop_len > rec_end)
+            snprintf(reason, rn, "properties length runs past the record");
+        else
+            snprintf(reason, rn, "total size %d != computed %zd", total, expected);
+        return 3;
+    }
+    r->total = total;
+    r->magic = magic;
+    r->queue_id = get_i32(p + 12);
+    r->queue_offset = get_i64(p + 20);
+    r->sys_flag = sys_flag;
+    r->topic_pos = tpos;
+    r->topic_len = topic_len;
+    r->props_pos = ppos + 2;
+    r->prop_len = prop_len;
+    return 0;
+}
+
+/* codec._property on bytes for TAGS, KEYS and UNIQ_KEY in one pass: the value of the LAST "\x02NAME\x01"
+ * in "\x02" + props (a name starts a 0x02-separated segment; its value runs to the next 0x02), as a
+ * position in props (length in *len) or -1 when absent or empty (an empty value counts as absent). */
+typedef struct { Py_ssize_t tags, tags_len, keys, keys_len, uniq, uniq_len; } vf_props;
+
+static void vf_parse_props(const unsigned char *props, Py_ssize_t pl, vf_props *o) {
+    o->tags = o->keys = o->uniq = -1;
+    o->tags_len = o->keys_len = o->uniq_len = 0;
+    Py_ssize_t a = 0;
+    while (a <= pl) {
+        const unsigned char *z = a < pl ? memchr(props + a, 2, (size_t)(pl - a)) : NULL;
+        Py_ssize_t e = z ? z - props : pl, n = e - a;
+        const unsigned char *g = props + a;
+        if (n >= 5 && memcmp(g, "TAGS\x01", 5) == 0) { o->tags = e > a + 5 ? a + 5 : -1; o->tags_len = n - 5; }
+        else if (n >= 5 && memcmp(g, "KEYS\x01", 5) == 0) { o->keys = e > a + 5 ? a + 5 : -1; o->keys_len = n - 5; }
+        else if (n >= 9 && memcmp(g, "UNIQ_KEY\x01", 9) == 0) { o->uniq = e > a + 9 ? a + 9 : -1; o->uniq_len = n - 9; }
+        if (z == NULL) break;
+        a = e + 1;
+    }
+}
+
+static inline int vf_ascii(const unsigned char *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) if (p[i] & 0x80) return 0;
+    return 1;
+}
+
+static inline uint32_t vf_hash(uint32_t h, const unsigned char *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) h = 31u * h + p[i];
+    return h;
+}
+
+/* the commitlog files, as repair.py passes them: [(file_from_offset, buffer, mapped_size)], sorted */
+typedef struct {
+    Py_ssize_t n;
+    int64_t file_size;
+    int64_t *from;
+    Py_ssize_t *mapped;
+    Py_buffer *views;
+} vf_files;
+
+static void vf_files_release(vf_files *f) {
+    for (Py_ssize_t i = 0; i < f->n; i++) PyBuffer_Release(&f->views[i]);
+    PyMem_Free(f->from);
+    PyMem_Free(f->mapped);
+    PyMem_Free(f->views);
+    f->n = 0;
+    f->from = NULL; f->mapped = NULL; f->views = NULL;
+}
+
+static int vf_files_get(PyObject *list, int64_t file_size, vf_files *f) {
+    f->n = 0;
+    f->file_size = file_size;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    f->from = PyMem_Calloc(n ? n : 1, sizeof(int64_t));
+    f->mapped = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    f->views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    if (!f->from || !f->mapped || !f->views) { vf_files_release(f); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long from;
+        Py_ssize_t mapped;
+        PyObject *buf;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "LOn", &from, &buf, &mapped)) { vf_files_release(f); return -1; }
+        if (PyObject_GetBuffer(buf, &f->views[i], PyBUF_SIMPLE) < 0) { vf_files_release(f); return -1; }
+        f->n = i + 1;
+        f->from[i] = from;
+        f->mapped[i] = mapped > f->views[i].len ? -1 : mapped;  /* -1: leave it to the reference */
+    }
+    return 0;
+}
+
+/* MappedFileQueue.find_mapped_file_by_offset: the file holding `off`, -1 when none */
+static Py_ssize_t vf_file_of(const vf_files *f, int64_t off) {
+    if (f->n == 0 || off < f->from[0] || off >= f->from[f->n - 1] + f->file_size) return -1;
+    int64_t idx = off / f->file_size - f->from[0] / f->file_size;
+    if (idx >= 0 && idx < f->n && f->from[idx] <= off && off < f->from[idx] + f->file_size) return (Py_ssize_t)idx;
+    for (Py_ssize_t i = 0; i < f->n; i++)
+        if (f->from[i] <= off && off < f->from[i] + f->file_size) return i;
+    return -1;
+}
+
+/* The record at commitlog offset `off`, if _check_record would find a whole one there (structure and CRC):
+ * 1 with r and *base filled, 0 otherwise (the reference decides). */
+static int vf_record_at(const vf_files *f, int64_t off, vf_rec *r, const unsigned char **base) {
+    Py_ssize_t i = vf_file_of(f, off);
+    if (i < 0 || f->mapped[i] < 0) return 0;
+    char reason[160];
+    Py_ssize_t pos = (Py_ssize_t)(off - f->from[i]);
+    if (pos >= f->mapped[i]) return 0;
+    const unsigned char *b = f->views[i].buf;
+    if (vf_record(b, f->views[i].len, pos, f->mapped[i], 1, r, reason, sizeof reason) != 0) return 0;
+    *base = b;
+    return 1;
+}
+
+/* per-queue tallies of verify_scan: an open-addressing table keyed by (topic bytes, queue id) */
+typedef struct {
+    const unsigned char *topic;  /* into the buffer (valid during the call) */
+    Py_ssize_t tlen;
+    int32_t qid;
+    int used, has_cut;
+    int64_t cut, n, last;
+    /* the queue's consume queue spans when verify_scan checks units beside the walk: units k..k+n-1 at
+     * views[j].buf + pos (20 bytes each); looked up with the slot (nspans -1: the queue is not given) */
+    Py_ssize_t nspans, hint;
+    int64_t *sk, *sn;
+    Py_ssize_t *spos;
+    Py_buffer *sviews;
+    int64_t rs, re;  /* the open range of units passed (re == -1: none) */
+} vf_slot;
+
+static void vf_slot_release(vf_slot *s) {
+    for (Py_ssize_t j = 0; j < s->nspans; j++) if (s->sviews[j].obj != NULL) PyBuffer_Release(&s->sviews[j]);
+    PyMem_Free(s->sk); PyMem_Free(s->sn); PyMem_Free(s->spos); PyMem_Free(s->sviews);
+    s->nspans = -1; s->sk = s->sn = NULL; s->spos = NULL; s->sviews = NULL;
+}
+
+/* the slot's spans from queues[(topic, qid)] = [(k, buffer, pos, n)] (absent: none) */
+static int vf_slot_spans(vf_slot *s, PyObject *queues) {
+    s->nspans = -1;
+    s->re = -1;
+    if (queues == NULL || queues == Py_None) return 0;
+    PyObject *key = Py_BuildValue("(y#i)", (const char *)s->topic, s->tlen, (int)s->qid);
+    if (key == NULL) return -1;
+    PyObject *lst = PyDict_GetItemWithError(queues, key);  /* borrowed */
+    Py_DECREF(key);
+    if (lst == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_Check(lst)) { PyErr_SetString(PyExc_TypeError, "queues values must be lists"); return -1; }
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    s->sk = PyMem_Calloc(n ? n : 1, sizeof(int64_t));
+    s->sn = PyMem_Calloc(n ? n : 1, sizeof(int64_t));
+    s->spos = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    s->sviews = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    s->nspans = 0;
+    if (!s->sk || !s->sn || !s->spos || !s->sviews) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        long long k, cnt;
+        Py_ssize_t pos;
+        PyObject *buf;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(lst, j), "LOnL", &k, &buf, &pos, &cnt)) return -1;
+        if (PyObject_GetBuffer(buf, &s->sviews[j], PyBUF_SIMPLE) < 0) return -1;
+        s->nspans = j + 1;
+        if (pos < 0 || cnt < 0 || pos + cnt * 20 > s->sviews[j].len) {
+            PyErr_SetString(PyExc_ValueError, "verify_scan: consume queue span out of range");
+            return -1;
+        }
+        s->sk[j] = k; s->sn[j] = cnt; s->spos[j] = pos;
+    }
+    return 0;
+}
+
+/* unit q of the slot's queue (20 bytes), NULL when no span holds it */
+static const unsigned char *vf_slot_unit(vf_slot *s, int64_t q) {
+    for (Py_ssize_t t = 0; t < s->nspans; t++) {
+        Py_ssize_t j = (s->hint + t) % s->nspans;
+        if (s->sk[j] <= q && q < s->sk[j] + s->sn[j]) {
+            s->hint = j;
+            return (const unsigned char *)s->sviews[j].buf + s->spos[j] + (q - s->sk[j]) * 20;
+        }
+    }
+    return NULL;
+}
+
+/* close the slot's open range of passed units into `out` as (topic, qid, start, end) */
+static int vf_slot_flush(vf_slot *s, PyObject *out) {
+    if (s->re < 0 || out == NULL) return 0;
+    PyObject *t = Py_BuildValue("(y#iLL)", (const char *)s->topic, s->tlen, (int)s->qid, (long long)s->rs,
+                                (long long)s->re);
+    if (t == NULL || PyList_Append(out, t) < 0) { Py_XDECREF(t); return -1; }
+    Py_DECREF(t);
+    s->re = -1;
+    return 0;
+}
+
+static uint32_t vf_slot_hash(const unsigned char *t, Py_ssize_t n, int32_t qid) {
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ t[i]) * 16777619u;
+    return (h ^ (uint32_t)qid) * 2654435761u;
+}
+
+static vf_slot *vf_slot_find(vf_slot **tab, Py_ssize_t *cap, Py_ssize_t *used, const unsigned char *t,
+                             Py_ssize_t tl, int32_t qid, PyObject *cut, PyObject *queues) {
+    if ((*used + 1) * 2 > *cap) {  /* grow */
+        Py_ssize_t ncap = *cap * 2;
+        vf_slot *nt = PyMem_Calloc((size_t)ncap, sizeof(vf_slot));
+        if (nt == NULL) { PyErr_NoMemory(); return NULL; }
+        for (Py_ssize_t i = 0; i < *cap; i++) {
+            if (!(*tab)[i].used) continue;
+            uint32_t h = vf_slot_hash((*tab)[i].topic, (*tab)[i].tlen, (*tab)[i].qid) & (uint32_t)(ncap - 1);
+            while (nt[h].used) h = (h + 1) & (uint32_t)(ncap - 1);
+            nt[h] = (*tab)[i];
+        }
+        PyMem_Free(*tab);
+        *tab = nt;
+        *cap = ncap;
+    }
+    uint32_t h = vf_slot_hash(t, tl, qid) & (uint32_t)(*cap - 1);
+    for (;;) {
+        vf_slot *s = &(*tab)[h];
+        if (!s->used) break;
+        if (s->qid == qid && s->tlen == tl && memcmp(s->topic, t, (size_t)tl) == 0) return s;
+        h = (h + 1) & (uint32_t)(*cap - 1);
+    }
+    vf_slot *s = &(*tab)[h];
+    s->used = 1;
+    s->nspans = -1;
+    s->re = -1;
+    s->topic = t;
+    s->tlen = tl;
+    s->qid = qid;
+    (*used)++;
+    if (PyDict_GET_SIZE(cut)) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)t, tl);
+        if (k == NULL) return NULL;
+        PyObject *v = PyDict_GetItemWithError(cut, k);  /* borrowed */
+        Py_DECREF(k);
+        if (v == NULL && PyErr_Occurred()) return NULL;
+        if (v != NULL) {
+            long long c = PyLong_AsLongLong(v);
+            if (c == -1 && PyErr_Occurred()) return NULL;
+            s->has_cut = 1;
+            s->cut = c;
+        }
+    }
+    if (vf_slot_spans(s, queues) < 0) return NULL;
+    return s;
+}
+
+/* indexKeyHashMethod of "topic#key" for the record's UNIQ_KEY and every KEYS token (split on spaces), all
+ * ASCII (a non-ASCII topic gives none, a non-ASCII key is left out: a miss then goes to the reference) */
+static int vf_key_hashes(const unsigned char *b, const vf_rec *r, int32_t *hashes, int max) {
+    int nh = 0;
+    if (!vf_ascii(b + r->topic_pos, r->topic_len)) return 0;
+    uint32_t th = 31u * vf_hash(0, b + r->topic_pos, r->topic_len) + '#';
+    const unsigned char *props = b + r->props_pos;
+    vf_props pr;
+    vf_parse_props(props, r->prop_len, &pr);
+    if (pr.uniq >= 0 && vf_ascii(props + pr.uniq, pr.uniq_len))
+        hashes[nh++] = index_hash(vf_hash(th, props + pr.uniq, pr.uniq_len));
+    Py_ssize_t a = pr.keys, stop = pr.keys + pr.keys_len;
+    while (pr.keys >= 0 && a < stop) {
+        Py_ssize_t z = a;
+        while (z < stop && props[z] != ' ') z++;
+        if (z > a && nh < max && vf_ascii(props + a, z - a)) hashes[nh++] = index_hash(vf_hash(th, props + a, z - a));
+        a = z + 1;
+    }
+    return nh;
+}
+
+/* The index files verify_scan checks beside the walk: [(buffer, entries_pos, count)] in the index pass's
+ * order; entries 1..count-1 are read through a cursor (file, entry) that follows the walk. */
+typedef struct {
+    Py_ssize_t n;
+    Py_buffer *views;
+    Py_ssize_t *epos, *count;
+} vf_ixfiles;
+
+static void vf_ixfiles_release(vf_ixfiles *f) {
+    for (Py_ssize_t i = 0; i < f->n; i++) if (f->views[i].obj != NULL) PyBuffer_Release(&f->views[i]);
+    PyMem_Free(f->views); PyMem_Free(f->epos); PyMem_Free(f->count);
+    f->n = 0; f->views = NULL; f->epos = NULL; f->count = NULL;
+}
+
+static int vf_ixfiles_get(PyObject *list, vf_ixfiles *f) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    f->n = 0;
+    f->views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    f->epos = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    f->count = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    if (!f->views || !f->epos || !f->count) { vf_ixfiles_release(f); PyErr_NoMemory(); return -1; }
+    f->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *buf;
+        Py_ssize_t epos, count;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "Onn", &buf, &epos, &count)) { vf_ixfiles_release(f); return -1; }
+        if (buf == Py_None) continue;  /* not checked beside the walk (count stays 0) */
+        if (PyObject_GetBuffer(buf, &f->views[i], PyBUF_SIMPLE) < 0) { vf_ixfiles_release(f); return -1; }
+        if (epos < 0 || count < 0 || epos + count * 20 > f->views[i].len) {
+            vf_ixfiles_release(f);
+            PyErr_SetString(PyExc_ValueError, "verify_scan: index entries out of range");
+            return -1;
+        }
+        f->epos[i] = epos;
+        f->count[i] = count;
+    }
+    return 0;
+}
+
+/* append (file, start, end) to the confirmed ranges, merged with the last one when they touch */
+static int vf_confirm(PyObject *ranges, Py_ssize_t *rf, Py_ssize_t *rs, Py_ssize_t *re, Py_ssize_t f, Py_ssize_t i) {
+    if (*rf == f && *re == i) { (*re)++; return 0; }
+    if (*rf >= 0) {
+        PyObject *t = Py_BuildValue("(nnn)", *rf, *rs, *re);
+        if (t == NULL || PyList_Append(ranges, t) < 0) { Py_XDECREF(t); return -1; }
+        Py_DECREF(t);
+    }
+    *rf = f; *rs = i; *re = i + 1;
+    return 0;
+}
+
+/* verify_scan(buf, pos, limit, base, max_records, cut, counts, states)
+ *   -> (next_pos, state, reason, records, undecided) or None (the reference walks this chunk).
+ * skim_records(buf, pos, limit, True, max_records, keep=False)'s walk; for every record that is not a
+ * prepared transaction (and not before its topic's deletion cutoff `cut[topic]`), counts[(topic, qid)]
+ * (a [count, last commitlog offset] list, created when missing) is updated. `undecided` lists the buffer
+ * positions of the records whose last 20 bytes start with "__CRC32#\x01" and that this loop could not
+ * pass (recovery.prop_crc_damage decides them); one whose trailer is well formed and equal passes.
+ *
+ * With `index` ([(buffer or None, entries_pos, count)], the index files in the index pass's order) and the
+ * cursor (ix_file, ix_entry), the index entries are checked beside the walk while each record is at hand:
+ * entries before the record's offset are left to the index pass, one AT it passes when its hash is one of
+ * the record's keys (the record just passed the walk's checks, CRC included: what _check_record would find),
+ * the cursor stops at an entry past it. The result then also has the cursor and `confirmed`, the passed
+ * entries as (file, start, end) ranges; the index pass checks only the others.
+ *
+ * With `queues` ({(topic, qid): [(first unit, buffer, pos, units)]}, the spans the unit pass will read),
+ * the unit at each walked record's queue offset passes when it points at the record with its size and tags
+ * code; the result's last item lists the passed units as (topic, qid, start, end) ranges. With either, the
+ * result is (next_pos, state, reason, records, undecided, ix_file, ix_entry, index ranges or None,
+ * unit ranges or None). */
+static PyObject *verify_scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, limit, max_records, ixf = 0, ixi = 1;
+    long long base;
+    PyObject *cut, *counts, *states, *ixlist = Py_None, *queues = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnLnO!O!O!|OnnO", &view, &pos, &limit, &base, &max_records, &PyDict_Type, &cut,
+                          &PyDict_Type, &counts, &PyTuple_Type, &states, &ixlist, &ixf, &ixi, &queues))
+        return NULL;
+    if (limit > view.len || pos < 0 || PyTuple_GET_SIZE(states) != 4) { PyBuffer_Release(&view); Py_RETURN_NONE; }
+    const unsigned char *b = view.buf;
+    Py_ssize_t cap = 64, used = 0, count = 0;
+    vf_slot *tab = PyMem_Calloc((size_t)cap, sizeof(vf_slot));
+    PyObject *undecided = PyList_New(0), *result = NULL, *confirmed = NULL, *cq_confirmed = NULL;
+    vf_ixfiles ix = {0};
+    Py_ssize_t rf = -1, rs = 0, re = 0;  /* the open range of confirmed entries */
+    if (tab == NULL || undecided == NULL) { PyErr_NoMemory(); goto done; }
+    if (ixlist != Py_None) {
+        if (!PyList_Check(ixlist)) { PyErr_SetString(PyExc_TypeError, "index must be a list"); goto done; }
+        if (vf_ixfiles_get(ixlist, &ix) < 0) goto done;
+        confirmed = PyList_New(0);
+        if (confirmed == NULL) goto done;
+    }
+    if (queues != Py_None) {
+        if (!PyDict_Check(queues)) { PyErr_SetString(PyExc_TypeError, "queues must be a dict"); goto done; }
+        if ((cq_confirmed = PyList_New(0)) == NULL) goto done;
+    }
+    int state = 2;
+    char reason[160] = "";
+    while (pos < limit) {
+        if (count >= max_records) { state = 0; break; }
+        vf_rec r;
+        int s = vf_record(b, view.len, pos, limit, 1, &r, reason, sizeof reason);
+        if (s < 0) { result = Py_None; Py_INCREF(result); goto done; }
+        if (s > 0) { state = s; break; }
+        const unsigned char *t = b + pos + r.total - 20;
+        if (memcmp(t, "__CRC32#\x01", 9) == 0) {
+            int pass = r.total > 112 && t[-1] == 2 && t[19] == 2;
+            uint64_t want = 0;
+            for (int k = 18; pass && k >= 9; k--) {
+                if (t[k] < '0' || t[k] > '9') pass = 0;
+                else want = want * 10 + (uint64_t)(t[k] - '0');
+            }
+            if (pass) pass = want == (vf_crc32(b + pos, r.total - 20) & 0x7FFFFFFFu);
+            if (!pass) {
+                PyObject *ix = PyLong_FromSsize_t(pos);
+                if (ix == NULL || PyList_Append(undecided, ix) < 0) { Py_XDECREF(ix); goto done; }
+                Py_DECREF(ix);
+            }
+        }
+        if (!(r.sys_flag & 0x4)) {  /* TRANSACTION_PREPARED_TYPE */
+            const unsigned char *topic = b + r.topic_pos;
+            vf_slot *sl = vf_slot_find(&tab, &cap, &used, topic, r.topic_len, r.queue_id, cut,
+                                       cq_confirmed != NULL ? queues : NULL);
+            if (sl == NULL) goto done;
+            if (!(sl->has_cut && base + pos < sl->cut)) {
+                sl->n++;
+                sl->last = base + pos;
+            }
+            /* its consume queue unit, while the record is at hand: it passes when it points here with the
+             * record's size and tags code (the unit pass's checks; a SCHEDULE_TOPIC_XXXX record or a
+             * non-ASCII TAGS value is left to the pass) */
+            const unsigned char *u = sl->nspans > 0 ? vf_slot_unit(sl, r.queue_offset) : NULL;
+            if (u != NULL && get_i64(u) == base + pos && get_i32(u + 8) == r.total &&
+                !(r.topic_len == 19 && memcmp(topic, "SCHEDULE_TOPIC_XXXX", 19) == 0)) {
+                int64_t code = 0;
+                int ok = 1;
+                if (r.prop_len) {
+                    vf_props pr;
+                    vf_parse_props(b + r.props_pos, r.prop_len, &pr);
+                    if (pr.tags >= 0) {
+                        if (vf_ascii(b + r.props_pos + pr.tags, pr.tags_len))
+                            code = (int32_t)vf_hash(0, b + r.props_pos + pr.tags, pr.tags_len);
+                        else ok = 0;
+                    }
+                }
+                if (ok && code == get_i64(u + 12)) {
+                    if (sl->re == r.queue_offset) sl->re++;
+                    else {
+                        if (vf_slot_flush(sl, cq_confirmed) < 0) goto done;
+                        sl->rs = r.queue_offset;
+                        sl->re = r.queue_offset + 1;
+                    }
+                }
+            }
+        }
+        if (confirmed != NULL) {  /* the index entries at this record */
+            int32_t hashes[16];
+            int nh = -1;
+            int64_t at = base + pos;
+            while (ixf < ix.n) {
+                if (ixi >= ix.count[ixf]) { ixf++; ixi = 1; continue; }
+                const unsigned char *e = (const unsigned char *)ix.views[ixf].buf + ix.epos[ixf] + ixi * 20;
+                int64_t phy = get_i64(e + 4);
+                if (phy > at) break;
+                if (phy == at) {
+                    if (nh < 0) nh = vf_key_hashes(b, &r, hashes, 16);
+                    int32_t h = get_i32(e);
+                    for (int k = 0; k < nh; k++)
+                        if (hashes[k] == h) {
+                            if (vf_confirm(confirmed, &rf, &rs, &re, ixf, ixi) < 0) goto done;
+                            break;
+                        }
+                }
+                ixi++;
+            }
+        }
+        count++;
+        pos += r.total;
+    }
+    if (confirmed != NULL && rf >= 0 && vf_confirm(confirmed, &rf, &rs, &re, -2, 0) < 0) goto done;
+    for (Py_ssize_t i = 0; i < cap; i++)
+        if (tab[i].used && vf_slot_flush(&tab[i], cq_confirmed) < 0) goto done;
+    for (Py_ssize_t i = 0; i < cap; i++) {
+        vf_slot *sl = &tab[i];
+        if (!sl->used || sl->n == 0) continue;
+        PyObject *key = Py_BuildValue("(y#i)", (const char *)sl->topic, sl->tlen, (int)sl->qid);
+        if (key == NULL) goto done;
+        PyObject *c = PyDict_GetItemWithError(counts, key);  /* borrowed */
+        if (c == NULL) {
+            if (PyErr_Occurred()) { Py_DECREF(key); goto done; }
+            c = Py_BuildValue("[LL]", (long long)sl->n, (long long)sl->last);
+            if (c == NULL || PyDict_SetItem(counts, key, c) < 0) { Py_XDECREF(c); Py_DECREF(key); goto done; }
+            Py_DECREF(c);
+        } else {
+            if (!PyList_Check(c) || PyList_GET_SIZE(c) != 2) {
+                Py_DECREF(key);
+                PyErr_SetString(PyExc_TypeError, "counts values must be [count, last] lists");
+                goto done;
+            }
+            long long n0 = PyLong_AsLongLong(PyList_GET_ITEM(c, 0));
+            if (n0 == -1 && PyErr_Occurred()) { Py_DECREF(key); goto done; }
+            PyObject *nn = PyLong_FromLongLong(n0 + sl->n), *ll = PyLong_FromLongLong(sl->last);
+            if (nn == NULL || ll == NULL) { Py_XDECREF(nn); Py_XDECREF(ll); Py_DECREF(key); goto done; }
+            PyList_SetItem(c, 0, nn);  /* steals */
+            PyList_SetItem(c, 1, ll);
+        }
+        Py_DECREF(key);
+    }
+    if (ixlist != Py_None || queues != Py_None)
+        result = Py_BuildValue("(nOsnOnnOO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided, ixf, ixi,
+                               confirmed != NULL ? confirmed : Py_None, cq_confirmed != NULL ? cq_confirmed : Py_None);
+    else
+        result = Py_BuildValue("(nOsnO)", pos, PyTuple_GET_ITEM(states, state), reason, count, undecided);
+done:
+    if (tab != NULL)
+        for (Py_ssize_t i = 0; i < cap; i++) if (tab[i].used) vf_slot_release(&tab[i]);
+    Py_XDECREF(cq_confirmed);
+    PyMem_Free(tab);
+    Py_XDECREF(undecided);
+    Py_XDECREF(confirmed);
+    vf_ixfiles_release(&ix);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* verify_units(cq_buf, pos, n, first_q, files, file_size, cl_min, cl_end, topic, qid)
+ *   -> (held, deferred): the n units at cq_buf[pos:] (queue offsets first_q...). `held` counts those that
+ * are not blank fill units; `deferred` lists (q, offset, size, tags code) of every unit this loop did not
+ * pass: below cl_min units are expired (passed), at or past cl_end the reference decides (the log may
+ * have grown), else a unit passes when a whole record (structure, body CRC) of `size` bytes starts at its
+ * offset, of this topic and queue id, with queue offset q and the unit's tags code (a non-ASCII TAGS value
+ * or a SCHEDULE_TOPIC_XXXX record is deferred). */
+static PyObject *verify_units(PyObject *self, PyObject *args) {
+    Py_buffer cq, topic;
+    Py_ssize_t pos, n;
+    long long first_q, file_size, cl_min, cl_end;
+    PyObject *files_list;
+    int qid;
+    if (!PyArg_ParseTuple(args, "y*nnLO!LLLy*i", &cq, &pos, &n, &first_q, &PyList_Type, &files_list, &file_size,
+                          &cl_min, &cl_end, &topic, &qid))
+        return NULL;
+    PyObject *deferred = NULL, *result = NULL;
+    vf_files files = {0};
+    if (pos < 0 || n < 0 || pos + n * 20 > cq.len || file_size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "verify_units: span out of range");
+        goto out;
+    }
+    if (vf_files_get(files_list, file_size, &files) < 0) goto out;
+    deferred = PyList_New(0);
+    if (deferred == NULL) goto out;
+    int schedule = topic.len == 19 && memcmp(topic.buf, "SCHEDULE_TOPIC_XXXX", 19) == 0;
+    Py_ssize_t held = 0;
+    const unsigned char *u = (const unsigned char *)cq.buf + pos;
+    for (Py_ssize_t i = 0; i < n; i++, u += 20) {
+        int64_t off = get_i64(u), tags = get_i64(u + 12);
+        int32_t size = get_i32(u + 8);
+        if (off == 0 && size == 0x7FFFFFFF) continue;  /* a blank fill unit */
+        held++;
+        if (off < cl_min) continue;
+        int ok = 0;
+        if (off < cl_end && !schedule) {
+            vf_rec r;
+            const unsigned char *b;
+            if (vf_record_at(&files, off, &r, &b) && r.total == size && r.queue_id == qid &&
+                r.queue_offset == first_q + i && r.topic_len == topic.len &&
+                memcmp(b + r.topic_pos, topic.buf, (size_t)topic.len) == 0) {
+                int64_t code = 0;
+                ok = 1;
+                if (r.prop_len) {
+                    vf_props pr;
+                    vf_parse_props(b + r.props_pos, r.prop_len, &pr);
+                    if (pr.tags >= 0) {
+                        if (vf_ascii(b + r.props_pos + pr.tags, pr.tags_len))
+                            code = (int32_t)vf_hash(0, b + r.props_pos + pr.tags, pr.tags_len);
+                        else ok = 0;
+                    }
+                }
+                ok = ok && code == tags;
+            }
+        }
+        if (!ok) {
+            PyObject *t = Py_BuildValue("(LLiL)", (long long)(first_q + i), (long long)off, (int)size, (long long)tags);
+            if (t == NULL || PyList_Append(deferred, t) < 0) { Py_XDECREF(t); goto out; }
+            Py_DECREF(t);
+        }
+    }
+    result = Py_BuildValue("(nO)", held, deferred);
+out:
+    Py_XDECREF(deferred);
+    vf_files_release(&files);
+    PyBuffer_Release(&cq);
+    PyBuffer_Release(&topic);
+    return result;
+}
+
+/* verify_index(idx_buf, entries_pos, first, end, files, file_size, cl_min, cl_end) -> deferred
+ * Entries first..end-1 of the index file (20 bytes each from entries_pos: hash, phy offset, ...).
+ * `deferred` lists (i, hash, phy) of the entries this loop did not pass: below cl_min they are expired
+ * (passed), at or past cl_end the reference decides; else an entry passes when a whole record (structure,
+ * body CRC) starts at phy and `topic#key` of its UNIQ_KEY or of a KEYS token (split on spaces) hashes
+ * (indexKeyHashMethod) to the entry's hash, all ASCII; anything else is deferred. */
+static PyObject *verify_index(PyObject *self, PyObject *args) {
+    Py_buffer idx;
+    Py_ssize_t epos, first, end;
+    long long file_size, cl_min, cl_end;
+    PyObject *files_list;
+    if (!PyArg_ParseTuple(args, "y*nnnO!LLL", &idx, &epos, &first, &end, &PyList_Type, &files_list, &file_size,
+                          &cl_min, &cl_end))
+        return NULL;
+    PyObject *deferred = NULL, *result = NULL;
+    vf_files files = {0};
+    if (epos < 0 || first < 0 || end < first || epos + end * 20 > idx.len || file_size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "verify_index: span out of range");
+        goto out;
+    }
+    if (vf_files_get(files_list, file_size, &files) < 0) goto out;
+    deferred = PyList_New(0);
+    if (deferred == NULL) goto out;
+    /* the record last found whole and its keys' hashes (the entries of one record are neighbours) */
+    int64_t last_phy = -1;
+    int32_t hashes[16];
+    int nh = 0;
+    for (Py_ssize_t i = first; i < end; i++) {
+        const unsigned char *e = (const unsigned char *)idx.buf + epos + i * 20;
+        int32_t h = get_i32(e);
+        int64_t phy = get_i64(e + 4);
+        if (phy < cl_min) continue;
+        int ok = 0;
+        if (phy < cl_end) {
+            if (phy != last_phy) {
+                vf_rec lr;
+                const unsigned char *lb;
+                last_phy = -1;
+                nh = 0;
+                if (vf_record_at(&files, phy, &lr, &lb)) {
+                    last_phy = phy;
+                    nh = vf_key_hashes(lb, &lr, hashes, 16);
+                }
+            }
+            if (last_phy == phy)
+                for (int k = 0; k < nh && !ok; k++) ok = hashes[k] == h;
+        }
+        if (!ok) {
+            PyObject *t = Py_BuildValue("(niL)", i, (int)h, (long long)phy);
+            if (t == NULL || PyList_Append(deferred, t) < 0) { Py_XDECREF(t); goto out; }
+            Py_DECREF(t);
+        }
+    }
+    result = deferred;
+    deferred = NULL;
+out:
+    Py_XDECREF(deferred);
+    vf_files_release(&files);
+    PyBuffer_Release(&idx);
+    return result;
+}
+/* ============================================================================================== */
+/* end of the verify block                                                                          */
+/* ============================================================================================== */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -1565,6 +2372,14 @@ static PyMethodDef methods[] = {
      "IndexFile._put_hash per entry into the mapped file: (written, slots used, begin phy or None, begin ts)."},
     {"skim_records", skim_records, METH_VARARGS, "codec.skim_records's walk (states passed in)."},
     {"crc32", crc32_py, METH_VARARGS, "zlib.crc32(data, value)."},
+    /* verify (store/repair.py): the block above the table */
+    {"verify_crc32", verify_crc32, METH_VARARGS, "zlib.crc32(data), folded with PCLMULQDQ when the CPU has it."},
+    {"verify_scan", verify_scan, METH_VARARGS,
+     "_verify_commit_log's walk: (next_pos, state, reason, records, undecided trailer positions) or None."},
+    {"verify_units", verify_units, METH_VARARGS,
+     "_verify_consume_queues' unit loop over a span: (held, [(q, offset, size, tags) the reference decides])."},
+    {"verify_index", verify_index, METH_VARARGS,
+     "_verify_index's entry loop over a span: [(i, hash, phy) the reference decides]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1600,6 +1600,24 @@ static PyObject *init_pull(PyObject *self, PyObject *args) {
 #define SF_STORE_V6 (1 << 5)
 #define SF_COMPRESSION_MASK 0x700
 
+/* the object of the previous record's field when the value is the same, else a new one (kept for the next) */
+static inline PyObject *same_long(PyObject **slot, int64_t *val, int64_t v) {
+    if (*slot != NULL && *val == v) return Py_NewRef(*slot);
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(o));
+    *val = v;
+    return o;
+}
+static inline PyObject *same_bytes(PyObject **slot, const unsigned char *p, Py_ssize_t len) {
+    if (*slot != NULL && PyBytes_GET_SIZE(*slot) == len && memcmp(PyBytes_AS_STRING(*slot), p, (size_t)len) == 0)
+        return Py_NewRef(*slot);
+    PyObject *o = PyBytes_FromStringAndSize((const char *)p, len);
+    if (o == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(o));
+    return o;
+}
+
 /* decode_records(buf: bytes, pos, out: list, decompress) -> pos: appends a MessageExt to `out` for each
  * record from `pos` on that codec.decode_records' fast branch decodes itself, and returns the position of
  * the first record it does not (one that branch hands to decode_message: anything unusual, or a ZLIB body
@@ -1619,6 +1637,8 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
     PyObject *topic = NULL;  /* the last topic decoded, and where its bytes are */
     const unsigned char *topic_at = NULL;
     Py_ssize_t topic_len = -1;
+    PyObject *cache[X_COUNT] = {NULL};  /* the previous record's field objects (same_long / same_bytes) */
+    int64_t cached[X_COUNT] = {0};
     if (pos < 0) pos = 0;
     while (pos < n) {
         if (pos + 40 > n) break;
@@ -1657,23 +1677,25 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
         if (m == NULL) goto fail;
         PyObject *v[X_COUNT];
         const unsigned char *h = r + 48 + born_len;  /* born port */
-        v[X_STORE_SIZE] = PyLong_FromLong(total);
-        v[X_MAGIC] = PyLong_FromLong(magic);
+        /* fields equal to the previous record's share its (immutable) objects: one batch's records differ
+         * only in offsets, CRC, body and properties */
+        v[X_STORE_SIZE] = same_long(&cache[X_STORE_SIZE], &cached[X_STORE_SIZE], total);
+        v[X_MAGIC] = same_long(&cache[X_MAGIC], &cached[X_MAGIC], magic);
         v[X_BODY_CRC] = PyLong_FromLong(get_i32(r + 8));
-        v[X_QUEUE_ID] = PyLong_FromLong(get_i32(r + 12));
-        v[X_FLAG] = PyLong_FromLong(get_i32(r + 16));
+        v[X_QUEUE_ID] = same_long(&cache[X_QUEUE_ID], &cached[X_QUEUE_ID], get_i32(r + 12));
+        v[X_FLAG] = same_long(&cache[X_FLAG], &cached[X_FLAG], get_i32(r + 16));
         v[X_QUEUE_OFFSET] = PyLong_FromLongLong(get_i64(r + 20));
         v[X_PHYS] = PyLong_FromLongLong(get_i64(r + 28));
-        v[X_SYS_FLAG] = PyLong_FromLong(sys_flag);
-        v[X_BORN_TS] = PyLong_FromLongLong(get_i64(r + 40));
-        v[X_BORN_HOST] = PyBytes_FromStringAndSize((const char *)r + 48, born_len);
-        v[X_BORN_PORT] = PyLong_FromLong(get_i32(h));
-        v[X_STORE_TS] = PyLong_FromLongLong(get_i64(h + 4));
-        v[X_STORE_HOST] = PyBytes_FromStringAndSize((const char *)h + 12, store_len);
+        v[X_SYS_FLAG] = same_long(&cache[X_SYS_FLAG], &cached[X_SYS_FLAG], sys_flag);
+        v[X_BORN_TS] = same_long(&cache[X_BORN_TS], &cached[X_BORN_TS], get_i64(r + 40));
+        v[X_BORN_HOST] = same_bytes(&cache[X_BORN_HOST], r + 48, born_len);
+        v[X_BORN_PORT] = same_long(&cache[X_BORN_PORT], &cached[X_BORN_PORT], get_i32(h));
+        v[X_STORE_TS] = same_long(&cache[X_STORE_TS], &cached[X_STORE_TS], get_i64(h + 4));
+        v[X_STORE_HOST] = same_bytes(&cache[X_STORE_HOST], h + 12, store_len);
         h += 12 + store_len;
-        v[X_STORE_PORT] = PyLong_FromLong(get_i32(h));
-        v[X_RECONSUME] = PyLong_FromLong(get_i32(h + 4));
-        v[X_PREP_TX] = PyLong_FromLongLong(get_i64(h + 8));
+        v[X_STORE_PORT] = same_long(&cache[X_STORE_PORT], &cached[X_STORE_PORT], get_i32(h));
+        v[X_RECONSUME] = same_long(&cache[X_RECONSUME], &cached[X_RECONSUME], get_i32(h + 4));
+        v[X_PREP_TX] = same_long(&cache[X_PREP_TX], &cached[X_PREP_TX], get_i64(h + 8));
         v[X_BODY] = PyBytes_FromStringAndSize((const char *)b + bpos, body_len);
         v[X_TOPIC] = Py_NewRef(topic);
         v[X_PROPS] = pl ? PyUnicode_DecodeUTF8((const char *)b + ppos, pl, "replace") : PyUnicode_New(0, 0);
@@ -1688,9 +1710,11 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
         pos = rec_end;
     }
     Py_XDECREF(topic);
+    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
     return PyLong_FromSsize_t(pos < n ? pos : n);
 fail:
     Py_XDECREF(topic);
+    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
     return NULL;
 }
 

@@ -27,6 +27,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1758,7 +1759,8 @@ static PyObject *read_runs(PyObject *self, PyObject *args) {
             if (!count) status = 1;
             continue;
         }
-        long long end = offset_py + size_py;
+        long long end;
+        if (__builtin_add_overflow(offset_py, size_py, &end)) end = LLONG_MAX;  /* a damaged unit: unreadable */
         if (offset_py < cur_base || end > cur_limit) {
             PyObject *s = PyObject_CallFunction(span, "L", offset_py);
             if (s == NULL) goto done;

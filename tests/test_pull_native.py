@@ -110,6 +110,7 @@ def test_crafted_units_give_the_same_result_in_c_and_python(store, data):
         st.tuples(st.just(max_phy - 10), st.just(100), st.just(0)),  # beyond the readable end
         st.tuples(st.just(max_phy + (1 << 20)), st.just(100), st.just(0)),  # no such commitlog file
         st.tuples(st.just(-100), st.just(50), st.just(0)),     # below the commitlog's first offset
+        st.tuples(st.just(2 ** 63 - 10), st.just(100), st.just(0)),  # damaged: offset + size overflows int64
     )
     start = data.draw(st.integers(0, len(real) - 1))
     run = real[start:start + data.draw(st.integers(0, 80))]
@@ -161,6 +162,11 @@ def test_a_file_view_gone_under_the_read_gives_none():
     live = memoryview(bytes(range(256)) * 4)
     r = _native.read_runs(unit * 2, 0, 32, 1 << 20, 0, 1 << 20, 32, 1 << 20, 32, 0, lambda off: (0, 1000, live))
     assert r is not None and r[:4] == (2, 2, 100, 100) and r[4] == bytes(live[100:150]) * 2
+    # offset + size past int64 (a damaged unit): unreadable, as Python's unbounded ints make it
+    seen = []
+    r = _native.read_runs(UNIT.pack(2 ** 63 - 10, 100, 0), 0, 32, 1 << 20, 0, 1 << 20, 32, 1 << 20, 32, 0,
+                          lambda off: seen.append(off))
+    assert r == (1, 1, 0, -1, b"", b"") and seen == [2 ** 63 - 10]
     with pytest.raises(ZeroDivisionError):  # an error of the lookup is the caller's
         _native.read_runs(unit, 0, 32, 1 << 20, 0, 1 << 20, 32, 1 << 20, 32, 0, lambda off: 1 / 0)
 

@@ -1759,8 +1759,8 @@ static PyObject *read_runs(PyObject *self, PyObject *args) {
             if (!count) status = 1;
             continue;
         }
-        long long end;
-        if (__builtin_add_overflow(offset_py, size_py, &end)) end = LLONG_MAX;  /* a damaged unit: unreadable */
+        /* size_py > 0 here; past int64 (a damaged unit) the end is as unreadable as Python's big int */
+        long long end = offset_py > LLONG_MAX - size_py ? LLONG_MAX : offset_py + size_py;
         if (offset_py < cur_base || end > cur_limit) {
             PyObject *s = PyObject_CallFunction(span, "L", offset_py);
             if (s == NULL) goto done;

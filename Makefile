@@ -55,6 +55,7 @@ native: $(VENV)/.installed
 # vectors, the codec property tests, the native-vs-Python comparisons, the index file (put_keys against
 # put_key), the crash suite (CI's 50 rounds) and the Spark decoder (numpy instead of _spark_native).
 PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/test_native.py tests/test_index.py \
+	tests/test_pull_native.py tests/test_message_store_read_runs.py \
 	tests/test_crash.py tests/spark/test_spark_decode.py tests/spark/test_spark_native.py
 
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the

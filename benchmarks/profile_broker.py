@@ -136,6 +136,7 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
                     p.send_batch(msgs[i:i + 100], queue_id=0)
                 time.sleep(0.5)  # dispatched
             ops = n
+            client_cpu = None
             if phase == "single":
                 child.ask("start")
                 t = time.perf_counter()
@@ -153,12 +154,14 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
                     c.pull("Profile", 0, 0, max_nums=1, suspend_timeout_ms=0)
                     child.ask("start")
                     t = time.perf_counter()
+                    cpu0 = time.process_time()
                     offset, ops = 0, 0
                     while True:
                         r = c.pull("Profile", 0, offset, max_nums=size, suspend_timeout_ms=0)
                         if not r.messages:
                             break
                         offset, ops = r.next_begin_offset, ops + 1
+                    client_cpu = time.process_time() - cpu0
             elif phase.startswith("pop"):
                 size = int(phase[3:] or 32)
                 with PopConsumer(child.namesrv, "profile-pop") as c:
@@ -178,6 +181,8 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
     res.update(phase=phase, loop=child.loop, messages=n, requests=ops, client_wall=round(wall, 4),
                msgs_per_s=round(n / wall), cprofile=profile)
     res["cpu_us_per_request"] = {k: round(v / ops * 1e6, 1) for k, v in res["threads"].items()}
+    if client_cpu is not None:  # this process (the client, all its threads), pull phases only
+        res["cpu_us_per_request"]["CLIENT process"] = round(client_cpu / ops * 1e6, 1)
     return res
 
 

@@ -19,6 +19,8 @@
  *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
  *   verify_*            store/repair.py verify's loops (commitlog walk, consume-queue units, index entries),
  *                       in their own block above the method table
+ *   read_runs           MessageStore._get_matching_all: a pull's match-all read, the body as one bytes
+ *   decode_records      codec.decode_records' loop: a pull body into MessageExts (init_pull binds the type)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -27,6 +29,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -2350,6 +2353,289 @@ out:
 /* ============================================================================================== */
 /* end of the verify block                                                                          */
 /* ============================================================================================== */
+/* THE PULL READ (issue 16, branch pull-native): the broker's match-all read of a queue            */
+/* (MessageStore._get_matching_all) and the client's decode of a pull body (codec.decode_records). */
+/* Both give up ("not mine to decide") exactly where their Python references take another branch.  */
+/* ============================================================================================== */
+
+/* MessageExt's slots (common/message.py), looked up by name once (init_pull) */
+enum {
+    X_STORE_SIZE, X_MAGIC, X_BODY_CRC, X_QUEUE_ID, X_FLAG, X_QUEUE_OFFSET, X_PHYS, X_SYS_FLAG, X_BORN_TS,
+    X_BORN_HOST, X_BORN_PORT, X_STORE_TS, X_STORE_HOST, X_STORE_PORT, X_RECONSUME, X_PREP_TX, X_BODY,
+    X_TOPIC, X_PROPS, X_PARSED, X_COUNT
+};
+static const char *ext_names[X_COUNT] = {
+    "store_size", "magic_code", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset", "sys_flag",
+    "born_timestamp", "born_host_bytes", "born_port", "store_timestamp", "store_host_bytes", "store_port",
+    "reconsume_times", "prepared_transaction_offset", "body", "topic", "properties_string", "_properties",
+};
+static PyTypeObject *ext_type = NULL;
+static Py_ssize_t ext_offsets[X_COUNT];
+
+static PyObject *init_pull(PyObject *self, PyObject *args) {
+    PyObject *tp;
+    if (!PyArg_ParseTuple(args, "O!", &PyType_Type, &tp)) return NULL;
+    Py_ssize_t offs[X_COUNT];
+    for (int i = 0; i < X_COUNT; i++) {
+        PyObject *d = PyObject_GetAttrString(tp, ext_names[i]);
+        if (d == NULL) return NULL;
+        if (Py_TYPE(d) != &PyMemberDescr_Type) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", ((PyTypeObject *)tp)->tp_name, ext_names[i]);
+            return NULL;
+        }
+        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+        if (md->type != T_OBJECT_EX && md->type != T_OBJECT) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name,
+                         ext_names[i]);
+            return NULL;
+        }
+        offs[i] = md->offset;
+        Py_DECREF(d);
+    }
+    memcpy(ext_offsets, offs, sizeof offs);
+    Py_XSETREF(ext_type, (PyTypeObject *)Py_NewRef(tp));
+    Py_RETURN_NONE;
+}
+
+#define REC_MAGIC_V1 ((int32_t)0xDAA320A7u)  /* codec.MESSAGE_MAGIC_CODE */
+#define REC_MAGIC_V2 ((int32_t)0xDAA320ABu)  /* codec.MESSAGE_MAGIC_CODE_V2 */
+#define SF_COMPRESSED 0x1
+#define SF_BORN_V6 (1 << 4)
+#define SF_STORE_V6 (1 << 5)
+#define SF_COMPRESSION_MASK 0x700
+
+/* the object of the previous record's field when the value is the same, else a new one (kept for the next) */
+static inline PyObject *same_long(PyObject **slot, int64_t *val, int64_t v) {
+    if (*slot != NULL && *val == v) return Py_NewRef(*slot);
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(o));
+    *val = v;
+    return o;
+}
+static inline PyObject *same_bytes(PyObject **slot, const unsigned char *p, Py_ssize_t len) {
+    if (*slot != NULL && PyBytes_GET_SIZE(*slot) == len && memcmp(PyBytes_AS_STRING(*slot), p, (size_t)len) == 0)
+        return Py_NewRef(*slot);
+    PyObject *o = PyBytes_FromStringAndSize((const char *)p, len);
+    if (o == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(o));
+    return o;
+}
+
+/* decode_records(buf: bytes, pos, out: list, decompress) -> pos: appends a MessageExt to `out` for each
+ * record from `pos` on that codec.decode_records' fast branch decodes itself, and returns the position of
+ * the first record it does not (one that branch hands to decode_message: anything unusual, or a ZLIB body
+ * to inflate), or len(buf). The caller decodes that record in Python and calls again after it. */
+static PyObject *decode_records_c(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *out;
+    Py_ssize_t pos;
+    int decompress;
+    if (!PyArg_ParseTuple(args, "O!nO!p", &PyBytes_Type, &buf_obj, &pos, &PyList_Type, &out, &decompress))
+        return NULL;
+    if (ext_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "init_pull(MessageExt) was not called");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(buf_obj);
+    Py_ssize_t n = PyBytes_GET_SIZE(buf_obj);
+    PyObject *topic = NULL;  /* the last topic decoded, and where its bytes are */
+    const unsigned char *topic_at = NULL;
+    Py_ssize_t topic_len = -1;
+    PyObject *cache[X_COUNT] = {NULL};  /* the previous record's field objects (same_long / same_bytes) */
+    int64_t cached[X_COUNT] = {0};
+    if (pos < 0) pos = 0;
+    while (pos < n) {
+        if (pos + 40 > n) break;
+        const unsigned char *r = b + pos;
+        int32_t sys_flag = get_i32(r + 36);
+        Py_ssize_t born_len = (sys_flag & SF_BORN_V6) ? 16 : 4, store_len = (sys_flag & SF_STORE_V6) ? 16 : 4;
+        Py_ssize_t hsize = 80 + born_len + store_len;  /* 88 / 100 / 100 / 112 (codec._HEADER_SIZES) */
+        if (pos + hsize > n) break;
+        int32_t total = get_i32(r), magic = get_i32(r + 4);
+        if (magic != REC_MAGIC_V1 && magic != REC_MAGIC_V2) break;
+        if (total <= 0 || pos + total > n) break;
+        Py_ssize_t rec_end = pos + total;
+        int32_t body_len = get_i32(r + hsize - 4);
+        if (body_len < 0) break;
+        Py_ssize_t bpos = pos + hsize, tpos = bpos + body_len;
+        if (tpos + 4 > rec_end) break;
+        Py_ssize_t tl;
+        if (magic == REC_MAGIC_V1) { tl = b[tpos]; tpos += 1; if (tl > 127) break; }
+        else { tl = get_i16(b + tpos); tpos += 2; if (tl < 0) break; }
+        Py_ssize_t ppos = tpos + tl;
+        if (ppos + 2 > rec_end) break;
+        Py_ssize_t pl = get_i16(b + ppos);
+        ppos += 2;
+        if (pl < 0 || ppos + pl != rec_end) break;
+        if (decompress && (sys_flag & SF_COMPRESSED) &&
+            ((sys_flag & SF_COMPRESSION_MASK) == 0 || (sys_flag & SF_COMPRESSION_MASK) == 0x300)) break;
+        /* the record is one the fast branch decodes: build its MessageExt */
+        if (topic == NULL || tl != topic_len || memcmp(topic_at, b + tpos, (size_t)tl) != 0) {
+            PyObject *t = PyUnicode_DecodeUTF8((const char *)b + tpos, tl, "replace");
+            if (t == NULL) goto fail;
+            Py_XSETREF(topic, t);
+            topic_at = b + tpos;
+            topic_len = tl;
+        }
+        PyObject *m = ext_type->tp_alloc(ext_type, 0);
+        if (m == NULL) goto fail;
+        PyObject *v[X_COUNT];
+        const unsigned char *h = r + 48 + born_len;  /* born port */
+        /* fields equal to the previous record's share its (immutable) objects: one batch's records differ
+         * only in offsets, CRC, body and properties */
+        v[X_STORE_SIZE] = same_long(&cache[X_STORE_SIZE], &cached[X_STORE_SIZE], total);
+        v[X_MAGIC] = same_long(&cache[X_MAGIC], &cached[X_MAGIC], magic);
+        v[X_BODY_CRC] = PyLong_FromLong(get_i32(r + 8));
+        v[X_QUEUE_ID] = same_long(&cache[X_QUEUE_ID], &cached[X_QUEUE_ID], get_i32(r + 12));
+        v[X_FLAG] = same_long(&cache[X_FLAG], &cached[X_FLAG], get_i32(r + 16));
+        v[X_QUEUE_OFFSET] = PyLong_FromLongLong(get_i64(r + 20));
+        v[X_PHYS] = PyLong_FromLongLong(get_i64(r + 28));
+        v[X_SYS_FLAG] = same_long(&cache[X_SYS_FLAG], &cached[X_SYS_FLAG], sys_flag);
+        v[X_BORN_TS] = same_long(&cache[X_BORN_TS], &cached[X_BORN_TS], get_i64(r + 40));
+        v[X_BORN_HOST] = same_bytes(&cache[X_BORN_HOST], r + 48, born_len);
+        v[X_BORN_PORT] = same_long(&cache[X_BORN_PORT], &cached[X_BORN_PORT], get_i32(h));
+        v[X_STORE_TS] = same_long(&cache[X_STORE_TS], &cached[X_STORE_TS], get_i64(h + 4));
+        v[X_STORE_HOST] = same_bytes(&cache[X_STORE_HOST], h + 12, store_len);
+        h += 12 + store_len;
+        v[X_STORE_PORT] = same_long(&cache[X_STORE_PORT], &cached[X_STORE_PORT], get_i32(h));
+        v[X_RECONSUME] = same_long(&cache[X_RECONSUME], &cached[X_RECONSUME], get_i32(h + 4));
+        v[X_PREP_TX] = same_long(&cache[X_PREP_TX], &cached[X_PREP_TX], get_i64(h + 8));
+        v[X_BODY] = PyBytes_FromStringAndSize((const char *)b + bpos, body_len);
+        v[X_TOPIC] = Py_NewRef(topic);
+        v[X_PROPS] = pl ? PyUnicode_DecodeUTF8((const char *)b + ppos, pl, "replace") : PyUnicode_New(0, 0);
+        v[X_PARSED] = Py_NewRef(Py_None);
+        int bad = 0;
+        for (int i = 0; i < X_COUNT; i++) {
+            if (v[i] == NULL) bad = 1;
+            *(PyObject **)((char *)m + ext_offsets[i]) = v[i];  /* the fresh object's slots are NULL */
+        }
+        if (bad || PyList_Append(out, m) < 0) { Py_DECREF(m); goto fail; }
+        Py_DECREF(m);
+        pos = rec_end;
+    }
+    Py_XDECREF(topic);
+    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
+    return PyLong_FromSsize_t(pos < n ? pos : n);
+fail:
+    Py_XDECREF(topic);
+    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
+    return NULL;
+}
+
+/* read_runs(units, queue_offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count, disk_bytes,
+ *           disk_count, min_phy, span) -> (status, taken, total, max_pulled, body, layout) or None
+ * MessageStore._get_matching_all's loop over consume-queue units given as their stored bytes (20 per unit,
+ * big-endian offset / size / tags code). span(offset) -> (file start, readable end, file view) or None
+ * is called when a record is outside the file last looked up. status: 0 NO_MATCHED_MESSAGE, 1
+ * MESSAGE_WAS_REMOVING, 2 FOUND. body: the records back to back (one copy out of the mapped files);
+ * layout: native int64 (queue offset, commitlog offset, size) per record. None when a file view can no
+ * longer be read (the file was destroyed under the read): the caller then reads unit by unit. */
+typedef struct { PyObject *view; Py_ssize_t start, len; } pull_run;
+
+static PyObject *read_runs(PyObject *self, PyObject *args) {
+    Py_buffer units;
+    long long offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count, disk_bytes, disk_count, min_phy;
+    PyObject *span;
+    if (!PyArg_ParseTuple(args, "y*LLLLLLLLLO", &units, &offset, &max_msg_nums, &max_total, &mem_floor,
+                          &mem_bytes, &mem_count, &disk_bytes, &disk_count, &min_phy, &span))
+        return NULL;
+    PyObject *result = NULL, *cur_view = NULL, *body = NULL, *layout = NULL;
+    Py_ssize_t nunits = units.len / 20;
+    pull_run *runs = PyMem_Malloc(sizeof(pull_run) * (nunits ? nunits : 1));
+    int64_t *lay = PyMem_Malloc(sizeof(int64_t) * 3 * (nunits ? nunits : 1));
+    Py_ssize_t nruns = 0;
+    if (runs == NULL || lay == NULL) { PyErr_NoMemory(); goto done; }
+    const unsigned char *u = units.buf;
+    int status = 0;
+    long long cur_base = -1, cur_limit = -1, run_end = -1, count = 0, total = 0, taken = 0, max_pulled = -1;
+    for (Py_ssize_t i = 0; i < nunits; i++, u += 20) {
+        long long offset_py = get_i64(u), size_py = get_i32(u + 8);
+        if (count && total) {
+            if (count >= max_msg_nums || total + size_py > max_total) break;
+            if (offset_py >= mem_floor) {
+                if (total + size_py > mem_bytes || count > mem_count - 1) break;
+            } else if (total + size_py > disk_bytes || count > disk_count - 1) break;
+        }
+        taken++;
+        if (size_py == 0x7FFFFFFF || size_py <= 0) continue;
+        if (offset_py < min_phy) {
+            if (!count) status = 1;
+            continue;
+        }
+        /* size_py > 0 here; past int64 (a damaged unit) the end is as unreadable as Python's big int */
+        long long end = offset_py > LLONG_MAX - size_py ? LLONG_MAX : offset_py + size_py;
+        if (offset_py < cur_base || end > cur_limit) {
+            PyObject *s = PyObject_CallFunction(span, "L", offset_py);
+            if (s == NULL) goto done;
+            if (s == Py_None) {
+                cur_base = cur_limit = -1;
+            } else {
+                long long base, limit;
+                PyObject *view;
+                if (!PyArg_ParseTuple(s, "LLO", &base, &limit, &view)) { Py_DECREF(s); goto done; }
+                cur_base = base;
+                cur_limit = limit;
+                Py_XSETREF(cur_view, Py_NewRef(view));
+            }
+            Py_DECREF(s);
+            if (offset_py < cur_base || end > cur_limit) {
+                if (!count) status = 1;
+                continue;
+            }
+        }
+        if (offset_py == run_end && nruns && runs[nruns - 1].view == cur_view) {
+            runs[nruns - 1].len += size_py;
+        } else {
+            runs[nruns].view = Py_NewRef(cur_view);
+            runs[nruns].start = (Py_ssize_t)(offset_py - cur_base);
+            runs[nruns].len = (Py_ssize_t)size_py;
+            nruns++;
+        }
+        run_end = end;
+        lay[3 * count] = offset + taken - 1;
+        lay[3 * count + 1] = offset_py;
+        lay[3 * count + 2] = size_py;
+        count++;
+        total += size_py;
+        max_pulled = offset_py;
+        status = 2;
+    }
+    body = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (body == NULL) goto done;
+    {
+        char *dst = PyBytes_AS_STRING(body);
+        for (Py_ssize_t k = 0; k < nruns; k++) {
+            Py_buffer vb;
+            if (PyObject_GetBuffer(runs[k].view, &vb, PyBUF_SIMPLE) < 0) {
+                if (PyErr_ExceptionMatches(PyExc_ValueError)) { PyErr_Clear(); result = Py_NewRef(Py_None); }
+                goto done;
+            }
+            if (runs[k].start < 0 || runs[k].start + runs[k].len > vb.len) {  /* not the file it was */
+                PyBuffer_Release(&vb);
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+            memcpy(dst, (const char *)vb.buf + runs[k].start, (size_t)runs[k].len);
+            dst += runs[k].len;
+            PyBuffer_Release(&vb);
+        }
+    }
+    layout = PyBytes_FromStringAndSize((const char *)lay, (Py_ssize_t)(sizeof(int64_t) * 3 * count));
+    if (layout == NULL) goto done;
+    result = Py_BuildValue("iLLLOO", status, taken, total, max_pulled, body, layout);
+done:
+    for (Py_ssize_t k = 0; k < nruns; k++) Py_DECREF(runs[k].view);
+    PyMem_Free(runs);
+    PyMem_Free(lay);
+    Py_XDECREF(cur_view);
+    Py_XDECREF(body);
+    Py_XDECREF(layout);
+    PyBuffer_Release(&units);
+    return result;
+}
+/* ==================================== end of THE PULL READ ==================================== */
 
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -2380,6 +2666,13 @@ static PyMethodDef methods[] = {
      "_verify_consume_queues' unit loop over a span: (held, [(q, offset, size, tags) the reference decides])."},
     {"verify_index", verify_index, METH_VARARGS,
      "_verify_index's entry loop over a span: [(i, hash, phy) the reference decides]."},
+    /* THE PULL READ (branch pull-native) */
+    {"init_pull", init_pull, METH_VARARGS, "init_pull(MessageExt): look up the slots of MessageExt once."},
+    {"decode_records", decode_records_c, METH_VARARGS,
+     "codec.decode_records' fast branch: appends MessageExts to out from pos; returns where it stopped."},
+    {"read_runs", read_runs, METH_VARARGS,
+     "MessageStore._get_matching_all's loop on raw units: (status, taken, total, max_pulled, body, layout) or None."},
+    /* end of THE PULL READ */
     {NULL, NULL, 0, NULL},
 };
 

@@ -57,6 +57,7 @@ class PullConsumer:
         self.message_model = message_model
         self._subs: dict[str, str] = {}
         self._subs_lock = threading.Lock()
+        self._filters: dict[str, MessageFilter] = {}  # expression -> its parsed filter (read-only, shared)
         self._base = self._make_base(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
 
     def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
@@ -122,9 +123,14 @@ class PullConsumer:
         r = self._base.invoke(addr, cmd, timeout, ok=tuple(_PULL_STATUS))
         x = r.ext_fields
         msgs = decode_records(r.body) if r.code == ResponseCode.SUCCESS and r.body else []
-        f = MessageFilter(expression)
-        if not f.match_all:
-            msgs = [m for m in msgs if f.is_matched_by_commit_log(m)]
+        if msgs and expression != "*":
+            f = self._filters.get(expression)
+            if f is None:
+                if len(self._filters) >= 256:
+                    self._filters.clear()
+                f = self._filters[expression] = MessageFilter(expression)  # parsed once per expression
+            if not f.match_all:
+                msgs = [m for m in msgs if f.is_matched_by_commit_log(m)]
         return PullResult(_PULL_STATUS[r.code], int(x.get("nextBeginOffset", offset)), int(x.get("minOffset", 0)),
                           int(x.get("maxOffset", 0)), msgs)
 

@@ -18,7 +18,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from .delay import DEFAULT_DELAY_LEVELS_MS
 from .message import Message, MessageExt
@@ -87,6 +87,10 @@ Buffer: TypeAlias = bytes | bytearray | memoryview  # anything records are read 
 # definition: each native call falls back to them when it returns None.
 if native is not None:
     native.init(Message)
+# The pull read's functions (read_runs, decode_records; an extension built before them has neither).
+pull_native = native if native is not None and hasattr(native, "init_pull") else None
+if pull_native is not None:
+    pull_native.init_pull(MessageExt)
 
 # -- constants (C/message/MessageDecoder.java, S/CommitLog.java) ------------------------------------
 END_FILE_MIN_BLANK_LENGTH = 8
@@ -1135,8 +1139,31 @@ def decode_message(buf: Buffer, pos: int = 0, *, check_crc: bool = False, limit:
 
 def decode_records(buf: Buffer, *, decompress: bool = False) -> list[MessageExt]:
     """Every record of `buf`, whole records back to back (a pull or query response body), as
-    `decode_message` would decode them one by one (same fields, same `CorruptRecordError`s), in one loop:
-    the client's pull path. Topic strings are decoded once per distinct topic."""
+    `decode_message` would decode them one by one (same fields, same `CorruptRecordError`s): the client's
+    pull path. `rmq_eventstore._native` decodes the records `decode_records_py`'s fast branch would
+    (when it is active, `NATIVE`); each other record goes to `decode_message`, as in the Python loop."""
+    if not isinstance(buf, bytes):
+        buf = bytes(buf)
+    if pull_native is None:
+        return decode_records_py(buf, decompress=decompress)
+    return decode_records_with(pull_native, buf, decompress)
+
+
+def decode_records_with(impl: Any, buf: bytes, decompress: bool) -> list[MessageExt]:
+    """`decode_records` on `impl.decode_records` (the native module; tests pass it whatever
+    `RMQ_EVENTSTORE_PURE` says): the records it stops at are `decode_message`'s."""
+    out: list[MessageExt] = []
+    n = len(buf)
+    pos = impl.decode_records(buf, 0, out, decompress)
+    while pos < n:
+        m = decode_message(buf, pos, decompress=decompress)
+        out.append(m)
+        pos = impl.decode_records(buf, pos + m.store_size, out, decompress)
+    return out
+
+
+def decode_records_py(buf: Buffer, *, decompress: bool = False) -> list[MessageExt]:
+    """`decode_records` in Python, in one loop; topic strings are decoded once per distinct topic."""
     if not isinstance(buf, bytes):
         buf = bytes(buf)
     out: list[MessageExt] = []

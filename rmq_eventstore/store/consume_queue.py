@@ -614,6 +614,26 @@ class ConsumeQueue:
         except (ValueError, struct.error):
             return []
 
+    def get_units_raw(self, start_index: int, max_count: int) -> bytes:
+        """`get_units` as the stored bytes (20 per unit, big-endian offset / size / tags code): what the
+        native pull read (`_native.read_runs`) walks, without a tuple per unit."""
+        if start_index < 0 or max_count <= 0:
+            return b""
+        logic = start_index * CQ_STORE_UNIT_SIZE
+        if logic < self._min_logic_offset:
+            return b""
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(logic)
+        if mf is None:
+            return b""
+        pos = logic % self.mapped_file_size
+        end = min(mf.get_read_position(), pos + max_count * CQ_STORE_UNIT_SIZE)
+        if end <= pos or (end - pos) % CQ_STORE_UNIT_SIZE:  # get_units' iter_unpack fails on a partial unit
+            return b""
+        try:
+            return bytes(mf.view[pos:end])
+        except ValueError:  # the file was closed under us
+            return b""
+
     def get_offset_in_queue_by_time(self, timestamp: int, store_time_of: Callable[[int, int], int]) -> int:
         """The first queue offset whose message was stored at or after `timestamp` (`getOffsetInQueueByTime`,
         lower boundary); the max offset when every message is older, 0 for an empty queue.

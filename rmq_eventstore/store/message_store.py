@@ -36,7 +36,7 @@ from .config_files import (
     TopicConfig,
     TopicConfigManager,
 )
-from .consume_queue import ConsumeQueue
+from .consume_queue import UNIT, ConsumeQueue
 from .flush import (
     CommitRealTimeService,
     FlushConsumeQueueService,
@@ -118,27 +118,86 @@ def lock_holder(path: str | os.PathLike[str]) -> int | None:
     return None
 
 
-@dataclass
+# _native.read_runs' statuses (0, 1, 2) and record layout: queue offset, commitlog offset, size
+_READ_STATUS = (GetMessageStatus.NO_MATCHED_MESSAGE, GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.FOUND)
+_RECORD_LAYOUT = struct.Struct("=qqq")  # _native.read_runs' layout: queue offset, commitlog offset, size
+
+
+@dataclass(eq=False)
 class GetMessageResult:
     """What `get_message` found (`GetMessageResult`): status, offsets and the raw records.
 
-    `message_buffers` are the stored record bytes, ready to send as a pull body; `messages` decodes
-    them on first access.
+    `message_buffers` are the stored record bytes, `body` the same back to back, ready to send as a pull
+    body; `messages` decodes them on first access. The native read fills `body` and a packed layout only:
+    the per-record lists are made from them on first access (a pull needs neither).
     """
 
     status: GetMessageStatus
     next_begin_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
-    message_buffers: list[bytes] = field(default_factory=list)
-    message_queue_offsets: list[int] = field(default_factory=list)
-    commit_log_offsets: list[int] = field(default_factory=list)
     buffer_total_size: int = 0
     suggest_pulling_from_slave: bool = False
-    _messages: list[MessageExt] | None = None
+    _buffers: list[bytes] | None = field(default=None, repr=False)
+    _queue_offsets: list[int] | None = field(default=None, repr=False)
+    _phy_offsets: list[int] | None = field(default=None, repr=False)
+    _body: bytes | None = field(default=None, repr=False)
+    _layout: bytes | None = field(default=None, repr=False)
+    _messages: list[MessageExt] | None = field(default=None, repr=False)
+
+    def set_records(self, body: bytes, layout: bytes) -> None:
+        """The records as `_native.read_runs` returns them: `body` back to back, `layout` (queue offset,
+        commitlog offset, size) per record as native int64s."""
+        self._body, self._layout = body, layout
+        self._buffers = self._queue_offsets = self._phy_offsets = None
+
+    def _unpack(self) -> None:
+        bufs: list[bytes] = []
+        qo: list[int] = []
+        po: list[int] = []
+        if self._layout:
+            body = self._body
+            assert body is not None
+            p = 0
+            for q, phy, size in _RECORD_LAYOUT.iter_unpack(self._layout):
+                qo.append(q)
+                po.append(phy)
+                bufs.append(body[p:p + size])
+                p += size
+        self._buffers, self._queue_offsets, self._phy_offsets = bufs, qo, po
+
+    @property
+    def message_buffers(self) -> list[bytes]:
+        if self._buffers is None:
+            self._unpack()
+        assert self._buffers is not None
+        return self._buffers
+
+    @property
+    def message_queue_offsets(self) -> list[int]:
+        if self._queue_offsets is None:
+            self._unpack()
+        assert self._queue_offsets is not None
+        return self._queue_offsets
+
+    @property
+    def commit_log_offsets(self) -> list[int]:
+        if self._phy_offsets is None:
+            self._unpack()
+        assert self._phy_offsets is not None
+        return self._phy_offsets
+
+    @property
+    def body(self) -> bytes:
+        """The records back to back (a pull response's body)."""
+        if self._body is not None:  # set only by set_records, after which the lists are not appended to
+            return self._body
+        return b"".join(self.message_buffers)
 
     @property
     def message_count(self) -> int:
+        if self._buffers is None and self._layout is not None:
+            return len(self._layout) // _RECORD_LAYOUT.size
         return len(self.message_buffers)
 
     @property
@@ -146,6 +205,18 @@ class GetMessageResult:
         if self._messages is None:
             self._messages = [codec.decode_message(b, 0) for b in self.message_buffers]
         return self._messages
+
+    def _key(self) -> tuple:
+        return (self.status, self.next_begin_offset, self.min_offset, self.max_offset, self.message_buffers,
+                self.message_queue_offsets, self.commit_log_offsets, self.buffer_total_size,
+                self.suggest_pulling_from_slave)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GetMessageResult):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it was
 
 
 @dataclass
@@ -750,23 +821,65 @@ class MessageStore:
             return res
         max_total = MAX_PULL_MSG_SIZE if max_total_msg_size is None else min(max(max_total_msg_size, 100),
                                                                               MAX_PULL_MSG_SIZE)
-        if message_filter is None or message_filter.match_all:
+        match_all = message_filter is None or message_filter.match_all
+        if match_all:
             window = max_msg_nums  # nothing is skipped: no need to read the filter window
         else:
             window = max(self.config.max_filter_message_size, max_msg_nums * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
-        units = cq.get_units(offset, window)
+        native = match_all and codec.pull_native is not None
+        units: list[tuple[int, int, int]] | bytes = (cq.get_units_raw(offset, window) if native
+                                                     else cq.get_units(offset, window))
         if not units:
             res.status = GetMessageStatus.OFFSET_FOUND_NULL
             res.next_begin_offset = cq.roll_next_file(offset)
             return res
         max_phy = self.commit_log.get_max_offset()
         min_phy = self.commit_log.get_min_offset()
-        if message_filter is None or message_filter.match_all:
-            fast = self._get_matching_all(res, units, offset, max_msg_nums, max_total, max_phy, min_phy)
+        if match_all:
+            if isinstance(units, bytes):
+                fast = self._get_matching_all_native(res, units, offset, max_msg_nums, max_total, max_phy, min_phy)
+                units = list(UNIT.iter_unpack(units))
+            else:
+                fast = self._get_matching_all(res, units, offset, max_msg_nums, max_total, max_phy, min_phy)
             if fast is not None:
                 return fast
             res = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, offset, min_offset, max_offset)
+        assert isinstance(units, list)
         return self._get_by_units(res, units, offset, max_msg_nums, max_total, max_phy, min_phy, message_filter)
+
+    def _file_span(self, offset: int) -> tuple[int, int, memoryview] | None:
+        """The commitlog file holding `offset`: (its start, its readable end, its view), for `read_runs`."""
+        mf = self.commit_log.find_file(offset)
+        if mf is None:
+            return None
+        base = mf.file_from_offset
+        return base, base + mf.get_read_position(), mf.view
+
+    def _get_matching_all_native(self, res: GetMessageResult, units: bytes, offset: int, max_msg_nums: int,
+                                 max_total: int, max_phy: int, min_phy: int,
+                                 impl: Any = None) -> GetMessageResult | None:
+        """`_get_matching_all` in C (`_native.read_runs`) on the units' stored bytes: the same statuses,
+        offsets and limits; the records come back as one `body` (one copy out of the mapped files), the
+        per-record lists are made only if asked for. None when a file went away under the read. `impl`:
+        the native module (default `codec.pull_native`; tests pass it whatever `RMQ_EVENTSTORE_PURE` says)."""
+        cfg = self.config
+        mem_floor = max_phy - self._total_ram * cfg.access_message_in_memory_max_ratio // 100
+        impl = impl if impl is not None else codec.pull_native
+        assert impl is not None
+        r = impl.read_runs(
+            units, offset, max_msg_nums, max_total, mem_floor, cfg.max_transfer_bytes_on_message_in_memory,
+            cfg.max_transfer_count_on_message_in_memory, cfg.max_transfer_bytes_on_message_in_disk,
+            cfg.max_transfer_count_on_message_in_disk, min_phy, self._file_span)
+        if r is None:
+            return None
+        status, taken, total, max_pulled, body, layout = r
+        res.status = _READ_STATUS[status]
+        res.next_begin_offset = offset + taken
+        res.buffer_total_size = total
+        res.set_records(body, layout)
+        if max_pulled >= 0:
+            res.suggest_pulling_from_slave = max_pulled < mem_floor
+        return res
 
     def _get_matching_all(self, res: GetMessageResult, units: list[tuple[int, int, int]], offset: int,
                           max_msg_nums: int, max_total: int, max_phy: int,

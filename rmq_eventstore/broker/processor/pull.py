@@ -91,7 +91,7 @@ class PullMessageProcessor:
         body = b""
         if st == GetMessageStatus.FOUND:
             code = ResponseCode.SUCCESS
-            body = b"".join(r.message_buffers)
+            body = r.body
         elif st in (GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.NO_MATCHED_MESSAGE):
             code = ResponseCode.PULL_RETRY_IMMEDIATELY
         elif st in (GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, GetMessageStatus.NO_MESSAGE_IN_QUEUE):

@@ -10,6 +10,11 @@ have sent (`true`/`false`, decimal integers), and always written back as strings
 Nothing here does I/O: `FrameDecoder.feed(bytes)` returns the complete commands and raises
 `FrameError` for a frame that cannot be one (bad lengths, over the size limits, bad header); the
 connection that sent it must then be closed.
+
+`RemotingCommand.encode` and `FrameDecoder.feed` run in C (`rmq_eventstore._native`'s remoting block) when
+the extension is built and `RMQ_EVENTSTORE_PURE` is not set (`NATIVE` says which): the C code handles the
+plain shapes every peer sends (exact str/int fields; JSON headers of strings and integers) and leaves
+everything else to the Python code here, which stays the definition of the bytes and of the errors.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from __future__ import annotations
 import itertools
 import json
 import json.scanner
+import os
 import struct
+from types import ModuleType
 from typing import Any
 
 from .codes import FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, ResponseCode, SerializeType
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADER_SIZE", "FrameDecoder", "FrameError", "HeaderError",
+    "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADER_SIZE", "NATIVE", "FrameDecoder", "FrameError", "HeaderError",
     "RemotingCommand", "next_opaque",
 ]
 
@@ -193,7 +200,15 @@ class RemotingCommand:
         return (text + ',"serializeTypeCurrentRPC":"JSON"}').encode("utf-8")
 
     def encode(self) -> bytes:
-        """The whole frame: length, JSON header length (type byte 0), header, body."""
+        """The whole frame: length, JSON header length (type byte 0), header, body (in C when it can)."""
+        if _native_encode is not None:
+            frame = _native_encode(self)
+            if frame is not None:
+                return frame
+        return self.encode_py()
+
+    def encode_py(self) -> bytes:
+        """`encode` in Python: the reference the C encoder must match."""
         header = self.header_json()
         body = self.body
         if not body:
@@ -204,6 +219,27 @@ class RemotingCommand:
         kind = "response" if self.is_response else "request"
         return (f"RemotingCommand({kind} code={self.code}, opaque={self.opaque}, flag={self.flag}, "
                 f"remark={self.remark!r}, ext={self.ext_fields!r}, body={len(self.body or b'')} bytes)")
+
+
+def _load_native() -> ModuleType | None:
+    """The C codec (`rmq_eventstore._native`'s remoting block), unless `RMQ_EVENTSTORE_PURE` is set or it is
+    not built (then None: the Python code here serves)."""
+    if os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0"):
+        return None
+    try:
+        from .. import _native
+    except ImportError:
+        return None
+    if not hasattr(_native, "remoting_decode"):  # an extension built before the codec was added
+        return None
+    _native.remoting_init(RemotingCommand, SerializeType.JSON)
+    return _native
+
+
+_native_mod = _load_native()
+NATIVE: bool = _native_mod is not None
+_native_encode = _native_mod.remoting_encode if _native_mod is not None else None
+_native_decode = _native_mod.remoting_decode if _native_mod is not None else None
 
 
 def _loads_header(data: bytes | bytearray) -> Any:
@@ -348,8 +384,15 @@ class FrameDecoder:
         n = len(src)
         max_frame = self.max_frame_size
         max_header = self.max_header_size
+        native = _native_decode
         try:
             while n - pos >= 8:
+                if native is not None:  # the C loop takes the JSON frames it can; the rest goes on below
+                    got, pos = native(src, pos, max_frame, max_header)
+                    if got:
+                        out += got
+                    if n - pos < 8:
+                        break
                 length, word = _LEN2.unpack_from(src, pos)
                 if length < 4 or length > max_frame:
                     raise FrameError(f"frame length {length} is outside 4..{max_frame}")

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..remoting import FrameDecoder, FrameError, RemotingCommand, ResponseCode
+from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,15 @@ class MQBrokerError(Exception):
 
 class _Pending:
     """One request waiting for its response. `event` is set when the response (or an error) is in, or
-    when the waiter is asked to take over reading the socket (`done` tells which)."""
+    when the waiter is asked to take over reading the socket (`done` tells which). It is made only when the
+    waiter must block while another thread reads (a lone caller reads its own response and never needs
+    one); it is made, cleared, set and `done` changed only under the connection's lock, so a waiter that
+    finds `done` False there and then blocks on its event is always woken."""
 
     __slots__ = ("event", "response", "error", "done", "ready")
 
     def __init__(self, ready: bool = True) -> None:
-        self.event = threading.Event()
+        self.event: threading.Event | None = None
         self.response: RemotingCommand | None = None
         self.error: Exception | None = None
         self.done = False
@@ -99,6 +102,7 @@ class ClientConnection:
         self._poll = select.poll()
         self._poll.register(self.sock, select.POLLIN)
         self._poll.register(self._wake_r, select.POLLIN)
+        self._wake_fd = self._wake_r.fileno()
         self.closed = False
         self._shut = False  # close() ran
         self._stop_idle = threading.Event()
@@ -109,18 +113,19 @@ class ClientConnection:
     def _read_some(self, timeout: float | None) -> bool:
         """Holding the read role: wait up to `timeout` (None: forever) for data, read what is there and
         dispatch every complete frame. False on timeout or a wake-up without data; raises on EOF/error."""
-        events = self._poll.poll(None if timeout is None else max(int(timeout * 1000), 0))
-        readable = False
-        for fd, _ev in events:
-            if fd == self._wake_r.fileno():
-                try:
-                    self._wake_r.recv(4096)
-                except OSError:  # nothing left, or closed by close()
-                    pass
-            else:
-                readable = True
-        if not readable:
-            return False
+        events = self._poll.poll(None if timeout is None else (int(timeout * 1000) if timeout > 0 else 0))
+        if len(events) != 1 or events[0][0] == self._wake_fd:  # not just the socket readable
+            readable = False
+            for fd, _ev in events:
+                if fd == self._wake_fd:
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:  # nothing left, or closed by close()
+                        pass
+                else:
+                    readable = True
+            if not readable:
+                return False
         try:
             data = self.sock.recv(1 << 18)
         except OSError as e:
@@ -133,13 +138,14 @@ class ClientConnection:
             log.warning("malformed frame from %s: %s", self.address, e)
             raise RemotingError(f"malformed frame from {self.address}: {e}") from e
         for cmd in frames:
-            if cmd.is_response:
+            if cmd.flag & FLAG_RESPONSE:
                 with self._lock:
                     slot = self._pending.pop(cmd.opaque, None)
-                if slot is not None:
-                    slot.response = cmd
-                    slot.done = True
-                    slot.event.set()
+                    if slot is not None:
+                        slot.response = cmd
+                        slot.done = True
+                        if slot.event is not None:
+                            slot.event.set()
             elif self._on_request is not None:
                 # on its own thread: the handler may itself invoke on this connection
                 threading.Thread(target=self._handle_request, args=(cmd,), daemon=True,
@@ -161,10 +167,11 @@ class ClientConnection:
             self.closed = True
             self._stop_idle.set()
             pending, self._pending = self._pending, {}
-        for slot in pending.values():
-            slot.error = self._error
-            slot.done = True
-            slot.event.set()
+            for slot in pending.values():
+                slot.error = self._error
+                slot.done = True
+                if slot.event is not None:
+                    slot.event.set()
         self._wake()
         try:
             self.sock.close()
@@ -177,20 +184,23 @@ class ClientConnection:
             self._reader_busy = False
             self._idle_reading = False
             self._last_read = time.monotonic()
-            for slot in self._pending.values():
-                if not slot.done and slot.ready:
-                    slot.event.set()  # "take over reading"
-                    break
+            if self._pending:
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Under the lock, nobody reading: ask one waiting caller to take the read role. A caller without an
+        event does not block yet and takes the role itself when it next looks (`_await`)."""
+        for slot in self._pending.values():
+            if not slot.done and slot.ready and slot.event is not None:
+                slot.event.set()  # "take over reading"
+                break
 
     def _kick(self) -> None:
         """If nobody reads but callers wait (the one handed the role timed out), hand it on."""
         with self._lock:
             if self._reader_busy:
                 return
-            for slot in self._pending.values():
-                if not slot.done and slot.ready:
-                    slot.event.set()
-                    break
+            self._hand_on()
 
     def _wake(self) -> None:
         try:
@@ -209,12 +219,16 @@ class ClientConnection:
                 if lead:
                     self._reader_busy = True
                 else:
-                    slot.event.clear()
+                    event = slot.event
+                    if event is None:
+                        event = slot.event = threading.Event()
+                    else:
+                        event.clear()
                     if self._idle_reading:
                         self._wake()  # the idle reader yields the role to us
             if not lead:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not slot.event.wait(remaining):
+                if remaining <= 0 or not event.wait(remaining):
                     if slot.done:
                         return
                     raise RemotingTimeoutError("timeout")

@@ -104,12 +104,15 @@ class SendMessageProcessor:
             raise HeaderError("the custom field <topic> is null")
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or (
             _header_str(x, "m", "batch") or "").strip().lower() == "true"  # Boolean.parseBoolean
-        queue_id = get_int(x, "e", "queueId", -1)
-        sys_flag = get_int(x, "f", "sysFlag", 0)
-        born_ts = get_int(x, "g", "bornTimestamp", 0)
-        flag = get_int(x, "h", "flag", 0)
+        try:  # what every V2 header holds (read as _header_int reads them); else field by field below
+            queue_id, sys_flag, born_ts, flag, reconsume = int(x["e"]), int(x["f"]), int(x["g"]), int(x["h"]), int(x["j"])
+        except (KeyError, ValueError):
+            queue_id = get_int(x, "e", "queueId", -1)
+            sys_flag = get_int(x, "f", "sysFlag", 0)
+            born_ts = get_int(x, "g", "bornTimestamp", 0)
+            flag = get_int(x, "h", "flag", 0)
+            reconsume = get_int(x, "j", "reconsumeTimes", 0)
         props = _header_str(x, "i", "properties") or ""
-        reconsume = get_int(x, "j", "reconsumeTimes", 0)
         max_reconsume = get_int(x, "l", "maxReconsumeTimes", None)
         default_nums = get_int(x, "d", "defaultTopicQueueNums", self.broker.config.default_topic_queue_nums)
         born_host = getattr(channel, "remote_address", None) or None

@@ -6,6 +6,7 @@ connection the same commands (every field, with its type) or the same error. Run
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
@@ -15,10 +16,26 @@ from hypothesis import strategies as st
 from rmq_eventstore.remoting import FrameDecoder, FrameError, RemotingCommand, RequestCode, SerializeType
 from rmq_eventstore.remoting import command as command_mod
 
-_native = pytest.importorskip("rmq_eventstore._native")
+_REQUIRED = os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0")
+_PURE = os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0")
+try:
+    from rmq_eventstore import _native
+except ImportError as e:  # not built
+    if _REQUIRED:
+        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
+    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
 if not hasattr(_native, "remoting_decode"):
-    pytest.skip("the native extension predates the remoting codec", allow_module_level=True)
+    if _REQUIRED:
+        raise AssertionError("RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension predates the remoting codec")
+    pytest.skip("the native extension predates the remoting codec; `make native` rebuilds it", allow_module_level=True)
 _native.remoting_init(RemotingCommand, SerializeType.JSON)
+
+
+def test_the_codec_in_use() -> None:
+    """The C codec serves unless RMQ_EVENTSTORE_PURE is set (then the Python one, which these tests still
+    compare with the C one loaded here directly)."""
+    assert command_mod.NATIVE == (not _PURE)
+    assert (command_mod._native_encode is None) == _PURE and (command_mod._native_decode is None) == _PURE
 
 i32 = st.integers(-(1 << 31), (1 << 31) - 1)
 wide_int = st.integers(-(1 << 70), 1 << 70)

@@ -247,7 +247,7 @@ def _loads_header(data: bytes | bytearray) -> Any:
     and given to the C scanner directly, without json.loads' Python steps (encoding detection, `decode`,
     `raw_decode`: about half the cost for a send's header). Anything else, and any error, goes through
     json.loads itself, so results and errors stay exactly json's."""
-    if data[:1] != b"{":
+    if data[:1] != b"{" or data[1:2] == b"\x00":  # json.loads would read `{` NUL as UTF-16/32-LE
         return _loads(data)
     s = data.decode("utf-8", "surrogatepass")
     try:

@@ -208,9 +208,10 @@ class ClientConnection:
         except OSError:
             pass
 
-    def _await(self, slot: _Pending, deadline: float) -> None:
-        """Wait for `slot`'s response, reading the socket whenever nobody else does."""
-        while True:
+    def _await(self, slot: _Pending, deadline: float, lead: bool = False) -> None:
+        """Wait for `slot`'s response, reading the socket whenever nobody else does (`lead`: the caller
+        holds the read role already)."""
+        while not lead:
             with self._lock:
                 slot.ready = True
                 if slot.done:
@@ -232,20 +233,18 @@ class ClientConnection:
                     if slot.done:
                         return
                     raise RemotingTimeoutError("timeout")
-                continue
-            try:
-                while not slot.done:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise RemotingTimeoutError("timeout")
-                    self._read_some(remaining)
-            except RemotingTimeoutError:
-                raise
-            except RemotingError as e:
-                self._fail(e)  # every waiter, this one included, gets the error
-            finally:
-                self._release_read_role()
-            return
+        try:
+            while not slot.done:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RemotingTimeoutError("timeout")
+                self._read_some(remaining)
+        except RemotingTimeoutError:
+            raise
+        except RemotingError as e:
+            self._fail(e)  # every waiter, this one included, gets the error
+        finally:
+            self._release_read_role()
 
     def _idle_loop(self) -> None:
         """Hold the read role while no caller waits, so broker requests and EOF are seen."""
@@ -293,22 +292,31 @@ class ClientConnection:
 
         `while_waiting` (which must not raise) runs on this thread once the request is written, before the
         response is read: other I/O overlaps the round trip (e.g. a database insert). Meanwhile the read
-        role is never handed to this caller (it is not waiting), so other callers' answers still flow."""
+        role is never handed to this caller (it is not waiting), so other callers' answers still flow.
+
+        A caller that finds nobody reading takes the read role as it registers its request (one lock round
+        instead of two): the lone caller's path."""
+        frame = cmd.encode()
         slot = _Pending(while_waiting is None)
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[cmd.opaque] = slot
+            lead = while_waiting is None and not self._reader_busy
+            if lead:
+                self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
-            self._send(cmd.encode())
+            self._send(frame)
         except RemotingError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
+            if lead:
+                self._release_read_role()
             raise
         if while_waiting is not None:
             while_waiting()
-        return self._finish(cmd, slot, deadline, timeout)
+        return self._finish(cmd, slot, deadline, timeout, lead)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers
@@ -329,10 +337,11 @@ class ClientConnection:
             raise
         return [self._finish(cmd, slot, deadline, timeout) for cmd, slot in zip(cmds, slots, strict=True)]
 
-    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float) -> RemotingCommand:
-        """The response to `cmd`, sent already: wait for it up to `deadline`."""
+    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float,
+                lead: bool = False) -> RemotingCommand:
+        """The response to `cmd`, sent already: wait for it up to `deadline` (`lead`: holding the read role)."""
         try:
-            self._await(slot, deadline)
+            self._await(slot, deadline, lead)
         except RemotingTimeoutError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 PROPERTY_UNIQ_KEY = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _TRAN_MARKER = f"{PROPERTY_TRANSACTION_PREPARED}{codec.NAME_VALUE_SEPARATOR}"
 
+_PUT_OK = PutMessageStatus.PUT_OK
 PUT_STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
     PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
@@ -375,7 +376,8 @@ class SendMessageProcessor:
         res = store.put_messages(msgs) if batch else store.put_message(msgs[0])
         if delayed:
             self.broker.schedule_service.wakeup()
-        code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
+        status = res.status  # PUT_OK by identity first: an Enum member's hash is a Python call
+        code = ResponseCode.SUCCESS if status is _PUT_OK else PUT_STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         a = res.append_result
         if a is None or not res.is_ok():
             return code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name, None

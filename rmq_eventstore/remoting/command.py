@@ -374,13 +374,24 @@ class FrameDecoder:
         buffered (the common case: whole frames per read) the frames are cut out of `data` itself and only
         an incomplete tail is kept."""
         buf = self._buf
+        native = _native_decode
+        max_frame = self.max_frame_size
+        max_header = self.max_header_size
+        if not buf and native is not None:  # the common case: whole frames the C loop takes, one call
+            got, pos = native(data, 0, max_frame, max_header)
+            if pos == len(data):
+                return got
+            return self._feed_rest(data, got, pos)
+        return self._feed_rest(data, [], 0)
+
+    def _feed_rest(self, data: bytes, out: list[RemotingCommand], pos: int) -> list[RemotingCommand]:
+        """`feed` from `pos` of the buffered bytes plus `data` (`out`: the commands decoded before `pos`)."""
+        buf = self._buf
         if buf:
             buf += data
             src: bytes | bytearray = buf
         else:
             src = data
-        out: list[RemotingCommand] = []
-        pos = 0
         n = len(src)
         max_frame = self.max_frame_size
         max_header = self.max_header_size

@@ -1617,9 +1617,30 @@ static inline int rbuf_put(rbuf *b, const void *s, Py_ssize_t n) {
 }
 static inline void rbuf_free(rbuf *b) { if (b->p != b->small) PyMem_Free(b->p); }
 
+/* whether `{x:d}` of an int of this type is int's own formatting (int, bool, IntEnum: their __format__
+ * is int.__format__); the answer for up to 8 types is kept */
+static PyTypeObject *int_like_types[8];
+static int int_like(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyLong_Type) return 1;
+    if (!PyLong_Check(o)) return 0;
+    for (int i = 0; i < 8 && int_like_types[i] != NULL; i++)
+        if (int_like_types[i] == t) return 1;
+    PyObject *f = PyObject_GetAttrString((PyObject *)t, "__format__");
+    PyObject *g = PyObject_GetAttrString((PyObject *)&PyLong_Type, "__format__");
+    int same = f != NULL && f == g;
+    Py_XDECREF(f);
+    Py_XDECREF(g);
+    PyErr_Clear();
+    if (same)
+        for (int i = 0; i < 8; i++)
+            if (int_like_types[i] == NULL) { int_like_types[i] = (PyTypeObject *)Py_NewRef(t); break; }
+    return same;
+}
+
 /* an int as `{x:d}` writes it; 0 (error cleared) when it is no int or does not fit 64 bits */
 static int rbuf_int(rbuf *b, PyObject *o) {
-    if (!PyLong_Check(o)) return 0;
+    if (!int_like(o)) return 0;
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }

@@ -83,6 +83,19 @@ def test_encode_handles_the_plain_shapes() -> None:
         assert _native.remoting_encode(c) == c.encode_py()
 
 
+def test_encode_gives_way_for_an_int_that_formats_itself() -> None:
+    """`{code:d}` of an int subclass with its own __format__ is not int's digits: Python writes it."""
+
+    class Odd(int):
+        def __format__(self, spec: str) -> str:
+            return "7"
+
+    cmd = RemotingCommand(Odd(3), {}, b"", 1)
+    assert _native.remoting_encode(cmd) is None
+    assert cmd.encode() == cmd.encode_py() and b'"code":7' in cmd.encode()
+    assert _native.remoting_encode(RemotingCommand(True, {}, b"", 1)) == RemotingCommand(True, {}, b"", 1).encode_py()
+
+
 def _py_feed(max_frame: int, max_header: int, chunks: list[bytes]):  # type: ignore[no-untyped-def]
     saved = command_mod._native_decode
     command_mod._native_decode = None

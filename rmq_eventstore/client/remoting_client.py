@@ -61,6 +61,7 @@ class _Pending:
         self.ready = ready  # its caller waits (may be handed the read role); False while it runs while_waiting
 
 
+READ_BUFFER_SIZE = 1 << 18  # bytes read at most per recv
 IDLE_READ_SECONDS = 0.05  # the idle reader takes over the socket after this long without a waiting caller
 
 
@@ -94,6 +95,8 @@ class ClientConnection:
         self._idle_reading = False  # ... and it is the idle reader
         self._last_read = time.monotonic()
         self._decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
+        self._rbuf = bytearray(READ_BUFFER_SIZE)  # read by the read role's holder only: one at a time
+        self._rview = memoryview(self._rbuf)
         self._error: RemotingError | None = None
         self._on_request = on_request
         self._wake_r, self._wake_w = socket.socketpair()
@@ -127,11 +130,15 @@ class ClientConnection:
             if not readable:
                 return False
         try:
-            data = self.sock.recv(1 << 18)
+            # into the connection's buffer, then copied out: `sock.recv(256 KiB)` allocates 256 KiB per call
+            # and shrinks it, which is an mmap and a munmap per read (~10 µs) in a process whose malloc has
+            # not raised its mmap threshold past that size (it depends on what the process freed before)
+            n = self.sock.recv_into(self._rbuf)
         except OSError as e:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
-        if not data:
+        if not n:
             raise RemotingError(f"connection to {self.address} closed")
+        data = self._rview[:n].tobytes()
         try:
             frames = self._decoder.feed(data)
         except FrameError as e:

@@ -200,3 +200,28 @@ def test_decode_gives_way_before_a_binary_header() -> None:
     stream = _frame(b'{"code":3}') + _frame(b"\x00" * 17, stype=1)
     got, pos = _native.remoting_decode(stream, 0, 1 << 24, 1 << 20)
     assert len(got) == 1 and pos == len(_frame(b'{"code":3}'))
+
+
+def test_decode_reads_what_python_reads_on_mutated_frames() -> None:
+    """Real frames with bytes changed, inserted or removed (JSON punctuation, escapes, NUL, broken UTF-8):
+    C and Python agree on every one (seeded: 3,000 of them)."""
+    import random
+
+    rnd = random.Random(7)
+    base = [RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "g", "i": "K\x01v\x02é\U0001f600", "e": 3},
+                                    b"xyz").encode_py(),
+            RemotingCommand(0, {"k": "v"}, b"", 1, 1, 'remark "q"', "JAVA", 435).encode_py(),
+            _frame(rb'{"code":1,"remark":"\ud83d\ude00\u0001","extFields":{"a\n":"\u00e9"},"x":null,"y":-12}')]
+    alphabet = b'{}[]":,\\u0123456789abcdefABCDEFtruefalsenull \n\x00\x01\xed\xa0\x80\xff.eE-+'
+    for _ in range(3000):
+        s = bytearray(rnd.choice(base))
+        for _ in range(rnd.randint(1, 4)):
+            k = rnd.randrange(len(s))
+            op = rnd.random()
+            if op < 0.6:
+                s[k] = rnd.choice(alphabet)
+            elif op < 0.8:
+                s.insert(k, rnd.choice(alphabet))
+            else:
+                del s[k]
+        assert _c_feed(1 << 24, 1 << 20, [bytes(s)]) == _py_feed(1 << 24, 1 << 20, [bytes(s)])

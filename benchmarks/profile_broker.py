@@ -2,7 +2,7 @@
 """Where the broker process spends its time, per operation: CPU per thread, and cProfile of the event-loop
 thread and of the store's dispatch (reput) thread, for one phase at a time.
 
-    python benchmarks/profile_broker.py [single|batch|pull32|pull256|pop|pop1] ... [--n N] [--no-cprofile]
+    python benchmarks/profile_broker.py [trivial|single|batch|pull32|pull256|pop|pop1] ... [--n N] [--no-cprofile]
                                         [--event-loop auto|uvloop|asyncio]
 
 The broker runs in a child process (`serve_in_thread`, the settings of bench_broker.py) driven over stdin:
@@ -10,7 +10,11 @@ the client (this process, our `Producer` / `PullConsumer` / `PopConsumer`) fills
 the child starts counting, the phase runs, and the child prints, per thread, the CPU seconds the phase
 cost (`pthread_getcpuclockid`), then the top functions of the loop thread and of the dispatch thread.
 cProfile slows Python code about twofold: compare shares, and take per-operation CPU from a run with
-`--no-cprofile`. A profiling tool, not a benchmark: nothing here is compared with a peer.
+`--no-cprofile`. The client's CPU per request is measured as well (`client_cpu_us_per_request`: the
+calling thread's `time.thread_time`, and the whole client process's `time.process_time`). `trivial` is a
+GET_MAX_OFFSET round trip (the request path with no store work). `--client-profile` runs the client
+under cProfile instead (its top functions; the broker side then runs without its profiler). A profiling
+tool, not a benchmark: nothing here is compared with a peer.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def cpu():
 
 def top(prof, n=18):
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    pstats.Stats(prof, stream=s).sort_stats(__import__("os").environ.get("PROFILE_SORT", "tottime")).print_stats(n)
     lines = [ln for ln in s.getvalue().splitlines() if ln.strip()]
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
     return lines[start:]
@@ -123,10 +127,21 @@ class Child:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: Path) -> dict:
+def _rusage() -> tuple[float, float]:
+    """The calling thread's user and system CPU seconds (getrusage(RUSAGE_THREAD))."""
+    import resource
+    r = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    return r.ru_utime, r.ru_stime
+
+
+def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: Path,
+              client_profile: bool = False) -> dict:
+    import cProfile
+
     from rmq_eventstore.client import Message, PopConsumer, Producer, PullConsumer
 
-    child = Child(root, profile, event_loop)
+    client_prof = cProfile.Profile() if client_profile else None
+    child = Child(root, profile and not client_profile, event_loop)
     try:
         with Producer(child.namesrv, "profile-producer") as p:
             p.send(Message("Profile", BODIES[0], tags=TAG, keys=["warm"]), queue_id=0)
@@ -136,9 +151,27 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
                     p.send_batch(msgs[i:i + 100], queue_id=0)
                 time.sleep(0.5)  # dispatched
             ops = n
-            client_cpu = None
-            if phase == "single":
+            thread0, proc0, ru0 = time.thread_time(), time.process_time(), _rusage()
+            if phase == "trivial":
+                from rmq_eventstore.remoting import RemotingCommand, RequestCode
+                addr, _q = p._pick("Profile", 0, None)
+                remoting = p._base.remoting
+                for _ in range(200):  # warm
+                    remoting.invoke(addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET,
+                                                                  {"topic": "Profile", "queueId": 0}))
                 child.ask("start")
+                thread0, proc0, ru0 = time.thread_time(), time.process_time(), _rusage()
+                if client_prof is not None:
+                    client_prof.enable()
+                t = time.perf_counter()
+                for _ in range(n):
+                    remoting.invoke(addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET,
+                                                                  {"topic": "Profile", "queueId": 0}))
+            elif phase == "single":
+                child.ask("start")
+                thread0, proc0, ru0 = time.thread_time(), time.process_time(), _rusage()
+                if client_prof is not None:
+                    client_prof.enable()
                 t = time.perf_counter()
                 for m in msgs:
                     p.send(m, queue_id=0)
@@ -154,14 +187,12 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
                     c.pull("Profile", 0, 0, max_nums=1, suspend_timeout_ms=0)
                     child.ask("start")
                     t = time.perf_counter()
-                    cpu0 = time.process_time()
                     offset, ops = 0, 0
                     while True:
                         r = c.pull("Profile", 0, offset, max_nums=size, suspend_timeout_ms=0)
                         if not r.messages:
                             break
                         offset, ops = r.next_begin_offset, ops + 1
-                    client_cpu = time.process_time() - cpu0
             elif phase.startswith("pop"):
                 size = int(phase[3:] or 32)
                 with PopConsumer(child.namesrv, "profile-pop") as c:
@@ -175,14 +206,28 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
             wall = time.perf_counter() - t
+            if client_prof is not None:
+                client_prof.disable()
+            client_thread, client_proc = time.thread_time() - thread0, time.process_time() - proc0
+            ru1 = _rusage()
         res = json.loads(child.ask("stop"))
     finally:
         child.close()
     res.update(phase=phase, loop=child.loop, messages=n, requests=ops, client_wall=round(wall, 4),
                msgs_per_s=round(n / wall), cprofile=profile)
     res["cpu_us_per_request"] = {k: round(v / ops * 1e6, 1) for k, v in res["threads"].items()}
-    if client_cpu is not None:  # this process (the client, all its threads), pull phases only
-        res["cpu_us_per_request"]["CLIENT process"] = round(client_cpu / ops * 1e6, 1)
+    res["client_cpu_us_per_request"] = {"calling thread": round(client_thread / ops * 1e6, 1),
+                                        "process": round(client_proc / ops * 1e6, 1),
+                                        "calling thread user": round((ru1[0] - ru0[0]) / ops * 1e6, 1),
+                                        "calling thread sys": round((ru1[1] - ru0[1]) / ops * 1e6, 1)}
+    if client_prof is not None:
+        import io
+        import pstats
+        s = io.StringIO()
+        pstats.Stats(client_prof, stream=s).sort_stats("tottime").print_stats(22)
+        lines = [ln for ln in s.getvalue().splitlines() if ln.strip()]
+        start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
+        res["client"] = lines[start:]
     return res
 
 
@@ -191,19 +236,22 @@ def main() -> int:
     ap.add_argument("phases", nargs="*", default=["single", "batch", "pull32", "pop"])
     ap.add_argument("--n", type=int, default=2000, help="messages per phase (default 2000)")
     ap.add_argument("--no-cprofile", action="store_true", help="per-thread CPU only (no profiler overhead)")
+    ap.add_argument("--client-profile", action="store_true", help="cProfile the client instead of the broker")
     ap.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default=None)
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     root = Path(tempfile.gettempdir())
     results = []
     for phase in args.phases:
-        res = run_phase(phase, args.n, not args.no_cprofile, args.event_loop, root)
+        res = run_phase(phase, args.n, not args.no_cprofile, args.event_loop, root, args.client_profile)
         results.append(res)
         print(f"== {phase} ({res['loop']}): {res['requests']} requests, {res['msgs_per_s']:,} msgs/s "
               f"(client wall {res['client_wall']} s{', under cProfile' if res['cprofile'] else ''})")
         for name, us in sorted(res["cpu_us_per_request"].items(), key=lambda kv: -kv[1]):
             print(f"   {us:9.1f} us CPU per request  {name}")
-        for key in ("loop_thread", "dispatch_thread"):
+        for name, us in res["client_cpu_us_per_request"].items():
+            print(f"   {us:9.1f} us CPU per request  client {name}")
+        for key in ("loop_thread", "dispatch_thread", "client"):
             if res.get(key):
                 print(f"   -- {key} (cProfile, by own time)")
                 print("\n".join("   " + ln for ln in res[key]))

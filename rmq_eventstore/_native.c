@@ -21,6 +21,7 @@
  *                       in their own block above the method table
  *   read_runs           MessageStore._get_matching_all: a pull's match-all read, the body as one bytes
  *   decode_records      codec.decode_records' loop: a pull body into MessageExts (init_pull binds the type)
+ *   remoting_*          the remoting frame codec (its own block below: RemotingCommand.encode, FrameDecoder.feed)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -2636,6 +2637,496 @@ done:
     return result;
 }
 /* ==================================== end of THE PULL READ ==================================== */
+/* The remoting frame codec (issue 16, the request path): rmq_eventstore/remoting/command.py's     */
+/* RemotingCommand.encode and FrameDecoder.feed's JSON frames in C. Both give way to the Python     */
+/* reference ("not mine to decide": None, or stopping before a frame) for anything outside the      */
+/* plain shapes every peer sends, so results and errors stay the reference's by construction;       */
+/* tests/test_remoting_native.py compares the two on generated inputs.                              */
+/*                                                                                                  */
+/*   remoting_init    remoting_init(RemotingCommand, SerializeType.JSON): the slots, looked up once  */
+/*   remoting_encode  RemotingCommand.encode: the frame bytes, or None                              */
+/*   remoting_decode  FrameDecoder.feed's loop: (commands, position) over the JSON frames it can    */
+/*                    decode from `position` on, stopping at the first it leaves to Python          */
+/* ============================================================================================== */
+enum { RC_CODE, RC_LANGUAGE, RC_VERSION, RC_OPAQUE, RC_FLAG, RC_REMARK, RC_EXT, RC_BODY, RC_STYPE, RC_COUNT };
+static const char *rc_names[RC_COUNT] = {
+    "code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body", "serialize_type",
+};
+static PyTypeObject *rc_type = NULL;
+static Py_ssize_t rc_offsets[RC_COUNT];
+static PyObject *rc_stype_json = NULL;  /* SerializeType.JSON, what a decoded JSON frame carries */
+
+static inline PyObject *rc_get(PyObject *o, int f) { return *(PyObject **)((char *)o + rc_offsets[f]); }
+static inline void rc_set(PyObject *o, int f, PyObject *v) { /* steals v; the slot was empty */
+    *(PyObject **)((char *)o + rc_offsets[f]) = v;
+}
+
+static PyObject *remoting_init(PyObject *self, PyObject *args) {
+    PyObject *tp, *stype;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &tp, &stype)) return NULL;
+    Py_ssize_t offs[RC_COUNT];
+    for (int i = 0; i < RC_COUNT; i++) {
+        PyObject *d = PyObject_GetAttrString(tp, rc_names[i]);
+        if (d == NULL) return NULL;
+        if (Py_TYPE(d) != &PyMemberDescr_Type || (((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX &&
+                                                  ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT)) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name, rc_names[i]);
+            return NULL;
+        }
+        offs[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    memcpy(rc_offsets, offs, sizeof offs);
+    Py_XSETREF(rc_type, (PyTypeObject *)Py_NewRef(tp));
+    Py_XSETREF(rc_stype_json, Py_NewRef(stype));
+    Py_RETURN_NONE;
+}
+
+/* -- encoding ----------------------------------------------------------------------------------- */
+typedef struct { unsigned char *p; Py_ssize_t len, cap; unsigned char small[1024]; } rbuf;
+
+static int rbuf_grow(rbuf *b, Py_ssize_t need) {
+    if (b->len + need <= b->cap) return 1;
+    Py_ssize_t cap = b->cap * 2;
+    while (cap < b->len + need) cap *= 2;
+    unsigned char *q;
+    if (b->p == b->small) {
+        q = PyMem_Malloc(cap);
+        if (q != NULL) memcpy(q, b->p, b->len);
+    } else q = PyMem_Realloc(b->p, cap);
+    if (q == NULL) return 0;
+    b->p = q;
+    b->cap = cap;
+    return 1;
+}
+static inline int rbuf_put(rbuf *b, const void *s, Py_ssize_t n) {
+    if (!rbuf_grow(b, n)) return 0;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 1;
+}
+static inline void rbuf_free(rbuf *b) { if (b->p != b->small) PyMem_Free(b->p); }
+
+/* whether `{x:d}` of an int of this type is int's own formatting (int, bool, IntEnum: their __format__
+ * is int.__format__); the answer for up to 8 types is kept */
+static PyTypeObject *int_like_types[8];
+static int int_like(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyLong_Type) return 1;
+    if (!PyLong_Check(o)) return 0;
+    for (int i = 0; i < 8 && int_like_types[i] != NULL; i++)
+        if (int_like_types[i] == t) return 1;
+    PyObject *f = PyObject_GetAttrString((PyObject *)t, "__format__");
+    PyObject *g = PyObject_GetAttrString((PyObject *)&PyLong_Type, "__format__");
+    int same = f != NULL && f == g;
+    Py_XDECREF(f);
+    Py_XDECREF(g);
+    PyErr_Clear();
+    if (same)
+        for (int i = 0; i < 8; i++)
+            if (int_like_types[i] == NULL) { int_like_types[i] = (PyTypeObject *)Py_NewRef(t); break; }
+    return same;
+}
+
+/* an int as `{x:d}` writes it; 0 (error cleared) when it is no int or does not fit 64 bits */
+static int rbuf_int(rbuf *b, PyObject *o) {
+    if (!int_like(o)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+    char tmp[24];
+    int n = snprintf(tmp, sizeof tmp, "%lld", v);
+    return rbuf_put(b, tmp, n);
+}
+
+/* a str as json.JSONEncoder(ensure_ascii=False) writes it, in UTF-8; 0 (error cleared) when it is no
+ * exact str or does not encode (a lone surrogate: the reference raises, so it decides) */
+static int rbuf_jstr(rbuf *b, PyObject *o) {
+    if (!PyUnicode_CheckExact(o)) return 0;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+    if (s == NULL) { PyErr_Clear(); return 0; }
+    if (!rbuf_grow(b, n * 6 + 2)) return 0;  /* the worst case: every byte \u00XX */
+    unsigned char *d = b->p + b->len;
+    *d++ = '"';
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') { *d++ = c; continue; }
+        *d++ = '\\';
+        switch (c) {
+        case '"': *d++ = '"'; break;
+        case '\\': *d++ = '\\'; break;
+        case '\b': *d++ = 'b'; break;
+        case '\f': *d++ = 'f'; break;
+        case '\n': *d++ = 'n'; break;
+        case '\r': *d++ = 'r'; break;
+        case '\t': *d++ = 't'; break;
+        default: *d++ = 'u'; *d++ = '0'; *d++ = '0'; *d++ = hex[c >> 4]; *d++ = hex[c & 15];
+        }
+    }
+    *d++ = '"';
+    b->len = d - b->p;
+    return 1;
+}
+
+#define RPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+static PyObject *remoting_encode(PyObject *self, PyObject *cmd) {
+    if (rc_type == NULL || Py_TYPE(cmd) != rc_type) Py_RETURN_NONE;
+    PyObject *code = rc_get(cmd, RC_CODE), *lang = rc_get(cmd, RC_LANGUAGE), *version = rc_get(cmd, RC_VERSION),
+             *opaque = rc_get(cmd, RC_OPAQUE), *flag = rc_get(cmd, RC_FLAG), *remark = rc_get(cmd, RC_REMARK),
+             *ext = rc_get(cmd, RC_EXT), *body = rc_get(cmd, RC_BODY);
+    if (!code || !lang || !version || !opaque || !flag || !remark || !ext || !body) Py_RETURN_NONE;
+    if (ext != Py_None && !PyDict_CheckExact(ext)) Py_RETURN_NONE;
+    Py_ssize_t blen = 0;
+    if (body == Py_None) blen = 0;
+    else if (PyBytes_CheckExact(body)) blen = PyBytes_GET_SIZE(body);
+    else Py_RETURN_NONE;
+    rbuf b;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;  /* the two length words first */
+    int ok = RPUT("{\"code\":") && rbuf_int(&b, code) && RPUT(",\"language\":") && rbuf_jstr(&b, lang) &&
+             RPUT(",\"version\":") && rbuf_int(&b, version) && RPUT(",\"opaque\":") && rbuf_int(&b, opaque) &&
+             RPUT(",\"flag\":") && rbuf_int(&b, flag);
+    if (ok && remark != Py_None) ok = RPUT(",\"remark\":") && rbuf_jstr(&b, remark);
+    if (ok && ext != Py_None && PyDict_GET_SIZE(ext) > 0) {
+        ok = RPUT(",\"extFields\":{");
+        Py_ssize_t it = 0;
+        PyObject *k, *v;
+        int first = 1;
+        while (ok && PyDict_Next(ext, &it, &k, &v)) {
+            ok = (first || RPUT(",")) && rbuf_jstr(&b, k) && RPUT(":") && rbuf_jstr(&b, v);
+            first = 0;
+        }
+        ok = ok && RPUT("}");
+    }
+    ok = ok && RPUT(",\"serializeTypeCurrentRPC\":\"JSON\"}");
+    PyObject *res = NULL;
+    if (ok) {
+        Py_ssize_t hlen = b.len - 8;
+        if ((long long)hlen + 4 + blen <= 0x7FFFFFFF) {
+            put_i32(b.p, (int32_t)(4 + hlen + blen));
+            put_i32(b.p + 4, (int32_t)hlen);
+            res = PyBytes_FromStringAndSize(NULL, b.len + blen);
+            if (res != NULL) {
+                memcpy(PyBytes_AS_STRING(res), b.p, b.len);
+                if (blen) memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
+            }
+        } else res = Py_NewRef(Py_None);
+    } else if (!PyErr_Occurred()) res = Py_NewRef(Py_None);
+    else if (PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
+    else { PyErr_Clear(); res = Py_NewRef(Py_None); }
+    rbuf_free(&b);
+    return res;
+}
+#undef RPUT
+
+/* -- decoding ------------------------------------------------------------------------------------ */
+/* A JSON header in the plain shape: an object whose known fields have their types (code, opaque, flag,
+ * version: integers in int32; language, remark: strings; extFields: an object of strings) and whose other
+ * fields are strings, integers, true, false or null. Anything else returns "give way" (0, no error). */
+#define J_GIVE_WAY 0
+#define J_OK 1
+#define J_ERROR (-1)
+
+typedef struct { const unsigned char *p, *end; } jcur;
+
+static inline void j_ws(jcur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
+}
+
+static inline int j_hex4(const unsigned char *p, uint32_t *out) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char h = p[i];
+        v <<= 4;
+        if (h >= '0' && h <= '9') v |= h - '0';
+        else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
+        else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* the string at c->p (its opening quote); *out a new str, or NULL with want_value 0 (only checked) */
+static int j_string(jcur *c, PyObject **out, int want_value) {
+    const unsigned char *s = ++c->p, *q = s;
+    int escaped = 0, ascii = 1;
+    while (q < c->end && *q != '"') {
+        if (*q == '\\') { escaped = 1; q += 2; continue; }
+        if (*q < 0x20) return J_GIVE_WAY;  /* json's strict mode refuses control characters */
+        if (*q >= 0x80) ascii = 0;
+        q++;
+    }
+    if (q >= c->end) return J_GIVE_WAY;
+    c->p = q + 1;
+    if (!escaped) {
+        if (ascii && !want_value) return J_OK;
+        PyObject *v = ascii ? PyUnicode_DecodeASCII((const char *)s, q - s, NULL)
+                            : PyUnicode_DecodeUTF8((const char *)s, q - s, "surrogatepass");
+        if (v == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) return J_ERROR;
+            PyErr_Clear();
+            return J_GIVE_WAY;
+        }
+        if (want_value) *out = v; else Py_DECREF(v);
+        return J_OK;
+    }
+    /* with escapes: expanded into UTF-8 (a lone surrogate as its 3-byte form), decoded with surrogatepass,
+     * which reads what json's scanner makes of the same text */
+    unsigned char tmp[512], *buf = tmp;
+    if (q - s > (Py_ssize_t)sizeof tmp) {
+        buf = PyMem_Malloc(q - s);
+        if (buf == NULL) { PyErr_NoMemory(); return J_ERROR; }
+    }
+    unsigned char *d = buf;
+    int rc = J_OK;
+    for (const unsigned char *p = s; p < q;) {
+        if (*p != '\\') { *d++ = *p++; continue; }
+        p++;
+        switch (*p++) {
+        case '"': *d++ = '"'; break;
+        case '\\': *d++ = '\\'; break;
+        case '/': *d++ = '/'; break;
+        case 'b': *d++ = '\b'; break;
+        case 'f': *d++ = '\f'; break;
+        case 'n': *d++ = '\n'; break;
+        case 'r': *d++ = '\r'; break;
+        case 't': *d++ = '\t'; break;
+        case 'u': {
+            uint32_t u;
+            if (q - p < 4 || !j_hex4(p, &u)) { rc = J_GIVE_WAY; goto done; }
+            p += 4;
+            if (u >= 0xD800 && u <= 0xDBFF && q - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+                uint32_t u2;
+                if (!j_hex4(p + 2, &u2)) { rc = J_GIVE_WAY; goto done; }
+                if (u2 >= 0xDC00 && u2 <= 0xDFFF) {
+                    u = 0x10000 + ((u - 0xD800) << 10) + (u2 - 0xDC00);
+                    p += 6;
+                }
+            }
+            if (u < 0x80) *d++ = (unsigned char)u;
+            else if (u < 0x800) { *d++ = 0xC0 | (u >> 6); *d++ = 0x80 | (u & 63); }
+            else if (u < 0x10000) { *d++ = 0xE0 | (u >> 12); *d++ = 0x80 | ((u >> 6) & 63); *d++ = 0x80 | (u & 63); }
+            else {
+                *d++ = 0xF0 | (u >> 18); *d++ = 0x80 | ((u >> 12) & 63);
+                *d++ = 0x80 | ((u >> 6) & 63); *d++ = 0x80 | (u & 63);
+            }
+            break;
+        }
+        default: rc = J_GIVE_WAY; goto done;
+        }
+    }
+    {
+        PyObject *v = PyUnicode_DecodeUTF8((const char *)buf, d - buf, "surrogatepass");
+        if (v == NULL) {
+            rc = PyErr_ExceptionMatches(PyExc_MemoryError) ? J_ERROR : J_GIVE_WAY;
+            if (rc == J_GIVE_WAY) PyErr_Clear();
+        } else if (want_value) *out = v;
+        else Py_DECREF(v);
+    }
+done:
+    if (buf != tmp) PyMem_Free(buf);
+    return rc;
+}
+
+/* an integer (no fraction, no exponent, at most 18 digits) */
+static int j_int(jcur *c, long long *out) {
+    const unsigned char *p = c->p;
+    int neg = 0;
+    if (p < c->end && *p == '-') { neg = 1; p++; }
+    if (p >= c->end || *p < '0' || *p > '9') return J_GIVE_WAY;
+    const unsigned char *digits = p;
+    long long v = 0;
+    if (*p == '0') p++;
+    else while (p < c->end && *p >= '0' && *p <= '9') { v = v * 10 + (*p - '0'); p++; if (p - digits > 18) return J_GIVE_WAY; }
+    if (p < c->end && (*p == '.' || *p == 'e' || *p == 'E')) return J_GIVE_WAY;
+    c->p = p;
+    *out = neg ? -v : v;
+    return J_OK;
+}
+
+static int j_literal(jcur *c, const char *lit, Py_ssize_t n) {
+    if (c->end - c->p < n || memcmp(c->p, lit, n) != 0) return J_GIVE_WAY;
+    c->p += n;
+    return J_OK;
+}
+
+static inline int key_is(const unsigned char *k, Py_ssize_t n, const char *name, Py_ssize_t m) {
+    return n == m && memcmp(k, name, m) == 0;
+}
+
+/* extFields' object of strings into a new dict */
+static int j_ext(jcur *c, PyObject **out) {
+    c->p++;  /* '{' */
+    PyObject *d = PyDict_New();
+    if (d == NULL) return J_ERROR;
+    j_ws(c);
+    if (c->p < c->end && *c->p == '}') { c->p++; *out = d; return J_OK; }
+    for (;;) {
+        PyObject *k = NULL, *v = NULL;
+        int rc;
+        j_ws(c);
+        if (c->p >= c->end || *c->p != '"') { Py_DECREF(d); return J_GIVE_WAY; }
+        if ((rc = j_string(c, &k, 1)) != J_OK) { Py_DECREF(d); return rc; }
+        j_ws(c);
+        if (c->p >= c->end || *c->p != ':') { Py_DECREF(k); Py_DECREF(d); return J_GIVE_WAY; }
+        c->p++;
+        j_ws(c);
+        if (c->p >= c->end || *c->p != '"') { Py_DECREF(k); Py_DECREF(d); return J_GIVE_WAY; }
+        if ((rc = j_string(c, &v, 1)) != J_OK) { Py_DECREF(k); Py_DECREF(d); return rc; }
+        rc = PyDict_SetItem(d, k, v);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (rc < 0) { Py_DECREF(d); return J_ERROR; }
+        j_ws(c);
+        if (c->p < c->end && *c->p == ',') { c->p++; continue; }
+        if (c->p < c->end && *c->p == '}') { c->p++; *out = d; return J_OK; }
+        Py_DECREF(d);
+        return J_GIVE_WAY;
+    }
+}
+
+/* one JSON header -> a new RemotingCommand (body and serialize type set by the caller) */
+static int j_header(const unsigned char *h, Py_ssize_t n, PyObject **out) {
+    jcur c = {h, h + n};
+    if (n < 2 || *c.p != '{') return J_GIVE_WAY;
+    c.p++;
+    long long code = 0, opaque = 0, flag = 0, version = 0;
+    int have_code = 0;
+    PyObject *lang = NULL, *remark = NULL, *ext = NULL;
+    int rc = J_GIVE_WAY;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') goto fail;  /* no code: the reference refuses it */
+    for (;;) {
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != '"') goto fail;
+        const unsigned char *k = c.p + 1;
+        if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail;
+        Py_ssize_t kn = c.p - 1 - k;
+        if (memchr(k, '\\', kn) != NULL) { rc = J_GIVE_WAY; goto fail; }
+        rc = J_GIVE_WAY;
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != ':') goto fail;
+        c.p++;
+        j_ws(&c);
+        if (c.p >= c.end) goto fail;
+        long long *iv = NULL;
+        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
+        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
+        else if (key_is(k, kn, "flag", 4)) iv = &flag;
+        else if (key_is(k, kn, "version", 7)) iv = &version;
+        if (iv != NULL) {
+            if ((rc = j_int(&c, iv)) != J_OK) goto fail;
+            rc = J_GIVE_WAY;
+            if (*iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) goto fail;
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            PyObject **slot = kn == 8 ? &lang : &remark, *v = NULL;
+            if (*c.p != '"') goto fail;
+            if ((rc = j_string(&c, &v, 1)) != J_OK) goto fail;
+            rc = J_GIVE_WAY;
+            Py_XSETREF(*slot, v);
+        } else if (key_is(k, kn, "extFields", 9)) {
+            PyObject *v = NULL;
+            if (*c.p != '{') goto fail;
+            if ((rc = j_ext(&c, &v)) != J_OK) goto fail;
+            rc = J_GIVE_WAY;
+            Py_XSETREF(ext, v);
+        } else {  /* another field: checked, not kept */
+            long long ignored;
+            unsigned char ch = *c.p;
+            if (ch == '"') { if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail; rc = J_GIVE_WAY; }
+            else if (ch == 't') { if (!j_literal(&c, "true", 4)) goto fail; }
+            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) goto fail; }
+            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) goto fail; }
+            else if (!j_int(&c, &ignored)) goto fail;
+        }
+        j_ws(&c);
+        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        goto fail;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code) goto fail;
+    if (lang != NULL && PyUnicode_GET_LENGTH(lang) > 16) {
+        PyObject *cut = PyUnicode_Substring(lang, 0, 16);
+        if (cut == NULL) { rc = J_ERROR; goto fail; }
+        Py_SETREF(lang, cut);
+    }
+    PyObject *o = rc_type->tp_alloc(rc_type, 0);
+    if (o == NULL) { rc = J_ERROR; goto fail; }
+    PyObject *vals[5] = {PyLong_FromLongLong(code), PyLong_FromLongLong(opaque), PyLong_FromLongLong(flag),
+                         PyLong_FromLongLong(version), lang != NULL ? lang : PyUnicode_FromString("JAVA")};
+    lang = NULL;
+    if (ext == NULL) ext = PyDict_New();
+    rc_set(o, RC_CODE, vals[0]);
+    rc_set(o, RC_OPAQUE, vals[1]);
+    rc_set(o, RC_FLAG, vals[2]);
+    rc_set(o, RC_VERSION, vals[3]);
+    rc_set(o, RC_LANGUAGE, vals[4]);
+    rc_set(o, RC_REMARK, remark != NULL ? remark : Py_NewRef(Py_None));
+    rc_set(o, RC_EXT, ext);
+    remark = ext = NULL;
+    if (!vals[0] || !vals[1] || !vals[2] || !vals[3] || !vals[4] || !rc_get(o, RC_EXT)) {
+        Py_DECREF(o);
+        return J_ERROR;
+    }
+    *out = o;
+    return J_OK;
+fail:
+    Py_XDECREF(lang);
+    Py_XDECREF(remark);
+    Py_XDECREF(ext);
+    return rc;
+}
+
+static PyObject *remoting_decode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t pos, max_frame, max_header;
+    if (!PyArg_ParseTuple(args, "y*nnn", &src, &pos, &max_frame, &max_header)) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL || rc_type == NULL) { PyBuffer_Release(&src); return out; }
+    const unsigned char *base = src.buf;
+    Py_ssize_t n = src.len;
+    while (n - pos >= 8) {
+        int32_t length = get_i32(base + pos), word = get_i32(base + pos + 4);
+        Py_ssize_t hlen = word & 0xFFFFFF;
+        if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen <= 0) break;
+        Py_ssize_t end = pos + 4 + (Py_ssize_t)length;
+        if (n < end || ((word >> 24) & 0xFF) != 0) break;  /* incomplete, or not JSON: the reference's */
+        Py_ssize_t hstart = pos + 8;
+        PyObject *cmd = NULL;
+        int rc = j_header(base + hstart, hlen, &cmd);
+        if (rc == J_ERROR) goto error;
+        if (rc == J_GIVE_WAY) break;
+        PyObject *body = PyBytes_FromStringAndSize((const char *)base + hstart + hlen, end - hstart - hlen);
+        if (body == NULL) { Py_DECREF(cmd); goto error; }
+        rc_set(cmd, RC_BODY, body);
+        rc_set(cmd, RC_STYPE, Py_NewRef(rc_stype_json));
+        rc = PyList_Append(out, cmd);
+        Py_DECREF(cmd);
+        if (rc < 0) goto error;
+        pos = end;
+    }
+    PyBuffer_Release(&src);
+    PyObject *res = Py_BuildValue("(Nn)", out, pos);
+    return res;
+error:
+    PyBuffer_Release(&src);
+    Py_DECREF(out);
+    return NULL;
+}
+
+#define REMOTING_METHODS                                                                                        \
+    {"remoting_init", remoting_init, METH_VARARGS,                                                              \
+     "remoting_init(RemotingCommand, SerializeType.JSON): look up the command's slots once."},                  \
+    {"remoting_encode", remoting_encode, METH_O, "RemotingCommand.encode: the frame, or None (Python decides)."}, \
+    {"remoting_decode", remoting_decode, METH_VARARGS,                                                          \
+     "FrameDecoder.feed's loop from a position: (commands, position where Python takes over)."},
+/* ============================================================================================== */
+/* end of the remoting frame codec                                                                  */
+/* ============================================================================================== */
 
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -2673,6 +3164,7 @@ static PyMethodDef methods[] = {
     {"read_runs", read_runs, METH_VARARGS,
      "MessageStore._get_matching_all's loop on raw units: (status, taken, total, max_pulled, body, layout) or None."},
     /* end of THE PULL READ */
+    REMOTING_METHODS
     {NULL, NULL, 0, NULL},
 };
 

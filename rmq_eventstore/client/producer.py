@@ -21,7 +21,7 @@ from ..common.properties import (
 )
 from ..common.stream import validate_stream_id
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
-from ..remoting import RemotingCommand, RequestCode, ResponseCode
+from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from .base import ClientBase
 from .remoting_client import MQBrokerError, RemotingError
 
@@ -313,12 +313,24 @@ class Producer:
             ok = _STREAM_OK_CODES
             if queue_id is None:
                 queue_id = self._stream_queue(topic, stream)
+        # the header's values as the strings RemotingCommand.request would make of them (same bytes), built
+        # here so that the request needs no conversion pass; anything but plain ints goes through request()
+        plain = (flag.__class__ is int and sys_flag.__class__ is int and reconsume.__class__ is int
+                 and (expected_version is None or expected_version.__class__ is int))
+        if plain:
+            sys_flag_s, flag_s, reconsume_s = str(sys_flag), str(flag), str(reconsume)
         for attempt in range(1 + self.retry_times_when_send_failed):
             addr, q = self._pick(topic, queue_id, avoid)
-            ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": 4, "e": q, "f": sys_flag,
-                   "g": int(time.time() * 1000), "h": flag, "i": props, "j": reconsume, "k": False}
+            fast = plain and q.__class__ is int
+            if fast:
+                ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": "4", "e": str(q),
+                       "f": sys_flag_s, "g": str(int(time.time() * 1000)), "h": flag_s, "i": props,
+                       "j": reconsume_s, "k": "false"}
+            else:
+                ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": 4, "e": q, "f": sys_flag,
+                       "g": int(time.time() * 1000), "h": flag, "i": props, "j": reconsume, "k": False}
             if batch:
-                ext["m"] = True
+                ext["m"] = "true" if fast else True
             if stream is not None:
                 try:
                     served = self.supports(addr, "expectedVersionAppend")
@@ -332,9 +344,11 @@ class Producer:
                         f"own database inside a transaction (TransactionProducer) instead of stream=...")
                 ext["streamId"] = stream
                 if expected_version is not None:
-                    ext["expectedVersion"] = expected_version
-            cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE,
-                                          ext, body)
+                    ext["expectedVersion"] = str(expected_version) if fast else expected_version
+            if fast:  # every value a str already: what request() would build, without its conversion pass
+                cmd = RemotingCommand(code if not batch else RequestCode.SEND_BATCH_MESSAGE, ext, body, next_opaque())
+            else:
+                cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE, ext, body)
             try:
                 r = self._base.invoke(addr, cmd, timeout, ok=ok, while_waiting=run_once if work else None)
             except RemotingError as e:

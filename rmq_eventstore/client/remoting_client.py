@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..remoting import FrameDecoder, FrameError, RemotingCommand, ResponseCode
+from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +46,22 @@ class MQBrokerError(Exception):
 
 class _Pending:
     """One request waiting for its response. `event` is set when the response (or an error) is in, or
-    when the waiter is asked to take over reading the socket (`done` tells which)."""
+    when the waiter is asked to take over reading the socket (`done` tells which). It is made only when the
+    waiter must block while another thread reads (a lone caller reads its own response and never needs
+    one); it is made, cleared, set and `done` changed only under the connection's lock, so a waiter that
+    finds `done` False there and then blocks on its event is always woken."""
 
     __slots__ = ("event", "response", "error", "done", "ready")
 
     def __init__(self, ready: bool = True) -> None:
-        self.event = threading.Event()
+        self.event: threading.Event | None = None
         self.response: RemotingCommand | None = None
         self.error: Exception | None = None
         self.done = False
         self.ready = ready  # its caller waits (may be handed the read role); False while it runs while_waiting
 
 
+READ_BUFFER_SIZE = 1 << 18  # bytes read at most per recv
 IDLE_READ_SECONDS = 0.05  # the idle reader takes over the socket after this long without a waiting caller
 
 
@@ -91,6 +95,8 @@ class ClientConnection:
         self._idle_reading = False  # ... and it is the idle reader
         self._last_read = time.monotonic()
         self._decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
+        self._rbuf = bytearray(READ_BUFFER_SIZE)  # read by the read role's holder only: one at a time
+        self._rview = memoryview(self._rbuf)
         self._error: RemotingError | None = None
         self._on_request = on_request
         self._wake_r, self._wake_w = socket.socketpair()
@@ -99,6 +105,7 @@ class ClientConnection:
         self._poll = select.poll()
         self._poll.register(self.sock, select.POLLIN)
         self._poll.register(self._wake_r, select.POLLIN)
+        self._wake_fd = self._wake_r.fileno()
         self.closed = False
         self._shut = False  # close() ran
         self._stop_idle = threading.Event()
@@ -109,37 +116,43 @@ class ClientConnection:
     def _read_some(self, timeout: float | None) -> bool:
         """Holding the read role: wait up to `timeout` (None: forever) for data, read what is there and
         dispatch every complete frame. False on timeout or a wake-up without data; raises on EOF/error."""
-        events = self._poll.poll(None if timeout is None else max(int(timeout * 1000), 0))
-        readable = False
-        for fd, _ev in events:
-            if fd == self._wake_r.fileno():
-                try:
-                    self._wake_r.recv(4096)
-                except OSError:  # nothing left, or closed by close()
-                    pass
-            else:
-                readable = True
-        if not readable:
-            return False
+        events = self._poll.poll(None if timeout is None else (int(timeout * 1000) if timeout > 0 else 0))
+        if len(events) != 1 or events[0][0] == self._wake_fd:  # not just the socket readable
+            readable = False
+            for fd, _ev in events:
+                if fd == self._wake_fd:
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:  # nothing left, or closed by close()
+                        pass
+                else:
+                    readable = True
+            if not readable:
+                return False
         try:
-            data = self.sock.recv(1 << 18)
+            # into the connection's buffer, then copied out: `sock.recv(256 KiB)` allocates 256 KiB per call
+            # and shrinks it, which is an mmap and a munmap per read (~10 µs) in a process whose malloc has
+            # not raised its mmap threshold past that size (it depends on what the process freed before)
+            n = self.sock.recv_into(self._rbuf)
         except OSError as e:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
-        if not data:
+        if not n:
             raise RemotingError(f"connection to {self.address} closed")
+        data = self._rview[:n].tobytes()
         try:
             frames = self._decoder.feed(data)
         except FrameError as e:
             log.warning("malformed frame from %s: %s", self.address, e)
             raise RemotingError(f"malformed frame from {self.address}: {e}") from e
         for cmd in frames:
-            if cmd.is_response:
+            if cmd.flag & FLAG_RESPONSE:
                 with self._lock:
                     slot = self._pending.pop(cmd.opaque, None)
-                if slot is not None:
-                    slot.response = cmd
-                    slot.done = True
-                    slot.event.set()
+                    if slot is not None:
+                        slot.response = cmd
+                        slot.done = True
+                        if slot.event is not None:
+                            slot.event.set()
             elif self._on_request is not None:
                 # on its own thread: the handler may itself invoke on this connection
                 threading.Thread(target=self._handle_request, args=(cmd,), daemon=True,
@@ -161,10 +174,11 @@ class ClientConnection:
             self.closed = True
             self._stop_idle.set()
             pending, self._pending = self._pending, {}
-        for slot in pending.values():
-            slot.error = self._error
-            slot.done = True
-            slot.event.set()
+            for slot in pending.values():
+                slot.error = self._error
+                slot.done = True
+                if slot.event is not None:
+                    slot.event.set()
         self._wake()
         try:
             self.sock.close()
@@ -177,20 +191,23 @@ class ClientConnection:
             self._reader_busy = False
             self._idle_reading = False
             self._last_read = time.monotonic()
-            for slot in self._pending.values():
-                if not slot.done and slot.ready:
-                    slot.event.set()  # "take over reading"
-                    break
+            if self._pending:
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Under the lock, nobody reading: ask one waiting caller to take the read role. A caller without an
+        event does not block yet and takes the role itself when it next looks (`_await`)."""
+        for slot in self._pending.values():
+            if not slot.done and slot.ready and slot.event is not None:
+                slot.event.set()  # "take over reading"
+                break
 
     def _kick(self) -> None:
         """If nobody reads but callers wait (the one handed the role timed out), hand it on."""
         with self._lock:
             if self._reader_busy:
                 return
-            for slot in self._pending.values():
-                if not slot.done and slot.ready:
-                    slot.event.set()
-                    break
+            self._hand_on()
 
     def _wake(self) -> None:
         try:
@@ -198,9 +215,10 @@ class ClientConnection:
         except OSError:
             pass
 
-    def _await(self, slot: _Pending, deadline: float) -> None:
-        """Wait for `slot`'s response, reading the socket whenever nobody else does."""
-        while True:
+    def _await(self, slot: _Pending, deadline: float, lead: bool = False) -> None:
+        """Wait for `slot`'s response, reading the socket whenever nobody else does (`lead`: the caller
+        holds the read role already)."""
+        while not lead:
             with self._lock:
                 slot.ready = True
                 if slot.done:
@@ -209,29 +227,31 @@ class ClientConnection:
                 if lead:
                     self._reader_busy = True
                 else:
-                    slot.event.clear()
+                    event = slot.event
+                    if event is None:
+                        event = slot.event = threading.Event()
+                    else:
+                        event.clear()
                     if self._idle_reading:
                         self._wake()  # the idle reader yields the role to us
             if not lead:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not slot.event.wait(remaining):
+                if remaining <= 0 or not event.wait(remaining):
                     if slot.done:
                         return
                     raise RemotingTimeoutError("timeout")
-                continue
-            try:
-                while not slot.done:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise RemotingTimeoutError("timeout")
-                    self._read_some(remaining)
-            except RemotingTimeoutError:
-                raise
-            except RemotingError as e:
-                self._fail(e)  # every waiter, this one included, gets the error
-            finally:
-                self._release_read_role()
-            return
+        try:
+            while not slot.done:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RemotingTimeoutError("timeout")
+                self._read_some(remaining)
+        except RemotingTimeoutError:
+            raise
+        except RemotingError as e:
+            self._fail(e)  # every waiter, this one included, gets the error
+        finally:
+            self._release_read_role()
 
     def _idle_loop(self) -> None:
         """Hold the read role while no caller waits, so broker requests and EOF are seen."""
@@ -279,22 +299,31 @@ class ClientConnection:
 
         `while_waiting` (which must not raise) runs on this thread once the request is written, before the
         response is read: other I/O overlaps the round trip (e.g. a database insert). Meanwhile the read
-        role is never handed to this caller (it is not waiting), so other callers' answers still flow."""
+        role is never handed to this caller (it is not waiting), so other callers' answers still flow.
+
+        A caller that finds nobody reading takes the read role as it registers its request (one lock round
+        instead of two): the lone caller's path."""
+        frame = cmd.encode()
         slot = _Pending(while_waiting is None)
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[cmd.opaque] = slot
+            lead = while_waiting is None and not self._reader_busy
+            if lead:
+                self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
-            self._send(cmd.encode())
+            self._send(frame)
         except RemotingError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
+            if lead:
+                self._release_read_role()
             raise
         if while_waiting is not None:
             while_waiting()
-        return self._finish(cmd, slot, deadline, timeout)
+        return self._finish(cmd, slot, deadline, timeout, lead)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers
@@ -315,10 +344,11 @@ class ClientConnection:
             raise
         return [self._finish(cmd, slot, deadline, timeout) for cmd, slot in zip(cmds, slots, strict=True)]
 
-    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float) -> RemotingCommand:
-        """The response to `cmd`, sent already: wait for it up to `deadline`."""
+    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float,
+                lead: bool = False) -> RemotingCommand:
+        """The response to `cmd`, sent already: wait for it up to `deadline` (`lead`: holding the read role)."""
         try:
-            self._await(slot, deadline)
+            self._await(slot, deadline, lead)
         except RemotingTimeoutError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)

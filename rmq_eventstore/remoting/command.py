@@ -10,6 +10,11 @@ have sent (`true`/`false`, decimal integers), and always written back as strings
 Nothing here does I/O: `FrameDecoder.feed(bytes)` returns the complete commands and raises
 `FrameError` for a frame that cannot be one (bad lengths, over the size limits, bad header); the
 connection that sent it must then be closed.
+
+`RemotingCommand.encode` and `FrameDecoder.feed` run in C (`rmq_eventstore._native`'s remoting block) when
+the extension is built and `RMQ_EVENTSTORE_PURE` is not set (`NATIVE` says which): the C code handles the
+plain shapes every peer sends (exact str/int fields; JSON headers of strings and integers) and leaves
+everything else to the Python code here, which stays the definition of the bytes and of the errors.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from __future__ import annotations
 import itertools
 import json
 import json.scanner
+import os
 import struct
+from types import ModuleType
 from typing import Any
 
 from .codes import FLAG_ONEWAY, FLAG_RESPONSE, LanguageCode, ResponseCode, SerializeType
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADER_SIZE", "FrameDecoder", "FrameError", "HeaderError",
+    "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADER_SIZE", "NATIVE", "FrameDecoder", "FrameError", "HeaderError",
     "RemotingCommand", "next_opaque",
 ]
 
@@ -193,7 +200,15 @@ class RemotingCommand:
         return (text + ',"serializeTypeCurrentRPC":"JSON"}').encode("utf-8")
 
     def encode(self) -> bytes:
-        """The whole frame: length, JSON header length (type byte 0), header, body."""
+        """The whole frame: length, JSON header length (type byte 0), header, body (in C when it can)."""
+        if _native_encode is not None:
+            frame = _native_encode(self)
+            if frame is not None:
+                return frame
+        return self.encode_py()
+
+    def encode_py(self) -> bytes:
+        """`encode` in Python: the reference the C encoder must match."""
         header = self.header_json()
         body = self.body
         if not body:
@@ -206,12 +221,33 @@ class RemotingCommand:
                 f"remark={self.remark!r}, ext={self.ext_fields!r}, body={len(self.body or b'')} bytes)")
 
 
+def _load_native() -> ModuleType | None:
+    """The C codec (`rmq_eventstore._native`'s remoting block), unless `RMQ_EVENTSTORE_PURE` is set or it is
+    not built (then None: the Python code here serves)."""
+    if os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0"):
+        return None
+    try:
+        from .. import _native
+    except ImportError:
+        return None
+    if not hasattr(_native, "remoting_decode"):  # an extension built before the codec was added
+        return None
+    _native.remoting_init(RemotingCommand, SerializeType.JSON)
+    return _native
+
+
+_native_mod = _load_native()
+NATIVE: bool = _native_mod is not None
+_native_encode = _native_mod.remoting_encode if _native_mod is not None else None
+_native_decode = _native_mod.remoting_decode if _native_mod is not None else None
+
+
 def _loads_header(data: bytes | bytearray) -> Any:
     """`json.loads(data)` for a header: a header that starts with `{` (every peer's) is decoded from UTF-8
     and given to the C scanner directly, without json.loads' Python steps (encoding detection, `decode`,
     `raw_decode`: about half the cost for a send's header). Anything else, and any error, goes through
     json.loads itself, so results and errors stay exactly json's."""
-    if data[:1] != b"{":
+    if data[:1] != b"{" or data[1:2] == b"\x00":  # json.loads would read `{` NUL as UTF-16/32-LE
         return _loads(data)
     s = data.decode("utf-8", "surrogatepass")
     try:
@@ -338,18 +374,36 @@ class FrameDecoder:
         buffered (the common case: whole frames per read) the frames are cut out of `data` itself and only
         an incomplete tail is kept."""
         buf = self._buf
+        native = _native_decode
+        max_frame = self.max_frame_size
+        max_header = self.max_header_size
+        if not buf and native is not None:  # the common case: whole frames the C loop takes, one call
+            got, pos = native(data, 0, max_frame, max_header)
+            if pos == len(data):
+                return got
+            return self._feed_rest(data, got, pos)
+        return self._feed_rest(data, [], 0)
+
+    def _feed_rest(self, data: bytes, out: list[RemotingCommand], pos: int) -> list[RemotingCommand]:
+        """`feed` from `pos` of the buffered bytes plus `data` (`out`: the commands decoded before `pos`)."""
+        buf = self._buf
         if buf:
             buf += data
             src: bytes | bytearray = buf
         else:
             src = data
-        out: list[RemotingCommand] = []
-        pos = 0
         n = len(src)
         max_frame = self.max_frame_size
         max_header = self.max_header_size
+        native = _native_decode
         try:
             while n - pos >= 8:
+                if native is not None:  # the C loop takes the JSON frames it can; the rest goes on below
+                    got, pos = native(src, pos, max_frame, max_header)
+                    if got:
+                        out += got
+                    if n - pos < 8:
+                        break
                 length, word = _LEN2.unpack_from(src, pos)
                 if length < 4 or length > max_frame:
                     raise FrameError(f"frame length {length} is outside 4..{max_frame}")

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 PROPERTY_UNIQ_KEY = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _TRAN_MARKER = f"{PROPERTY_TRANSACTION_PREPARED}{codec.NAME_VALUE_SEPARATOR}"
 
+_PUT_OK = PutMessageStatus.PUT_OK
 PUT_STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
     PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
@@ -104,12 +105,15 @@ class SendMessageProcessor:
             raise HeaderError("the custom field <topic> is null")
         batch = req.code == RequestCode.SEND_BATCH_MESSAGE or (
             _header_str(x, "m", "batch") or "").strip().lower() == "true"  # Boolean.parseBoolean
-        queue_id = get_int(x, "e", "queueId", -1)
-        sys_flag = get_int(x, "f", "sysFlag", 0)
-        born_ts = get_int(x, "g", "bornTimestamp", 0)
-        flag = get_int(x, "h", "flag", 0)
+        try:  # what every V2 header holds (read as _header_int reads them); else field by field below
+            queue_id, sys_flag, born_ts, flag, reconsume = int(x["e"]), int(x["f"]), int(x["g"]), int(x["h"]), int(x["j"])
+        except (KeyError, ValueError):
+            queue_id = get_int(x, "e", "queueId", -1)
+            sys_flag = get_int(x, "f", "sysFlag", 0)
+            born_ts = get_int(x, "g", "bornTimestamp", 0)
+            flag = get_int(x, "h", "flag", 0)
+            reconsume = get_int(x, "j", "reconsumeTimes", 0)
         props = _header_str(x, "i", "properties") or ""
-        reconsume = get_int(x, "j", "reconsumeTimes", 0)
         max_reconsume = get_int(x, "l", "maxReconsumeTimes", None)
         default_nums = get_int(x, "d", "defaultTopicQueueNums", self.broker.config.default_topic_queue_nums)
         born_host = getattr(channel, "remote_address", None) or None
@@ -372,7 +376,8 @@ class SendMessageProcessor:
         res = store.put_messages(msgs) if batch else store.put_message(msgs[0])
         if delayed:
             self.broker.schedule_service.wakeup()
-        code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
+        status = res.status  # PUT_OK by identity first: an Enum member's hash is a Python call
+        code = ResponseCode.SUCCESS if status is _PUT_OK else PUT_STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         a = res.append_result
         if a is None or not res.is_ok():
             return code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name, None

@@ -17,6 +17,7 @@
  *   crc32               zlib-compatible CRC-32 (the store masks it to 31 bits)
  *   copy_into           MappedFile.append_message's copy of a batch, without the GIL
  *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
+ *   append_one          CommitLog._append_one's locked body (a single put: file, queue offset, record, hand-off)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -1544,6 +1545,251 @@ static PyObject *copy_into(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Single put (issue 16, branch put-single): CommitLog._append_one's locked body in one call.        */
+#include <time.h>
+/* append_one(commit_log, msg, uniq, ctx, file_size) -> PutMessageResult(PUT_OK, AppendMessageResult) or None.
+ * The caller holds the put lock. Covers exactly what `CommitLog._append_one` (the Python reference)
+ * covers: a current file with room for the record before its last 8 bytes, an existing queue, a plain
+ * message; None, with nothing changed, for anything else (the caller then takes the general path). In
+ * that case it reads the queue offset from `topic_queue_table`, stamps `begin_time_in_lock`, encodes the
+ * record straight into the file's write view (plain_prepare / plain_write / plain_request, the bytes of
+ * encode_plain_one), moves `wrote_position` and `store_timestamp`, bumps the queue offset and hands the
+ * request to `on_appended(base, end, (request,))`, as the reference does, in its order. */
+static PyObject *s_mfq, *s_mapped_files, *s_wrote_position, *s_file_from_offset, *s_write_view, *s_store_ts,
+    *s_table, *s_begin_in_lock, *s_on_appended;
+
+static int single_names(void) {
+    if (s_on_appended != NULL) return 0;
+    const char *names[] = {"mapped_file_queue", "mapped_files", "wrote_position", "file_from_offset", "_write_view",
+                           "store_timestamp", "topic_queue_table", "begin_time_in_lock", "on_appended"};
+    PyObject **slots[] = {&s_mfq, &s_mapped_files, &s_wrote_position, &s_file_from_offset, &s_write_view,
+                          &s_store_ts, &s_table, &s_begin_in_lock, &s_on_appended};
+    for (int i = 0; i < 9; i++) {
+        PyObject *n = PyUnicode_InternFromString(names[i]);
+        if (n == NULL) return -1;
+        *slots[i] = n;
+    }
+    return 0;
+}
+
+static int64_t single_now_ms(void) { /* int(time.time() * 1000) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* an attribute that is an int fitting [lo, hi]: 1; 0 when it is not (error cleared); -1 on a lookup error */
+static int single_attr_i64(PyObject *o, PyObject *name, int64_t lo, int64_t hi, int64_t *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int ok = PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+static int single_set_i64(PyObject *o, PyObject *name, int64_t v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (x == NULL) return -1;
+    int r = PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
+    return r;
+}
+
+/* The result objects of a put, built without running their dataclass __init__: the slots of
+ * AppendMessageResult / PutMessageResult (slots=True dataclasses), looked up once by single_init. */
+enum { A_STATUS, A_WROTE_OFFSET, A_WROTE_BYTES, A_STORE_TS, A_LOGICS_OFFSET, A_MSG_NUM, A_PAGE_CACHE_RT, A_STORE_HOST,
+       A_STORE_PORT, A_OFFSETS, A_UNIQ_KEYS, A_COUNT };
+static const char *amr_names[A_COUNT] = {"status", "wrote_offset", "wrote_bytes", "store_timestamp", "logics_offset",
+                                         "msg_num", "page_cache_rt", "store_host", "store_port", "offsets", "uniq_keys"};
+static const char *pmr_names[3] = {"status", "append_result", "reason"};
+static PyTypeObject *amr_type = NULL, *pmr_type = NULL;
+static Py_ssize_t amr_off[A_COUNT], pmr_off[3];
+static PyObject *amr_ok = NULL, *pmr_ok = NULL;
+
+static int slot_offsets(PyObject *tp, const char **names, int n, Py_ssize_t *out) {
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString(tp, names[i]);
+        if (d == NULL) return -1;
+        if (Py_TYPE(d) != &PyMemberDescr_Type || (((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX &&
+                                                  ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT)) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name, names[i]);
+            return -1;
+        }
+        out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    return 0;
+}
+
+/* single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK) */
+static PyObject *single_init(PyObject *self, PyObject *args) {
+    PyObject *at, *pt, *aok, *pok;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyType_Type, &at, &PyType_Type, &pt, &aok, &pok)) return NULL;
+    Py_ssize_t ao[A_COUNT], po[3];
+    if (slot_offsets(at, amr_names, A_COUNT, ao) < 0 || slot_offsets(pt, pmr_names, 3, po) < 0) return NULL;
+    memcpy(amr_off, ao, sizeof ao); memcpy(pmr_off, po, sizeof po);
+    Py_XSETREF(amr_type, (PyTypeObject *)Py_NewRef(at)); Py_XSETREF(pmr_type, (PyTypeObject *)Py_NewRef(pt));
+    Py_XSETREF(amr_ok, Py_NewRef(aok)); Py_XSETREF(pmr_ok, Py_NewRef(pok));
+    Py_RETURN_NONE;
+}
+
+static inline void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) { /* steals v; the slot was NULL */
+    *(PyObject **)((char *)o + off) = v;
+}
+
+/* PutMessageResult(PUT_OK, AppendMessageResult(PUT_OK, base, total, now, q, 1, rt, host, port, [base], [uniq]), "") */
+static PyObject *single_result(int64_t base, Py_ssize_t total, PyObject *now_obj, int64_t q, int64_t rt, PyObject *host,
+                               PyObject *port, PyObject *uniq) {
+    PyObject *a = amr_type->tp_alloc(amr_type, 0);
+    if (a == NULL) return NULL;
+    PyObject *base_obj = PyLong_FromLongLong(base);
+    PyObject *vals[A_COUNT] = {Py_NewRef(amr_ok), base_obj, PyLong_FromSsize_t(total), Py_NewRef(now_obj),
+                               PyLong_FromLongLong(q), PyLong_FromLong(1), PyLong_FromLongLong(rt), Py_NewRef(host),
+                               Py_NewRef(port), PyList_New(1), PyList_New(1)};
+    int bad = 0;
+    for (int i = 0; i < A_COUNT; i++) if (vals[i] == NULL) bad = 1;
+    if (!bad) {
+        PyList_SET_ITEM(vals[A_OFFSETS], 0, Py_NewRef(base_obj));
+        PyList_SET_ITEM(vals[A_UNIQ_KEYS], 0, Py_NewRef(uniq));
+    }
+    for (int i = 0; i < A_COUNT; i++) {
+        if (vals[i] != NULL) set_slot(a, amr_off[i], vals[i]);
+    }
+    if (bad) { Py_DECREF(a); return NULL; }
+    PyObject *p = pmr_type->tp_alloc(pmr_type, 0), *reason = PyUnicode_New(0, 0);
+    if (p == NULL || reason == NULL) { Py_XDECREF(p); Py_XDECREF(reason); Py_DECREF(a); return NULL; }
+    set_slot(p, pmr_off[0], Py_NewRef(pmr_ok));
+    set_slot(p, pmr_off[1], a);
+    set_slot(p, pmr_off[2], reason);
+    return p;
+}
+
+static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "append_one takes 5 arguments"); return NULL; }
+    if (message_type == NULL || amr_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_native.init() / single_init() was not called");
+        return NULL;
+    }
+    if (single_names() < 0) return NULL;
+    PyObject *cl = args[0], *msg = args[1], *u = args[2], *ctx = args[3];
+    int64_t file_size, port, sys_flag, max_body, max_record, pos, from;
+    if (Py_TYPE(msg) != message_type || !as_i64(args[4], 1, INT32_MAX, &file_size)) Py_RETURN_NONE;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 10) { PyErr_SetString(PyExc_TypeError, "ctx must be a 10-tuple"); return NULL; }
+    PyObject *topics = PyTuple_GET_ITEM(ctx, 0), *addr = PyTuple_GET_ITEM(ctx, 1);
+    PyObject *tags_cache = PyTuple_GET_ITEM(ctx, 6), *tags_fn = PyTuple_GET_ITEM(ctx, 7);
+    PyObject *rt = PyTuple_GET_ITEM(ctx, 8);
+    if (!PyDict_CheckExact(topics) || !PyBytes_CheckExact(addr) || !PyDict_CheckExact(tags_cache) ||
+        !PyType_Check(rt) || !PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bad ctx");
+        return NULL;
+    }
+    if (!as_i64(PyTuple_GET_ITEM(ctx, 2), 0, INT32_MAX, &port) || !as_i64(PyTuple_GET_ITEM(ctx, 3), 0, INT32_MAX, &sys_flag) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 4), 0, INT64_MAX, &max_body) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 5), 0, INT64_MAX, &max_record))
+        Py_RETURN_NONE;
+    Py_ssize_t addr_len = PyBytes_GET_SIZE(addr);
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    const Py_ssize_t reserved = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 9)) == 1 ? CRC_RESERVED : 0;
+    const Py_ssize_t hsize = addr_len == 16 ? 112 : 88;
+
+    /* the current file: files[-1], with room beyond the END_FILE_MIN_BLANK_LENGTH */
+    PyObject *mfq = PyObject_GetAttr(cl, s_mfq);
+    if (mfq == NULL) return NULL;
+    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
+    Py_DECREF(mfq);
+    if (files == NULL) return NULL;
+    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
+    PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
+    Py_DECREF(files);
+    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL;
+    plain_rec r;
+    memset(&r, 0, sizeof r);
+    int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
+    if (got <= 0) goto done;
+    if (file_size - pos <= 8) { got = 0; goto done; }  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
+    /* the queue: topic_queue_table[f"{topic}-{queue_id}"] */
+    PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
+    if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) { got = 0; goto done; }
+    table = PyObject_GetAttr(cl, s_table);
+    if (table == NULL) { got = -1; goto done; }
+    if (!PyDict_CheckExact(table)) { got = 0; goto done; }
+    key = PyUnicode_FromFormat("%U-%S", topic, qid);
+    if (key == NULL) { got = -1; goto done; }
+    PyObject *qo = PyDict_GetItemWithError(table, key);
+    if (qo == NULL) { got = PyErr_Occurred() ? -1 : 0; goto done; }  /* a new queue: the general path */
+    int64_t q;
+    if (!PyLong_CheckExact(qo) || !as_i64(qo, 0, INT64_MAX - 1, &q)) { got = 0; goto done; }
+    got = single_attr_i64(mf, s_file_from_offset, 0, INT64_MAX - file_size, &from);
+    if (got <= 0) goto done;
+    int64_t base = from + pos;
+    got = plain_prepare(msg, u, topics, hsize, reserved, max_body, max_record, &r);
+    if (got <= 0) goto done;
+    if (r.total > file_size - pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
+    r.q = q;
+    int64_t now = single_now_ms();
+    if (single_set_i64(cl, s_begin_in_lock, now) < 0) { got = -1; goto done; }
+    PyObject *view = PyObject_GetAttr(mf, s_write_view);
+    if (view == NULL) { got = -1; goto done; }
+    Py_buffer dst;
+    if (PyObject_GetBuffer(view, &dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); got = -1; goto done; }
+    Py_DECREF(view);
+    if (pos > dst.len || r.total > dst.len - pos) {
+        PyBuffer_Release(&dst);
+        got = single_set_i64(cl, s_begin_in_lock, 0) < 0 ? -1 : 0;
+        goto done;
+    }
+    PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+    PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);
+    if (now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && phys_obj != NULL) {
+        unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
+                                           addr_len, (int)port, (int)sys_flag, reserved);
+        req = plain_request(&r, phys_obj, props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj, sys_obj,
+                            zero, empty);
+        phys_obj = NULL;  /* stolen */
+    }
+    PyBuffer_Release(&dst);
+    Py_XDECREF(phys_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
+    if (req == NULL) { Py_XDECREF(now_obj); got = -1; goto done; }
+    /* the record is in the file: publish it as the reference does */
+    PyObject *nq = PyLong_FromLongLong(q + 1);
+    if (nq == NULL || single_set_i64(mf, s_wrote_position, pos + r.total) < 0 ||
+        PyObject_SetAttr(mf, s_store_ts, now_obj) < 0 || PyDict_SetItem(table, key, nq) < 0) {
+        Py_XDECREF(nq); Py_DECREF(now_obj); got = -1; goto done;
+    }
+    Py_DECREF(nq);
+    PyObject *cb = PyObject_GetAttr(cl, s_on_appended);
+    if (cb == NULL) { Py_DECREF(now_obj); got = -1; goto done; }
+    if (cb != Py_None) {
+        /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
+           for the reput thread, and a burst of single puts does not age into the old generations) */
+        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
+        PyObject *b_obj = PyLong_FromLongLong(base), *e_obj = PyLong_FromLongLong(base + r.total);
+        if (reqs != NULL && b_obj != NULL && e_obj != NULL) {
+            PyObject_GC_UnTrack(reqs);
+            PyObject *cargs[3] = {b_obj, e_obj, reqs};
+            cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
+        }
+        Py_XDECREF(reqs); Py_XDECREF(b_obj); Py_XDECREF(e_obj);
+        if (cres == NULL) { Py_DECREF(cb); Py_DECREF(now_obj); got = -1; goto done; }
+        Py_DECREF(cres);
+    }
+    Py_DECREF(cb);
+    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { Py_DECREF(now_obj); got = -1; goto done; }
+    result = single_result(base, r.total, now_obj, q, single_now_ms() - now, addr, PyTuple_GET_ITEM(ctx, 2),
+                           PyTuple_GET_ITEM(req, 8));
+    Py_DECREF(now_obj);
+    if (result == NULL) got = -1;
+done:
+    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_DECREF(mf);
+    if (got < 0) return NULL;
+    if (got == 0) Py_RETURN_NONE;
+    return result;
+}
+/* end of the single put block                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -1565,6 +1811,11 @@ static PyMethodDef methods[] = {
      "IndexFile._put_hash per entry into the mapped file: (written, slots used, begin phy or None, begin ts)."},
     {"skim_records", skim_records, METH_VARARGS, "codec.skim_records's walk (states passed in)."},
     {"crc32", crc32_py, METH_VARARGS, "zlib.crc32(data, value)."},
+    /* the single put (branch put-single) */
+    {"single_init", single_init, METH_VARARGS,
+     "single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)."},
+    {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
+     "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,7 @@
  *   copy_into           MappedFile.append_message's copy of a batch, without the GIL
  *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
  *   append_one          CommitLog._append_one's locked body (a single put: file, queue offset, record, hand-off)
+ *   uniq_create         UniqueIdGenerator.create's fast path (a single put's UNIQ_KEY)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -1787,6 +1788,72 @@ done:
     if (got == 0) Py_RETURN_NONE;
     return result;
 }
+/* uniq_create(generator) -> str or None: UniqueIdGenerator.create's fast path (the millisecond of the ids
+ * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
+ * same reads and writes of `_time`, `_time_used`, `_counter` as the Python method, and the same id text.
+ * None, having changed nothing, when the fast path does not apply (create() then claims). */
+static PyObject *u_lock, *u_time, *u_used, *u_head, *u_head_time, *u_counter, *u_acquire, *u_release;
+
+static PyObject *uniq_create(PyObject *self, PyObject *gen) {
+    if (u_release == NULL) {
+        const char *names[] = {"_lock", "_time", "_time_used", "_head", "_head_time", "_counter", "acquire", "release"};
+        PyObject **slots[] = {&u_lock, &u_time, &u_used, &u_head, &u_head_time, &u_counter, &u_acquire, &u_release};
+        for (int i = 0; i < 8; i++) {
+            PyObject *n = PyUnicode_InternFromString(names[i]);
+            if (n == NULL) return NULL;
+            *slots[i] = n;
+        }
+    }
+    int64_t now = single_now_ms();
+    PyObject *lock = PyObject_GetAttr(gen, u_lock);
+    if (lock == NULL) return NULL;
+    PyObject *ok = PyObject_CallMethodNoArgs(lock, u_acquire);
+    if (ok == NULL) { Py_DECREF(lock); return NULL; }
+    Py_DECREF(ok);
+    PyObject *result = NULL, *head = NULL;
+    int64_t t, used, head_t, counter;
+    int got = single_attr_i64(gen, u_time, INT64_MIN, INT64_MAX, &t);
+    if (got > 0) got = single_attr_i64(gen, u_used, 0, INT64_MAX - 1, &used);
+    if (got > 0) got = single_attr_i64(gen, u_head_time, INT64_MIN, INT64_MAX, &head_t);
+    if (got > 0) got = single_attr_i64(gen, u_counter, 0, 0xFFFF, &counter);
+    if (got > 0) {
+        if (now > t) { t = now; used = 0; }
+        if (t != head_t || used >= 0x10000) got = 0;
+    }
+    if (got > 0) {
+        head = PyObject_GetAttr(gen, u_head);
+        if (head == NULL) got = -1;
+        else if (!PyUnicode_CheckExact(head) || !PyUnicode_IS_ASCII(head)) got = 0;
+    }
+    if (got > 0) {
+        Py_ssize_t hl = PyUnicode_GET_LENGTH(head);
+        result = PyUnicode_New(hl + 4, 127);
+        if (result == NULL) got = -1;
+        else {
+            static const char hex[] = "0123456789ABCDEF";
+            char *d = (char *)PyUnicode_1BYTE_DATA(result);
+            memcpy(d, PyUnicode_1BYTE_DATA(head), hl);
+            unsigned c = (unsigned)counter;
+            d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
+            /* commit: the same state the Python fast path leaves */
+            if (single_set_i64(gen, u_time, t) < 0 || single_set_i64(gen, u_used, used + 1) < 0 ||
+                single_set_i64(gen, u_counter, (counter + 1) & 0xFFFF) < 0)
+                got = -1;
+        }
+    }
+    Py_XDECREF(head);
+    PyObject *rel = PyObject_CallMethodNoArgs(lock, u_release);
+    Py_DECREF(lock);
+    if (rel == NULL) got = -1;
+    Py_XDECREF(rel);
+    if (got <= 0) {
+        Py_XDECREF(result);
+        if (got < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
 /* end of the single put block                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
 
@@ -1814,6 +1881,7 @@ static PyMethodDef methods[] = {
     /* the single put (branch put-single) */
     {"single_init", single_init, METH_VARARGS,
      "single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)."},
+    {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
     {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
      "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},
     {NULL, NULL, 0, NULL},

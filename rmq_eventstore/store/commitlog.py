@@ -94,6 +94,7 @@ class PutMessageResult:
 # The single put's locked body in C, which builds the two results above without running their __init__
 # (None: the pure-Python loops, or an extension built before it existed).
 _native_append_one = getattr(codec.native, "append_one", None)
+_native_uniq = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's fast path, or None
 if _native_append_one is not None:
     codec.native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK,
                              PutMessageStatus.PUT_OK)
@@ -292,7 +293,7 @@ class CommitLog:
     def put_message(self, msg: Message) -> PutMessageResult:
         uniq = None
         if msg.uniq_key is None and msg.properties_string is None and self.config.auto_create_uniq_key:
-            uniq = self.uniq_ids.create()
+            uniq = (_native_uniq is not None and _native_uniq(self.uniq_ids)) or self.uniq_ids.create()
         if self.writeable and not self.read_only:
             fast = self._append_one(msg, uniq)
             if fast is None:

@@ -19,6 +19,7 @@
  *   count_missing_uniq  CommitLog._uniq_keys's count of messages the store gives a UNIQ_KEY
  *   append_one          CommitLog._append_one's locked body (a single put: file, queue offset, record, hand-off)
  *   uniq_create         UniqueIdGenerator.create's fast path (a single put's UNIQ_KEY)
+ *   take_requests       ReputMessageService._take_pending's walk over a run of request chunks
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -1641,12 +1642,11 @@ static inline void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) { /* steal
 }
 
 /* PutMessageResult(PUT_OK, AppendMessageResult(PUT_OK, base, total, now, q, 1, rt, host, port, [base], [uniq]), "") */
-static PyObject *single_result(int64_t base, Py_ssize_t total, PyObject *now_obj, int64_t q, int64_t rt, PyObject *host,
-                               PyObject *port, PyObject *uniq) {
+static PyObject *single_result(PyObject *base_obj, Py_ssize_t total, PyObject *now_obj, int64_t q, int64_t rt,
+                               PyObject *host, PyObject *port, PyObject *uniq) {
     PyObject *a = amr_type->tp_alloc(amr_type, 0);
     if (a == NULL) return NULL;
-    PyObject *base_obj = PyLong_FromLongLong(base);
-    PyObject *vals[A_COUNT] = {Py_NewRef(amr_ok), base_obj, PyLong_FromSsize_t(total), Py_NewRef(now_obj),
+    PyObject *vals[A_COUNT] = {Py_NewRef(amr_ok), Py_NewRef(base_obj), PyLong_FromSsize_t(total), Py_NewRef(now_obj),
                                PyLong_FromLongLong(q), PyLong_FromLong(1), PyLong_FromLongLong(rt), Py_NewRef(host),
                                Py_NewRef(port), PyList_New(1), PyList_New(1)};
     int bad = 0;
@@ -1665,6 +1665,26 @@ static PyObject *single_result(int64_t base, Py_ssize_t total, PyObject *now_obj
     set_slot(p, pmr_off[1], a);
     set_slot(p, pmr_off[2], reason);
     return p;
+}
+
+/* f"{topic}-{queue_id}" (a new reference), remembered for the last topic seen per queue id modulo 16: a
+ * single put to a known queue neither formats nor hashes a new string */
+static PyObject *kc_topic[16], *kc_qid[16], *kc_key[16];
+
+static PyObject *single_queue_key(PyObject *topic, PyObject *qid) {
+    size_t i = (size_t)PyLong_AsSize_t(qid);
+    if (i == (size_t)-1 && PyErr_Occurred()) { PyErr_Clear(); i = 0; }
+    i &= 15;
+    PyObject *t = kc_topic[i];
+    if (t != NULL && (t == topic || PyUnicode_Compare(t, topic) == 0) && PyObject_RichCompareBool(kc_qid[i], qid, Py_EQ) == 1)
+        return Py_NewRef(kc_key[i]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *key = PyUnicode_FromFormat("%U-%S", topic, qid);
+    if (key == NULL) return NULL;
+    Py_XSETREF(kc_topic[i], Py_NewRef(topic));
+    Py_XSETREF(kc_qid[i], Py_NewRef(qid));
+    Py_XSETREF(kc_key[i], Py_NewRef(key));
+    return key;
 }
 
 static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1704,7 +1724,7 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
     PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
     Py_DECREF(files);
-    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL;
+    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL, *base_obj = NULL;
     plain_rec r;
     memset(&r, 0, sizeof r);
     int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
@@ -1716,7 +1736,7 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     table = PyObject_GetAttr(cl, s_table);
     if (table == NULL) { got = -1; goto done; }
     if (!PyDict_CheckExact(table)) { got = 0; goto done; }
-    key = PyUnicode_FromFormat("%U-%S", topic, qid);
+    key = single_queue_key(topic, qid);
     if (key == NULL) { got = -1; goto done; }
     PyObject *qo = PyDict_GetItemWithError(table, key);
     if (qo == NULL) { got = PyErr_Occurred() ? -1 : 0; goto done; }  /* a new queue: the general path */
@@ -1742,16 +1762,16 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto done;
     }
     PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
-    PyObject *empty = PyUnicode_New(0, 0), *phys_obj = PyLong_FromLongLong(base);
-    if (now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && phys_obj != NULL) {
+    PyObject *empty = PyUnicode_New(0, 0);
+    base_obj = PyLong_FromLongLong(base);
+    if (now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && base_obj != NULL) {
         unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
                                            addr_len, (int)port, (int)sys_flag, reserved);
-        req = plain_request(&r, phys_obj, props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj, sys_obj,
-                            zero, empty);
-        phys_obj = NULL;  /* stolen */
+        req = plain_request(&r, Py_NewRef(base_obj), props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj,
+                            sys_obj, zero, empty);
     }
     PyBuffer_Release(&dst);
-    Py_XDECREF(phys_obj); Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
+    Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
     if (req == NULL) { Py_XDECREF(now_obj); got = -1; goto done; }
     /* the record is in the file: publish it as the reference does */
     PyObject *nq = PyLong_FromLongLong(q + 1);
@@ -1766,24 +1786,24 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
         /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
            for the reput thread, and a burst of single puts does not age into the old generations) */
         PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
-        PyObject *b_obj = PyLong_FromLongLong(base), *e_obj = PyLong_FromLongLong(base + r.total);
-        if (reqs != NULL && b_obj != NULL && e_obj != NULL) {
+        PyObject *e_obj = PyLong_FromLongLong(base + r.total);
+        if (reqs != NULL && e_obj != NULL) {
             PyObject_GC_UnTrack(reqs);
-            PyObject *cargs[3] = {b_obj, e_obj, reqs};
+            PyObject *cargs[3] = {base_obj, e_obj, reqs};
             cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
         }
-        Py_XDECREF(reqs); Py_XDECREF(b_obj); Py_XDECREF(e_obj);
+        Py_XDECREF(reqs); Py_XDECREF(e_obj);
         if (cres == NULL) { Py_DECREF(cb); Py_DECREF(now_obj); got = -1; goto done; }
         Py_DECREF(cres);
     }
     Py_DECREF(cb);
     if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { Py_DECREF(now_obj); got = -1; goto done; }
-    result = single_result(base, r.total, now_obj, q, single_now_ms() - now, addr, PyTuple_GET_ITEM(ctx, 2),
+    result = single_result(base_obj, r.total, now_obj, q, single_now_ms() - now, addr, PyTuple_GET_ITEM(ctx, 2),
                            PyTuple_GET_ITEM(req, 8));
     Py_DECREF(now_obj);
     if (result == NULL) got = -1;
 done:
-    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_DECREF(mf);
+    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_XDECREF(base_obj); Py_DECREF(mf);
     if (got < 0) return NULL;
     if (got == 0) Py_RETURN_NONE;
     return result;
@@ -1854,6 +1874,56 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
     return result;
 }
 
+/* take_requests(pending, popleft, offset, limit, room, out) -> (offset, taken): ReputMessageService.
+ * _take_pending's walk over a run of request chunks (single puts hand over one (start, end, (request,)) each):
+ * while the first chunk starts at `offset`, ends by `limit` and holds requests (a non-empty list or tuple),
+ * and fewer than `room` were taken: its requests go to `out`, it is popped, `offset` moves to its end.
+ * Anything else (a BLANK, columns, a gap) stops the walk; the Python loop decides what it is. */
+static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "take_requests(pending, popleft, offset, limit, room, out)");
+        return NULL;
+    }
+    PyObject *pend = args[0], *popleft = args[1], *out = args[5];
+    int64_t offset, limit, room;
+    if (!as_i64(args[2], INT64_MIN, INT64_MAX, &offset) || !as_i64(args[3], INT64_MIN, INT64_MAX, &limit) ||
+        !as_i64(args[4], INT64_MIN, INT64_MAX, &room)) {
+        PyErr_SetString(PyExc_TypeError, "offset, limit and room must be ints");
+        return NULL;
+    }
+    Py_ssize_t taken = 0;
+    while (taken < room) {
+        Py_ssize_t n = PyObject_Length(pend);
+        if (n < 0) { return NULL; }
+        if (n == 0) break;
+        PyObject *chunk = PySequence_GetItem(pend, 0);
+        if (chunk == NULL) { return NULL; }
+        int64_t start, end;
+        PyObject *reqs;
+        if (!PyTuple_CheckExact(chunk) || PyTuple_GET_SIZE(chunk) != 3 ||
+            !as_i64(PyTuple_GET_ITEM(chunk, 0), INT64_MIN, INT64_MAX, &start) ||
+            !as_i64(PyTuple_GET_ITEM(chunk, 1), INT64_MIN, INT64_MAX, &end) || start != offset || end > limit ||
+            end <= offset) {
+            Py_DECREF(chunk);
+            break;
+        }
+        reqs = PyTuple_GET_ITEM(chunk, 2);
+        Py_ssize_t k = (PyTuple_CheckExact(reqs) || PyList_CheckExact(reqs)) ? PySequence_Fast_GET_SIZE(reqs) : 0;
+        if (k == 0) { Py_DECREF(chunk); break; }
+        PyObject **items = PySequence_Fast_ITEMS(reqs);
+        for (Py_ssize_t i = 0; i < k; i++) {
+            if (PyList_Append(out, items[i]) < 0) { Py_DECREF(chunk); return NULL; }
+        }
+        Py_DECREF(chunk);
+        PyObject *popped = PyObject_CallNoArgs(popleft);
+        if (popped == NULL) { return NULL; }
+        Py_DECREF(popped);
+        offset = end;
+        taken += k;
+    }
+    return Py_BuildValue("(Ln)", (long long)offset, taken);
+}
+
 /* end of the single put block                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
 
@@ -1881,6 +1951,8 @@ static PyMethodDef methods[] = {
     /* the single put (branch put-single) */
     {"single_init", single_init, METH_VARARGS,
      "single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)."},
+    {"take_requests", (PyCFunction)(void (*)(void))take_requests, METH_FASTCALL,
+     "ReputMessageService._take_pending's walk over request chunks: (offset, taken)."},
     {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
     {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
      "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},

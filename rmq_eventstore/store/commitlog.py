@@ -295,7 +295,20 @@ class CommitLog:
         if msg.uniq_key is None and msg.properties_string is None and self.config.auto_create_uniq_key:
             uniq = (_native_uniq is not None and _native_uniq(self.uniq_ids)) or self.uniq_ids.create()
         if self.writeable and not self.read_only:
-            fast = self._append_one(msg, uniq)
+            append_one = _native_append_one
+            if append_one is not None and now_ms is _now_ms:  # _append_one's native path, without its frame
+                with self.put_lock:
+                    fast = append_one(self, msg, uniq, self.encoder._plain_ctx or self.encoder.plain_context(),
+                                      self.file_size)
+                if fast is not None:
+                    if self.config.flush_disk_type is _SYNC_FLUSH:
+                        return self._finish(fast.append_result, _wait_store_msg_ok(msg))  # type: ignore[arg-type]
+                    wake = self.flush_wakeup
+                    if wake is not None:
+                        wake()
+                    return fast
+            else:
+                fast = self._append_one(msg, uniq)
             if fast is None:
                 fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
             if fast is not None:

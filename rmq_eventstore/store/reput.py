@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# _take_pending's walk over request chunks in C (one chunk per single put), else the loop below
+_take_requests = getattr(codec.native, "take_requests", None)
 MAX_PENDING = 500_000  # above this the put path stops handing over requests; reput parses instead
 MAX_BATCH = 8192
 REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep arriving
@@ -98,6 +100,12 @@ class ReputMessageService:
             elif reqs:
                 if cols:
                     break
+                if _take_requests is not None:  # this chunk and the request chunks after it, in one C call
+                    offset, n = _take_requests(pend, pend.popleft, offset, limit, MAX_BATCH - taken, out)
+                    if n:
+                        self._pending_count -= n
+                        taken += n
+                        continue
                 out.extend(reqs)
             pend.popleft()
             n = len(reqs)

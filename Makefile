@@ -54,7 +54,7 @@ native: $(VENV)/.installed
 # The files whose tests run a second time on the pure-Python loops (RMQ_EVENTSTORE_PURE=1): the golden
 # vectors, the codec property tests, the native-vs-Python comparisons, the index file (put_keys against
 # put_key), the crash suite (CI's 50 rounds) and the Spark decoder (numpy instead of _spark_native).
-PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/test_native.py tests/test_index.py \
+PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/test_native.py tests/test_single_put.py tests/test_index.py \
 	tests/test_crash.py tests/spark/test_spark_decode.py tests/spark/test_spark_native.py
 
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the

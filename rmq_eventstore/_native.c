@@ -1625,10 +1625,22 @@ static int slot_offsets(PyObject *tp, const char **names, int n, Py_ssize_t *out
     return 0;
 }
 
-/* single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK) */
+/* ReputMessageService.notify_appended (the function) and reput.MAX_PENDING: append_one hands a record to
+ * that method itself (see single_handoff) */
+static PyObject *notify_fn = NULL;
+static long long notify_max_pending = 0;
+
+/* single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK
+ *             [, ReputMessageService.notify_appended, MAX_PENDING]) */
 static PyObject *single_init(PyObject *self, PyObject *args) {
-    PyObject *at, *pt, *aok, *pok;
-    if (!PyArg_ParseTuple(args, "O!O!OO", &PyType_Type, &at, &PyType_Type, &pt, &aok, &pok)) return NULL;
+    PyObject *at, *pt, *aok, *pok, *nf = NULL;
+    long long maxp = 0;
+    if (!PyArg_ParseTuple(args, "O!O!OO|OL", &PyType_Type, &at, &PyType_Type, &pt, &aok, &pok, &nf, &maxp)) return NULL;
+    if (nf != NULL) {
+        if (!PyFunction_Check(nf)) { PyErr_SetString(PyExc_TypeError, "notify_appended must be a function"); return NULL; }
+        Py_XSETREF(notify_fn, Py_NewRef(nf));
+        notify_max_pending = maxp;
+    }
     Py_ssize_t ao[A_COUNT], po[3];
     if (slot_offsets(at, amr_names, A_COUNT, ao) < 0 || slot_offsets(pt, pmr_names, 3, po) < 0) return NULL;
     memcpy(amr_off, ao, sizeof ao); memcpy(pmr_off, po, sizeof po);
@@ -1685,6 +1697,57 @@ static PyObject *single_queue_key(PyObject *topic, PyObject *qid) {
     Py_XSETREF(kc_qid[i], Py_NewRef(qid));
     Py_XSETREF(kc_key[i], Py_NewRef(key));
     return key;
+}
+
+/* `on_appended(base, end, reqs)` when it is ReputMessageService.notify_appended of some service: what that
+ * method does, without its frame: under MAX_PENDING pending requests the chunk goes to `_pending` and
+ * `_pending_count` grows; the first hand-off since the loop last woke (`_signalled` false) sets `_wakeup`.
+ * 1: done; 0: `cb` is something else (the caller calls it); -1: error. The chunk is untracked (ints and
+ * an untracked tuple). */
+static PyObject *h_pending, *h_count, *h_signalled, *h_wakeup, *h_append, *h_set;
+
+static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, PyObject *reqs) {
+    if (notify_fn == NULL || !PyMethod_Check(cb) || PyMethod_GET_FUNCTION(cb) != notify_fn) return 0;
+    if (h_set == NULL) {
+        const char *names[] = {"_pending", "_pending_count", "_signalled", "_wakeup", "append", "set"};
+        PyObject **slots[] = {&h_pending, &h_count, &h_signalled, &h_wakeup, &h_append, &h_set};
+        for (int i = 0; i < 6; i++) {
+            PyObject *n = PyUnicode_InternFromString(names[i]);
+            if (n == NULL) return -1;
+            *slots[i] = n;
+        }
+    }
+    PyObject *svc = PyMethod_GET_SELF(cb);
+    int64_t count;
+    int got = single_attr_i64(svc, h_count, INT64_MIN, INT64_MAX - 1, &count);
+    if (got <= 0) return got;  /* not an int: the method itself decides */
+    if (count < notify_max_pending) {
+        PyObject *pend = PyObject_GetAttr(svc, h_pending);
+        if (pend == NULL) return -1;
+        PyObject *chunk = PyTuple_Pack(3, base_obj, end_obj, reqs);
+        if (chunk == NULL) { Py_DECREF(pend); return -1; }
+        PyObject_GC_UnTrack(chunk);
+        PyObject *r = PyObject_CallMethodOneArg(pend, h_append, chunk);
+        Py_DECREF(chunk); Py_DECREF(pend);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        if (single_set_i64(svc, h_count, count + PyTuple_GET_SIZE(reqs)) < 0) return -1;
+    }
+    PyObject *sig = PyObject_GetAttr(svc, h_signalled);
+    if (sig == NULL) return -1;
+    int is_set = PyObject_IsTrue(sig);
+    Py_DECREF(sig);
+    if (is_set < 0) return -1;
+    if (!is_set) {
+        if (PyObject_SetAttr(svc, h_signalled, Py_True) < 0) return -1;
+        PyObject *ev = PyObject_GetAttr(svc, h_wakeup);
+        if (ev == NULL) return -1;
+        PyObject *r = PyObject_CallMethodNoArgs(ev, h_set);
+        Py_DECREF(ev);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 1;
 }
 
 static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1789,8 +1852,12 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyObject *e_obj = PyLong_FromLongLong(base + r.total);
         if (reqs != NULL && e_obj != NULL) {
             PyObject_GC_UnTrack(reqs);
-            PyObject *cargs[3] = {base_obj, e_obj, reqs};
-            cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
+            int h = single_handoff(cb, base_obj, e_obj, reqs);
+            if (h > 0) cres = Py_NewRef(Py_None);
+            else if (h == 0) {
+                PyObject *cargs[3] = {base_obj, e_obj, reqs};
+                cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
+            }
         }
         Py_XDECREF(reqs); Py_XDECREF(e_obj);
         if (cres == NULL) { Py_DECREF(cb); Py_DECREF(now_obj); got = -1; goto done; }

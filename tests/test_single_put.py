@@ -266,3 +266,44 @@ def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
     out: list = []
     assert _native.take_requests(cols, cols.popleft, 0, 100, 10, out) == (20, 2) and out == ["a", "b"]
     assert len(cols) == 2  # stopped at the columns
+
+
+def test_append_one_hands_off_as_notify_appended(tmp_path: Path, monkeypatch) -> None:
+    """When `on_appended` is a reput service's `notify_appended`, `append_one` does the hand-off itself: the
+    service's pending chunks, count, wake-up flag and event end as the method leaves them, below and at
+    MAX_PENDING, with the flag set and clear."""
+    from rmq_eventstore.store import reput as reput_module
+
+    s = _store(tmp_path / "s")
+    try:
+        cl = s.commit_log
+        svc = s.reput_message_service
+        svc.shutdown()  # nothing takes the chunks: they stay to be compared
+        ref = reput_module.ReputMessageService.__new__(reput_module.ReputMessageService)
+        msgs = [m for m in _messages(40) if m.properties_string is None and m.born_host is None]
+        for m in msgs[:8]:
+            assert s.put_message(m).is_ok()  # the queues exist: the native path takes the rest
+        taken = 0
+        for i, m in enumerate(msgs[8:]):
+            full = i % 5 == 4
+            for x in (svc, ref):
+                x._pending = collections.deque()
+                x._pending_count = reput_module.MAX_PENDING if full else i
+                x._signalled = bool(i % 2)
+                x._wakeup = __import__("threading").Event()
+            with cl.put_lock:
+                res = _native.append_one(cl, m, None, cl.encoder.plain_context(), cl.file_size)
+            if res is None:  # the file's end: the general path rolls it
+                assert s.put_message(m).is_ok()
+                continue
+            taken += 1
+            a = res.append_result
+            ref.notify_appended(a.wrote_offset, a.wrote_offset + a.wrote_bytes, svc._pending[0][2] if svc._pending
+                                else (None,))
+            assert list(svc._pending) == list(ref._pending)
+            assert (svc._pending_count, svc._signalled, svc._wakeup.is_set()) == \
+                   (ref._pending_count, ref._signalled, ref._wakeup.is_set())
+            assert full == (not svc._pending)
+        assert taken > 20
+    finally:
+        s.shutdown()

@@ -96,8 +96,10 @@ class PutMessageResult:
 _native_append_one = getattr(codec.native, "append_one", None)
 _native_uniq = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's fast path, or None
 if _native_append_one is not None:
+    from . import reput as _reput  # the hand-off append_one does itself when on_appended is notify_appended
+
     codec.native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK,
-                             PutMessageStatus.PUT_OK)
+                             PutMessageStatus.PUT_OK, _reput.ReputMessageService.notify_appended, _reput.MAX_PENDING)
 
 
 _INT32_FIELDS = ("queue_id", "flag", "sys_flag", "reconsume_times")

@@ -1654,12 +1654,12 @@ static inline void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) { /* steal
 }
 
 /* PutMessageResult(PUT_OK, AppendMessageResult(PUT_OK, base, total, now, q, 1, rt, host, port, [base], [uniq]), "") */
-static PyObject *single_result(PyObject *base_obj, Py_ssize_t total, PyObject *now_obj, int64_t q, int64_t rt,
+static PyObject *single_result(PyObject *base_obj, PyObject *total_obj, PyObject *now_obj, PyObject *q_obj, int64_t rt,
                                PyObject *host, PyObject *port, PyObject *uniq) {
     PyObject *a = amr_type->tp_alloc(amr_type, 0);
     if (a == NULL) return NULL;
-    PyObject *vals[A_COUNT] = {Py_NewRef(amr_ok), Py_NewRef(base_obj), PyLong_FromSsize_t(total), Py_NewRef(now_obj),
-                               PyLong_FromLongLong(q), PyLong_FromLong(1), PyLong_FromLongLong(rt), Py_NewRef(host),
+    PyObject *vals[A_COUNT] = {Py_NewRef(amr_ok), Py_NewRef(base_obj), Py_NewRef(total_obj), Py_NewRef(now_obj),
+                               Py_NewRef(q_obj), PyLong_FromLong(1), PyLong_FromLongLong(rt), Py_NewRef(host),
                                Py_NewRef(port), PyList_New(1), PyList_New(1)};
     int bad = 0;
     for (int i = 0; i < A_COUNT; i++) if (vals[i] == NULL) bad = 1;
@@ -1787,7 +1787,7 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
     PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
     Py_DECREF(files);
-    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL, *base_obj = NULL;
+    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL, *base_obj = NULL, *now_obj = NULL;
     plain_rec r;
     memset(&r, 0, sizeof r);
     int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
@@ -1813,7 +1813,8 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (r.total > file_size - pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
     r.q = q;
     int64_t now = single_now_ms();
-    if (single_set_i64(cl, s_begin_in_lock, now) < 0) { got = -1; goto done; }
+    now_obj = PyLong_FromLongLong(now);
+    if (now_obj == NULL || PyObject_SetAttr(cl, s_begin_in_lock, now_obj) < 0) { got = -1; goto done; }
     PyObject *view = PyObject_GetAttr(mf, s_write_view);
     if (view == NULL) { got = -1; goto done; }
     Py_buffer dst;
@@ -1824,10 +1825,10 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
         got = single_set_i64(cl, s_begin_in_lock, 0) < 0 ? -1 : 0;
         goto done;
     }
-    PyObject *now_obj = PyLong_FromLongLong(now), *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+    PyObject *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
     PyObject *empty = PyUnicode_New(0, 0);
     base_obj = PyLong_FromLongLong(base);
-    if (now_obj != NULL && sys_obj != NULL && zero != NULL && empty != NULL && base_obj != NULL) {
+    if (sys_obj != NULL && zero != NULL && empty != NULL && base_obj != NULL) {
         unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
                                            addr_len, (int)port, (int)sys_flag, reserved);
         req = plain_request(&r, Py_NewRef(base_obj), props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj,
@@ -1835,16 +1836,16 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     PyBuffer_Release(&dst);
     Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
-    if (req == NULL) { Py_XDECREF(now_obj); got = -1; goto done; }
+    if (req == NULL) { got = -1; goto done; }
     /* the record is in the file: publish it as the reference does */
     PyObject *nq = PyLong_FromLongLong(q + 1);
     if (nq == NULL || single_set_i64(mf, s_wrote_position, pos + r.total) < 0 ||
         PyObject_SetAttr(mf, s_store_ts, now_obj) < 0 || PyDict_SetItem(table, key, nq) < 0) {
-        Py_XDECREF(nq); Py_DECREF(now_obj); got = -1; goto done;
+        Py_XDECREF(nq); got = -1; goto done;
     }
     Py_DECREF(nq);
     PyObject *cb = PyObject_GetAttr(cl, s_on_appended);
-    if (cb == NULL) { Py_DECREF(now_obj); got = -1; goto done; }
+    if (cb == NULL) { got = -1; goto done; }
     if (cb != Py_None) {
         /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
            for the reput thread, and a burst of single puts does not age into the old generations) */
@@ -1860,17 +1861,18 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
             }
         }
         Py_XDECREF(reqs); Py_XDECREF(e_obj);
-        if (cres == NULL) { Py_DECREF(cb); Py_DECREF(now_obj); got = -1; goto done; }
+        if (cres == NULL) { Py_DECREF(cb); got = -1; goto done; }
         Py_DECREF(cres);
     }
     Py_DECREF(cb);
-    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { Py_DECREF(now_obj); got = -1; goto done; }
-    result = single_result(base_obj, r.total, now_obj, q, single_now_ms() - now, addr, PyTuple_GET_ITEM(ctx, 2),
-                           PyTuple_GET_ITEM(req, 8));
-    Py_DECREF(now_obj);
+    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { got = -1; goto done; }
+    /* the request's total (3) and queue offset (6) are the result's; its uniq key (8) too */
+    result = single_result(base_obj, PyTuple_GET_ITEM(req, 3), now_obj, PyTuple_GET_ITEM(req, 6), single_now_ms() - now,
+                           addr, PyTuple_GET_ITEM(ctx, 2), PyTuple_GET_ITEM(req, 8));
     if (result == NULL) got = -1;
 done:
-    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_XDECREF(base_obj); Py_DECREF(mf);
+    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_XDECREF(base_obj); Py_XDECREF(now_obj);
+    Py_DECREF(mf);
     if (got < 0) return NULL;
     if (got == 0) Py_RETURN_NONE;
     return result;

@@ -307,3 +307,41 @@ def test_append_one_hands_off_as_notify_appended(tmp_path: Path, monkeypatch) ->
         assert taken > 20
     finally:
         s.shutdown()
+
+
+def test_append_one_raises_what_on_appended_raises_as_the_reference(tmp_path: Path) -> None:
+    """A hand-off that raises propagates out of both implementations after the same writes (the record is in
+    the file, the queue offset taken), and the store goes on putting."""
+    a, b = _store(tmp_path / "native"), _store(tmp_path / "ref")
+    try:
+        msgs = [m for m in _messages(30) if m.properties_string is None and m.born_host is None]
+        for m in msgs[:6]:
+            assert a.put_message(m).is_ok() and b.put_message(m).is_ok()
+
+        def boom(start: int, end: int, reqs: tuple) -> None:
+            raise RuntimeError("hand-off failed")
+
+        for s in (a, b):
+            s.commit_log.on_appended = boom
+        cla, clb = a.commit_log, b.commit_log
+        with pytest.raises(RuntimeError, match="hand-off failed"):
+            with cla.put_lock:
+                _native.append_one(cla, msgs[6], None, cla.encoder.plain_context(), cla.file_size)
+        with pytest.raises(RuntimeError, match="hand-off failed"):
+            clb._append_one_py(msgs[6], None)
+        assert cla.topic_queue_table == clb.topic_queue_table
+        mfa, mfb = cla.mapped_file_queue.mapped_files[-1], clb.mapped_file_queue.mapped_files[-1]
+        assert mfa.wrote_position == mfb.wrote_position
+        assert (cla.begin_time_in_lock != 0) == (clb.begin_time_in_lock != 0)
+        for s in (a, b):
+            s.commit_log.begin_time_in_lock = 0
+            s.commit_log.on_appended = s.reput_message_service.notify_appended
+            assert s.put_message(msgs[7]).is_ok()
+            assert s.wait_for_dispatch(10)  # the failed hand-off's record is parsed back from the file
+        for topic in ("TopicA", "%RETRY%g-1"):
+            for q in range(3):
+                assert a.get_max_offset_in_queue(topic, q) == b.get_max_offset_in_queue(topic, q)
+        assert sum(a.get_max_offset_in_queue(t, q) for t in ("TopicA", "%RETRY%g-1") for q in range(3)) == 8
+    finally:
+        a.shutdown()
+        b.shutdown()

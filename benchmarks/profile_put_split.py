@@ -1,6 +1,6 @@
 """Where a batched put with dispatch spends its time, phase by phase, measured apart (no sampling).
 
-    python benchmarks/profile_put_split.py [--n 200000] [--batch 1000] [--reps 3]
+    python benchmarks/profile_put_split.py [--n 200000] [--batch 1000 | --single] [--reps 3]
 
 The workload of `bench_store.py` (200-byte bodies, one 14-character key, 4 queues of one topic, a UNIQ_KEY
 added by the store) is put into a fresh store whose reput thread is NOT started: each phase is timed on its
@@ -134,16 +134,98 @@ def one_run(n: int, batch: int, root: Path) -> dict[str, float]:
     }
 
 
+def one_run_single(n: int, root: Path) -> dict[str, float]:
+    """`--single`: single puts (`MessageStore.put_message`) of the same workload, reput not running. Stages
+    timed as separate loops of the same puts into fresh stores: the UNIQ_KEY alone, the locked append alone
+    (`_native.append_one` under the put lock with the native core, else `_append_one_py`), the whole put
+    (its Python around them is the difference), then the dispatch of what the puts handed over, taken as the
+    reput takes it (`_take_pending` + `_dispatch`)."""
+    from rmq_eventstore.store import commitlog as cl_mod
+
+    msgs = [Message(topic=TOPIC, body=BODIES[i & 1023], keys=f"p00-{i:010d}", queue_id=i % QUEUES)
+            for i in range(n)]
+
+    def fresh() -> tuple[MessageStore, str]:
+        path = tempfile.mkdtemp(prefix="split-", dir=root)
+        st = MessageStore(StoreConfig(store_path_root_dir=path))
+        st.load()
+        st._started = True  # puts allowed; no service thread runs (the dispatch is timed below, alone)
+        for m in msgs[:QUEUES]:
+            assert st.put_message(m).is_ok()  # the queues exist: every put below takes the fast path
+        return st, path
+
+    out: dict[str, float] = {}
+    us = 1e6 / n
+    # the UNIQ_KEY alone (as put_message takes it)
+    st, path = fresh()
+    try:
+        gen = st.commit_log.uniq_ids
+        fast = cl_mod._native_uniq
+        t0 = time.thread_time()
+        for _ in range(n):
+            (fast is not None and fast(gen)) or gen.create()
+        out["uniq"] = (time.thread_time() - t0) * us
+    finally:
+        st.shutdown()
+        shutil.rmtree(path, ignore_errors=True)
+    # the locked append alone (record, queue table, hand-off, results)
+    st, path = fresh()
+    try:
+        cl = st.commit_log
+        cl.on_appended = st.reput_message_service.notify_appended
+        ctx, size, lock = cl.encoder.plain_context(), cl.file_size, cl.put_lock
+        native = cl_mod._native_append_one
+        t0 = time.thread_time()
+        if native is not None:
+            for m in msgs:
+                with lock:
+                    native(cl, m, None, ctx, size)
+        else:
+            for m in msgs:
+                cl._append_one_py(m, None)
+        out["append (locked body + results)"] = (time.thread_time() - t0) * us
+    finally:
+        st.shutdown()
+        shutil.rmtree(path, ignore_errors=True)
+    # the whole put, then the dispatch of its hand-offs
+    st, path = fresh()
+    try:
+        rs = st.reput_message_service
+        rs.do_reput()
+        put = st.put_message
+        t0 = time.thread_time()
+        for m in msgs:
+            put(m)
+        put_s = time.thread_time() - t0
+        t0 = time.thread_time()
+        while rs.do_reput():
+            pass
+        disp_s = time.thread_time() - t0
+        assert st.index_service.get_total_entries() >= 2 * n
+    finally:
+        st.shutdown()
+        shutil.rmtree(path, ignore_errors=True)
+    out["put: the rest (Python, lock, wake-up)"] = put_s * us - out["uniq"] - out["append (locked body + results)"]
+    out["put total"] = put_s * us
+    out["dispatch total"] = disp_s * us
+    out["put + dispatch"] = (put_s + disp_s) * us
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--single", action="store_true", help="single puts (put_message) instead of batches")
     args = ap.parse_args()
     root = REPO / "var" / "bench"
     root.mkdir(parents=True, exist_ok=True)
-    runs = [one_run(args.n, args.batch, root) for _ in range(args.reps)]
+    if args.single:
+        args.batch = 1
+    runs = [one_run_single(args.n, root) if args.single else one_run(args.n, args.batch, root)
+            for _ in range(args.reps)]
     med = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
     if args.json:
         print(json.dumps({"native": codec.NATIVE, "n": args.n, "batch": args.batch, "us_per_msg": med}))

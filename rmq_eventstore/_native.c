@@ -22,6 +22,9 @@
  *   read_runs           MessageStore._get_matching_all: a pull's match-all read, the body as one bytes
  *   decode_records      codec.decode_records' loop: a pull body into MessageExts (init_pull binds the type)
  *   remoting_*          the remoting frame codec (its own block below: RemotingCommand.encode, FrameDecoder.feed)
+ *   append_one          CommitLog._append_one's locked body (a single put: file, queue offset, record, hand-off)
+ *   uniq_create         UniqueIdGenerator.create's fast path (a single put's UNIQ_KEY)
+ *   take_requests       ReputMessageService._take_pending's walk over a run of request chunks
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -3128,6 +3131,455 @@ error:
 /* end of the remoting frame codec                                                                  */
 /* ============================================================================================== */
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Single put (issue 16, branch put-single): CommitLog._append_one's locked body in one call.        */
+#include <time.h>
+/* append_one(commit_log, msg, uniq, ctx, file_size) -> PutMessageResult(PUT_OK, AppendMessageResult) or None.
+ * The caller holds the put lock. Covers exactly what `CommitLog._append_one` (the Python reference)
+ * covers: a current file with room for the record before its last 8 bytes, an existing queue, a plain
+ * message; None, with nothing changed, for anything else (the caller then takes the general path). In
+ * that case it reads the queue offset from `topic_queue_table`, stamps `begin_time_in_lock`, encodes the
+ * record straight into the file's write view (plain_prepare / plain_write / plain_request, the bytes of
+ * encode_plain_one), moves `wrote_position` and `store_timestamp`, bumps the queue offset and hands the
+ * request to `on_appended(base, end, (request,))`, as the reference does, in its order. */
+static PyObject *s_mfq, *s_mapped_files, *s_wrote_position, *s_file_from_offset, *s_write_view, *s_store_ts,
+    *s_table, *s_begin_in_lock, *s_on_appended;
+
+static int single_names(void) {
+    if (s_on_appended != NULL) return 0;
+    const char *names[] = {"mapped_file_queue", "mapped_files", "wrote_position", "file_from_offset", "_write_view",
+                           "store_timestamp", "topic_queue_table", "begin_time_in_lock", "on_appended"};
+    PyObject **slots[] = {&s_mfq, &s_mapped_files, &s_wrote_position, &s_file_from_offset, &s_write_view,
+                          &s_store_ts, &s_table, &s_begin_in_lock, &s_on_appended};
+    for (int i = 0; i < 9; i++) {
+        PyObject *n = PyUnicode_InternFromString(names[i]);
+        if (n == NULL) return -1;
+        *slots[i] = n;
+    }
+    return 0;
+}
+
+static int64_t single_now_ms(void) { /* int(time.time() * 1000) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* an attribute that is an int fitting [lo, hi]: 1; 0 when it is not (error cleared); -1 on a lookup error */
+static int single_attr_i64(PyObject *o, PyObject *name, int64_t lo, int64_t hi, int64_t *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int ok = PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+static int single_set_i64(PyObject *o, PyObject *name, int64_t v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (x == NULL) return -1;
+    int r = PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
+    return r;
+}
+
+/* The result objects of a put, built without running their dataclass __init__: the slots of
+ * AppendMessageResult / PutMessageResult (slots=True dataclasses), looked up once by single_init. */
+enum { A_STATUS, A_WROTE_OFFSET, A_WROTE_BYTES, A_STORE_TS, A_LOGICS_OFFSET, A_MSG_NUM, A_PAGE_CACHE_RT, A_STORE_HOST,
+       A_STORE_PORT, A_OFFSETS, A_UNIQ_KEYS, A_COUNT };
+static const char *amr_names[A_COUNT] = {"status", "wrote_offset", "wrote_bytes", "store_timestamp", "logics_offset",
+                                         "msg_num", "page_cache_rt", "store_host", "store_port", "offsets", "uniq_keys"};
+static const char *pmr_names[3] = {"status", "append_result", "reason"};
+static PyTypeObject *amr_type = NULL, *pmr_type = NULL;
+static Py_ssize_t amr_off[A_COUNT], pmr_off[3];
+static PyObject *amr_ok = NULL, *pmr_ok = NULL;
+
+static int slot_offsets(PyObject *tp, const char **names, int n, Py_ssize_t *out) {
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString(tp, names[i]);
+        if (d == NULL) return -1;
+        if (Py_TYPE(d) != &PyMemberDescr_Type || (((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX &&
+                                                  ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT)) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name, names[i]);
+            return -1;
+        }
+        out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    return 0;
+}
+
+/* ReputMessageService.notify_appended (the function) and reput.MAX_PENDING: append_one hands a record to
+ * that method itself (see single_handoff) */
+static PyObject *notify_fn = NULL;
+static long long notify_max_pending = 0;
+
+/* single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK
+ *             [, ReputMessageService.notify_appended, MAX_PENDING]) */
+static PyObject *single_init(PyObject *self, PyObject *args) {
+    PyObject *at, *pt, *aok, *pok, *nf = NULL;
+    long long maxp = 0;
+    if (!PyArg_ParseTuple(args, "O!O!OO|OL", &PyType_Type, &at, &PyType_Type, &pt, &aok, &pok, &nf, &maxp)) return NULL;
+    if (nf != NULL) {
+        if (!PyFunction_Check(nf)) { PyErr_SetString(PyExc_TypeError, "notify_appended must be a function"); return NULL; }
+        Py_XSETREF(notify_fn, Py_NewRef(nf));
+        notify_max_pending = maxp;
+    }
+    Py_ssize_t ao[A_COUNT], po[3];
+    if (slot_offsets(at, amr_names, A_COUNT, ao) < 0 || slot_offsets(pt, pmr_names, 3, po) < 0) return NULL;
+    memcpy(amr_off, ao, sizeof ao); memcpy(pmr_off, po, sizeof po);
+    Py_XSETREF(amr_type, (PyTypeObject *)Py_NewRef(at)); Py_XSETREF(pmr_type, (PyTypeObject *)Py_NewRef(pt));
+    Py_XSETREF(amr_ok, Py_NewRef(aok)); Py_XSETREF(pmr_ok, Py_NewRef(pok));
+    Py_RETURN_NONE;
+}
+
+static inline void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) { /* steals v; the slot was NULL */
+    *(PyObject **)((char *)o + off) = v;
+}
+
+/* PutMessageResult(PUT_OK, AppendMessageResult(PUT_OK, base, total, now, q, 1, rt, host, port, [base], [uniq]), "") */
+static PyObject *single_result(PyObject *base_obj, PyObject *total_obj, PyObject *now_obj, PyObject *q_obj, int64_t rt,
+                               PyObject *host, PyObject *port, PyObject *uniq) {
+    PyObject *a = amr_type->tp_alloc(amr_type, 0);
+    if (a == NULL) return NULL;
+    PyObject *vals[A_COUNT] = {Py_NewRef(amr_ok), Py_NewRef(base_obj), Py_NewRef(total_obj), Py_NewRef(now_obj),
+                               Py_NewRef(q_obj), PyLong_FromLong(1), PyLong_FromLongLong(rt), Py_NewRef(host),
+                               Py_NewRef(port), PyList_New(1), PyList_New(1)};
+    int bad = 0;
+    for (int i = 0; i < A_COUNT; i++) if (vals[i] == NULL) bad = 1;
+    if (!bad) {
+        PyList_SET_ITEM(vals[A_OFFSETS], 0, Py_NewRef(base_obj));
+        PyList_SET_ITEM(vals[A_UNIQ_KEYS], 0, Py_NewRef(uniq));
+    }
+    for (int i = 0; i < A_COUNT; i++) {
+        if (vals[i] != NULL) set_slot(a, amr_off[i], vals[i]);
+    }
+    if (bad) { Py_DECREF(a); return NULL; }
+    PyObject *p = pmr_type->tp_alloc(pmr_type, 0), *reason = PyUnicode_New(0, 0);
+    if (p == NULL || reason == NULL) { Py_XDECREF(p); Py_XDECREF(reason); Py_DECREF(a); return NULL; }
+    set_slot(p, pmr_off[0], Py_NewRef(pmr_ok));
+    set_slot(p, pmr_off[1], a);
+    set_slot(p, pmr_off[2], reason);
+    return p;
+}
+
+/* f"{topic}-{queue_id}" (a new reference), remembered for the last topic seen per queue id modulo 16: a
+ * single put to a known queue neither formats nor hashes a new string */
+static PyObject *kc_topic[16], *kc_qid[16], *kc_key[16];
+
+static PyObject *single_queue_key(PyObject *topic, PyObject *qid) {
+    size_t i = (size_t)PyLong_AsSize_t(qid);
+    if (i == (size_t)-1 && PyErr_Occurred()) { PyErr_Clear(); i = 0; }
+    i &= 15;
+    PyObject *t = kc_topic[i];
+    if (t != NULL && (t == topic || PyUnicode_Compare(t, topic) == 0) && PyObject_RichCompareBool(kc_qid[i], qid, Py_EQ) == 1)
+        return Py_NewRef(kc_key[i]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *key = PyUnicode_FromFormat("%U-%S", topic, qid);
+    if (key == NULL) return NULL;
+    Py_XSETREF(kc_topic[i], Py_NewRef(topic));
+    Py_XSETREF(kc_qid[i], Py_NewRef(qid));
+    Py_XSETREF(kc_key[i], Py_NewRef(key));
+    return key;
+}
+
+/* `on_appended(base, end, reqs)` when it is ReputMessageService.notify_appended of some service: what that
+ * method does, without its frame: under MAX_PENDING pending requests the chunk goes to `_pending` and
+ * `_pending_count` grows; the first hand-off since the loop last woke (`_signalled` false) sets `_wakeup`.
+ * 1: done; 0: `cb` is something else (the caller calls it); -1: error. The chunk is untracked (ints and
+ * an untracked tuple). */
+static PyObject *h_pending, *h_count, *h_signalled, *h_wakeup, *h_append, *h_set;
+
+static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, PyObject *reqs) {
+    if (notify_fn == NULL || !PyMethod_Check(cb) || PyMethod_GET_FUNCTION(cb) != notify_fn) return 0;
+    if (h_set == NULL) {
+        const char *names[] = {"_pending", "_pending_count", "_signalled", "_wakeup", "append", "set"};
+        PyObject **slots[] = {&h_pending, &h_count, &h_signalled, &h_wakeup, &h_append, &h_set};
+        for (int i = 0; i < 6; i++) {
+            PyObject *n = PyUnicode_InternFromString(names[i]);
+            if (n == NULL) return -1;
+            *slots[i] = n;
+        }
+    }
+    PyObject *svc = PyMethod_GET_SELF(cb);
+    int64_t count;
+    int got = single_attr_i64(svc, h_count, INT64_MIN, INT64_MAX - 1, &count);
+    if (got <= 0) return got;  /* not an int: the method itself decides */
+    if (count < notify_max_pending) {
+        PyObject *pend = PyObject_GetAttr(svc, h_pending);
+        if (pend == NULL) return -1;
+        PyObject *chunk = PyTuple_Pack(3, base_obj, end_obj, reqs);
+        if (chunk == NULL) { Py_DECREF(pend); return -1; }
+        PyObject_GC_UnTrack(chunk);
+        PyObject *r = PyObject_CallMethodOneArg(pend, h_append, chunk);
+        Py_DECREF(chunk); Py_DECREF(pend);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        if (single_set_i64(svc, h_count, count + PyTuple_GET_SIZE(reqs)) < 0) return -1;
+    }
+    PyObject *sig = PyObject_GetAttr(svc, h_signalled);
+    if (sig == NULL) return -1;
+    int is_set = PyObject_IsTrue(sig);
+    Py_DECREF(sig);
+    if (is_set < 0) return -1;
+    if (!is_set) {
+        if (PyObject_SetAttr(svc, h_signalled, Py_True) < 0) return -1;
+        PyObject *ev = PyObject_GetAttr(svc, h_wakeup);
+        if (ev == NULL) return -1;
+        PyObject *r = PyObject_CallMethodNoArgs(ev, h_set);
+        Py_DECREF(ev);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 1;
+}
+
+static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "append_one takes 5 arguments"); return NULL; }
+    if (message_type == NULL || amr_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_native.init() / single_init() was not called");
+        return NULL;
+    }
+    if (single_names() < 0) return NULL;
+    PyObject *cl = args[0], *msg = args[1], *u = args[2], *ctx = args[3];
+    int64_t file_size, port, sys_flag, max_body, max_record, pos, from;
+    if (Py_TYPE(msg) != message_type || !as_i64(args[4], 1, INT32_MAX, &file_size)) Py_RETURN_NONE;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 10) { PyErr_SetString(PyExc_TypeError, "ctx must be a 10-tuple"); return NULL; }
+    PyObject *topics = PyTuple_GET_ITEM(ctx, 0), *addr = PyTuple_GET_ITEM(ctx, 1);
+    PyObject *tags_cache = PyTuple_GET_ITEM(ctx, 6), *tags_fn = PyTuple_GET_ITEM(ctx, 7);
+    PyObject *rt = PyTuple_GET_ITEM(ctx, 8);
+    if (!PyDict_CheckExact(topics) || !PyBytes_CheckExact(addr) || !PyDict_CheckExact(tags_cache) ||
+        !PyType_Check(rt) || !PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bad ctx");
+        return NULL;
+    }
+    if (!as_i64(PyTuple_GET_ITEM(ctx, 2), 0, INT32_MAX, &port) || !as_i64(PyTuple_GET_ITEM(ctx, 3), 0, INT32_MAX, &sys_flag) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 4), 0, INT64_MAX, &max_body) ||
+        !as_i64(PyTuple_GET_ITEM(ctx, 5), 0, INT64_MAX, &max_record))
+        Py_RETURN_NONE;
+    Py_ssize_t addr_len = PyBytes_GET_SIZE(addr);
+    if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
+    const Py_ssize_t reserved = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 9)) == 1 ? CRC_RESERVED : 0;
+    const Py_ssize_t hsize = addr_len == 16 ? 112 : 88;
+
+    /* the current file: files[-1], with room beyond the END_FILE_MIN_BLANK_LENGTH */
+    PyObject *mfq = PyObject_GetAttr(cl, s_mfq);
+    if (mfq == NULL) return NULL;
+    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
+    Py_DECREF(mfq);
+    if (files == NULL) return NULL;
+    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
+    PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
+    Py_DECREF(files);
+    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL, *base_obj = NULL, *now_obj = NULL;
+    plain_rec r;
+    memset(&r, 0, sizeof r);
+    int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
+    if (got <= 0) goto done;
+    if (file_size - pos <= 8) { got = 0; goto done; }  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
+    /* the queue: topic_queue_table[f"{topic}-{queue_id}"] */
+    PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
+    if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) { got = 0; goto done; }
+    table = PyObject_GetAttr(cl, s_table);
+    if (table == NULL) { got = -1; goto done; }
+    if (!PyDict_CheckExact(table)) { got = 0; goto done; }
+    key = single_queue_key(topic, qid);
+    if (key == NULL) { got = -1; goto done; }
+    PyObject *qo = PyDict_GetItemWithError(table, key);
+    if (qo == NULL) { got = PyErr_Occurred() ? -1 : 0; goto done; }  /* a new queue: the general path */
+    int64_t q;
+    if (!PyLong_CheckExact(qo) || !as_i64(qo, 0, INT64_MAX - 1, &q)) { got = 0; goto done; }
+    got = single_attr_i64(mf, s_file_from_offset, 0, INT64_MAX - file_size, &from);
+    if (got <= 0) goto done;
+    int64_t base = from + pos;
+    got = plain_prepare(msg, u, topics, hsize, reserved, max_body, max_record, &r);
+    if (got <= 0) goto done;
+    if (r.total > file_size - pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
+    r.q = q;
+    int64_t now = single_now_ms();
+    now_obj = PyLong_FromLongLong(now);
+    if (now_obj == NULL || PyObject_SetAttr(cl, s_begin_in_lock, now_obj) < 0) { got = -1; goto done; }
+    PyObject *view = PyObject_GetAttr(mf, s_write_view);
+    if (view == NULL) { got = -1; goto done; }
+    Py_buffer dst;
+    if (PyObject_GetBuffer(view, &dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); got = -1; goto done; }
+    Py_DECREF(view);
+    if (pos > dst.len || r.total > dst.len - pos) {
+        PyBuffer_Release(&dst);
+        got = single_set_i64(cl, s_begin_in_lock, 0) < 0 ? -1 : 0;
+        goto done;
+    }
+    PyObject *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
+    PyObject *empty = PyUnicode_New(0, 0);
+    base_obj = PyLong_FromLongLong(base);
+    if (sys_obj != NULL && zero != NULL && empty != NULL && base_obj != NULL) {
+        unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
+                                           addr_len, (int)port, (int)sys_flag, reserved);
+        req = plain_request(&r, Py_NewRef(base_obj), props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj,
+                            sys_obj, zero, empty);
+    }
+    PyBuffer_Release(&dst);
+    Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
+    if (req == NULL) { got = -1; goto done; }
+    /* the record is in the file: publish it as the reference does */
+    PyObject *nq = PyLong_FromLongLong(q + 1);
+    if (nq == NULL || single_set_i64(mf, s_wrote_position, pos + r.total) < 0 ||
+        PyObject_SetAttr(mf, s_store_ts, now_obj) < 0 || PyDict_SetItem(table, key, nq) < 0) {
+        Py_XDECREF(nq); got = -1; goto done;
+    }
+    Py_DECREF(nq);
+    PyObject *cb = PyObject_GetAttr(cl, s_on_appended);
+    if (cb == NULL) { got = -1; goto done; }
+    if (cb != Py_None) {
+        /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
+           for the reput thread, and a burst of single puts does not age into the old generations) */
+        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
+        PyObject *e_obj = PyLong_FromLongLong(base + r.total);
+        if (reqs != NULL && e_obj != NULL) {
+            PyObject_GC_UnTrack(reqs);
+            int h = single_handoff(cb, base_obj, e_obj, reqs);
+            if (h > 0) cres = Py_NewRef(Py_None);
+            else if (h == 0) {
+                PyObject *cargs[3] = {base_obj, e_obj, reqs};
+                cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
+            }
+        }
+        Py_XDECREF(reqs); Py_XDECREF(e_obj);
+        if (cres == NULL) { Py_DECREF(cb); got = -1; goto done; }
+        Py_DECREF(cres);
+    }
+    Py_DECREF(cb);
+    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { got = -1; goto done; }
+    /* the request's total (3) and queue offset (6) are the result's; its uniq key (8) too */
+    result = single_result(base_obj, PyTuple_GET_ITEM(req, 3), now_obj, PyTuple_GET_ITEM(req, 6), single_now_ms() - now,
+                           addr, PyTuple_GET_ITEM(ctx, 2), PyTuple_GET_ITEM(req, 8));
+    if (result == NULL) got = -1;
+done:
+    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_XDECREF(base_obj); Py_XDECREF(now_obj);
+    Py_DECREF(mf);
+    if (got < 0) return NULL;
+    if (got == 0) Py_RETURN_NONE;
+    return result;
+}
+/* uniq_create(generator) -> str or None: UniqueIdGenerator.create's fast path (the millisecond of the ids
+ * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
+ * same reads and writes of `_time`, `_time_used`, `_counter` as the Python method, and the same id text.
+ * None, having changed nothing, when the fast path does not apply (create() then claims). */
+static PyObject *u_lock, *u_time, *u_used, *u_head, *u_head_time, *u_counter, *u_acquire, *u_release;
+
+static PyObject *uniq_create(PyObject *self, PyObject *gen) {
+    if (u_release == NULL) {
+        const char *names[] = {"_lock", "_time", "_time_used", "_head", "_head_time", "_counter", "acquire", "release"};
+        PyObject **slots[] = {&u_lock, &u_time, &u_used, &u_head, &u_head_time, &u_counter, &u_acquire, &u_release};
+        for (int i = 0; i < 8; i++) {
+            PyObject *n = PyUnicode_InternFromString(names[i]);
+            if (n == NULL) return NULL;
+            *slots[i] = n;
+        }
+    }
+    int64_t now = single_now_ms();
+    PyObject *lock = PyObject_GetAttr(gen, u_lock);
+    if (lock == NULL) return NULL;
+    PyObject *ok = PyObject_CallMethodNoArgs(lock, u_acquire);
+    if (ok == NULL) { Py_DECREF(lock); return NULL; }
+    Py_DECREF(ok);
+    PyObject *result = NULL, *head = NULL;
+    int64_t t, used, head_t, counter;
+    int got = single_attr_i64(gen, u_time, INT64_MIN, INT64_MAX, &t);
+    if (got > 0) got = single_attr_i64(gen, u_used, 0, INT64_MAX - 1, &used);
+    if (got > 0) got = single_attr_i64(gen, u_head_time, INT64_MIN, INT64_MAX, &head_t);
+    if (got > 0) got = single_attr_i64(gen, u_counter, 0, 0xFFFF, &counter);
+    if (got > 0) {
+        if (now > t) { t = now; used = 0; }
+        if (t != head_t || used >= 0x10000) got = 0;
+    }
+    if (got > 0) {
+        head = PyObject_GetAttr(gen, u_head);
+        if (head == NULL) got = -1;
+        else if (!PyUnicode_CheckExact(head) || !PyUnicode_IS_ASCII(head)) got = 0;
+    }
+    if (got > 0) {
+        Py_ssize_t hl = PyUnicode_GET_LENGTH(head);
+        result = PyUnicode_New(hl + 4, 127);
+        if (result == NULL) got = -1;
+        else {
+            static const char hex[] = "0123456789ABCDEF";
+            char *d = (char *)PyUnicode_1BYTE_DATA(result);
+            memcpy(d, PyUnicode_1BYTE_DATA(head), hl);
+            unsigned c = (unsigned)counter;
+            d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
+            /* commit: the same state the Python fast path leaves */
+            if (single_set_i64(gen, u_time, t) < 0 || single_set_i64(gen, u_used, used + 1) < 0 ||
+                single_set_i64(gen, u_counter, (counter + 1) & 0xFFFF) < 0)
+                got = -1;
+        }
+    }
+    Py_XDECREF(head);
+    PyObject *rel = PyObject_CallMethodNoArgs(lock, u_release);
+    Py_DECREF(lock);
+    if (rel == NULL) got = -1;
+    Py_XDECREF(rel);
+    if (got <= 0) {
+        Py_XDECREF(result);
+        if (got < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+/* take_requests(pending, popleft, offset, limit, room, out) -> (offset, taken): ReputMessageService.
+ * _take_pending's walk over a run of request chunks (single puts hand over one (start, end, (request,)) each):
+ * while the first chunk starts at `offset`, ends by `limit` and holds requests (a non-empty list or tuple),
+ * and fewer than `room` were taken: its requests go to `out`, it is popped, `offset` moves to its end.
+ * Anything else (a BLANK, columns, a gap) stops the walk; the Python loop decides what it is. */
+static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "take_requests(pending, popleft, offset, limit, room, out)");
+        return NULL;
+    }
+    PyObject *pend = args[0], *popleft = args[1], *out = args[5];
+    int64_t offset, limit, room;
+    if (!as_i64(args[2], INT64_MIN, INT64_MAX, &offset) || !as_i64(args[3], INT64_MIN, INT64_MAX, &limit) ||
+        !as_i64(args[4], INT64_MIN, INT64_MAX, &room)) {
+        PyErr_SetString(PyExc_TypeError, "offset, limit and room must be ints");
+        return NULL;
+    }
+    Py_ssize_t taken = 0;
+    while (taken < room) {
+        Py_ssize_t n = PyObject_Length(pend);
+        if (n < 0) { return NULL; }
+        if (n == 0) break;
+        PyObject *chunk = PySequence_GetItem(pend, 0);
+        if (chunk == NULL) { return NULL; }
+        int64_t start, end;
+        PyObject *reqs;
+        if (!PyTuple_CheckExact(chunk) || PyTuple_GET_SIZE(chunk) != 3 ||
+            !as_i64(PyTuple_GET_ITEM(chunk, 0), INT64_MIN, INT64_MAX, &start) ||
+            !as_i64(PyTuple_GET_ITEM(chunk, 1), INT64_MIN, INT64_MAX, &end) || start != offset || end > limit ||
+            end <= offset) {
+            Py_DECREF(chunk);
+            break;
+        }
+        reqs = PyTuple_GET_ITEM(chunk, 2);
+        Py_ssize_t k = (PyTuple_CheckExact(reqs) || PyList_CheckExact(reqs)) ? PySequence_Fast_GET_SIZE(reqs) : 0;
+        if (k == 0) { Py_DECREF(chunk); break; }
+        PyObject **items = PySequence_Fast_ITEMS(reqs);
+        for (Py_ssize_t i = 0; i < k; i++) {
+            if (PyList_Append(out, items[i]) < 0) { Py_DECREF(chunk); return NULL; }
+        }
+        Py_DECREF(chunk);
+        PyObject *popped = PyObject_CallNoArgs(popleft);
+        if (popped == NULL) { return NULL; }
+        Py_DECREF(popped);
+        offset = end;
+        taken += k;
+    }
+    return Py_BuildValue("(Ln)", (long long)offset, taken);
+}
+
+/* end of the single put block                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -3165,6 +3617,14 @@ static PyMethodDef methods[] = {
      "MessageStore._get_matching_all's loop on raw units: (status, taken, total, max_pulled, body, layout) or None."},
     /* end of THE PULL READ */
     REMOTING_METHODS
+    /* the single put (branch put-single) */
+    {"single_init", single_init, METH_VARARGS,
+     "single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)."},
+    {"take_requests", (PyCFunction)(void (*)(void))take_requests, METH_FASTCALL,
+     "ReputMessageService._take_pending's walk over request chunks: (offset, taken)."},
+    {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
+    {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
+     "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -602,6 +602,18 @@ class RecordEncoder:
             return native.encode_plain_one(msg, uniq_key, queue_offset, offset, now, ctx)
         return self.encode_plain_one_py(msg, uniq_key, queue_offset, offset, now)
 
+    def plain_context(self) -> tuple:
+        """The fixed arguments of the native single-record encoders (`encode_plain_one`,
+        `_native.append_one`), bound once per encoder."""
+        ctx = self._plain_ctx
+        if ctx is None:
+            addr, port = self.store_host
+            ctx = self._plain_ctx = (
+                self._topics, addr, port, (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0,
+                self.max_message_size, self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE,
+                tags_string_to_tags_code, DispatchRequest, self.append_crc)
+        return ctx
+
     def encode_plain_one_into(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int, now: int,
                               dst: memoryview | bytearray, pos: int, limit: int) -> tuple[int, DispatchRequest] | None:
         """`encode_plain_one` written straight into `dst` at `pos` (a single put's mapped file): `(size,

@@ -38,7 +38,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass
+_now_ms = now_ms  # the real clock (a test may replace the module's now_ms; single puts then take Python)
+_SYNC_FLUSH = FlushDiskType.SYNC_FLUSH
+
+
+@dataclass(slots=True)
 class AppendMessageResult:
     """Where an append landed (`AppendMessageResult`): first physical offset, bytes, queue offset."""
 
@@ -68,7 +72,7 @@ class AppendMessageResult:
         return self.status == AppendMessageStatus.PUT_OK
 
 
-@dataclass
+@dataclass(slots=True)
 class PutMessageResult:
     """Outcome of a put (`PutMessageResult`): a status, and the append result when bytes were written."""
 
@@ -85,6 +89,17 @@ class PutMessageResult:
         where = f", wrote_offset={a.wrote_offset}, logics_offset={a.logics_offset}" if a else ""
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"PutMessageResult({self.status.name}{where}{why})"
+
+
+# The single put's locked body in C, which builds the two results above without running their __init__
+# (None: the pure-Python loops, or an extension built before it existed).
+_native_append_one = getattr(codec.native, "append_one", None)
+_native_uniq = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's fast path, or None
+if _native_append_one is not None:
+    from . import reput as _reput  # the hand-off append_one does itself when on_appended is notify_appended
+
+    codec.native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK,
+                             PutMessageStatus.PUT_OK, _reput.ReputMessageService.notify_appended, _reput.MAX_PENDING)
 
 
 _INT32_FIELDS = ("queue_id", "flag", "sys_flag", "reconsume_times")
@@ -280,9 +295,22 @@ class CommitLog:
     def put_message(self, msg: Message) -> PutMessageResult:
         uniq = None
         if msg.uniq_key is None and msg.properties_string is None and self.config.auto_create_uniq_key:
-            uniq = self.uniq_ids.create()
+            uniq = (_native_uniq is not None and _native_uniq(self.uniq_ids)) or self.uniq_ids.create()
         if self.writeable and not self.read_only:
-            fast = self._append_one(msg, uniq)
+            append_one = _native_append_one
+            if append_one is not None and now_ms is _now_ms:  # _append_one's native path, without its frame
+                with self.put_lock:
+                    fast = append_one(self, msg, uniq, self.encoder._plain_ctx or self.encoder.plain_context(),
+                                      self.file_size)
+                if fast is not None:
+                    if self.config.flush_disk_type is _SYNC_FLUSH:
+                        return self._finish(fast.append_result, _wait_store_msg_ok(msg))  # type: ignore[arg-type]
+                    wake = self.flush_wakeup
+                    if wake is not None:
+                        wake()
+                    return fast
+            else:
+                fast = self._append_one(msg, uniq)
             if fast is None:
                 fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
             if fast is not None:
@@ -432,7 +460,34 @@ class CommitLog:
         """`put_message`'s fast path: `_append_plain` for one plain message in the common case only (the
         current file has room for it, its queue exists), the record encoded straight into the mapped file;
         None, having changed nothing, for anything else, which `_append_plain` then handles. The same
-        bytes, hand-off and result."""
+        bytes, hand-off and result. The locked body and the result objects are one C call
+        (`_native.append_one`) when the native core is active, else `_append_one_py`, its reference (also
+        taken while a test replaces `now_ms`)."""
+        append_one = _native_append_one
+        if append_one is not None and now_ms is _now_ms:
+            ctx = self.encoder._plain_ctx or self.encoder.plain_context()
+            with self.put_lock:
+                res = append_one(self, msg, uniq, ctx, self.file_size)
+            if res is None:
+                return None
+        else:
+            r = self._append_one_py(msg, uniq)
+            if r is None:
+                return None
+            base, total, begin, q, req = r
+            res = PutMessageResult(PutMessageStatus.PUT_OK, AppendMessageResult(
+                AppendMessageStatus.PUT_OK, base, total, begin, q, 1, now_ms() - begin,
+                self.store_host_bytes, self.store_port, [base], [req.uniq_key]))
+        if self.config.flush_disk_type is _SYNC_FLUSH:
+            return self._finish(res.append_result, _wait_store_msg_ok(msg))  # type: ignore[arg-type]
+        wake = self.flush_wakeup
+        if wake is not None:
+            wake()
+        return res
+
+    def _append_one_py(self, msg: Message, uniq: str | None) -> tuple[int, int, int, int, DispatchRequest] | None:
+        """`_native.append_one`'s reference, taking the put lock: (base, total, store time, queue offset,
+        request) of the record written, or None, having changed nothing."""
         with self.put_lock:
             files = self.mapped_file_queue.mapped_files
             if not files:
@@ -465,17 +520,9 @@ class CommitLog:
             table[key] = q + 1
             cb = self.on_appended
             if cb is not None:
-                cb(base, base + total, [req])
+                cb(base, base + total, (req,))
             self.begin_time_in_lock = 0
-        result = AppendMessageResult(
-            AppendMessageStatus.PUT_OK, base, total, begin, q, 1, now_ms() - begin,
-            self.store_host_bytes, self.store_port, [base], [req.uniq_key])
-        if self.config.flush_disk_type == FlushDiskType.SYNC_FLUSH:
-            return self._finish(result, _wait_store_msg_ok(msg))
-        wake = self.flush_wakeup
-        if wake is not None:
-            wake()
-        return PutMessageResult(PutMessageStatus.PUT_OK, result)
+        return base, total, begin, q, req
 
     def _append(self, recs: list[PreparedRecord], total: int, wait: bool = True) -> PutMessageResult:
         if total + codec.END_FILE_MIN_BLANK_LENGTH > self.file_size:

@@ -59,6 +59,7 @@ class ServiceThread:
         self.name = name
         self._stopped = threading.Event()
         self._wakeup = threading.Event()
+        self._signalled = False  # a wakeup set the event since the loop last cleared it (wakeup's fast check)
         self._thread: threading.Thread | None = None
         self.errors = 0
 
@@ -75,13 +76,17 @@ class ServiceThread:
         return self._stopped.is_set()
 
     def wakeup(self) -> None:
-        if not self._wakeup.is_set():
+        if not self._signalled:  # the first wakeup since the loop last woke sets the event, later ones do not
+            self._signalled = True
             self._wakeup.set()
 
     def wait_for_running(self, interval_s: float) -> None:
         """Wait until woken or `interval_s` passed (returns at once if a wakeup is pending)."""
         self._wakeup.wait(interval_s)
         self._wakeup.clear()
+        # after the clear, before the work: a wakeup from here on sets the event again; one in between
+        # is for something written before the work that follows, which covers it
+        self._signalled = False
         self.on_wait_end()
 
     def on_wait_end(self) -> None:

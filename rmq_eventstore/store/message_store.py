@@ -53,6 +53,7 @@ from .topic_deletion import TopicDeletionLog
 from .transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
+_NOT_WRITEABLE = RunningFlags._WRITE_BITS  # RunningFlags.is_writeable's bits (put_message's fast check)
 
 MAX_PULL_MSG_SIZE = 128 * 1024 * 1024
 BLANK_UNIT_SIZE = 0x7FFFFFFF
@@ -753,8 +754,12 @@ class MessageStore:
 
     def put_message(self, msg: Message) -> PutMessageResult:
         """Append one message; errors come back as a status with a reason, nothing is raised."""
+        cl = self.commit_log
+        if (self._started and not self._shutdown and not self.running_flags.flag_bits & _NOT_WRITEABLE
+                and not cl.begin_time_in_lock):  # `_check_running` passes: nothing to check further
+            return cl.put_message(msg)
         bad = self._check_running()
-        return bad if bad is not None else self.commit_log.put_message(msg)
+        return bad if bad is not None else cl.put_message(msg)
 
     def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
         """Append a batch under one lock into one file (consecutive queue offsets per queue)."""

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# _take_pending's walk over request chunks in C (one chunk per single put), else the loop below
+_take_requests = getattr(codec.native, "take_requests", None)
 MAX_PENDING = 500_000  # above this the put path stops handing over requests; reput parses instead
 MAX_BATCH = 8192
 REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep arriving
@@ -41,6 +43,9 @@ class ReputMessageService:
         self._pending: collections.deque = collections.deque()
         self._pending_count = 0
         self._wakeup = threading.Event()
+        # True from a hand-off's wake-up until the loop clears it (cleared after the event, before the
+        # pass that takes the hand-offs: a hand-off after that point wakes the loop again, none is lost)
+        self._signalled = False
         self._progress = threading.Condition()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -48,17 +53,17 @@ class ReputMessageService:
         self.errors = 0
 
     # -- hand-off from the put path ---------------------------------------------------------------
-    def notify_appended(self, start: int, end: int, requests: list) -> None:
+    def notify_appended(self, start: int, end: int, requests: list | tuple) -> None:
         """Called under the put lock with what was just written to `[start, end)`, in log order.
 
         A BLANK end-of-file record arrives as a chunk with no requests. Chunks are kept whole so that
         taking them costs nothing per message.
         """
-        pend = self._pending
         if self._pending_count < MAX_PENDING:
-            pend.append((start, end, requests))
+            self._pending.append((start, end, requests))
             self._pending_count += len(requests)
-        if not self._wakeup.is_set():
+        if not self._signalled:  # the first hand-off since the loop last looked wakes it, later ones do not
+            self._signalled = True
             self._wakeup.set()
 
     def wakeup(self) -> None:
@@ -95,6 +100,12 @@ class ReputMessageService:
             elif reqs:
                 if cols:
                     break
+                if _take_requests is not None:  # this chunk and the request chunks after it, in one C call
+                    offset, n = _take_requests(pend, pend.popleft, offset, limit, MAX_BATCH - taken, out)
+                    if n:
+                        self._pending_count -= n
+                        taken += n
+                        continue
                 out.extend(reqs)
             pend.popleft()
             n = len(reqs)
@@ -209,6 +220,7 @@ class ReputMessageService:
         while not self._stopped.is_set():
             self._wakeup.wait(0.01)
             self._wakeup.clear()
+            self._signalled = False
             try:
                 if self.do_reput():
                     # Like RocketMQ's 1 ms reput loop: let puts accumulate into the next batch instead of

@@ -1,0 +1,347 @@
+"""The single put's native path (issue 16) against its pure-Python references, in one process.
+
+`_native.append_one` (CommitLog's locked body of a single put, and its result objects) against
+`CommitLog._append_one_py`; `_native.uniq_create` against `UniqueIdGenerator.create`'s fast path;
+`_native.take_requests` against `ReputMessageService._take_pending`'s Python loop; and a whole store fed
+single puts through the native path against one fed through the reference (same commitlog, consume-queue
+and index bytes). The functions are called directly, so the file also runs (and compares) under
+`RMQ_EVENTSTORE_PURE=1`, where the store itself takes the references.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+
+import pytest
+
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.message import Message
+from rmq_eventstore.common.message_id import UniqueIdGenerator
+from rmq_eventstore.common.status import AppendMessageStatus, PutMessageStatus
+from rmq_eventstore.store import MessageStore
+from rmq_eventstore.store import commitlog as commitlog_module
+from rmq_eventstore.store import reput as reput_module
+from rmq_eventstore.store.commitlog import AppendMessageResult, PutMessageResult
+
+try:
+    from rmq_eventstore import _native
+except ImportError as e:  # not built
+    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
+        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
+    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native.init(Message)
+_native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)
+
+GEOMETRY = {"mapped_file_size_commit_log": 16 * 1024, "mapped_file_size_consume_queue": 20 * 100,
+            "max_hash_slot_num": 64, "max_index_num": 300}
+
+
+def _messages(n: int) -> list[Message]:
+    """Plain messages of several sizes, queues, tags and keys, with and without a UNIQ_KEY of their own,
+    and a few that are not plain (a properties string, a born host): the native path declines those."""
+    out = []
+    for i in range(n):
+        m = Message(topic="TopicA" if i % 5 else "%RETRY%g-1", body=bytes([i % 251]) * (i * 37 % 700),
+                    keys=None if i % 7 == 0 else (f"k{i} x{i % 3}" if i % 2 else [f"a{i}", "", f"b{i}"]),
+                    tags=None if i % 3 else f"tag{i % 4}", queue_id=i % 3,
+                    uniq_key=f"{i:032X}" if i % 11 == 0 else None)
+        if i % 17 == 16:
+            m.properties_string = f"KEYS\x01p{i}\x02WAIT\x01true\x02"
+        if i % 23 == 22:
+            m.born_host = "10.0.0.1:9"
+        out.append(m)
+    return out
+
+
+def _store(path: Path) -> MessageStore:
+    return MessageStore.open(path, auto_create_uniq_key=False, **GEOMETRY)
+
+
+def test_append_one_equals_the_reference(tmp_path: Path) -> None:
+    """Put by put, `_native.append_one` writes what `_append_one_py` writes at the same store time (record
+    bytes, write position, store timestamp, queue table, the request handed to `on_appended`) and declines
+    exactly what it declines (a new queue, no room before the file's end, a message that is not plain),
+    changing nothing then; its result objects are those `_append_one` builds from the reference's tuple."""
+    a, b = _store(tmp_path / "native"), _store(tmp_path / "ref")
+    try:
+        handed: dict[str, list] = {"native": [], "ref": []}
+        for name, s in (("native", a), ("ref", b)):
+            s.commit_log.on_appended = lambda start, end, reqs, name=name: handed[name].append((start, end, reqs))
+        declined = 0
+        for i, m in enumerate(_messages(400)):
+            cla, clb = a.commit_log, b.commit_log
+            before = (dict(cla.topic_queue_table), len(cla.mapped_file_queue.mapped_files),
+                      cla.mapped_file_queue.mapped_files[-1].wrote_position if cla.mapped_file_queue.mapped_files else -1)
+            with cla.put_lock:
+                res = _native.append_one(cla, m, None, cla.encoder.plain_context(), cla.file_size)
+            if res is None:
+                declined += 1
+                after = (dict(cla.topic_queue_table), len(cla.mapped_file_queue.mapped_files),
+                         cla.mapped_file_queue.mapped_files[-1].wrote_position if cla.mapped_file_queue.mapped_files else -1)
+                assert after == before and cla.begin_time_in_lock == 0
+                real = commitlog_module.now_ms
+                commitlog_module.now_ms = lambda: 1_700_000_000_000
+                try:
+                    assert clb._append_one_py(m, None) is None, i
+                finally:
+                    commitlog_module.now_ms = real
+                # the general path takes it, in both stores alike
+                ra = a.put_message(m)
+                real = commitlog_module.now_ms
+                ts = ra.append_result.store_timestamp if ra.append_result else 0
+                commitlog_module.now_ms = lambda ts=ts: ts
+                try:
+                    rb = b.put_message(m)
+                finally:
+                    commitlog_module.now_ms = real
+                assert ra.status == rb.status, (i, ra, rb)
+                continue
+            ap = res.append_result
+            real = commitlog_module.now_ms
+            commitlog_module.now_ms = lambda ts=ap.store_timestamp: ts
+            try:
+                ref = clb._append_one_py(m, None)
+            finally:
+                commitlog_module.now_ms = real
+            assert ref is not None, i
+            base, total, begin, q, req = ref
+            expect = PutMessageResult(PutMessageStatus.PUT_OK, AppendMessageResult(
+                AppendMessageStatus.PUT_OK, base, total, begin, q, 1, ap.page_cache_rt, clb.store_host_bytes,
+                clb.store_port, [base], [req.uniq_key]))
+            assert res == expect and res.status is PutMessageStatus.PUT_OK and res.reason == ""
+            assert res.is_ok() and res.append_result.msg_id == expect.append_result.msg_id
+            assert handed["native"][-1] == handed["ref"][-1] == (base, base + total, (req,))
+            mfa, mfb = cla.mapped_file_queue.mapped_files[-1], clb.mapped_file_queue.mapped_files[-1]
+            pos = base - mfa.file_from_offset
+            assert bytes(mfa.view[pos:pos + total]) == bytes(mfb.view[pos:pos + total])
+            assert (mfa.wrote_position, mfa.store_timestamp) == (mfb.wrote_position, mfb.store_timestamp)
+            assert cla.topic_queue_table == clb.topic_queue_table
+            assert cla.begin_time_in_lock == clb.begin_time_in_lock == 0
+        assert 30 < declined < 200  # new queues, file ends and the messages that are not plain all came up
+        assert len(a.commit_log.mapped_file_queue.mapped_files) > 3  # the files rolled
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+_FIELDS = ("store_size", "magic_code", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
+           "sys_flag", "born_host_bytes", "born_port", "store_host_bytes", "store_port", "reconsume_times",
+           "prepared_transaction_offset", "body", "topic", "properties_string")  # all but the two times
+
+
+def test_a_store_fed_single_puts_natively_equals_the_reference(tmp_path: Path, monkeypatch) -> None:
+    """Whole stores: single puts through `put_message` with the native put and hand-off walk, and with both
+    switched off (the references), leave the same records (all fields but the clock's), the same
+    consume-queue bytes and index answers, across file rolls, new queues and messages that are not plain."""
+    msgs = _messages(300)
+
+    def run(name: str) -> tuple[list, dict, dict]:
+        root = tmp_path / name
+        s = MessageStore.open(root, **GEOMETRY)  # UNIQ_KEYs created (C fast path, or create()): keys differ
+        for i, m in enumerate(msgs):
+            r = s.put_message(m)
+            assert r.is_ok(), (i, r)
+            assert (r.append_result.uniq_keys[0] is not None) == (m.properties_string is None), i
+            assert r.append_result.offsets == [r.append_result.wrote_offset]
+        assert s.wait_for_dispatch(10)
+        records, off = [], s.commit_log.get_min_offset()
+        while off < s.commit_log.get_max_offset():
+            buf = s.commit_log.get_message(off, 8)
+            if buf is None or codec._INT.unpack_from(buf, 4)[0] == codec.BLANK_MAGIC_CODE:  # a file's end
+                off = s.commit_log.roll_next_file(off)
+                continue
+            m = codec.decode_message(s.commit_log.read_record(off), 0)
+            records.append(tuple(getattr(m, f) for f in _FIELDS))
+            off += m.store_size
+        keys = {}
+        for i in range(len(msgs)):
+            for k in (f"k{i}", f"a{i}", f"b{i}", f"p{i}"):
+                for topic in ("TopicA", "%RETRY%g-1"):
+                    found = s.query_message(topic, k, 64, 0, 2 ** 62)
+                    got = sorted(x.queue_offset for x in found.messages) if found is not None else []
+                    if got:
+                        keys[(topic, k)] = got
+        s.shutdown()
+        return records, _tree(root, "consumequeue"), keys
+
+    a = run("native")
+    monkeypatch.setattr(commitlog_module, "_native_append_one", None)
+    monkeypatch.setattr(commitlog_module, "_native_uniq", None)
+    monkeypatch.setattr(reput_module, "_take_requests", None)
+    b = run("ref")
+    strip = [(*r[:-1], "\x02".join(p for p in r[-1].split("\x02") if not p.startswith("UNIQ_KEY\x01"))) for r in a[0]]
+    strip_b = [(*r[:-1], "\x02".join(p for p in r[-1].split("\x02") if not p.startswith("UNIQ_KEY\x01"))) for r in b[0]]
+    assert len(a[0]) == len(msgs) and strip == strip_b
+    assert a[1] == b[1] and len(a[1]) > 3
+    assert a[2] == b[2] and len(a[2]) > 100
+
+
+def _tree(root: Path, sub: str) -> dict[str, bytes]:
+    base = root / sub
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def _gen_state(g: UniqueIdGenerator) -> tuple:
+    return g._time, g._time_used, g._counter, g._head, g._head_time
+
+
+def test_uniq_create_is_create_fast_path() -> None:
+    """`_native.uniq_create` issues the id `create()` issues from the same state and leaves the same state;
+    it declines (None, state untouched) where `create()` must claim: a new millisecond without its text yet,
+    or 65536 ids issued in the millisecond. Real ids from it are unique and well formed."""
+    far = 1 << 60  # a millisecond ahead of the clock: `now > _time` never fires, the state decides alone
+    for counter, used, head_time in ((0, 0, far), (0xFFFF, 5, far), (17, 0xFFFF, far), (3, 0x10000, far),
+                                     (3, 0, far - 1)):
+        a, b = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7), UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+        for g in (a, b):
+            g._time, g._time_used, g._counter, g._head, g._head_time = far, used, counter, "AB" * 14, head_time
+        before = _gen_state(a)
+        got = _native.uniq_create(a)
+        if head_time != far or used >= 0x10000:
+            assert got is None and _gen_state(a) == before
+            continue
+        assert got == b.create() and _gen_state(a) == _gen_state(b)
+    g = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+    ids, fast = [], 0
+    for _ in range(20000):
+        i = _native.uniq_create(g)
+        fast += i is not None
+        ids.append(i or g.create())  # as the put path: create() claims each new millisecond
+    assert len(set(ids)) == len(ids) and all(len(i) == 32 and i == i.upper() for i in ids)
+    assert fast > 10000  # the fast path is taken
+
+
+class _Cols(codec.DispatchColumns):
+    """A stand-in for a columns chunk (only its class matters to the walk)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
+    """`_take_pending` with `_native.take_requests` takes the same chunks, requests and offsets as its Python
+    loop: runs of single-put chunks (tuples) and batch chunks (lists), stopping at a gap, a chunk past the
+    limit, a BLANK (no requests), columns, and the batch limit."""
+    from rmq_eventstore.store.reput import ReputMessageService
+
+    def chunks() -> list:
+        out, off = [], 100
+        for i in range(60):
+            if i in (7, 30):
+                out.append((off, off + 50, []))  # a BLANK
+                off += 50
+                continue
+            if i == 20:
+                off += 3  # a gap: parsed back from the commitlog, not taken
+            n = 1 if i % 4 else 3
+            reqs = tuple(("r", off + j) for j in range(n)) if n == 1 else [("r", off + j) for j in range(n)]
+            out.append((off, off + 10 * n, reqs))
+            off += 10 * n
+        return out
+
+    def walk(native: bool, limit: int, batch: int) -> list:
+        monkeypatch.setattr(reput_module, "_take_requests", _native.take_requests if native else None)
+        monkeypatch.setattr(reput_module, "MAX_BATCH", batch)
+        svc = ReputMessageService.__new__(ReputMessageService)
+        svc._pending = collections.deque(chunks())
+        svc._pending_count = sum(len(c[2]) for c in svc._pending)
+        svc.reput_from_offset = 100
+        steps = []
+        for _ in range(12):
+            got = svc._take_pending(limit)
+            steps.append((list(got), svc.reput_from_offset, svc._pending_count, len(svc._pending)))
+            if svc._pending and svc._pending[0][0] != svc.reput_from_offset:
+                svc.reput_from_offset = svc._pending[0][0]  # what a parse of the gap would do
+        return steps
+
+    for limit in (10 ** 9, 700):
+        for batch in (8192, 5):
+            assert walk(True, limit, batch) == walk(False, limit, batch)
+    cols = collections.deque([(0, 10, ("a",)), (10, 20, ("b",)), (20, 30, _Cols(2)), (30, 40, ("c",))])
+    out: list = []
+    assert _native.take_requests(cols, cols.popleft, 0, 100, 10, out) == (20, 2) and out == ["a", "b"]
+    assert len(cols) == 2  # stopped at the columns
+
+
+def test_append_one_hands_off_as_notify_appended(tmp_path: Path, monkeypatch) -> None:
+    """When `on_appended` is a reput service's `notify_appended`, `append_one` does the hand-off itself: the
+    service's pending chunks, count, wake-up flag and event end as the method leaves them, below and at
+    MAX_PENDING, with the flag set and clear."""
+    from rmq_eventstore.store import reput as reput_module
+
+    s = _store(tmp_path / "s")
+    try:
+        cl = s.commit_log
+        svc = s.reput_message_service
+        svc.shutdown()  # nothing takes the chunks: they stay to be compared
+        ref = reput_module.ReputMessageService.__new__(reput_module.ReputMessageService)
+        msgs = [m for m in _messages(40) if m.properties_string is None and m.born_host is None]
+        for m in msgs[:8]:
+            assert s.put_message(m).is_ok()  # the queues exist: the native path takes the rest
+        taken = 0
+        for i, m in enumerate(msgs[8:]):
+            full = i % 5 == 4
+            for x in (svc, ref):
+                x._pending = collections.deque()
+                x._pending_count = reput_module.MAX_PENDING if full else i
+                x._signalled = bool(i % 2)
+                x._wakeup = __import__("threading").Event()
+            with cl.put_lock:
+                res = _native.append_one(cl, m, None, cl.encoder.plain_context(), cl.file_size)
+            if res is None:  # the file's end: the general path rolls it
+                assert s.put_message(m).is_ok()
+                continue
+            taken += 1
+            a = res.append_result
+            ref.notify_appended(a.wrote_offset, a.wrote_offset + a.wrote_bytes, svc._pending[0][2] if svc._pending
+                                else (None,))
+            assert list(svc._pending) == list(ref._pending)
+            assert (svc._pending_count, svc._signalled, svc._wakeup.is_set()) == \
+                   (ref._pending_count, ref._signalled, ref._wakeup.is_set())
+            assert full == (not svc._pending)
+        assert taken > 20
+    finally:
+        s.shutdown()
+
+
+def test_append_one_raises_what_on_appended_raises_as_the_reference(tmp_path: Path) -> None:
+    """A hand-off that raises propagates out of both implementations after the same writes (the record is in
+    the file, the queue offset taken), and the store goes on putting."""
+    a, b = _store(tmp_path / "native"), _store(tmp_path / "ref")
+    try:
+        msgs = [m for m in _messages(30) if m.properties_string is None and m.born_host is None]
+        for m in msgs[:6]:
+            assert a.put_message(m).is_ok() and b.put_message(m).is_ok()
+
+        def boom(start: int, end: int, reqs: tuple) -> None:
+            raise RuntimeError("hand-off failed")
+
+        for s in (a, b):
+            s.commit_log.on_appended = boom
+        cla, clb = a.commit_log, b.commit_log
+        with pytest.raises(RuntimeError, match="hand-off failed"):
+            with cla.put_lock:
+                _native.append_one(cla, msgs[6], None, cla.encoder.plain_context(), cla.file_size)
+        with pytest.raises(RuntimeError, match="hand-off failed"):
+            clb._append_one_py(msgs[6], None)
+        assert cla.topic_queue_table == clb.topic_queue_table
+        mfa, mfb = cla.mapped_file_queue.mapped_files[-1], clb.mapped_file_queue.mapped_files[-1]
+        assert mfa.wrote_position == mfb.wrote_position
+        assert (cla.begin_time_in_lock != 0) == (clb.begin_time_in_lock != 0)
+        for s in (a, b):
+            s.commit_log.begin_time_in_lock = 0
+            s.commit_log.on_appended = s.reput_message_service.notify_appended
+            assert s.put_message(msgs[7]).is_ok()
+            assert s.wait_for_dispatch(10)  # the failed hand-off's record is parsed back from the file
+        for topic in ("TopicA", "%RETRY%g-1"):
+            for q in range(3):
+                assert a.get_max_offset_in_queue(topic, q) == b.get_max_offset_in_queue(topic, q)
+        assert sum(a.get_max_offset_in_queue(t, q) for t in ("TopicA", "%RETRY%g-1") for q in range(3)) == 8
+    finally:
+        a.shutdown()
+        b.shutdown()

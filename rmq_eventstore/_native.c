@@ -3579,6 +3579,176 @@ static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t
 
 /* end of the single put block                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
+/* ============================================================================================== */
+/* THE BATCH SEND (issue 16, branch send-batch): SEND_BATCH_MESSAGE's per-message work on both ends */
+/*  decode_batch_messages: the broker's decode of a batch body into Messages                       */
+/*                         (codec.decode_batch_messages_py: decode_batch_body + Message per entry) */
+/*  join_message_ids:      the response's comma-joined offsetMsgIds (message_id.join_message_ids_py) */
+/*  encode_batch_body:     the client's batch body (codec.encode_batch_body_py)                     */
+/* Each returns None where the Python reference must decide (it raises the same error it always did). */
+/* ============================================================================================== */
+
+/* decode_batch_messages(data, topic, queue_id, sys_flag, born_timestamp, born_host, reconsume_times)
+ * -> [Message(topic=topic, body=b, queue_id=queue_id, flag=f, properties_string=p, sys_flag=sys_flag,
+ *             born_timestamp=born_timestamp, born_host=born_host, reconsume_times=reconsume_times)]
+ * for each (b, f, p) of the batch body; ValueError (the reference's text) when malformed; None when the
+ * Message slots are not bound or data is not bytes. The header values are stored as given, as the
+ * Message constructor would. */
+static PyObject *decode_batch_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "decode_batch_messages takes 7 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0], *topic = args[1], *queue_id = args[2], *sys_flag = args[3], *born_ts = args[4],
+             *born_host = args[5], *reconsume = args[6];
+    if (message_type == NULL || !PyBytes_CheckExact(data)) Py_RETURN_NONE;
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+    int64_t n = PyBytes_GET_SIZE(data);
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    int64_t pos = 0;
+    while (pos < n) {
+        if (n - pos < 22) {
+            PyErr_Format(PyExc_ValueError, "batch body truncated at %lld", (long long)pos);
+            goto fail;
+        }
+        const unsigned char *p = d + pos;
+        int64_t size = get_i32(p), blen = get_i32(p + 16);
+        int32_t flag = get_i32(p + 12);
+        if (size < 22 || pos + size > n || blen < 0 || 20 + blen + 2 > size) {
+            PyErr_Format(PyExc_ValueError, "bad inner message size at %lld", (long long)pos);
+            goto fail;
+        }
+        int64_t plen = get_i16(p + 20 + blen);
+        if (plen < 0 || 22 + blen + plen != size) {
+            PyErr_Format(PyExc_ValueError, "bad inner properties length at %lld", (long long)pos);
+            goto fail;
+        }
+        PyObject *body = PyBytes_FromStringAndSize((const char *)p + 20, (Py_ssize_t)blen);
+        if (body == NULL) goto fail;
+        PyObject *props = PyUnicode_DecodeUTF8((const char *)p + 22 + blen, (Py_ssize_t)plen, "replace");
+        if (props == NULL) { Py_DECREF(body); goto fail; }
+        PyObject *fl = PyLong_FromLong(flag);
+        if (fl == NULL) { Py_DECREF(body); Py_DECREF(props); goto fail; }
+        PyObject *m = message_type->tp_alloc(message_type, 0);
+        if (m == NULL) { Py_DECREF(body); Py_DECREF(props); Py_DECREF(fl); goto fail; }
+        PyObject *v[F_COUNT];
+        v[F_TOPIC] = Py_NewRef(topic);
+        v[F_BODY] = body;
+        v[F_TAGS] = Py_NewRef(Py_None);
+        v[F_KEYS] = Py_NewRef(Py_None);
+        v[F_QUEUE_ID] = Py_NewRef(queue_id);
+        v[F_FLAG] = fl;
+        v[F_PROPERTIES] = Py_NewRef(Py_None);
+        v[F_SYS_FLAG] = Py_NewRef(sys_flag);
+        v[F_BORN_TIMESTAMP] = Py_NewRef(born_ts);
+        v[F_BORN_HOST] = Py_NewRef(born_host);
+        v[F_RECONSUME_TIMES] = Py_NewRef(reconsume);
+        v[F_PREPARED_TX] = Py_NewRef(zero);
+        v[F_PROPERTIES_STRING] = props;
+        v[F_UNIQ_KEY] = Py_NewRef(Py_None);
+        v[F_FORCE_V2] = Py_NewRef(Py_False);
+        for (int f = 0; f < F_COUNT; f++) *(PyObject **)((char *)m + field_offsets[f]) = v[f];
+        int r = PyList_Append(out, m);
+        Py_DECREF(m);
+        if (r < 0) goto fail;
+        pos += size;
+    }
+    Py_DECREF(zero);
+    return out;
+fail:
+    Py_DECREF(zero);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* join_message_ids(store_host, port, offsets) -> ",".join(create_message_id(store_host, port, o) for o in
+ * offsets): upper-case hex of host + port (int32) + offset (int64) per id; None when port or an offset
+ * does not fit (the reference raises struct.error) or offsets is not a list of ints. */
+static PyObject *join_message_ids(PyObject *self, PyObject *args) {
+    Py_buffer host;
+    long long port;
+    PyObject *offs;
+    if (!PyArg_ParseTuple(args, "y*LO", &host, &port, &offs)) return NULL;
+    PyObject *result = NULL;
+    if (!PyList_CheckExact(offs) || port < INT32_MIN || port > INT32_MAX) { result = Py_NewRef(Py_None); goto done; }
+    Py_ssize_t k = PyList_GET_SIZE(offs);
+    Py_ssize_t idlen = 2 * (host.len + 12);
+    if (k == 0) { result = PyUnicode_New(0, 127); goto done; }
+    Py_ssize_t total = k * idlen + (k - 1);
+    PyObject *s = PyUnicode_New(total, 127);
+    if (s == NULL) goto done;
+    char *w = (char *)PyUnicode_1BYTE_DATA(s);
+    static const char hex[] = "0123456789ABCDEF";
+    /* the host + port prefix is the same for every id */
+    char *prefix = w;
+    const unsigned char *h = (const unsigned char *)host.buf;
+    for (Py_ssize_t j = 0; j < host.len; j++) { *w++ = hex[h[j] >> 4]; *w++ = hex[h[j] & 15]; }
+    unsigned char pb[4];
+    put_i32(pb, (int32_t)port);
+    for (int j = 0; j < 4; j++) { *w++ = hex[pb[j] >> 4]; *w++ = hex[pb[j] & 15]; }
+    Py_ssize_t plen = w - prefix;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *o = PyList_GET_ITEM(offs, i);
+        int64_t off;
+        if (!as_i64(o, INT64_MIN, INT64_MAX, &off)) { Py_DECREF(s); result = Py_NewRef(Py_None); goto done; }
+        if (i > 0) { *w++ = ','; memcpy(w, prefix, plen); w += plen; }
+        unsigned char ob[8];
+        put_i64(ob, off);
+        for (int j = 0; j < 8; j++) { *w++ = hex[ob[j] >> 4]; *w++ = hex[ob[j] & 15]; }
+    }
+    result = s;
+done:
+    PyBuffer_Release(&host);
+    return result;
+}
+
+/* encode_batch_body(parts) -> b"".join(per (body, flag, props): [size][magic 0][crc 0][flag][bodyLen]
+ * [body][propLen][props utf-8]); None when an entry is not (bytes, int, str), props do not encode strictly,
+ * or a length or the flag does not fit its field (the reference raises the same error as before). */
+static PyObject *encode_batch_body(PyObject *self, PyObject *parts) {
+    if (!PyList_CheckExact(parts)) Py_RETURN_NONE;
+    Py_ssize_t k = PyList_GET_SIZE(parts);
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *t = PyList_GET_ITEM(parts, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3) Py_RETURN_NONE;
+        PyObject *body = PyTuple_GET_ITEM(t, 0), *flag = PyTuple_GET_ITEM(t, 1), *ps = PyTuple_GET_ITEM(t, 2);
+        int64_t f;
+        if (!PyBytes_CheckExact(body) || !PyUnicode_CheckExact(ps) || !as_i64(flag, INT32_MIN, INT32_MAX, &f))
+            Py_RETURN_NONE;
+        Py_ssize_t pl;
+        if (PyUnicode_IS_ASCII(ps)) {
+            pl = PyUnicode_GET_LENGTH(ps);
+        } else {
+            const char *u = PyUnicode_AsUTF8AndSize(ps, &pl);  /* cached on the str; fails on a surrogate */
+            if (u == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+        }
+        int64_t size = 22 + (int64_t)PyBytes_GET_SIZE(body) + pl;
+        if (pl > 32767 || size > INT32_MAX) Py_RETURN_NONE;
+        total += size;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *t = PyList_GET_ITEM(parts, i);
+        PyObject *body = PyTuple_GET_ITEM(t, 0), *ps = PyTuple_GET_ITEM(t, 2);
+        Py_ssize_t bl = PyBytes_GET_SIZE(body), pl;
+        const char *u = PyUnicode_AsUTF8AndSize(ps, &pl);  /* checked above */
+        put_i32(w, (int32_t)(22 + bl + pl));
+        memset(w + 4, 0, 8);
+        put_i32(w + 12, (int32_t)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)));
+        put_i32(w + 16, (int32_t)bl);
+        memcpy(w + 20, PyBytes_AS_STRING(body), bl);
+        put_i16(w + 20 + bl, (int)pl);
+        memcpy(w + 22 + bl, u, pl);
+        w += 22 + bl + pl;
+    }
+    return out;
+}
+/* ==================================== end of THE BATCH SEND ==================================== */
 
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -3625,6 +3795,14 @@ static PyMethodDef methods[] = {
     {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
     {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
      "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},
+    /* THE BATCH SEND (branch send-batch) */
+    {"decode_batch_messages", (PyCFunction)(void (*)(void))decode_batch_messages, METH_FASTCALL,
+     "codec.decode_batch_messages_py: the Messages of a SEND_BATCH_MESSAGE body (None: the reference decides)."},
+    {"join_message_ids", join_message_ids, METH_VARARGS,
+     "message_id.join_message_ids_py: a batch's comma-joined offsetMsgIds (None: the reference decides)."},
+    {"encode_batch_body", encode_batch_body, METH_O,
+     "codec.encode_batch_body_py: a SEND_BATCH_MESSAGE body (None: the reference decides)."},
+    /* end of THE BATCH SEND */
     {NULL, NULL, 0, NULL},
 };
 
@@ -3635,5 +3813,8 @@ static struct PyModuleDef moduledef = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_init();
-    return PyModule_Create(&moduledef);
+    PyObject *m = PyModule_Create(&moduledef);
+    /* THE BATCH SEND: decode_batch_messages sets this many Message slots (codec checks the dataclass has no more) */
+    if (m != NULL && PyModule_AddIntConstant(m, "MESSAGE_FIELD_COUNT", F_COUNT) < 0) Py_CLEAR(m);
+    return m;
 }

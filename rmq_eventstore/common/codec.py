@@ -30,6 +30,7 @@ from .message_id import (  # noqa: F401  (re-exported: the codec is the one modu
     create_message_id,
     decode_message_id,
     format_host,
+    join_message_ids,
     parse_host,
 )
 from .native import NATIVE, native  # noqa: F401  (re-exported: codec.NATIVE says which loops run)
@@ -89,6 +90,10 @@ if native is not None:
     native.init(Message)
 # The pull read's functions (read_runs, decode_records; an extension built before them has neither).
 pull_native = native if native is not None and hasattr(native, "init_pull") else None
+# the batch send's loops (encode/decode of a SEND_BATCH_MESSAGE body): the C one sets every Message slot,
+# so it is used only while the dataclass has exactly the fields it knows
+batch_native = (native if native is not None and hasattr(native, "decode_batch_messages")
+                and getattr(native, "MESSAGE_FIELD_COUNT", -1) == len(Message.__slots__) else None)
 if pull_native is not None:
     pull_native.init_pull(MessageExt)
 
@@ -1265,7 +1270,18 @@ _BATCH_HEAD = struct.Struct(">iiiii")
 
 
 def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
-    """A SEND_BATCH_MESSAGE body: per message `[size][magic 0][crc 0][flag][bodyLen][body][propLen][props]`."""
+    """A SEND_BATCH_MESSAGE body: per message `[size][magic 0][crc 0][flag][bodyLen][body][propLen][props]`
+    (`encode_batch_body_py`, the reference; the C loop of `_native` when active, which leaves to the
+    reference whatever it does not cover: a non-bytes body, a size or flag out of range, bad UTF-8)."""
+    if batch_native is not None:
+        r = batch_native.encode_batch_body(messages)
+        if r is not None:
+            return r
+    return encode_batch_body_py(messages)
+
+
+def encode_batch_body_py(messages: list[tuple[bytes, int, str]]) -> bytes:
+    """`encode_batch_body` in Python (the reference)."""
     out = []
     for body, flag, props in messages:
         pb = props.encode("utf-8")
@@ -1296,6 +1312,27 @@ def decode_batch_body(data: bytes) -> list[tuple[bytes, int, str]]:
         out.append((body, flag, props))
         pos += size
     return out
+
+
+def decode_batch_messages(data: bytes, topic: str, queue_id: int, sys_flag: int, born_timestamp: int,
+                          born_host: str | None, reconsume_times: int) -> list[Message]:
+    """The broker's Messages of a SEND_BATCH_MESSAGE body (`decode_batch_messages_py`, the reference; the
+    C loop of `_native` when active). ValueError (the same text) when the body is malformed."""
+    if batch_native is not None:
+        r = batch_native.decode_batch_messages(data, topic, queue_id, sys_flag, born_timestamp, born_host,
+                                               reconsume_times)
+        if r is not None:
+            return r
+    return decode_batch_messages_py(data, topic, queue_id, sys_flag, born_timestamp, born_host, reconsume_times)
+
+
+def decode_batch_messages_py(data: bytes, topic: str, queue_id: int, sys_flag: int, born_timestamp: int,
+                             born_host: str | None, reconsume_times: int) -> list[Message]:
+    """`decode_batch_messages` in Python: one Message per (body, flag, properties) of `decode_batch_body`,
+    with the request header's topic, queue, sysFlag, born time and host and reconsume times."""
+    return [Message(topic=topic, body=b, queue_id=queue_id, flag=f, properties_string=p, sys_flag=sys_flag,
+                    born_timestamp=born_timestamp, born_host=born_host, reconsume_times=reconsume_times)
+            for b, f, p in decode_batch_body(data)]
 
 
 # -- fast structural skim (recovery, verify) -------------------------------------------------------

@@ -66,6 +66,21 @@ def create_message_id(store_host: bytes, port: int, commit_log_offset: int) -> s
     return (store_host + _ID_TAIL.pack(port, commit_log_offset)).hex().upper()
 
 
+def join_message_ids(store_host: bytes, port: int, offsets: list[int]) -> str:
+    """A batch's offsetMsgIds, comma-joined as RocketMQ answers them (`join_message_ids_py`, the reference;
+    the C loop of `_native` when active)."""
+    if native is not None and hasattr(native, "join_message_ids"):
+        r = native.join_message_ids(store_host, port, offsets)
+        if r is not None:
+            return r
+    return join_message_ids_py(store_host, port, offsets)
+
+
+def join_message_ids_py(store_host: bytes, port: int, offsets: list[int]) -> str:
+    """`join_message_ids` in Python."""
+    return ",".join([create_message_id(store_host, port, o) for o in offsets])
+
+
 class MessageIdError(ValueError):
     """A message id that is not 32 or 56 hex characters."""
 

@@ -118,15 +118,13 @@ class SendMessageProcessor:
         default_nums = get_int(x, "d", "defaultTopicQueueNums", self.broker.config.default_topic_queue_nums)
         born_host = getattr(channel, "remote_address", None) or None
         if batch:
-            try:
-                inner = codec.decode_batch_body(req.body)
+            try:  # one Message per inner message (in C when the native core is active)
+                msgs = codec.decode_batch_messages(req.body, topic, queue_id, sys_flag, born_ts, born_host,
+                                                   reconsume)
             except ValueError as e:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {e}")
-            if not inner:
+            if not msgs:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-            msgs = [Message(topic=topic, body=b, queue_id=queue_id, flag=f, properties_string=p, sys_flag=sys_flag,
-                            born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
-                    for b, f, p in inner]
         else:
             msgs = [Message(topic=topic, body=req.body, queue_id=queue_id, flag=flag, properties_string=props,
                             sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
@@ -381,7 +379,8 @@ class SendMessageProcessor:
         a = res.append_result
         if a is None or not res.is_ok():
             return code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name, None
-        ext = {"msgId": a.msg_id, "queueId": queue_id, "queueOffset": a.logics_offset,
+        msg_id = codec.join_message_ids(a.store_host, a.store_port, a.offsets) if batch and a.offsets else a.msg_id
+        ext = {"msgId": msg_id, "queueId": queue_id, "queueOffset": a.logics_offset,
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         if prepared:
             ext["transactionId"] = get_property(msgs[0].properties_string or "", PROPERTY_UNIQ_KEY) or a.msg_id

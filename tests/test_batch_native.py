@@ -1,0 +1,164 @@
+"""The batch send in C (issue 16, branch send-batch) against its pure-Python references, in one process,
+whatever `RMQ_EVENTSTORE_PURE` says (PURE_TESTS runs it in both passes of `make test`):
+
+* `_native.decode_batch_messages` (the broker's decode of a SEND_BATCH_MESSAGE body into Messages) must
+  give what `codec.decode_batch_messages_py` gives, field for field, and the same ValueError text on a
+  malformed body (truncated, bad sizes, bad property lengths, bad UTF-8 in properties);
+* `_native.join_message_ids` (the response's msgId list) must give `message_id.join_message_ids_py`'s text,
+  or None where the reference raises;
+* `_native.encode_batch_body` (the client's body) must give `codec.encode_batch_body_py`'s bytes, or None
+  where the reference raises.
+
+The tests skip when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_NATIVE=1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.message import Message
+from rmq_eventstore.common.message_id import join_message_ids_py
+
+try:
+    from rmq_eventstore import _native
+except ImportError as e:  # not built
+    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
+        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
+    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native.init(Message)
+
+HEADER = ("Topic", 3, 0, 1700000000000, "10.0.0.1:5555", 2)
+props_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+parts = st.lists(st.tuples(st.binary(max_size=64), st.integers(-2**31, 2**31 - 1), props_text), max_size=12)
+
+
+def _fields(m: Message) -> dict:
+    return {f.name: getattr(m, f.name) for f in dataclasses.fields(Message)}
+
+
+def _decode_both(data: bytes, header: tuple = HEADER) -> tuple[object, object]:
+    def run(fn):  # noqa: ANN001, ANN202
+        try:
+            return [_fields(m) for m in fn(data, *header)]
+        except ValueError as e:
+            return ("ValueError", str(e))
+    return run(_native.decode_batch_messages), run(codec.decode_batch_messages_py)
+
+
+def test_message_field_count_is_the_dataclass() -> None:
+    assert _native.MESSAGE_FIELD_COUNT == len(dataclasses.fields(Message)) == len(Message.__slots__)
+    assert codec.batch_native is (_native if codec.NATIVE else None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts)
+def test_decode_good_bodies(ps: list) -> None:
+    data = codec.encode_batch_body_py(ps)
+    c, py = _decode_both(data)
+    assert c == py
+    assert [(m["body"], m["flag"], m["properties_string"]) for m in c] == ps
+    for m in _native.decode_batch_messages(data, *HEADER):
+        assert type(m) is Message and type(m.body) is bytes and m.tags is None and m.force_v2 is False
+
+
+@settings(max_examples=600, deadline=None)
+@given(parts, st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4), st.integers(0, 400))
+def test_decode_damaged_bodies(ps: list, flips: list, cut: int) -> None:
+    data = bytearray(codec.encode_batch_body_py(ps))
+    for i, v in flips:
+        if i < len(data):
+            data[i] = v
+    data = bytes(data[:len(data) - cut % (len(data) + 1)]) if data else bytes(data)
+    c, py = _decode_both(data)
+    assert c == py
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120))
+def test_decode_random_bytes(data: bytes) -> None:
+    c, py = _decode_both(data)
+    assert c == py
+
+
+def _inner(size: int, blen: int, plen: int, body: bytes = b"", props: bytes = b"", flag: int = 0) -> bytes:
+    return struct.pack(">iiiii", size, 0, 0, flag, blen) + body + struct.pack(">h", plen) + props
+
+
+@pytest.mark.parametrize(("data", "error"), [
+    (b"\x00" * 21, "batch body truncated at 0"),
+    (_inner(21, 0, 0), "bad inner message size at 0"),
+    (_inner(10**6, 0, 0), "bad inner message size at 0"),
+    (_inner(22, -1, 0), "bad inner message size at 0"),
+    (_inner(24, 3, 0, b"abc"), "bad inner message size at 0"),
+    (_inner(25, 3, -1, b"abc"), "bad inner properties length at 0"),
+    (_inner(26, 3, 1, b"abc", b"p") + b"x" * 5, "batch body truncated at 26"),
+    (_inner(26, 3, 0, b"abc", b"x"), "bad inner properties length at 0"),
+    (_inner(22, 0, 0) + _inner(40, 0, 0) + b"\x00" * 10, "bad inner message size at 22"),
+])
+def test_decode_errors_name_the_position(data: bytes, error: str) -> None:
+    c, py = _decode_both(data)
+    assert c == py == ("ValueError", error)
+
+
+def test_decode_bad_utf8_is_replaced_and_header_objects_kept() -> None:
+    data = _inner(22 + 2 + 3, 2, 3, b"hi", b"\xff\xfeA", flag=-7)
+    born = "[::1]:9"
+    c, py = _decode_both(data, ("T", -1, 4, 0, born, 0))
+    assert c == py and c[0]["properties_string"] == "\ufffd\ufffdA" and c[0]["flag"] == -7
+    assert _native.decode_batch_messages(data, "T", -1, 4, 0, born, 0)[0].born_host is born
+    assert _native.decode_batch_messages(data, "T", -1, 4, 0, None, 0)[0].born_host is None
+    assert _native.decode_batch_messages(b"", *HEADER) == codec.decode_batch_messages_py(b"", *HEADER) == []
+    assert _native.decode_batch_messages(bytearray(data), *HEADER) is None  # the reference decides
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([b"\x7f\x00\x00\x01", b"\x0a\x00\x00\x02", bytes(range(16)), b""]),
+       st.integers(-2**31, 2**31 - 1), st.lists(st.integers(-2**63, 2**63 - 1), max_size=20))
+def test_join_message_ids(host: bytes, port: int, offsets: list) -> None:
+    assert _native.join_message_ids(host, port, offsets) == join_message_ids_py(host, port, offsets)
+    assert codec.join_message_ids(host, port, offsets) == join_message_ids_py(host, port, offsets)
+
+
+@pytest.mark.parametrize(("port", "offsets"), [(2**31, [1]), (-2**31 - 1, [1]), (1, [2**63]), (1, [-2**63 - 1]),
+                                               (1, [1, "2"]), (1, [1.0])])
+def test_join_message_ids_out_of_range_falls_back(port: int, offsets: list) -> None:
+    assert _native.join_message_ids(b"\x7f\x00\x00\x01", port, offsets) is None
+    with pytest.raises((struct.error, TypeError)):
+        join_message_ids_py(b"\x7f\x00\x00\x01", port, offsets)
+    with pytest.raises((struct.error, TypeError)):
+        codec.join_message_ids(b"\x7f\x00\x00\x01", port, offsets)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts)
+def test_encode_batch_body(ps: list) -> None:
+    assert _native.encode_batch_body(ps) == codec.encode_batch_body_py(ps) == codec.encode_batch_body(ps)
+
+
+@pytest.mark.parametrize("bad", [
+    [(b"x", 2**31, "")], [(b"x", -2**31 - 1, "")], [(b"x", 0, "a" * 32768)], [(b"x", 0, "\ud800")],
+    [(bytearray(b"x"), 0, "")], [(b"x", 0, b"p")], [(b"x", 0)], [(b"x", 1.5, "")],
+])
+def test_encode_batch_body_leaves_the_bad_to_the_reference(bad: list) -> None:
+    assert _native.encode_batch_body(bad) is None
+    try:
+        expected = codec.encode_batch_body_py(bad)
+    except (struct.error, UnicodeEncodeError, TypeError, ValueError, AttributeError) as e:
+        with pytest.raises(type(e)):
+            codec.encode_batch_body(bad)
+    else:
+        assert codec.encode_batch_body(bad) == expected
+
+
+def test_encode_batch_body_utf8_and_limits() -> None:
+    ok = [(b"", 0, "é" * 16383), (b"b" * 1000, -1, "TAGS\x01日本\x02"), (b"", 2**31 - 1, "a" * 32767)]
+    assert _native.encode_batch_body(ok) == codec.encode_batch_body_py(ok)
+    assert _native.encode_batch_body([]) == b""
+    assert _native.encode_batch_body((ok[0],)) is None  # not a list: the reference decides

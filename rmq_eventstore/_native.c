@@ -3585,6 +3585,7 @@ static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t
 /*                         (codec.decode_batch_messages_py: decode_batch_body + Message per entry) */
 /*  join_message_ids:      the response's comma-joined offsetMsgIds (message_id.join_message_ids_py) */
 /*  encode_batch_body:     the client's batch body (codec.encode_batch_body_py)                     */
+/*  encode_batch_messages: the client's properties + batch body of Messages (Producer._batch_body_py) */
 /* Each returns None where the Python reference must decide (it raises the same error it always did). */
 /* ============================================================================================== */
 
@@ -3748,6 +3749,155 @@ static PyObject *encode_batch_body(PyObject *self, PyObject *parts) {
     }
     return out;
 }
+/* encode_batch_messages(msgs, uniqs) -> (batch body, [UNIQ_KEY per message]) or None
+ * Producer.send_batch's loop (Producer._batch_body_py, the reference) for Messages without a
+ * properties_string: per message the properties build_properties_string gives (TAGS, KEYS, UNIQ_KEY =
+ * msg.uniq_key or uniqs[i], then the `properties` dict) plus WAIT=true when no "WAIT\x01" is in them, and the
+ * inner message of encode_batch_body. None (nothing done) for anything else: a properties_string, a
+ * non-Message, a field of another type than the common ones (str tags, str or list/tuple keys, dict of str
+ * properties, bytes body, int32 flag), a surrogate, a properties length over 32767. */
+typedef struct { unsigned char *p; Py_ssize_t len, cap; } bsbuf;
+static int bs_reserve(bsbuf *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) cap *= 2;
+    unsigned char *q = PyMem_Realloc(b->p, cap);
+    if (q == NULL) { PyErr_NoMemory(); return -1; }
+    b->p = q; b->cap = cap;
+    return 0;
+}
+static int bs_put(bsbuf *b, const void *s, Py_ssize_t n) {
+    if (bs_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+/* 1: appended name \x01 utf8(value) \x02; 0: not coverable (surrogate); -1: error */
+static int bs_prop(bsbuf *b, const char *name, Py_ssize_t nl, PyObject *value) {
+    Py_ssize_t vl;
+    const char *v = PyUnicode_AsUTF8AndSize(value, &vl);
+    if (v == NULL) { PyErr_Clear(); return 0; }
+    if (bs_reserve(b, nl + vl + 2) < 0) return -1;
+    memcpy(b->p + b->len, name, nl); b->len += nl;
+    b->p[b->len++] = 1;
+    memcpy(b->p + b->len, v, vl); b->len += vl;
+    b->p[b->len++] = 2;
+    return 1;
+}
+static int bs_has_wait(const unsigned char *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i + 5 <= n; i++)
+        if (p[i] == 'W' && memcmp(p + i, "WAIT\x01", 5) == 0) return 1;
+    return 0;
+}
+
+static PyObject *encode_batch_messages(PyObject *self, PyObject *args) {
+    PyObject *msgs, *uniqs;
+    if (!PyArg_ParseTuple(args, "OO", &msgs, &uniqs)) return NULL;
+    if (message_type == NULL || !(PyList_CheckExact(msgs) || PyTuple_CheckExact(msgs)) || !PyList_CheckExact(uniqs)
+        || PySequence_Fast_GET_SIZE(msgs) != PyList_GET_SIZE(uniqs))
+        Py_RETURN_NONE;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(msgs);
+    PyObject **items = PySequence_Fast_ITEMS(msgs);
+    bsbuf b = {NULL, 0, 0};
+    PyObject *ids = PyList_New(k);
+    if (ids == NULL) return NULL;
+    int r;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *m = items[i];
+        if (Py_TYPE(m) != message_type) goto uncovered;
+        PyObject *body = field(m, F_BODY), *flag = field(m, F_FLAG), *ps = field(m, F_PROPERTIES_STRING),
+                 *tags = field(m, F_TAGS), *keys = field(m, F_KEYS), *props = field(m, F_PROPERTIES),
+                 *uk = field(m, F_UNIQ_KEY), *u = PyList_GET_ITEM(uniqs, i);
+        int64_t fl;
+        if (body == NULL || flag == NULL || ps == NULL || tags == NULL || keys == NULL || props == NULL || uk == NULL
+            || ps != Py_None || !PyBytes_CheckExact(body) || !as_i64(flag, INT32_MIN, INT32_MAX, &fl))
+            goto uncovered;
+        /* uniq = msg.uniq_key or u */
+        PyObject *uniq;
+        if (uk == Py_None) uniq = u;
+        else if (PyUnicode_CheckExact(uk)) uniq = PyUnicode_GET_LENGTH(uk) ? uk : u;
+        else goto uncovered;
+        if (!PyUnicode_CheckExact(uniq)) goto uncovered;
+        Py_ssize_t bl = PyBytes_GET_SIZE(body), start = b.len;
+        if (bs_reserve(&b, 20) < 0) goto fail;
+        b.len += 20;
+        if (bs_put(&b, PyBytes_AS_STRING(body), bl) < 0 || bs_reserve(&b, 2) < 0) goto fail;
+        b.len += 2;
+        Py_ssize_t pstart = b.len;
+        if (tags != Py_None) {
+            if (!PyUnicode_CheckExact(tags)) goto uncovered;
+            if (PyUnicode_GET_LENGTH(tags) && (r = bs_prop(&b, "TAGS", 4, tags)) <= 0) { if (r < 0) goto fail; goto uncovered; }
+        }
+        if (keys != Py_None) {
+            PyObject *kj;
+            if (PyUnicode_CheckExact(keys)) {
+                kj = Py_NewRef(keys);
+            } else if (PyList_CheckExact(keys) || PyTuple_CheckExact(keys)) {
+                if (PySequence_Fast_GET_SIZE(keys) == 0) kj = NULL;
+                else {
+                    PyObject **ki = PySequence_Fast_ITEMS(keys);
+                    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(keys); j++)
+                        if (!PyUnicode_CheckExact(ki[j])) goto uncovered;
+                    static PyObject *space = NULL;
+                    if (space == NULL && (space = PyUnicode_FromString(" ")) == NULL) goto fail;
+                    kj = PyUnicode_Join(space, keys);
+                    if (kj == NULL) goto fail;
+                }
+            } else {
+                goto uncovered;
+            }
+            if (kj != NULL) {
+                r = PyUnicode_GET_LENGTH(kj) ? bs_prop(&b, "KEYS", 4, kj) : 1;
+                Py_DECREF(kj);
+                if (r < 0) goto fail;
+                if (r == 0) goto uncovered;
+            }
+        }
+        if (PyUnicode_GET_LENGTH(uniq) && (r = bs_prop(&b, "UNIQ_KEY", 8, uniq)) <= 0) { if (r < 0) goto fail; goto uncovered; }
+        if (props != Py_None) {
+            if (!PyDict_CheckExact(props)) goto uncovered;
+            Py_ssize_t dp = 0;
+            PyObject *dk, *dv;
+            while (PyDict_Next(props, &dp, &dk, &dv)) {
+                if (dv == Py_None) continue;
+                if (!PyUnicode_CheckExact(dk) || !PyUnicode_CheckExact(dv)) goto uncovered;
+                if (PyUnicode_CompareWithASCIIString(dk, "TAGS") == 0 || PyUnicode_CompareWithASCIIString(dk, "KEYS") == 0
+                    || PyUnicode_CompareWithASCIIString(dk, "UNIQ_KEY") == 0)
+                    continue;
+                Py_ssize_t kl;
+                const char *kn = PyUnicode_AsUTF8AndSize(dk, &kl);
+                if (kn == NULL) { PyErr_Clear(); goto uncovered; }
+                if ((r = bs_prop(&b, kn, kl, dv)) <= 0) { if (r < 0) goto fail; goto uncovered; }
+            }
+        }
+        if (!bs_has_wait(b.p + pstart, b.len - pstart) && bs_put(&b, "WAIT\x01true\x02", 10) < 0) goto fail;
+        Py_ssize_t pl = b.len - pstart;
+        int64_t size = 22 + (int64_t)bl + pl;
+        if (pl > 32767 || size > INT32_MAX) goto uncovered;
+        unsigned char *h = b.p + start;
+        put_i32(h, (int32_t)size);
+        memset(h + 4, 0, 8);
+        put_i32(h + 12, (int32_t)fl);
+        put_i32(h + 16, (int32_t)bl);
+        put_i16(h + 20 + bl, (int)pl);
+        PyList_SET_ITEM(ids, i, Py_NewRef(uniq));
+    }
+    PyObject *data = PyBytes_FromStringAndSize((const char *)b.p, b.len);
+    PyMem_Free(b.p);
+    if (data == NULL) { Py_DECREF(ids); return NULL; }
+    PyObject *res = PyTuple_Pack(2, data, ids);
+    Py_DECREF(data);
+    Py_DECREF(ids);
+    return res;
+uncovered:
+    PyMem_Free(b.p);
+    Py_DECREF(ids);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(b.p);
+    Py_DECREF(ids);
+    return NULL;
+}
 /* ==================================== end of THE BATCH SEND ==================================== */
 
 static PyMethodDef methods[] = {
@@ -3802,6 +3952,8 @@ static PyMethodDef methods[] = {
      "message_id.join_message_ids_py: a batch's comma-joined offsetMsgIds (None: the reference decides)."},
     {"encode_batch_body", encode_batch_body, METH_O,
      "codec.encode_batch_body_py: a SEND_BATCH_MESSAGE body (None: the reference decides)."},
+    {"encode_batch_messages", encode_batch_messages, METH_VARARGS,
+     "Producer._batch_body_py for Messages without a properties_string: (body, ids), or None."},
     /* end of THE BATCH SEND */
     {NULL, NULL, 0, NULL},
 };

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rmq_eventstore.client.producer import Producer
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.message import Message
 from rmq_eventstore.common.message_id import join_message_ids_py
@@ -162,3 +163,61 @@ def test_encode_batch_body_utf8_and_limits() -> None:
     assert _native.encode_batch_body(ok) == codec.encode_batch_body_py(ok)
     assert _native.encode_batch_body([]) == b""
     assert _native.encode_batch_body((ok[0],)) is None  # not a list: the reference decides
+
+
+# -- the producer's loop: properties + body of Messages (Producer._batch_body_py is the reference) -----------
+_PRODUCER = Producer.__new__(Producer)  # _batch_body_py reads no instance state
+words = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), max_size=12)
+covered_msgs = st.builds(
+    Message, topic=st.just("T"), body=st.binary(max_size=40), tags=st.none() | words,
+    keys=st.none() | words | st.lists(words, max_size=3) | st.lists(words, max_size=3).map(tuple),
+    flag=st.integers(-2**31, 2**31 - 1), uniq_key=st.none() | words,
+    properties=st.none() | st.dictionaries(st.sampled_from(["a", "WAIT", "TAGS", "KEYS", "UNIQ_KEY", "é", "DELAY"]),
+                                           st.none() | words, max_size=4))
+other_msgs = st.one_of(
+    st.builds(Message, topic=st.just("T"), body=st.binary(max_size=8), properties_string=words),
+    st.builds(Message, topic=st.just("T"), body=st.binary(max_size=8).map(bytearray)),
+    st.builds(Message, topic=st.just("T"), tags=st.just("\ud800")),
+    st.builds(Message, topic=st.just("T"), keys=st.just(["a", 1])),
+    st.builds(Message, topic=st.just("T"), properties=st.just({"a": 1})),
+    st.builds(Message, topic=st.just("T"), flag=st.just(True)),
+)
+
+
+def _uniqs(n: int) -> list[str]:
+    return [f"7F00000100002A9F0000000000{i:06X}" for i in range(n)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(covered_msgs, min_size=1, max_size=8))
+def test_encode_batch_messages_covered(msgs: list) -> None:
+    uniqs = _uniqs(len(msgs))
+    c = _native.encode_batch_messages(msgs, uniqs)
+    assert c is not None
+    assert c == _PRODUCER._batch_body_py(msgs, uniqs)
+    assert _native.encode_batch_messages(tuple(msgs), uniqs) == c
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(covered_msgs | other_msgs, min_size=1, max_size=6))
+def test_encode_batch_messages_leaves_the_rest_to_the_reference(msgs: list) -> None:
+    uniqs = _uniqs(len(msgs))
+    c = _native.encode_batch_messages(msgs, uniqs)
+    try:
+        py = _PRODUCER._batch_body_py(msgs, uniqs)
+    except (UnicodeEncodeError, TypeError, struct.error) as e:
+        assert c is None, e
+        return
+    assert c is None or c == py
+
+
+def test_encode_batch_messages_wait_and_limits() -> None:
+    one = Message(topic="T", body=b"x", tags="WAIT\x01x")  # WAIT already in the properties: not added
+    assert _native.encode_batch_messages([one], _uniqs(1)) == _PRODUCER._batch_body_py([one], _uniqs(1))
+    assert b"WAIT\x01true" not in _native.encode_batch_messages([one], _uniqs(1))[0]
+    big = Message(topic="T", tags="t" * 40000)
+    assert _native.encode_batch_messages([big], _uniqs(1)) is None
+    with pytest.raises(struct.error):
+        _PRODUCER._batch_body_py([big], _uniqs(1))
+    assert _native.encode_batch_messages([one], _uniqs(2)) is None  # lengths differ
+    assert _native.encode_batch_messages([object()], _uniqs(1)) is None

@@ -202,19 +202,25 @@ class Producer:
         if any(m.topic != topic for m in msgs):
             raise ValueError("all messages of a batch must have the same topic")
         uniqs = self._ids.create_many(len(msgs))
+        fast = codec.encode_batch_messages(msgs, uniqs)  # the C loop, None when a message needs the reference
+        body, ids = fast if fast is not None else self._batch_body_py(msgs, uniqs)
+        q = queue_id if queue_id is not None else (msgs[0].queue_id or None)
+        if len(body) > self.max_message_size:  # DefaultMQProducer's checkMessage on the encoded batch
+            raise ValueError(f"the batch is {len(body)} bytes encoded, more than max_message_size "
+                             f"{self.max_message_size}: split it into smaller batches")
+        return self._send(topic, q, RequestCode.SEND_BATCH_MESSAGE, body, "", 0, 0, 0, ",".join(ids), True,
+                          timeout_ms, stream, expected_version)
+
+    def _batch_body_py(self, msgs: Sequence[Message], uniqs: list[str]) -> tuple[bytes, list[str]]:
+        """`send_batch`'s body and client message ids in Python (the reference of
+        `codec.encode_batch_messages`): each message's properties (`_properties`) and its inner message."""
         parts = []
         ids = []
         for m, u in zip(msgs, uniqs, strict=True):
             ps, u = self._properties(m, m.uniq_key or u, 0)
             parts.append((bytes(m.body), m.flag, ps))
             ids.append(u)
-        q = queue_id if queue_id is not None else (msgs[0].queue_id or None)
-        body = codec.encode_batch_body(parts)
-        if len(body) > self.max_message_size:  # DefaultMQProducer's checkMessage on the encoded batch
-            raise ValueError(f"the batch is {len(body)} bytes encoded, more than max_message_size "
-                             f"{self.max_message_size}: split it into smaller batches")
-        return self._send(topic, q, RequestCode.SEND_BATCH_MESSAGE, body, "", 0, 0, 0, ",".join(ids), True,
-                          timeout_ms, stream, expected_version)
+        return codec.encode_batch_body(parts), ids
 
     def append_streams(self, msgs: Sequence[Message], streams: Sequence[str],
                        expected_versions: Mapping[str, int | None] | None = None, *, queue_id: int = 0,

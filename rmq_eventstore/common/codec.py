@@ -1280,6 +1280,15 @@ def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
     return encode_batch_body_py(messages)
 
 
+def encode_batch_messages(msgs: Sequence[Message], uniqs: list[str]) -> tuple[bytes, list[str]] | None:
+    """The producer's batch body and client message ids, in C (`_native.encode_batch_messages`), for Messages
+    without a properties_string; None when the native core is off or a message needs the Python loop
+    (`Producer._batch_body_py`, the reference)."""
+    if batch_native is None:
+        return None
+    return batch_native.encode_batch_messages(msgs, uniqs)
+
+
 def encode_batch_body_py(messages: list[tuple[bytes, int, str]]) -> bytes:
     """`encode_batch_body` in Python (the reference)."""
     out = []

@@ -3586,6 +3586,7 @@ static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t
 /*  join_message_ids:      the response's comma-joined offsetMsgIds (message_id.join_message_ids_py) */
 /*  encode_batch_body:     the client's batch body (codec.encode_batch_body_py)                     */
 /*  encode_batch_messages: the client's properties + batch body of Messages (Producer._batch_body_py) */
+/*  decorate_batch:        the broker's CLUSTER property, topic and queue of a plain batch (_store)  */
 /* Each returns None where the Python reference must decide (it raises the same error it always did). */
 /* ============================================================================================== */
 
@@ -3898,6 +3899,82 @@ fail:
     Py_DECREF(ids);
     return NULL;
 }
+/* decorate_batch(msgs, topic, queue_id, uniq_marker, cluster_marker, cluster) -> True, or False (nothing
+ * changed) where SendMessageProcessor._store's loop must decide. The loop for a plain batch (not prepared,
+ * one queue): each message gets `topic` and `queue_id`, and its properties the CLUSTER property (`cluster`:
+ * marker + value + separator, after a separator when they do not end with one) when `cluster_marker` is not
+ * in them. False when a message is not a Message, has properties other than a str or None, lacks
+ * `uniq_marker` (None: UNIQ_KEYs are not created), or would end with properties holding "TIMER_" or
+ * "DELAY" (timer and delay messages go through the loop). */
+static PyObject *decorate_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *topic, *queue_id, *uniq_marker, *cluster_marker, *cluster;
+    if (!PyArg_ParseTuple(args, "O!OOOUU", &PyList_Type, &msgs, &topic, &queue_id, &uniq_marker, &cluster_marker,
+                          &cluster))
+        return NULL;
+    if (message_type == NULL || (uniq_marker != Py_None && !PyUnicode_CheckExact(uniq_marker))) Py_RETURN_FALSE;
+    static PyObject *timer_s = NULL, *delay_s = NULL, *sep = NULL;
+    if (timer_s == NULL) {
+        timer_s = PyUnicode_InternFromString("TIMER_");
+        delay_s = PyUnicode_InternFromString("DELAY");
+        sep = PyUnicode_InternFromString("\x02");
+        if (timer_s == NULL || delay_s == NULL || sep == NULL) return NULL;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(msgs);
+    PyObject *news = PyList_New(k);
+    if (news == NULL) return NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        if (Py_TYPE(m) != message_type) goto uncovered;
+        PyObject *ps = field(m, F_PROPERTIES_STRING);
+        if (ps == NULL || (ps != Py_None && !PyUnicode_CheckExact(ps))) goto uncovered;
+        PyObject *props = ps == Py_None ? PyUnicode_New(0, 0) : Py_NewRef(ps);
+        if (props == NULL) goto done;
+        PyList_SET_ITEM(news, i, props);
+        int c;
+        if (uniq_marker != Py_None) {
+            if ((c = PyUnicode_Contains(props, uniq_marker)) < 0) goto done;
+            if (!c) goto uncovered;
+        }
+        if ((c = PyUnicode_Contains(props, cluster_marker)) < 0) goto done;
+        if (!c) {
+            Py_ssize_t n = PyUnicode_GET_LENGTH(props);
+            if (n && PyUnicode_READ_CHAR(props, n - 1) != 2) {
+                PyObject *t = PyUnicode_Concat(props, sep);
+                if (t == NULL) goto done;
+                PyList_SET_ITEM(news, i, t);
+                Py_DECREF(props);
+                props = t;
+            }
+            PyObject *t = PyUnicode_Concat(props, cluster);
+            if (t == NULL) goto done;
+            PyList_SET_ITEM(news, i, t);
+            Py_DECREF(props);
+            props = t;
+        }
+        if ((c = PyUnicode_Contains(props, timer_s)) < 0) goto done;
+        if (c) goto uncovered;
+        if ((c = PyUnicode_Contains(props, delay_s)) < 0) goto done;
+        if (c) goto uncovered;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        PyObject **slot;
+        slot = (PyObject **)((char *)m + field_offsets[F_TOPIC]);
+        Py_XSETREF(*slot, Py_NewRef(topic));
+        slot = (PyObject **)((char *)m + field_offsets[F_QUEUE_ID]);
+        Py_XSETREF(*slot, Py_NewRef(queue_id));
+        slot = (PyObject **)((char *)m + field_offsets[F_PROPERTIES_STRING]);
+        Py_XSETREF(*slot, Py_NewRef(PyList_GET_ITEM(news, i)));
+    }
+    result = Py_NewRef(Py_True);
+    goto done;
+uncovered:
+    result = Py_NewRef(Py_False);
+done:
+    Py_DECREF(news);
+    return result;
+}
 /* ==================================== end of THE BATCH SEND ==================================== */
 
 static PyMethodDef methods[] = {
@@ -3954,6 +4031,8 @@ static PyMethodDef methods[] = {
      "codec.encode_batch_body_py: a SEND_BATCH_MESSAGE body (None: the reference decides)."},
     {"encode_batch_messages", encode_batch_messages, METH_VARARGS,
      "Producer._batch_body_py for Messages without a properties_string: (body, ids), or None."},
+    {"decorate_batch", decorate_batch, METH_VARARGS,
+     "SendMessageProcessor._store's loop for a plain batch: True when done, False when the loop must decide."},
     /* end of THE BATCH SEND */
     {NULL, NULL, 0, NULL},
 };

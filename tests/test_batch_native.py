@@ -17,15 +17,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rmq_eventstore.broker import Broker
 from rmq_eventstore.client.producer import Producer
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.message import Message
 from rmq_eventstore.common.message_id import join_message_ids_py
+from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
+from rmq_eventstore.store import MessageStore
+from tests.conftest import SMALL_GEOMETRY
 
 try:
     from rmq_eventstore import _native
@@ -221,3 +226,72 @@ def test_encode_batch_messages_wait_and_limits() -> None:
         _PRODUCER._batch_body_py([big], _uniqs(1))
     assert _native.encode_batch_messages([one], _uniqs(2)) is None  # lengths differ
     assert _native.encode_batch_messages([object()], _uniqs(1)) is None
+
+
+# -- the broker's end to end: a SEND_BATCH_MESSAGE stored through the C path and through the Python one ---------
+def _send_batch(broker: Broker, body: bytes, queue_id: int = 1) -> tuple[int, str | None, list[tuple]]:
+    req = RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, {"b": "BatchTopic", "e": queue_id, "g": 1234,
+                                                                     "a": "g", "c": "TBW102", "d": 4, "f": 0}, body)
+    res = broker.processor_for(RequestCode.SEND_BATCH_MESSAGE).process(req, _Channel())
+    stored = []
+    if res.code == ResponseCode.SUCCESS:
+        for mid in res.ext_fields["msgId"].split(","):
+            m = broker.store.look_message_by_offset(codec.decode_message_id(mid)[2])
+            uniq = m.properties.get("UNIQ_KEY", "")
+            stored.append((m.topic, m.queue_id, bytes(m.body), m.flag,
+                           m.properties_string.replace(uniq, "<uniq>") if uniq else m.properties_string))
+        stored.append(("ext", res.ext_fields["queueId"], res.ext_fields["queueOffset"]))
+    return res.code, res.remark, stored
+
+
+class _Channel:
+    remote_address = "10.1.2.3:4567"
+
+
+U = "UNIQ_KEY\x017F0000010000000000000000000001\x02"
+BATCHES = [
+    [(b"a", 0, U), (b"b", 5, "TAGS\x01t\x02" + U + "x\x01y")],  # one without a trailing separator
+    [(b"a", 0, U + "CLUSTER\x01Other\x02"), (b"", -1, U + "KEYS\x01k1 k2\x02")],  # CLUSTER kept
+    [(b"a", 0, "TAGS\x01t\x02")],  # no UNIQ_KEY: the broker creates one (the Python loop)
+    [(b"a", 0, U), (b"b", 0, U + "DELAY\x013\x02")],  # a delayed message in a batch: refused
+    [(b"a", 0, U + "TIMER_DELIVER_MS\x0199\x02")],  # a timer message in a batch
+    [(b"a", 0, U + "DELAYX\x01no\x02")],  # DELAY in a name that is not a level: the Python loop decides
+    [(b"a", 0, ""), (b"x" * 300, 2, U)],  # empty properties: UNIQ_KEY created
+    [(b"\x00\xff", 2**31 - 1, U + "é\x01日本\x02")],
+]
+
+
+def test_broker_batch_c_and_python_paths_store_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if codec.batch_native is None:
+        pytest.skip("the native core is off (RMQ_EVENTSTORE_PURE): only the Python path runs")
+    results = []
+    for mode in ("c", "py"):
+        if mode == "py":
+            monkeypatch.setattr(codec, "batch_native", None)
+        with MessageStore.open(tmp_path / mode, **SMALL_GEOMETRY) as store:
+            b = Broker(store)
+            b.start()
+            try:
+                results.append([_send_batch(b, codec.encode_batch_body_py(parts)) for parts in BATCHES]
+                               + [_send_batch(b, b"\x00\x00\x00\x05" + b"\x00" * 30)])
+            finally:
+                b.shutdown()
+    c, py = results
+    assert c == py
+    assert c[0][0] == ResponseCode.SUCCESS and "CLUSTER\x01DefaultCluster\x02" in c[0][2][0][4]
+    assert c[0][2][1][4].endswith("x\x01y\x02CLUSTER\x01DefaultCluster\x02")
+    assert c[3][0] == ResponseCode.MESSAGE_ILLEGAL and c[-1][0] == ResponseCode.MESSAGE_ILLEGAL
+
+
+def test_decorate_batch_changes_nothing_when_it_declines() -> None:
+    msgs = [Message(topic="A", properties_string=U), Message(topic="A", properties_string="DELAY\x011\x02" + U)]
+    before = [dataclasses.replace(m) for m in msgs]
+    assert _native.decorate_batch(msgs, "B", 3, "UNIQ_KEY\x01", "CLUSTER\x01", "CLUSTER\x01c\x02") is False
+    assert msgs == before
+    assert _native.decorate_batch(msgs[:1], "B", 3, "UNIQ_KEY\x01", "CLUSTER\x01", "CLUSTER\x01c\x02") is True
+    assert (msgs[0].topic, msgs[0].queue_id, msgs[0].properties_string) == ("B", 3, U + "CLUSTER\x01c\x02")
+    # a cluster name holding DELAY makes every message look delayed, as in the Python loop
+    assert _native.decorate_batch([Message(topic="A", properties_string=U)], "B", 3, "UNIQ_KEY\x01", "CLUSTER\x01",
+                                  "CLUSTER\x01DELAY\x02") is False
+    assert _native.decorate_batch([Message(topic="A", properties_string="")], "B", 3, None, "CLUSTER\x01",
+                                  "CLUSTER\x01c\x02") is True

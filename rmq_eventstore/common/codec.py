@@ -1289,6 +1289,15 @@ def encode_batch_messages(msgs: Sequence[Message], uniqs: list[str]) -> tuple[by
     return batch_native.encode_batch_messages(msgs, uniqs)
 
 
+def decorate_batch(msgs: list[Message], topic: str, queue_id: int, uniq_marker: str | None, cluster_marker: str,
+                   cluster: str) -> bool:
+    """`SendMessageProcessor._store`'s loop for a plain batch in C (`_native.decorate_batch`): topic, queue
+    and CLUSTER property set on every message; False (nothing changed) when the native core is off or a
+    message needs the Python loop (no `uniq_marker` while UNIQ_KEYs are created, a timer or delay property)."""
+    return batch_native is not None and batch_native.decorate_batch(msgs, topic, queue_id, uniq_marker,
+                                                                     cluster_marker, cluster)
+
+
 def encode_batch_body_py(messages: list[tuple[bytes, int, str]]) -> bytes:
     """`encode_batch_body` in Python (the reference)."""
     out = []

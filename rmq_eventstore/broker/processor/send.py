@@ -339,7 +339,11 @@ class SendMessageProcessor:
         cluster = f"{cluster_marker}{self.broker.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
         auto_uniq = store.config.auto_create_uniq_key
         sep = codec.PROPERTY_SEPARATOR
-        for i, m in enumerate(msgs):
+        # a plain batch's loop in C when nothing in it needs the Python one (codec.decorate_batch)
+        done = (batch and not prepared and queue_ids is None
+                and codec.decorate_batch(msgs, topic, queue_id, uniq_marker if auto_uniq else None, cluster_marker,
+                                         cluster))
+        for i, m in enumerate(() if done else msgs):
             m.topic = topic
             m.queue_id = queue_id if queue_ids is None else queue_ids[i]
             props = m.properties_string or ""

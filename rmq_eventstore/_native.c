@@ -23,6 +23,7 @@
  *   decode_records      codec.decode_records' loop: a pull body into MessageExts (init_pull binds the type)
  *   remoting_*          the remoting frame codec (its own block below: RemotingCommand.encode, FrameDecoder.feed)
  *   append_one          CommitLog._append_one's locked body (a single put: file, queue offset, record, hand-off)
+ *   append_one_net      CommitLog._append_one_net's locked body (a network single put; THE NETWORK SINGLE PUT)
  *   uniq_create         UniqueIdGenerator.create's fast path (a single put's UNIQ_KEY)
  *   take_requests       ReputMessageService._take_pending's walk over a run of request chunks
  *
@@ -3977,6 +3978,137 @@ done:
 }
 /* ==================================== end of THE BATCH SEND ==================================== */
 
+/* ============================================================================================== */
+/* THE NETWORK SINGLE PUT (issue 16, branch send-single): the broker's SEND_MESSAGE(_V2) store      */
+/*  append_one_net: CommitLog._append_one_net's locked body for one message that carries a          */
+/*                  properties string (what a producer sent): encode_network_batch's record written */
+/*                  straight into the current file, then append_one's hand-off and result objects.  */
+/*                  Reference: CommitLog._append_one_net_py (taken under RMQ_EVENTSTORE_PURE=1).    */
+/* ============================================================================================== */
+
+/* append_one_net(commit_log, msg, netctx, file_size) -> PutMessageResult(PUT_OK, AppendMessageResult) or None.
+ * The caller holds the put lock. netctx = (topics, store addr, store port, max body, max record, tags
+ * cache, tags fn, request type, parse_host, SCHEDULE_TOPIC, append_crc): encode_network_batch's fixed
+ * arguments (RecordEncoder.network_context). Taken only for a current file with room for the record before
+ * its last 8 bytes and an existing queue, and a message encode_network_batch covers; None, with nothing
+ * changed, for anything else (the caller then takes `_append_plain`). */
+static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "append_one_net takes 4 arguments"); return NULL; }
+    if (message_type == NULL || amr_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_native.init() / single_init() was not called");
+        return NULL;
+    }
+    if (single_names() < 0) return NULL;
+    PyObject *cl = args[0], *msg = args[1], *ctx = args[2];
+    int64_t file_size, pos, from, q;
+    if (Py_TYPE(msg) != message_type || !as_i64(args[3], 1, INT32_MAX, &file_size)) Py_RETURN_NONE;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 11) { PyErr_SetString(PyExc_TypeError, "netctx must be an 11-tuple"); return NULL; }
+    PyObject *mfq = PyObject_GetAttr(cl, s_mfq);
+    if (mfq == NULL) return NULL;
+    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
+    Py_DECREF(mfq);
+    if (files == NULL) return NULL;
+    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
+    PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
+    Py_DECREF(files);
+    PyObject *result = NULL, *table = NULL, *key = NULL, *base_obj = NULL, *now_obj = NULL, *enc = NULL;
+    int stamped = 0;
+    int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
+    if (got <= 0) goto done;
+    if (file_size - pos <= 8) { got = 0; goto done; }  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
+    PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
+    if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) { got = 0; goto done; }
+    table = PyObject_GetAttr(cl, s_table);
+    if (table == NULL) { got = -1; goto done; }
+    if (!PyDict_CheckExact(table)) { got = 0; goto done; }
+    key = single_queue_key(topic, qid);
+    if (key == NULL) { got = -1; goto done; }
+    PyObject *qo = PyDict_GetItemWithError(table, key);
+    if (qo == NULL) { got = PyErr_Occurred() ? -1 : 0; goto done; }  /* a new queue: the general path */
+    if (!PyLong_CheckExact(qo) || !as_i64(qo, 0, INT64_MAX - 1, &q)) { got = 0; goto done; }
+    got = single_attr_i64(mf, s_file_from_offset, 0, INT64_MAX - file_size, &from);
+    if (got <= 0) goto done;
+    int64_t base = from + pos;
+    int64_t now = single_now_ms();
+    base_obj = PyLong_FromLongLong(base);
+    now_obj = PyLong_FromLongLong(now);
+    if (base_obj == NULL || now_obj == NULL || PyObject_SetAttr(cl, s_begin_in_lock, now_obj) < 0) { got = -1; goto done; }
+    stamped = 1;
+    /* encode_network_batch((msg,), table, base, now, *netctx) */
+    PyObject *eargs = PyTuple_New(15);
+    if (eargs == NULL) { got = -1; goto done; }
+    PyObject *one = PyTuple_Pack(1, msg);
+    if (one == NULL) { Py_DECREF(eargs); got = -1; goto done; }
+    PyTuple_SET_ITEM(eargs, 0, one);
+    PyTuple_SET_ITEM(eargs, 1, Py_NewRef(table));
+    PyTuple_SET_ITEM(eargs, 2, Py_NewRef(base_obj));
+    PyTuple_SET_ITEM(eargs, 3, Py_NewRef(now_obj));
+    for (int i = 0; i < 11; i++) PyTuple_SET_ITEM(eargs, 4 + i, Py_NewRef(PyTuple_GET_ITEM(ctx, i)));
+    enc = encode_network_batch(NULL, eargs);
+    Py_DECREF(eargs);
+    if (enc == NULL) { got = -1; goto done; }
+    if (enc == Py_None) { got = 0; goto done; }
+    /* (data, [request], [offset], [uniq], {key: q + 1}, q) */
+    PyObject *data = PyTuple_GET_ITEM(enc, 0), *req = PyList_GET_ITEM(PyTuple_GET_ITEM(enc, 1), 0);
+    Py_ssize_t total = PyBytes_GET_SIZE(data);
+    if (total > file_size - pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
+    if (!PyLong_CheckExact(PyTuple_GET_ITEM(req, 6)) || PyLong_AsLongLong(PyTuple_GET_ITEM(req, 6)) != q) {
+        if (PyErr_Occurred()) { got = -1; goto done; }
+        PyErr_SetString(PyExc_RuntimeError, "append_one_net: the queue offset changed under the put lock");
+        got = -1; goto done;
+    }
+    PyObject *view = PyObject_GetAttr(mf, s_write_view);
+    if (view == NULL) { got = -1; goto done; }
+    Py_buffer dst;
+    if (PyObject_GetBuffer(view, &dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); got = -1; goto done; }
+    Py_DECREF(view);
+    if (pos > dst.len || total > dst.len - pos) { PyBuffer_Release(&dst); got = 0; goto done; }
+    memcpy((char *)dst.buf + pos, PyBytes_AS_STRING(data), total);
+    PyBuffer_Release(&dst);
+    /* the record is in the file: publish it as the reference does */
+    PyObject *nq = PyLong_FromLongLong(q + 1);
+    if (nq == NULL || single_set_i64(mf, s_wrote_position, pos + total) < 0 ||
+        PyObject_SetAttr(mf, s_store_ts, now_obj) < 0 || PyDict_SetItem(table, key, nq) < 0) {
+        Py_XDECREF(nq); got = -1; goto done;
+    }
+    Py_DECREF(nq);
+    PyObject *cb = PyObject_GetAttr(cl, s_on_appended);
+    if (cb == NULL) { got = -1; goto done; }
+    if (cb != Py_None) {
+        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
+        PyObject *e_obj = PyLong_FromLongLong(base + total);
+        if (reqs != NULL && e_obj != NULL) {
+            PyObject_GC_UnTrack(reqs);  /* a tuple of an untracked request (see append_one) */
+            int h = single_handoff(cb, base_obj, e_obj, reqs);
+            if (h > 0) cres = Py_NewRef(Py_None);
+            else if (h == 0) {
+                PyObject *cargs[3] = {base_obj, e_obj, reqs};
+                cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
+            }
+        }
+        Py_XDECREF(reqs); Py_XDECREF(e_obj);
+        if (cres == NULL) { Py_DECREF(cb); got = -1; stamped = 0; goto done; }
+        Py_DECREF(cres);
+    }
+    Py_DECREF(cb);
+    stamped = 0;
+    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { got = -1; goto done; }
+    result = single_result(base_obj, PyTuple_GET_ITEM(req, 3), now_obj, PyTuple_GET_ITEM(req, 6), single_now_ms() - now,
+                           PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2), PyTuple_GET_ITEM(req, 8));
+    if (result == NULL) got = -1;
+done:
+    if (stamped && got == 0) {  /* declined after the stamp: nothing changed, the stamp is cleared */
+        if (single_set_i64(cl, s_begin_in_lock, 0) < 0) got = -1;
+    }
+    Py_XDECREF(enc); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(base_obj); Py_XDECREF(now_obj);
+    Py_DECREF(mf);
+    if (got < 0) return NULL;
+    if (got == 0) Py_RETURN_NONE;
+    return result;
+}
+/* ============================ end of THE NETWORK SINGLE PUT ==================================== */
+
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -4034,6 +4166,10 @@ static PyMethodDef methods[] = {
     {"decorate_batch", decorate_batch, METH_VARARGS,
      "SendMessageProcessor._store's loop for a plain batch: True when done, False when the loop must decide."},
     /* end of THE BATCH SEND */
+    /* THE NETWORK SINGLE PUT (branch send-single) */
+    {"append_one_net", (PyCFunction)(void (*)(void))append_one_net, METH_FASTCALL,
+     "CommitLog._append_one_net's locked body (a message with a properties string): PutMessageResult or None."},
+    /* end of THE NETWORK SINGLE PUT */
     {NULL, NULL, 0, NULL},
 };
 

@@ -443,6 +443,7 @@ class RecordEncoder:
         self._store_v6 = STOREHOSTADDRESS_V6_FLAG if len(self.store_host[0]) == 16 else 0
         self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length-prefixed bytes, magic)
         self._plain_ctx: tuple | None = None  # encode_plain_one's bound arguments (built at its first call)
+        self._net_ctx: tuple | None = None  # _native.append_one_net's bound arguments (network_context)
 
     def _topic_part(self, topic: str, force_v2: bool) -> tuple[bytes, int]:
         tp = None if force_v2 else self._topics.get(topic)
@@ -617,6 +618,18 @@ class RecordEncoder:
                 self._topics, addr, port, (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG) if self._store_v6 else 0,
                 self.max_message_size, self.max_message_size + RECORD_HEADROOM, _TAGS_CODE_CACHE,
                 tags_string_to_tags_code, DispatchRequest, self.append_crc)
+        return ctx
+
+    def network_context(self) -> tuple:
+        """The fixed arguments of `encode_network_batch`'s native loop, bound once per encoder, for the
+        network single put (`_native.append_one_net`)."""
+        ctx = self._net_ctx
+        if ctx is None:
+            addr, port = self.store_host
+            ctx = self._net_ctx = (
+                self._topics, addr, port, self.max_message_size, self.max_message_size + RECORD_HEADROOM,
+                _TAGS_CODE_CACHE, tags_string_to_tags_code, DispatchRequest, parse_host, SCHEDULE_TOPIC,
+                self.append_crc)
         return ctx
 
     def encode_plain_one_into(self, msg: Message, uniq_key: str | None, queue_offset: int, offset: int, now: int,

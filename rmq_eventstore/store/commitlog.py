@@ -94,6 +94,9 @@ class PutMessageResult:
 # The single put's locked body in C, which builds the two results above without running their __init__
 # (None: the pure-Python loops, or an extension built before it existed).
 _native_append_one = getattr(codec.native, "append_one", None)
+# The network single put's locked body in C (a message with a properties string: what the broker stores for a
+# SEND_MESSAGE), or None (the pure-Python reference `_append_one_net_py`, or an older extension).
+_native_append_one_net = getattr(codec.native, "append_one_net", None) if _native_append_one is not None else None
 _native_uniq = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's fast path, or None
 if _native_append_one is not None:
     from . import reput as _reput  # the hand-off append_one does itself when on_appended is notify_appended
@@ -299,9 +302,14 @@ class CommitLog:
         if self.writeable and not self.read_only:
             append_one = _native_append_one
             if append_one is not None and now_ms is _now_ms:  # _append_one's native path, without its frame
-                with self.put_lock:
-                    fast = append_one(self, msg, uniq, self.encoder._plain_ctx or self.encoder.plain_context(),
-                                      self.file_size)
+                if msg.properties_string is None or _native_append_one_net is None:
+                    with self.put_lock:
+                        fast = append_one(self, msg, uniq, self.encoder._plain_ctx or self.encoder.plain_context(),
+                                          self.file_size)
+                else:  # what a producer sent (the broker's SEND_MESSAGE): a properties string, no uniq to add
+                    with self.put_lock:
+                        fast = _native_append_one_net(self, msg, self.encoder._net_ctx or self.encoder.network_context(),
+                                                      self.file_size)
                 if fast is not None:
                     if self.config.flush_disk_type is _SYNC_FLUSH:
                         return self._finish(fast.append_result, _wait_store_msg_ok(msg))  # type: ignore[arg-type]
@@ -464,14 +472,17 @@ class CommitLog:
         (`_native.append_one`) when the native core is active, else `_append_one_py`, its reference (also
         taken while a test replaces `now_ms`)."""
         append_one = _native_append_one
-        if append_one is not None and now_ms is _now_ms:
-            ctx = self.encoder._plain_ctx or self.encoder.plain_context()
+        net = msg.properties_string is not None
+        if append_one is not None and now_ms is _now_ms and not (net and _native_append_one_net is None):
             with self.put_lock:
-                res = append_one(self, msg, uniq, ctx, self.file_size)
+                if net:
+                    res = _native_append_one_net(self, msg, self.encoder.network_context(), self.file_size)
+                else:
+                    res = append_one(self, msg, uniq, self.encoder.plain_context(), self.file_size)
             if res is None:
                 return None
         else:
-            r = self._append_one_py(msg, uniq)
+            r = self._append_one_net_py(msg) if net else self._append_one_py(msg, uniq)
             if r is None:
                 return None
             base, total, begin, q, req = r
@@ -518,6 +529,47 @@ class CommitLog:
             mf.wrote_position = pos + total
             mf.store_timestamp = begin
             table[key] = q + 1
+            cb = self.on_appended
+            if cb is not None:
+                cb(base, base + total, (req,))
+            self.begin_time_in_lock = 0
+        return base, total, begin, q, req
+
+    def _append_one_net_py(self, msg: Message) -> tuple[int, int, int, int, DispatchRequest] | None:
+        """`_native.append_one_net`'s reference, taking the put lock: a message with a properties string
+        (what a producer sent) encoded by `encode_network_batch_py` straight into the current file, when
+        that file has room for it and its queue exists. (base, total, store time, queue offset, request)
+        of the record written, or None, having changed nothing (`_append_plain` then decides)."""
+        with self.put_lock:
+            files = self.mapped_file_queue.mapped_files
+            if not files:
+                return None
+            mf = files[-1]
+            pos = mf.wrote_position
+            room = self.file_size - pos
+            if room <= codec.END_FILE_MIN_BLANK_LENGTH:
+                return None
+            table = self.topic_queue_table
+            key = f"{msg.topic}-{msg.queue_id}"
+            q = table.get(key)
+            if q is None:
+                return None  # a new queue (announced by on_new_queue): the general path
+            begin = now_ms()
+            self.begin_time_in_lock = begin
+            base = mf.file_from_offset + pos
+            try:
+                batch = self.encoder.encode_network_batch_py((msg,), table, base, begin)
+            except (struct.error, TypeError, AttributeError, ValueError):
+                batch = None  # the general path explains it
+            if batch is None or len(batch.data) > room - codec.END_FILE_MIN_BLANK_LENGTH:
+                self.begin_time_in_lock = 0
+                return None
+            total = len(batch.data)
+            mf.write_at(pos, batch.data)
+            mf.wrote_position = pos + total
+            mf.store_timestamp = begin
+            table[key] = q + 1
+            req = batch.requests[0]
             cb = self.on_appended
             if cb is not None:
                 cb(base, base + total, (req,))

@@ -383,7 +383,8 @@ class SendMessageProcessor:
         a = res.append_result
         if a is None or not res.is_ok():
             return code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name, None
-        msg_id = codec.join_message_ids(a.store_host, a.store_port, a.offsets) if batch and a.offsets else a.msg_id
+        # the offsetMsgId(s), comma-joined (in C when active; a.msg_id's text, without its property and list)
+        msg_id = codec.join_message_ids(a.store_host, a.store_port, a.offsets) if a.offsets else a.msg_id
         ext = {"msgId": msg_id, "queueId": queue_id, "queueOffset": a.logics_offset,
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         if prepared:

@@ -265,6 +265,8 @@ class PopService:
                 continue
             with self._lock(group, t, q):
                 offset = self._offset(group, t, q)
+                if offset >= self.store.get_max_offset_in_queue(t, q):
+                    continue  # nothing there (the store's answer would move nothing either)
                 r = self.store.get_message(group, t, q, offset, want, filt)
                 if r is None:
                     continue

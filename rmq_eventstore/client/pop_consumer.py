@@ -120,24 +120,32 @@ class PopConsumer:
         broker_name = names[0] if names else ""
         msgs = decode_records(r.body)
         # each message's handle is ExtraInfo(start, popTime, invisibleTime, reviveQid, retry, brokerName,
-        # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue
-        prefixes: dict[tuple[bool, int], str] = {}
+        # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue, so
+        # the text before the offset is made once per queue and the loop per message only appends
+        prefixes: dict[tuple[str, int], str] = {}
+        lead = PROPERTY_POP_CK + NAME_VALUE_SEPARATOR
         for m in msgs:
-            retry = m.topic != topic
-            qid = m.queue_id
-            prefix = prefixes.get((retry, qid))
+            qkey = (m.topic, m.queue_id)
+            prefix = prefixes.get(qkey)
             if prefix is None:
-                start = starts.get((retry, qid))
+                retry = m.topic != topic
+                start = starts.get((retry, m.queue_id))
                 if start is None:  # no start offset for the queue: the message is its own checkpoint start
                     _set_handle(m, ExtraInfo(m.queue_offset, pop_time, invisible, revive_qid, retry, broker_name,
-                                             qid, m.queue_offset).build())
+                                             m.queue_id, m.queue_offset).build())
                     if retry:
                         m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
                     continue
-                prefix = prefixes[(retry, qid)] = (f"{start} {pop_time} {invisible} {revive_qid} "
-                                                   f"{1 if retry else 0} {broker_name} {qid} ")
-            _set_handle(m, prefix + str(m.queue_offset))
-            if retry:
+                prefix = prefixes[qkey] = (f"{start} {pop_time} {invisible} {revive_qid} {1 if retry else 0} "
+                                           f"{broker_name} {m.queue_id} ")
+            if m._properties is None and type(m) is MessageExt:
+                s = m.properties_string
+                m.properties_string = (f"{s}{lead}{prefix}{m.queue_offset}{PROPERTY_SEPARATOR}"
+                                       if not s or s[-1] == PROPERTY_SEPARATOR else
+                                       f"{s}{PROPERTY_SEPARATOR}{lead}{prefix}{m.queue_offset}{PROPERTY_SEPARATOR}")
+            else:
+                _set_handle(m, f"{prefix}{m.queue_offset}")
+            if m.topic != topic:
                 m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
         return msgs
 
@@ -164,14 +172,22 @@ class PopConsumer:
         """The BATCH_ACK_MESSAGE requests settling `msgs`, by broker address."""
         groups: dict[tuple[str, str], BatchAck] = {}
         by_broker: dict[str, list[BatchAck]] = {}
+        lead = PROPERTY_POP_CK + NAME_VALUE_SEPARATOR
+        skip = len(lead)
         for m in msgs:
             # the handles of one pop's queue differ only in their last field (the offset): each distinct
-            # rest is parsed once
-            handle = _get_handle(m) or ""
+            # rest is parsed once (and checked to have the 8 fields then: a later handle with the same rest
+            # has them too); the handle is read off the end of the unparsed properties string (_get_handle)
+            s = m.properties_string if type(m) is MessageExt and m._properties is None else ""
+            i = s.rfind(lead)
+            if i >= 0 and (not i or s[i - 1] == PROPERTY_SEPARATOR):
+                j = s.find(PROPERTY_SEPARATOR, i)
+                handle = s[i + skip:j] if j >= 0 else s[i + skip:]
+            else:
+                handle = _get_handle(m) or ""
             prefix, _, last = handle.rpartition(" ")
-            key = (m.topic, prefix)
-            ack = groups.get(key)
-            if ack is None or handle.count(" ") != 7:
+            ack = groups.get((m.topic, prefix))
+            if ack is None:
                 topic, extra = self._target(m)
                 key = (m.topic, extra.build().rpartition(" ")[0])
                 ack = groups.get(key)

@@ -185,7 +185,14 @@ class AckMessageProcessor:
         if lo < 0:
             return None
         hi = store.get_max_offset_in_queue(topic, ack.queue_id)
-        bits = [b for b in ack.bits if lo <= ack.start_offset + b <= hi]
+        bits = ack.bits
         if not bits:
             return None
+        start = ack.start_offset
+        if not (lo <= start + min(bits) and start + max(bits) <= hi):  # else all in the queue: kept as they are
+            bits = [b for b in bits if lo <= start + b <= hi]
+            if not bits:
+                return None
+        if topic == ack.topic and bits is ack.bits:
+            return ack
         return dataclasses.replace(ack, topic=topic, bits=bits)

@@ -186,11 +186,8 @@ class PopConsumer:
         prefixes: dict[tuple[str, int], str] = {}
         leads: dict[int, str] = {}  # queue id -> POP_CK name + separator + handle before the offset (topic's)
         i, n = 0, len(msgs)
-        while True:
-            i = _set_handles(msgs, i, MessageExt, topic, leads)
-            if i >= n:
-                break
-            m = msgs[i]  # the first of its queue, a retry message or one with parsed properties
+        while i < n:
+            m = msgs[i]  # the first of its queue (its lead is made here), a retry message, parsed properties
             i += 1
             qkey = (m.topic, m.queue_id)
             retry = m.topic != topic
@@ -202,6 +199,8 @@ class PopConsumer:
                                              m.queue_id, m.queue_offset).build())
                     if retry:
                         m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+                    if i < n:
+                        i = _set_handles(msgs, i, MessageExt, topic, leads)
                     continue
                 prefix = prefixes[qkey] = (f"{start} {pop_time} {invisible} {revive_qid} {1 if retry else 0} "
                                            f"{broker_name} {m.queue_id} ")
@@ -210,6 +209,8 @@ class PopConsumer:
             _set_handle(m, f"{prefix}{m.queue_offset}")
             if retry:
                 m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+            if i < n:  # the plain messages after it, up to the next one that needs this loop
+                i = _set_handles(msgs, i, MessageExt, topic, leads)
         return msgs
 
     def _target(self, msg: MessageExt) -> tuple[str, ExtraInfo]:
@@ -238,29 +239,28 @@ class PopConsumer:
         # parsed once (and checked to have the 8 fields then: a later handle with the same rest has them too);
         # the loop over the others (`_ack_scan`) reads a handle off the end of the unparsed properties string
         # and only adds its bit
-        acks: dict[tuple[str, str], tuple[int, list[int], BatchAck]] = {}
+        entries: dict[tuple[str, str], tuple[int, list[int], BatchAck]] = {}
         i, n = 0, len(msgs)
-        while True:
-            i = _ack_scan(msgs, i, MessageExt, _LEAD, acks)
-            if i >= n:
-                break
-            m = msgs[i]
+        while i < n:
+            m = msgs[i]  # the first of its pop's queue (its entry is made here), or one the scan leaves
             i += 1
             handle = _get_handle(m) or ""
             prefix, _, last = handle.rpartition(" ")
-            entry = acks.get((m.topic, prefix))
+            entry = entries.get((m.topic, prefix))
             if entry is None:
                 topic, extra = self._target(m)
                 key = (m.topic, extra.build().rpartition(" ")[0])
-                entry = acks.get(key)
+                entry = entries.get(key)
                 if entry is None:
                     ack = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
                                    extra.revive_qid, extra.pop_time, extra.invisible_time, [])
-                    entry = acks[key] = (ack.start_offset, ack.bits, ack)
+                    entry = entries[key] = (ack.start_offset, ack.bits, ack)
                     by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
                 entry[1].append(extra.queue_offset - extra.ck_queue_offset)
-                continue
-            entry[1].append(int(last) - entry[0])
+            else:
+                entry[1].append(int(last) - entry[0])
+            if i < n:  # the messages after it whose entry is known
+                i = _ack_scan(msgs, i, MessageExt, _LEAD, entries)
         return {addr: RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(
             {"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()) for addr, acks in by_broker.items()}
 

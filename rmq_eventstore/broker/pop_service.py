@@ -241,18 +241,20 @@ class PopService:
                 return result
 
     def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
-        tc = self.broker.topic_manager.get(topic)
+        draw = random.random()  # one draw per pop: where the queues start, and whether retries go first
         if queue_id >= 0:
             normal = [(topic, queue_id, False)]
-        else:  # every read queue, from a random one on (RocketMQ's `randomQ + i`): one random draw per pop
+        else:  # every read queue, from a random one on (RocketMQ's `randomQ + i`)
+            tc = self.broker.topic_manager.get(topic)
             n = tc.read_queue_nums if tc else 0
-            first = random.randrange(n) if n > 1 else 0
+            first = int(draw * 1_000_003) % n if n > 1 else 0
             normal = [(topic, (first + i) % n, False) for i in range(n)]
         retry = pop_retry_topic(group, topic)
-        retries = [(retry, 0, True)] if self.broker.topic_manager.get(retry) is not None else []
-        if random.randrange(100) < POP_FROM_RETRY_PROBABILITY:
-            return retries + normal
-        return normal + retries
+        if self.broker.topic_manager.get(retry) is None:
+            return normal
+        if draw * 100 < POP_FROM_RETRY_PROBABILITY:  # the queue start above is uniform within this too
+            return [(retry, 0, True), *normal]
+        return [*normal, (retry, 0, True)]
 
     def _pop_once(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
                   expression: str) -> PopResult:

@@ -161,7 +161,7 @@ class AckMessageProcessor:
         queue: one stale or foreign handle does not fail the acks beside it. What is left of an entry is
         settled with one revive record (`PopService.batch_ack`); a record not written is SYSTEM_ERROR."""
         try:
-            doc = json.loads(req.body or b"{}")
+            doc = json.loads(req.body.decode() if req.body else "{}")  # UTF-8, as RocketMQ's JSON bodies
             acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return req.response(ResponseCode.ILLEGAL_OPERATION, f"bad BATCH_ACK_MESSAGE body: {e}")

@@ -4136,7 +4136,8 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
                 goto fail;
             goto stop;
         }
-        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2 || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1)))
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2 || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1))
+            || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
             goto stop;
         if (!(last = PyUnicode_Substring(handle, sp + 1, hl)))
             goto fail;
@@ -4146,6 +4147,7 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
             PyErr_Clear(); /* the reference raises it */
             goto stop;
         }
+        /* int - int and list.append run no Python code: the borrowed entry stays alive */
         if (!(bit = PyNumber_Subtract(num, PyTuple_GET_ITEM(entry, 0))))
             goto fail;
         if (PyList_Append(PyTuple_GET_ITEM(entry, 1), bit) < 0)

@@ -108,7 +108,7 @@ def pop_ack_scan_py(msgs: list[MessageExt], i: int, cls: type, lead: str,
         if not sp:
             return i
         entry = acks.get((m.topic, prefix))
-        if type(entry) is not tuple or len(entry) < 2 or type(entry[1]) is not list:
+        if type(entry) is not tuple or len(entry) < 2 or type(entry[1]) is not list or type(entry[0]) is not int:
             return i
         try:
             num = int(last, 10)

@@ -26,6 +26,8 @@
  *   append_one_net      CommitLog._append_one_net's locked body (a network single put; THE NETWORK SINGLE PUT)
  *   uniq_create         UniqueIdGenerator.create's fast path (a single put's UNIQ_KEY)
  *   take_requests       ReputMessageService._take_pending's walk over a run of request chunks
+ *   pop_set_handles,    PopConsumer.pop / _ack_requests: append each message's POP_CK handle, read it back into its
+ *   pop_ack_scan        BatchAck bits (client/pop_consumer.py; their own block above the method table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -4108,6 +4110,207 @@ done:
 }
 /* ============================ end of THE NETWORK SINGLE PUT ==================================== */
 
+/* POP receipt handles (client/pop_consumer.py): the per-message loops of PopConsumer.pop (append    */
+/* each message's POP_CK handle to its unparsed properties string) and of _ack_requests (read the    */
+/* handle back and add the message's bit to its BatchAck). Each stops at the first message it does  */
+/* not handle and returns its index: the Python reference (pop_set_handles_py, pop_ack_scan_py)      */
+/* does that one, then calls again. Generic attribute access (MessageExt has __slots__).             */
+/* ============================================================================================== */
+
+static PyObject *ph_s_topic, *ph_s_props, *ph_s_parsed, *ph_s_qid, *ph_s_qoff, *ph_sep, *ph_empty;
+
+static int ph_init_names(void) {
+    if (ph_s_topic != NULL)
+        return 0;
+    if (!(ph_s_topic = PyUnicode_InternFromString("topic")) || !(ph_s_props = PyUnicode_InternFromString("properties_string"))
+        || !(ph_s_parsed = PyUnicode_InternFromString("_properties")) || !(ph_s_qid = PyUnicode_InternFromString("queue_id"))
+        || !(ph_s_qoff = PyUnicode_InternFromString("queue_offset")) || !(ph_sep = PyUnicode_FromOrdinal(2))
+        || !(ph_empty = PyUnicode_FromString("")))
+        return -1;
+    return 0;
+}
+
+/* m is `cls` exactly and its properties are not parsed: 1; 0 when not; -1 on error */
+static int ph_plain(PyObject *m, PyObject *cls) {
+    if ((PyObject *)Py_TYPE(m) != cls)
+        return 0;
+    PyObject *parsed = PyObject_GetAttr(m, ph_s_parsed);
+    if (parsed == NULL)
+        return -1;
+    int plain = parsed == Py_None;
+    Py_DECREF(parsed);
+    return plain;
+}
+
+/* pop_set_handles(msgs, start, cls, topic, leads) -> index of the first message not handled (len: all) */
+static PyObject *pop_set_handles(PyObject *self, PyObject *args) {
+    PyObject *msgs, *cls, *topic, *leads;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "O!nOUO!", &PyList_Type, &msgs, &i, &cls, &topic, &PyDict_Type, &leads))
+        return NULL;
+    if (ph_init_names() < 0)
+        return NULL;
+    for (; i < PyList_GET_SIZE(msgs); i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i), *t = NULL, *q = NULL, *off = NULL, *s = NULL, *offs = NULL;
+        int plain = ph_plain(m, cls);
+        if (plain <= 0)
+            return plain < 0 ? NULL : PyLong_FromSsize_t(i);
+        int ok = 0;
+        if (!(t = PyObject_GetAttr(m, ph_s_topic)))
+            goto fail;
+        if (!PyUnicode_CheckExact(t))
+            goto stop;
+        int same = PyUnicode_Compare(t, topic);
+        if (same == -1 && PyErr_Occurred())
+            goto fail;
+        if (same != 0)
+            goto stop;
+        if (!(q = PyObject_GetAttr(m, ph_s_qid)))
+            goto fail;
+        if (!PyLong_CheckExact(q))
+            goto stop;
+        PyObject *lead = PyDict_GetItemWithError(leads, q); /* borrowed */
+        if (lead == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto stop;
+        }
+        if (!PyUnicode_CheckExact(lead))
+            goto stop;
+        if (!(off = PyObject_GetAttr(m, ph_s_qoff)) || !(s = PyObject_GetAttr(m, ph_s_props)))
+            goto fail;
+        if (!PyLong_CheckExact(off) || !PyUnicode_CheckExact(s))
+            goto stop;
+        if (!(offs = PyObject_Str(off)))
+            goto fail;
+        Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+        int glue = n > 0 && PyUnicode_READ_CHAR(s, n - 1) != 2;
+        PyObject *parts = glue ? PyTuple_Pack(5, s, ph_sep, lead, offs, ph_sep) : PyTuple_Pack(4, s, lead, offs, ph_sep);
+        if (parts == NULL)
+            goto fail;
+        PyObject *joined = PyUnicode_Join(ph_empty, parts);
+        Py_DECREF(parts);
+        if (joined == NULL)
+            goto fail;
+        int r = PyObject_SetAttr(m, ph_s_props, joined);
+        Py_DECREF(joined);
+        if (r < 0)
+            goto fail;
+        ok = 1;
+    stop:
+        Py_XDECREF(t);
+        Py_XDECREF(q);
+        Py_XDECREF(off);
+        Py_XDECREF(s);
+        Py_XDECREF(offs);
+        if (!ok)
+            return PyLong_FromSsize_t(i);
+        continue;
+    fail:
+        Py_XDECREF(t);
+        Py_XDECREF(q);
+        Py_XDECREF(off);
+        Py_XDECREF(s);
+        Py_XDECREF(offs);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+/* pop_ack_scan(msgs, start, cls, lead, acks) -> index of the first message not handled (len: all); acks maps
+   (topic, handle without its last field) to (start offset, bits list, ...): each handled message's
+   int(last field) - start offset is appended to the bits */
+static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
+    PyObject *msgs, *cls, *lead, *acks;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "O!nOUO!", &PyList_Type, &msgs, &i, &cls, &lead, &PyDict_Type, &acks))
+        return NULL;
+    if (ph_init_names() < 0)
+        return NULL;
+    Py_ssize_t lead_len = PyUnicode_GET_LENGTH(lead);
+    for (; i < PyList_GET_SIZE(msgs); i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i), *s = NULL, *t = NULL, *handle = NULL, *prefix = NULL, *last = NULL,
+                 *key = NULL, *num = NULL, *bit = NULL;
+        int plain = ph_plain(m, cls);
+        if (plain <= 0)
+            return plain < 0 ? NULL : PyLong_FromSsize_t(i);
+        int ok = 0;
+        if (!(s = PyObject_GetAttr(m, ph_s_props)))
+            goto fail;
+        if (!PyUnicode_CheckExact(s))
+            goto stop;
+        Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+        Py_ssize_t j = PyUnicode_Find(s, lead, 0, n, -1);
+        if (j == -2)
+            goto fail;
+        if (j < 0 || (j > 0 && PyUnicode_READ_CHAR(s, j - 1) != 2))
+            goto stop;
+        Py_ssize_t k = PyUnicode_FindChar(s, 2, j, n, 1);
+        if (k == -2)
+            goto fail;
+        if (!(handle = PyUnicode_Substring(s, j + lead_len, k >= 0 ? k : n)))
+            goto fail;
+        Py_ssize_t hl = PyUnicode_GET_LENGTH(handle);
+        Py_ssize_t sp = PyUnicode_FindChar(handle, ' ', 0, hl, -1);
+        if (sp == -2)
+            goto fail;
+        if (sp < 0)
+            goto stop;
+        if (!(t = PyObject_GetAttr(m, ph_s_topic)))
+            goto fail;
+        if (!(prefix = PyUnicode_Substring(handle, 0, sp)) || !(key = PyTuple_Pack(2, t, prefix)))
+            goto fail;
+        PyObject *entry = PyDict_GetItemWithError(acks, key); /* borrowed */
+        if (entry == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto stop;
+        }
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2 || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1))
+            || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
+            goto stop;
+        if (!(last = PyUnicode_Substring(handle, sp + 1, hl)))
+            goto fail;
+        if (!(num = PyLong_FromUnicodeObject(last, 10))) {
+            if (!PyErr_ExceptionMatches(PyExc_ValueError))
+                goto fail;
+            PyErr_Clear(); /* the reference raises it */
+            goto stop;
+        }
+        /* int - int and list.append run no Python code: the borrowed entry stays alive */
+        if (!(bit = PyNumber_Subtract(num, PyTuple_GET_ITEM(entry, 0))))
+            goto fail;
+        if (PyList_Append(PyTuple_GET_ITEM(entry, 1), bit) < 0)
+            goto fail;
+        ok = 1;
+    stop:
+        Py_XDECREF(s);
+        Py_XDECREF(t);
+        Py_XDECREF(handle);
+        Py_XDECREF(prefix);
+        Py_XDECREF(last);
+        Py_XDECREF(key);
+        Py_XDECREF(num);
+        Py_XDECREF(bit);
+        if (!ok)
+            return PyLong_FromSsize_t(i);
+        continue;
+    fail:
+        Py_XDECREF(s);
+        Py_XDECREF(t);
+        Py_XDECREF(handle);
+        Py_XDECREF(prefix);
+        Py_XDECREF(last);
+        Py_XDECREF(key);
+        Py_XDECREF(num);
+        Py_XDECREF(bit);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+/* ============================================================================================== */
+/* end of the POP receipt handle block                                                              */
+/* ============================================================================================== */
 
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -4170,6 +4373,11 @@ static PyMethodDef methods[] = {
     {"append_one_net", (PyCFunction)(void (*)(void))append_one_net, METH_FASTCALL,
      "CommitLog._append_one_net's locked body (a message with a properties string): PutMessageResult or None."},
     /* end of THE NETWORK SINGLE PUT */
+    /* POP receipt handles (client/pop_consumer.py): the block above the table */
+    {"pop_set_handles", pop_set_handles, METH_VARARGS,
+     "PopConsumer.pop's handle loop: (msgs, start, MessageExt, topic, leads) -> first index not handled."},
+    {"pop_ack_scan", pop_ack_scan, METH_VARARGS,
+     "PopConsumer._ack_requests' loop: (msgs, start, MessageExt, lead, acks) -> first index not handled."},
     {NULL, NULL, 0, NULL},
 };
 

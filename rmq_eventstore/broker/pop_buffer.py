@@ -39,11 +39,31 @@ QueueKey = tuple[str, str, int]  # group, topic, queue id
 CkKey = tuple[str, str, int, int, int]  # group, topic, queue id, start offset, pop time
 
 
+def _ack_mask(diffs: list[int], start: int, offsets: list[int], contiguous: bool) -> int:
+    """The bits of a checkpoint (offset diffs `diffs` from `start`) that `offsets` name; offsets it does not
+    hold are ignored. One pass over the offsets: when the diffs are 0..n-1 (`contiguous`: no message filtered
+    out between them, the usual case) a diff is its own bit, otherwise a diff -> first bit map is used."""
+    n = len(diffs)
+    mask = 0
+    if contiguous:
+        for off in offsets:
+            d = off - start
+            if 0 <= d < n:
+                mask |= 1 << d
+        return mask
+    index = {d: i for i, d in reversed(list(enumerate(diffs)))}
+    for off in offsets:
+        i = index.get(off - start)
+        if i is not None:
+            mask |= 1 << i
+    return mask
+
+
 class _Entry:
     """One pop of a queue in the buffer: its checkpoint (None: an offset move only, e.g. filtered
     messages skipped), the offset after it, the acked bits, and whether it is stored."""
 
-    __slots__ = ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at")
+    __slots__ = ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at", "contiguous")
 
     def __init__(self, ck: PopCheckPoint | None, revive_qid: int, next_offset: int, flush_at: int,
                  stored: bool = False) -> None:
@@ -52,6 +72,7 @@ class _Entry:
         self.next_offset = next_offset
         self.acked = 0
         self.full = (1 << len(ck.queue_offset_diff)) - 1 if ck is not None else 0
+        self.contiguous = ck is not None and ck.queue_offset_diff == list(range(len(ck.queue_offset_diff)))
         self.stored = stored
         self.flush_at = flush_at
 
@@ -267,15 +288,7 @@ class PopBufferMergeService:
                 return False
             ck = entry.ck
             assert ck is not None
-            diffs = ck.queue_offset_diff
-            start = ck.start_offset
-            for off in offsets:
-                d = off - start
-                if len(diffs) == 1:
-                    if diffs[0] == d:
-                        entry.acked |= 1
-                elif d in diffs:
-                    entry.acked |= 1 << diffs.index(d)
+            entry.acked |= _ack_mask(ck.queue_offset_diff, ck.start_offset, offsets, entry.contiguous)
             if self.journal is not None:
                 self.journal.ack(key, offsets)
             if entry.settled:

@@ -103,6 +103,7 @@ class PopService:
         self._locks: dict[tuple[str, str, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._qid = random.randrange(REVIVE_QUEUE_NUM)
+        self._filters: dict[str, MessageFilter] = {}  # by expression: a filter is read-only once made
         self._arrival = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -240,31 +241,46 @@ class PopService:
                 return result
 
     def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
-        tc = self.broker.topic_manager.get(topic)
-        normal = [(topic, q, False) for q in ([queue_id] if queue_id >= 0 else range(tc.read_queue_nums if tc else 0))]
-        if queue_id < 0:
-            random.shuffle(normal)
+        draw = random.random()  # one draw per pop: where the queues start, and whether retries go first
+        if queue_id >= 0:
+            normal = [(topic, queue_id, False)]
+        else:  # every read queue, from a random one on (RocketMQ's `randomQ + i`)
+            tc = self.broker.topic_manager.get(topic)
+            n = tc.read_queue_nums if tc else 0
+            first = int(draw * 1_000_003) % n if n > 1 else 0
+            normal = [(topic, (first + i) % n, False) for i in range(n)]
         retry = pop_retry_topic(group, topic)
-        retries = [(retry, 0, True)] if self.broker.topic_manager.get(retry) is not None else []
-        if random.randrange(100) < POP_FROM_RETRY_PROBABILITY:
-            return retries + normal
-        return normal + retries
+        if self.broker.topic_manager.get(retry) is None:
+            return normal
+        if draw * 100 < POP_FROM_RETRY_PROBABILITY:  # the queue start above is uniform within this too
+            return [(retry, 0, True), *normal]
+        return [*normal, (retry, 0, True)]
 
     def _pop_once(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
                   expression: str) -> PopResult:
         pop_time = int(time.time() * 1000)
         self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
         result = PopResult(pop_time, invisible_time, self._qid, [], [], [], 0)
-        filt = MessageFilter(expression)
+        filt = self._filters.get(expression)
+        if filt is None:
+            if len(self._filters) >= 256:
+                self._filters.clear()
+            filt = self._filters[expression] = MessageFilter(expression)
         broker_name = self.broker.config.broker_name
         for t, q, retry in self._queues(group, topic, queue_id):
             want = max_nums - len(result.buffers)
+            cq = self.store.find_consume_queue(t, q, create=False)
+            if cq is None:
+                continue  # no such queue: nothing to pop, nothing left (the store's answer moves nothing)
             if want <= 0:
-                offset = self._offset(group, t, q)
-                result.rest_num += max(self.store.get_max_offset_in_queue(t, q) - offset, 0)
+                top = cq.get_max_offset_in_queue()
+                if top > 0:
+                    result.rest_num += max(top - self._offset(group, t, q), 0)
                 continue
             with self._lock(group, t, q):
                 offset = self._offset(group, t, q)
+                if offset >= cq.get_max_offset_in_queue():
+                    continue  # nothing there (the store's answer would move nothing either)
                 r = self.store.get_message(group, t, q, offset, want, filt)
                 if r is None:
                     continue

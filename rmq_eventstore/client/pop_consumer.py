@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from ..common import MessageExt
+from ..common.native import native
 from ..common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ..common.properties import (
     NAME_VALUE_SEPARATOR,
@@ -59,6 +60,66 @@ def _get_handle(msg: MessageExt) -> str | None:
         return msg.properties.get(PROPERTY_POP_CK)
     j = s.find(PROPERTY_SEPARATOR, i)
     return s[i + len(lead):j if j >= 0 else len(s)] or None
+
+
+_LEAD = PROPERTY_POP_CK + NAME_VALUE_SEPARATOR
+
+
+def pop_set_handles_py(msgs: list[MessageExt], i: int, cls: type, topic: str, leads: dict[int, str]) -> int:
+    """The per-message loop of `PopConsumer.pop` (the reference of `_native.pop_set_handles`): from `msgs[i]`
+    on, append `leads[queue_id]` (`POP_CK` name, separator and the handle without its offset) + the queue
+    offset to the properties string of each unparsed `cls` message of `topic`; returns the index of the
+    first message it does not handle (another topic, a queue without a lead, parsed properties) or len."""
+    for i in range(i, len(msgs)):  # noqa: B020  # the loop continues from the argument
+        m = msgs[i]
+        if type(m) is not cls or m._properties is not None:
+            return i
+        t, q, off, s = m.topic, m.queue_id, m.queue_offset, m.properties_string
+        if type(t) is not str or t != topic or type(q) is not int:
+            return i
+        lead = leads.get(q)
+        if type(lead) is not str or type(off) is not int or type(s) is not str:
+            return i
+        m.properties_string = (f"{s}{lead}{off}{PROPERTY_SEPARATOR}" if not s or s[-1] == PROPERTY_SEPARATOR
+                               else f"{s}{PROPERTY_SEPARATOR}{lead}{off}{PROPERTY_SEPARATOR}")
+    return len(msgs)
+
+
+def pop_ack_scan_py(msgs: list[MessageExt], i: int, cls: type, lead: str,
+                    acks: dict[tuple[str, str], tuple]) -> int:
+    """The per-message loop of `PopConsumer._ack_requests` (the reference of `_native.pop_ack_scan`): from
+    `msgs[i]` on, read each unparsed `cls` message's handle off the end of its properties string (after the
+    last `lead`), find its entry in `acks` by (topic, handle without its last field), and append int(last
+    field) - entry[0] to entry[1]; returns the index of the first message it does not handle or len."""
+    skip = len(lead)
+    for i in range(i, len(msgs)):  # noqa: B020
+        m = msgs[i]
+        if type(m) is not cls or m._properties is not None:
+            return i
+        s = m.properties_string
+        if type(s) is not str:
+            return i
+        j = s.rfind(lead)
+        if j < 0 or (j and s[j - 1] != PROPERTY_SEPARATOR):
+            return i
+        k = s.find(PROPERTY_SEPARATOR, j)
+        handle = s[j + skip:k if k >= 0 else len(s)]
+        prefix, sp, last = handle.rpartition(" ")
+        if not sp:
+            return i
+        entry = acks.get((m.topic, prefix))
+        if type(entry) is not tuple or len(entry) < 2 or type(entry[1]) is not list or type(entry[0]) is not int:
+            return i
+        try:
+            num = int(last, 10)
+        except ValueError:
+            return i
+        entry[1].append(num - entry[0])
+    return len(msgs)
+
+
+_set_handles = native.pop_set_handles if native is not None else pop_set_handles_py
+_ack_scan = native.pop_ack_scan if native is not None else pop_ack_scan_py
 
 
 class PopConsumer:
@@ -120,25 +181,36 @@ class PopConsumer:
         broker_name = names[0] if names else ""
         msgs = decode_records(r.body)
         # each message's handle is ExtraInfo(start, popTime, invisibleTime, reviveQid, retry, brokerName,
-        # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue
-        prefixes: dict[tuple[bool, int], str] = {}
-        for m in msgs:
+        # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue, so
+        # the text before the offset is made once per queue and the loop per message only appends
+        prefixes: dict[tuple[str, int], str] = {}
+        leads: dict[int, str] = {}  # queue id -> POP_CK name + separator + handle before the offset (topic's)
+        i, n = 0, len(msgs)
+        while i < n:
+            m = msgs[i]  # the first of its queue (its lead is made here), a retry message, parsed properties
+            i += 1
+            qkey = (m.topic, m.queue_id)
             retry = m.topic != topic
-            qid = m.queue_id
-            prefix = prefixes.get((retry, qid))
+            prefix = prefixes.get(qkey)
             if prefix is None:
-                start = starts.get((retry, qid))
+                start = starts.get((retry, m.queue_id))
                 if start is None:  # no start offset for the queue: the message is its own checkpoint start
                     _set_handle(m, ExtraInfo(m.queue_offset, pop_time, invisible, revive_qid, retry, broker_name,
-                                             qid, m.queue_offset).build())
+                                             m.queue_id, m.queue_offset).build())
                     if retry:
                         m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+                    if i < n:
+                        i = _set_handles(msgs, i, MessageExt, topic, leads)
                     continue
-                prefix = prefixes[(retry, qid)] = (f"{start} {pop_time} {invisible} {revive_qid} "
-                                                   f"{1 if retry else 0} {broker_name} {qid} ")
-            _set_handle(m, prefix + str(m.queue_offset))
+                prefix = prefixes[qkey] = (f"{start} {pop_time} {invisible} {revive_qid} {1 if retry else 0} "
+                                           f"{broker_name} {m.queue_id} ")
+                if not retry:
+                    leads[m.queue_id] = _LEAD + prefix
+            _set_handle(m, f"{prefix}{m.queue_offset}")
             if retry:
                 m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, topic)
+            if i < n:  # the plain messages after it, up to the next one that needs this loop
+                i = _set_handles(msgs, i, MessageExt, topic, leads)
         return msgs
 
     def _target(self, msg: MessageExt) -> tuple[str, ExtraInfo]:
@@ -162,27 +234,33 @@ class PopConsumer:
 
     def _ack_requests(self, msgs: list[MessageExt]) -> dict[str, RemotingCommand]:
         """The BATCH_ACK_MESSAGE requests settling `msgs`, by broker address."""
-        groups: dict[tuple[str, str], BatchAck] = {}
         by_broker: dict[str, list[BatchAck]] = {}
-        for m in msgs:
-            # the handles of one pop's queue differ only in their last field (the offset): each distinct
-            # rest is parsed once
+        # the handles of one pop's queue differ only in their last field (the offset): each distinct rest is
+        # parsed once (and checked to have the 8 fields then: a later handle with the same rest has them too);
+        # the loop over the others (`_ack_scan`) reads a handle off the end of the unparsed properties string
+        # and only adds its bit
+        entries: dict[tuple[str, str], tuple[int, list[int], BatchAck]] = {}
+        i, n = 0, len(msgs)
+        while i < n:
+            m = msgs[i]  # the first of its pop's queue (its entry is made here), or one the scan leaves
+            i += 1
             handle = _get_handle(m) or ""
             prefix, _, last = handle.rpartition(" ")
-            key = (m.topic, prefix)
-            ack = groups.get(key)
-            if ack is None or handle.count(" ") != 7:
+            entry = entries.get((m.topic, prefix))
+            if entry is None:
                 topic, extra = self._target(m)
                 key = (m.topic, extra.build().rpartition(" ")[0])
-                ack = groups.get(key)
-                if ack is None:
-                    ack = groups[key] = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset,
-                                                 extra.queue_id, extra.revive_qid, extra.pop_time,
-                                                 extra.invisible_time, [])
+                entry = entries.get(key)
+                if entry is None:
+                    ack = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
+                                   extra.revive_qid, extra.pop_time, extra.invisible_time, [])
+                    entry = entries[key] = (ack.start_offset, ack.bits, ack)
                     by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
-                ack.bits.append(extra.queue_offset - extra.ck_queue_offset)
-                continue
-            ack.bits.append(int(last) - ack.start_offset)
+                entry[1].append(extra.queue_offset - extra.ck_queue_offset)
+            else:
+                entry[1].append(int(last) - entry[0])
+            if i < n:  # the messages after it whose entry is known
+                i = _ack_scan(msgs, i, MessageExt, _LEAD, entries)
         return {addr: RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(
             {"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()) for addr, acks in by_broker.items()}
 

@@ -125,7 +125,7 @@ def bitset_indexes(value: object) -> list[int]:
     """The set bits of a `BatchAck`'s `b`: a list of indexes (what our client sends) or the base64 of Java's
     `BitSet.toByteArray()` (little-endian bytes)."""
     if isinstance(value, list):
-        return sorted({int(x) for x in value})
+        return sorted(set(map(int, value)))
     if isinstance(value, str):
         raw = base64.b64decode(value)
         return [i * 8 + b for i, byte in enumerate(raw) for b in range(8) if byte >> b & 1]

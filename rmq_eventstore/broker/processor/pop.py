@@ -161,7 +161,7 @@ class AckMessageProcessor:
         queue: one stale or foreign handle does not fail the acks beside it. What is left of an entry is
         settled with one revive record (`PopService.batch_ack`); a record not written is SYSTEM_ERROR."""
         try:
-            doc = json.loads(req.body or b"{}")
+            doc = json.loads(req.body.decode() if req.body else "{}")  # UTF-8, as RocketMQ's JSON bodies
             acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return req.response(ResponseCode.ILLEGAL_OPERATION, f"bad BATCH_ACK_MESSAGE body: {e}")
@@ -185,7 +185,14 @@ class AckMessageProcessor:
         if lo < 0:
             return None
         hi = store.get_max_offset_in_queue(topic, ack.queue_id)
-        bits = [b for b in ack.bits if lo <= ack.start_offset + b <= hi]
+        bits = ack.bits
         if not bits:
             return None
+        start = ack.start_offset
+        if not (lo <= start + min(bits) and start + max(bits) <= hi):  # else all in the queue: kept as they are
+            bits = [b for b in bits if lo <= start + b <= hi]
+            if not bits:
+                return None
+        if topic == ack.topic and bits is ack.bits:
+            return ack
         return dataclasses.replace(ack, topic=topic, bits=bits)

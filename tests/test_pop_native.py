@@ -1,0 +1,108 @@
+"""The POP receipt-handle loops in C (`_native.pop_set_handles`, `_native.pop_ack_scan`, used by
+`PopConsumer.pop` and `_ack_requests`) against their pure-Python references (`pop_set_handles_py`,
+`pop_ack_scan_py`): same index returned, same properties strings, same bits, on generated messages that mix
+what the loops handle with what they must leave to the caller (other topics, queues without a lead, parsed
+properties, other types, handles that do not parse, a POP_CK not at a property boundary).
+
+Skips when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_NATIVE=1`."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq_eventstore.client.pop_consumer import _LEAD, pop_ack_scan_py, pop_set_handles_py
+from rmq_eventstore.common import MessageExt
+
+try:
+    from rmq_eventstore import _native
+except ImportError as e:  # not built
+    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
+        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
+    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+
+
+class Other(MessageExt):
+    """Not a MessageExt exactly: both loops must stop at it."""
+
+    __slots__ = ()
+
+
+def msg(topic: str, qid: int, offset: int, props: str, parsed: bool = False, cls: type = MessageExt) -> MessageExt:
+    m = cls(0, 0, 0, qid, 0, offset, 0, 0, 0, b"\0\0\0\0", 0, 0, b"\0\0\0\0", 0, 0, 0, b"", topic, props)
+    if parsed:
+        m.properties  # noqa: B018  # parsed now
+    return m
+
+
+def state(msgs: list[MessageExt]) -> list[tuple]:
+    return [(type(m).__name__, m.topic, m.properties_string, m._properties) for m in msgs]
+
+
+PROPS = st.sampled_from(["", "TAGS\x01a\x02", "KEYS\x01k1 k2\x02UNIQ_KEY\x01ABC", "\u00e9\x01\u4e2d\x02", "A\x01B"])
+MSG = st.tuples(st.sampled_from(["T", "%RETRY%g_T", "U"]), st.integers(0, 3), st.integers(0, 2**40), PROPS,
+                st.booleans(), st.sampled_from([MessageExt, MessageExt, MessageExt, Other]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(MSG, max_size=12), st.dictionaries(st.integers(0, 3), st.text(max_size=6).map(lambda s: _LEAD + s)),
+       st.integers(0, 12))
+def test_set_handles_same_as_reference(specs: list, leads: dict, start: int) -> None:
+    a = [msg(*s) for s in specs]
+    b = copy.deepcopy(a)
+    start = min(start, len(a))
+    i = _native.pop_set_handles(a, start, MessageExt, "T", leads)
+    j = pop_set_handles_py(b, start, MessageExt, "T", leads)
+    assert i == j
+    assert state(a) == state(b)
+
+
+HANDLE = st.sampled_from(["5 100 60000 3 0 broker-a 1 ", "5 100 60000 3 1 broker-a 0 ", "7 100 60000 3 0 b 2 "])
+LAST = st.sampled_from(["5", "6", "36", "x", "", " 9", "1_0", "12\x00"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE, LAST, PROPS, st.booleans(), st.booleans(),
+                          st.sampled_from([MessageExt, MessageExt, Other])), max_size=12),
+       st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE, st.integers(0, 10)), max_size=4), st.integers(0, 12))
+def test_ack_scan_same_as_reference(specs: list, entries: list, start: int) -> None:
+    msgs = []
+    for topic, prefix, last, props, parsed, glued, cls in specs:
+        # the handle as pop appends it, or glued to the previous property without a separator (not a handle)
+        sep = "" if glued else "\x02"
+        s = f"{props}{sep if props and not props.endswith(chr(2)) else ''}{_LEAD}{prefix}{last}\x02"
+        if glued and props and not props.endswith("\x02"):
+            s = f"{props}{_LEAD}{prefix}{last}\x02"
+        msgs.append(msg(topic, 0, 0, s, parsed, cls))
+    acks_a = {(t, p.rstrip(" ")): (so, []) for t, p, so in entries}
+    acks_b = {k: (v[0], []) for k, v in acks_a.items()}
+    start = min(start, len(msgs))
+    msgs_b = copy.deepcopy(msgs)
+    i = _native.pop_ack_scan(msgs, start, MessageExt, _LEAD, acks_a)
+    j = pop_ack_scan_py(msgs_b, start, MessageExt, _LEAD, acks_b)
+    assert i == j
+    assert acks_a == acks_b
+    assert state(msgs) == state(msgs_b)
+
+
+def test_handled_all_and_stops() -> None:
+    """The plain case is handled to the end; each kind of message left to the caller stops the loop."""
+    leads = {0: _LEAD + "5 100 60000 3 0 b 0 "}
+    for loop in (_native.pop_set_handles, pop_set_handles_py):
+        ms = [msg("T", 0, 5, "TAGS\x01a\x02"), msg("T", 0, 6, ""), msg("T", 0, 7, "A\x01B")]
+        assert loop(ms, 0, MessageExt, "T", leads) == 3
+        assert [m.properties_string for m in ms] == [
+            f"TAGS\x01a\x02{_LEAD}5 100 60000 3 0 b 0 5\x02", f"{_LEAD}5 100 60000 3 0 b 0 6\x02",
+            f"A\x01B\x02{_LEAD}5 100 60000 3 0 b 0 7\x02"]
+        assert msg("T", 0, 7, ms[2].properties_string).properties["POP_CK"] == "5 100 60000 3 0 b 0 7"
+        acks = {("T", "5 100 60000 3 0 b 0"): (5, [])}
+        scan = _native.pop_ack_scan if loop is _native.pop_set_handles else pop_ack_scan_py
+        assert scan(ms, 0, MessageExt, _LEAD, acks) == 3
+        assert acks[("T", "5 100 60000 3 0 b 0")][1] == [0, 1, 2]
+        for stopper in (msg("U", 0, 8, ""), msg("T", 1, 8, ""), msg("T", 0, 8, "", parsed=True),
+                        msg("T", 0, 8, "", cls=Other)):
+            assert loop([msg("T", 0, 7, ""), stopper], 0, MessageExt, "T", leads) == 1

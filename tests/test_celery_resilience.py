@@ -206,8 +206,15 @@ class LocalStoreBroker:
         pid = self.pid()
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
-                        open(f"/proc/{pid}/stat").read().split(") ")[1][:1] == "Z", 10)
+
+        def gone() -> bool:  # reaped, or a zombie; the process can vanish between the two reads (ESRCH)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().split(") ")[1][:1] == "Z"
+            except OSError:
+                return True
+
+        assert wait_for(gone, 10)
 
     def stop(self) -> None:
         from rmq_eventstore.client import stop_local_broker

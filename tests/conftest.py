@@ -101,3 +101,16 @@ def _read_queue(store: MessageStore, topic: str, queue_id: int, start: int = 0,
 def read_queue() -> Callable[..., list[tuple[int, MessageExt]]]:
     """`read_queue(store, topic, queue_id, start=0, batch=32)`: the whole queue via `get_message`."""
     return _read_queue
+
+
+def import_native():  # noqa: ANN201 - the extension module
+    """`rmq_eventstore._native` for a test module that compares the C loops with their Python references; the
+    module is skipped when the extension is not built, except under RMQ_EVENTSTORE_REQUIRE_NATIVE (CI's first
+    pass), where a missing extension is an error."""
+    try:
+        from rmq_eventstore import _native
+    except ImportError as e:  # not built
+        if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
+            raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
+        pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+    return _native

@@ -15,7 +15,6 @@ The tests skip when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_N
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 from pathlib import Path
 
@@ -30,14 +29,9 @@ from rmq_eventstore.common.message import Message
 from rmq_eventstore.common.message_id import join_message_ids_py
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 from rmq_eventstore.store import MessageStore
-from tests.conftest import SMALL_GEOMETRY
+from tests.conftest import SMALL_GEOMETRY, import_native
 
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 _native.init(Message)
 
 HEADER = ("Topic", 3, 0, 1700000000000, "10.0.0.1:5555", 2)

@@ -29,13 +29,9 @@ from rmq_eventstore.common import codec
 from rmq_eventstore.common.message import Message
 from rmq_eventstore.store import index as index_module
 from rmq_eventstore.store import message_store as ms_module
+from tests.conftest import import_native
 
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 _native.init(Message)
 
 PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,21 +9,15 @@ Skips when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_NATIVE=1`.
 from __future__ import annotations
 
 import copy
-import os
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmq_eventstore.client.pop_consumer import _LEAD, pop_ack_scan_py, pop_set_handles_py
 from rmq_eventstore.common import MessageExt
+from tests.conftest import import_native
 
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 
 
 class Other(MessageExt):

@@ -13,7 +13,6 @@ The tests skip when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_N
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import pytest
@@ -25,13 +24,9 @@ from rmq_eventstore.common.message import MessageExt
 from rmq_eventstore.store import GetMessageResult, GetMessageStatus, Message, MessageFilter, MessageStore
 from rmq_eventstore.store.consume_queue import UNIT
 from rmq_eventstore.store.message_store import BLANK_UNIT_SIZE
+from tests.conftest import import_native
 
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 _native.init_pull(MessageExt)
 
 COMMITLOG_FILE_SIZE = 64 * 1024  # tests/conftest.py's SMALL_GEOMETRY

@@ -15,15 +15,11 @@ from hypothesis import strategies as st
 
 from rmq_eventstore.remoting import FrameDecoder, FrameError, RemotingCommand, RequestCode, SerializeType
 from rmq_eventstore.remoting import command as command_mod
+from tests.conftest import import_native
 
 _REQUIRED = os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0")
 _PURE = os.environ.get("RMQ_EVENTSTORE_PURE", "0") not in ("", "0")
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if _REQUIRED:
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 if not hasattr(_native, "remoting_decode"):
     if _REQUIRED:
         raise AssertionError("RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension predates the remoting codec")

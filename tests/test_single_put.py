@@ -11,7 +11,6 @@ and index bytes). The functions are called directly, so the file also runs (and 
 from __future__ import annotations
 
 import collections
-import os
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,9 @@ from rmq_eventstore.store import MessageStore
 from rmq_eventstore.store import commitlog as commitlog_module
 from rmq_eventstore.store import reput as reput_module
 from rmq_eventstore.store.commitlog import AppendMessageResult, PutMessageResult
+from tests.conftest import import_native
 
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 _native.init(Message)
 _native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)
 

@@ -7,7 +7,6 @@ The functions are called directly, so the file also runs (and compares) under `R
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -19,13 +18,9 @@ from rmq_eventstore.common.status import AppendMessageStatus, PutMessageStatus
 from rmq_eventstore.store import MessageStore
 from rmq_eventstore.store import commitlog as commitlog_module
 from rmq_eventstore.store.commitlog import AppendMessageResult, CommitLog, PutMessageResult
+from tests.conftest import import_native
 
-try:
-    from rmq_eventstore import _native
-except ImportError as e:  # not built
-    if os.environ.get("RMQ_EVENTSTORE_REQUIRE_NATIVE", "0") not in ("", "0"):
-        raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
-    pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
+_native = import_native()
 _native.init(Message)
 _native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)
 

@@ -156,28 +156,29 @@ static inline PyObject *field(PyObject *m, int f) { /* borrowed; NULL when unset
     return *(PyObject **)((char *)m + field_offsets[f]);
 }
 
+/* The byte offsets of `names`' object slots in type `tp` (its __slots__ / slots=True dataclass fields), into
+ * out[]: -1 with TypeError when one is not an object slot. Every init_* below binds its type this way. */
+static int slot_offsets(PyObject *tp, const char *const *names, int n, Py_ssize_t *out) {
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString(tp, names[i]);
+        if (d == NULL) return -1;
+        if (Py_TYPE(d) != &PyMemberDescr_Type || (((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX &&
+                                                  ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT)) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name, names[i]);
+            return -1;
+        }
+        out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    return 0;
+}
+
 static PyObject *native_init(PyObject *self, PyObject *args) {
     PyObject *tp;
     if (!PyArg_ParseTuple(args, "O!", &PyType_Type, &tp)) return NULL;
     Py_ssize_t offs[F_COUNT];
-    for (int i = 0; i < F_COUNT; i++) {
-        PyObject *d = PyObject_GetAttrString(tp, field_names[i]);
-        if (d == NULL) return NULL;
-        if (Py_TYPE(d) != &PyMemberDescr_Type) {
-            Py_DECREF(d);
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", ((PyTypeObject *)tp)->tp_name, field_names[i]);
-            return NULL;
-        }
-        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
-        if (md->type != T_OBJECT_EX && md->type != T_OBJECT) {
-            Py_DECREF(d);
-            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name,
-                         field_names[i]);
-            return NULL;
-        }
-        offs[i] = md->offset;
-        Py_DECREF(d);
-    }
+    if (slot_offsets(tp, field_names, F_COUNT, offs) < 0) return NULL;
     memcpy(field_offsets, offs, sizeof offs);
     Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(tp));
     Py_RETURN_NONE;
@@ -2387,24 +2388,7 @@ static PyObject *init_pull(PyObject *self, PyObject *args) {
     PyObject *tp;
     if (!PyArg_ParseTuple(args, "O!", &PyType_Type, &tp)) return NULL;
     Py_ssize_t offs[X_COUNT];
-    for (int i = 0; i < X_COUNT; i++) {
-        PyObject *d = PyObject_GetAttrString(tp, ext_names[i]);
-        if (d == NULL) return NULL;
-        if (Py_TYPE(d) != &PyMemberDescr_Type) {
-            Py_DECREF(d);
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", ((PyTypeObject *)tp)->tp_name, ext_names[i]);
-            return NULL;
-        }
-        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
-        if (md->type != T_OBJECT_EX && md->type != T_OBJECT) {
-            Py_DECREF(d);
-            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name,
-                         ext_names[i]);
-            return NULL;
-        }
-        offs[i] = md->offset;
-        Py_DECREF(d);
-    }
+    if (slot_offsets(tp, ext_names, X_COUNT, offs) < 0) return NULL;
     memcpy(ext_offsets, offs, sizeof offs);
     Py_XSETREF(ext_type, (PyTypeObject *)Py_NewRef(tp));
     Py_RETURN_NONE;
@@ -2675,18 +2659,7 @@ static PyObject *remoting_init(PyObject *self, PyObject *args) {
     PyObject *tp, *stype;
     if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &tp, &stype)) return NULL;
     Py_ssize_t offs[RC_COUNT];
-    for (int i = 0; i < RC_COUNT; i++) {
-        PyObject *d = PyObject_GetAttrString(tp, rc_names[i]);
-        if (d == NULL) return NULL;
-        if (Py_TYPE(d) != &PyMemberDescr_Type || (((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX &&
-                                                  ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT)) {
-            Py_DECREF(d);
-            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name, rc_names[i]);
-            return NULL;
-        }
-        offs[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-    }
+    if (slot_offsets(tp, rc_names, RC_COUNT, offs) < 0) return NULL;
     memcpy(rc_offsets, offs, sizeof offs);
     Py_XSETREF(rc_type, (PyTypeObject *)Py_NewRef(tp));
     Py_XSETREF(rc_stype_json, Py_NewRef(stype));
@@ -3199,22 +3172,6 @@ static const char *pmr_names[3] = {"status", "append_result", "reason"};
 static PyTypeObject *amr_type = NULL, *pmr_type = NULL;
 static Py_ssize_t amr_off[A_COUNT], pmr_off[3];
 static PyObject *amr_ok = NULL, *pmr_ok = NULL;
-
-static int slot_offsets(PyObject *tp, const char **names, int n, Py_ssize_t *out) {
-    for (int i = 0; i < n; i++) {
-        PyObject *d = PyObject_GetAttrString(tp, names[i]);
-        if (d == NULL) return -1;
-        if (Py_TYPE(d) != &PyMemberDescr_Type || (((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX &&
-                                                  ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT)) {
-            Py_DECREF(d);
-            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", ((PyTypeObject *)tp)->tp_name, names[i]);
-            return -1;
-        }
-        out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-    }
-    return 0;
-}
 
 /* ReputMessageService.notify_appended (the function) and reput.MAX_PENDING: append_one hands a record to
  * that method itself (see single_handoff) */

@@ -312,7 +312,7 @@ def summarize(run_dir: Path, readme: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="every benchmark's --quick (about 15 min instead of ~45)")
+    ap.add_argument("--quick", action="store_true", help="every benchmark's --quick (about 5 min instead of ~10)")
     ap.add_argument("--skip", action="append", default=[], choices=STEPS)
     ap.add_argument("--no-readme", action="store_true", help="do not write the table into benchmarks/README.md")
     ap.add_argument("--summarize", metavar="DIR", help="only rebuild the summary of an earlier run directory")

@@ -499,6 +499,33 @@ class CommitLog:
     def _append_one_py(self, msg: Message, uniq: str | None) -> tuple[int, int, int, int, DispatchRequest] | None:
         """`_native.append_one`'s reference, taking the put lock: (base, total, store time, queue offset,
         request) of the record written, or None, having changed nothing."""
+        def write(mf: MappedFile, pos: int, room: int, q: int, base: int, begin: int) -> tuple[int, DispatchRequest] | None:
+            # written in place when it fits before the file's end (else the general path rolls the file)
+            return self.encoder.encode_plain_one_into(msg, uniq, q, base, begin, mf._write_view, pos, room)
+
+        return self._append_one_locked(msg, write)
+
+    def _append_one_net_py(self, msg: Message) -> tuple[int, int, int, int, DispatchRequest] | None:
+        """`_native.append_one_net`'s reference, taking the put lock: a message with a properties string
+        (what a producer sent) encoded by `encode_network_batch_py` straight into the current file, when
+        that file has room for it and its queue exists. (base, total, store time, queue offset, request)
+        of the record written, or None, having changed nothing (`_append_plain` then decides)."""
+        def write(mf: MappedFile, pos: int, room: int, q: int, base: int, begin: int) -> tuple[int, DispatchRequest] | None:
+            batch = self.encoder.encode_network_batch_py((msg,), self.topic_queue_table, base, begin)
+            if batch is None or len(batch.data) > room:
+                return None
+            mf.write_at(pos, batch.data)
+            return len(batch.data), batch.requests[0]
+
+        return self._append_one_locked(msg, write)
+
+    def _append_one_locked(self, msg: Message, write: Callable[..., tuple[int, DispatchRequest] | None]
+                           ) -> tuple[int, int, int, int, DispatchRequest] | None:
+        """The locked body both single-put references share: the current file must have room and the
+        message's queue must exist (else None: a new queue, announced by on_new_queue, or a file to roll
+        are the general path's); `write(file, pos, room, queue offset, base, store time)` puts the record
+        at `pos` and returns (total, request), or None having written nothing; then the file position, the
+        queue table and the hand-off, as the general path does."""
         with self.put_lock:
             files = self.mapped_file_queue.mapped_files
             if not files:
@@ -512,14 +539,12 @@ class CommitLog:
             key = f"{msg.topic}-{msg.queue_id}"
             q = table.get(key)
             if q is None:
-                return None  # a new queue (announced by on_new_queue), or not a plain message: the general path
+                return None
             begin = now_ms()
             self.begin_time_in_lock = begin
             base = mf.file_from_offset + pos
             try:
-                # written in place when it fits before the file's end (else the general path rolls the file)
-                rec = self.encoder.encode_plain_one_into(msg, uniq, q, base, begin, mf._write_view, pos,
-                                                         room - codec.END_FILE_MIN_BLANK_LENGTH)
+                rec = write(mf, pos, room - codec.END_FILE_MIN_BLANK_LENGTH, q, base, begin)
             except (struct.error, TypeError, AttributeError, ValueError):
                 rec = None  # the general path explains it
             if rec is None:
@@ -529,47 +554,6 @@ class CommitLog:
             mf.wrote_position = pos + total
             mf.store_timestamp = begin
             table[key] = q + 1
-            cb = self.on_appended
-            if cb is not None:
-                cb(base, base + total, (req,))
-            self.begin_time_in_lock = 0
-        return base, total, begin, q, req
-
-    def _append_one_net_py(self, msg: Message) -> tuple[int, int, int, int, DispatchRequest] | None:
-        """`_native.append_one_net`'s reference, taking the put lock: a message with a properties string
-        (what a producer sent) encoded by `encode_network_batch_py` straight into the current file, when
-        that file has room for it and its queue exists. (base, total, store time, queue offset, request)
-        of the record written, or None, having changed nothing (`_append_plain` then decides)."""
-        with self.put_lock:
-            files = self.mapped_file_queue.mapped_files
-            if not files:
-                return None
-            mf = files[-1]
-            pos = mf.wrote_position
-            room = self.file_size - pos
-            if room <= codec.END_FILE_MIN_BLANK_LENGTH:
-                return None
-            table = self.topic_queue_table
-            key = f"{msg.topic}-{msg.queue_id}"
-            q = table.get(key)
-            if q is None:
-                return None  # a new queue (announced by on_new_queue): the general path
-            begin = now_ms()
-            self.begin_time_in_lock = begin
-            base = mf.file_from_offset + pos
-            try:
-                batch = self.encoder.encode_network_batch_py((msg,), table, base, begin)
-            except (struct.error, TypeError, AttributeError, ValueError):
-                batch = None  # the general path explains it
-            if batch is None or len(batch.data) > room - codec.END_FILE_MIN_BLANK_LENGTH:
-                self.begin_time_in_lock = 0
-                return None
-            total = len(batch.data)
-            mf.write_at(pos, batch.data)
-            mf.wrote_position = pos + total
-            mf.store_timestamp = begin
-            table[key] = q + 1
-            req = batch.requests[0]
             cb = self.on_appended
             if cb is not None:
                 cb(base, base + total, (req,))

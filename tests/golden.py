@@ -1,13 +1,15 @@
 """Shared helpers for the golden-vector tests: locating `/work/shared/golden`, reading its files, and
 rebuilding its inputs the way a broker would (queue offsets, physical offsets, mapped-file roll-over).
 
-The golden directory sits next to the repository: `<repo>/../shared/golden`. A missing directory or file
+The golden directory sits next to the repository: `<repo>/../shared/golden` (else `$RMQ_SHARED_DIR` or
+/work/shared, for a clone made elsewhere). A missing directory or file
 makes the calling test FAIL (never skip): the vectors are the ground truth for byte compatibility.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,7 +19,19 @@ import pytest
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.message import Message
 
-SHARED_DIR = Path(__file__).resolve().parent.parent.parent / "shared"  # beside the repository
+
+def _shared_dir() -> Path:
+    """`<repo>/../shared` (beside the repository), else `$RMQ_SHARED_DIR`, else `/work/shared` (this machine's
+    copy, for a clone made elsewhere, e.g. under /tmp); the first that exists, or the first when none does (the
+    tests then fail naming it)."""
+    beside = Path(__file__).resolve().parent.parent.parent / "shared"
+    for candidate in (beside, Path(os.environ.get("RMQ_SHARED_DIR", "")), Path("/work/shared")):
+        if str(candidate) not in ("", ".") and (candidate / "golden").is_dir():
+            return candidate
+    return beside
+
+
+SHARED_DIR = _shared_dir()
 GOLDEN_DIR = SHARED_DIR / "golden"
 SPEC_DIR = SHARED_DIR / "spec"
 COMMITLOG_2K_FILE_SIZE = 2048

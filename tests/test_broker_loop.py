@@ -170,3 +170,35 @@ def test_short_stream_reads_are_served_on_the_loop(tmp_path: Path, monkeypatch: 
             assert RequestCode.QUERY_STREAM not in offloaded
             assert [m.body for m in admin.query_key_all("streams", "acct-1")] == [b"e0", b"e1", b"e2"]
             assert offloaded.count(RequestCode.QUERY_STREAM) == 1
+
+
+def test_sends_on_the_loop_are_dispatched_on_the_loop(tmp_path: Path) -> None:
+    """A lone producer's sends are dispatched by the event loop right after their responses are written:
+    the dispatch thread is not woken per send (a futex wake-up and two GIL hand-offs each), and every
+    message is in its queue and in the index once its send returned and the loop went round once more."""
+    with serve_in_thread(tmp_path / "s", announce=False, **SMALL) as rb:
+        svc = rb.store.reput_message_service
+        sets: list[str] = []
+        event = svc._wakeup
+        real_set = event.set
+
+        def counting_set() -> None:
+            sets.append(threading.current_thread().name)
+            real_set()
+
+        with Producer(rb.namesrv_address, "loop-dispatch") as p:
+            p.send(Message("onloop", b"warm-up"), queue_id=0)  # creates the topic
+            rb.store.wait_for_dispatch(5)
+            event.set = counting_set  # type: ignore[method-assign]
+            try:
+                results = [p.send(Message("onloop", f"m{i}".encode(), keys=[f"k{i}"]), queue_id=0)
+                           for i in range(50)]
+            finally:
+                del event.set
+        assert [r.queue_offset for r in results] == list(range(1, 51))
+        assert len(sets) <= 5, sets  # was about one per send
+        deadline = time.monotonic() + 5
+        while rb.store.get_max_offset_in_queue("onloop", 0) < 51 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rb.store.get_max_offset_in_queue("onloop", 0) == 51
+        assert [m.body for m in rb.store.query_message("onloop", "k49").messages] == [b"m49"]

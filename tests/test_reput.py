@@ -323,3 +323,79 @@ def test_shutdown_while_dispatch_is_behind_keeps_the_abort_file(open_store, stor
     assert [m.body for m in store.query_message("Behind", "k1").messages] == [b"not yet"]
     store.shutdown()
     assert not (store_path / "abort").exists()
+
+
+# -- dispatch on the calling thread (the broker's loop after a write) ---------------------------------------
+def _stop_reput_thread(svc) -> None:
+    """Stop the dispatch thread (without catching up) so that only the test dispatches."""
+    svc._stopped.set()
+    svc._wakeup.set()
+    svc._thread.join(5)
+    svc._thread = None
+    svc._wakeup.clear()
+    svc._signalled = False
+
+
+def test_held_wakeups_are_dispatched_by_the_caller(store):
+    """After `hold_wakeups`, a put wakes nobody; `dispatch_here` dispatches it on the calling thread and
+    lets later puts wake the thread again."""
+    svc = store.reput_message_service
+    _stop_reput_thread(svc)
+    assert svc.hold_wakeups()
+    assert not svc.hold_wakeups()  # held already: nothing more to promise
+    ok(store.put_message(Message(topic="Here", body=b"a", keys=["here-a"])))
+    assert not svc._wakeup.is_set()
+    assert store.get_max_offset_in_queue("Here", 0) == 0
+    assert svc.dispatch_here() == 1
+    assert store.get_max_offset_in_queue("Here", 0) == 1  # at once, on this thread
+    assert [m.body for m in store.query_message("Here", "here-a").messages] == [b"a"]
+    assert not svc._wakeup.is_set() and not svc._signalled
+    ok(store.put_message(Message(topic="Here", body=b"b")))  # not held: the hand-off wakes the thread
+    assert svc._wakeup.is_set()
+
+
+def test_dispatch_here_leaves_to_the_thread_what_it_cannot_take(store):
+    """`dispatch_here` never waits for the dispatch lock: when the thread holds it, or when a put lands
+    after its pass, the thread is woken so that nothing stays undispatched."""
+    svc = store.reput_message_service
+    _stop_reput_thread(svc)
+    assert svc.hold_wakeups()
+    ok(store.put_message(Message(topic="Busy", body=b"a")))
+    with svc._lock:  # the dispatch thread is in a pass
+        assert svc.dispatch_here() == 0
+    assert svc._wakeup.is_set() and store.get_max_offset_in_queue("Busy", 0) == 0
+    assert svc.do_reput() == 1
+    svc._wakeup.clear()
+    svc._signalled = False
+
+    real = svc._reput_locked
+
+    def pass_then_put(one_pass: bool = False) -> int:  # another thread's put right after the pass
+        n = real(one_pass)
+        ok(store.put_message(Message(topic="Busy", body=b"late")))
+        return n
+
+    svc._reput_locked = pass_then_put
+    assert svc.hold_wakeups()
+    ok(store.put_message(Message(topic="Busy", body=b"b")))
+    assert svc.dispatch_here() == 1
+    assert svc._wakeup.is_set()  # "late" saw the hold and woke nobody: dispatch_here did
+    del svc._reput_locked
+    assert svc.do_reput() == 1
+    assert store.get_max_offset_in_queue("Busy", 0) == 3
+
+
+def test_a_failed_dispatch_here_is_left_to_the_thread(store, caplog):
+    svc = store.reput_message_service
+    _stop_reput_thread(svc)
+    real = svc.dispatch
+    svc.dispatch = lambda reqs: (_ for _ in ()).throw(OSError("disk trouble"))
+    assert svc.hold_wakeups()
+    ok(store.put_message(Message(topic="Fails", body=b"x")))
+    with caplog.at_level(logging.ERROR):
+        assert svc.dispatch_here() == 0
+    assert "reput on the calling thread failed" in caplog.text
+    assert svc._wakeup.is_set() and svc.errors == 1
+    svc.dispatch = real
+    assert svc.do_reput() == 1
+    assert store.get_max_offset_in_queue("Fails", 0) == 1

@@ -212,6 +212,11 @@ class BrokerServer:
         self._offload = (_WRITE_CODES | {RequestCode.POP_MESSAGE} if sync else frozenset()) | _BLOCKING_CODES
         self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
             64, "broker-blocking")  # POP long polls wait here
+        # writes served on the loop dispatch their records on the loop too, once the responses of that loop
+        # iteration are written (`_hold_dispatch`), instead of waking the dispatch thread for each
+        self._reput = broker.store.reput_message_service
+        self._inline_writes = _WRITE_CODES - self._offload
+        self._dispatch_held = False
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -262,6 +267,10 @@ class BrokerServer:
             self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
         elif cmd.code in self._offload:
             self._spawn(conn, self._offloaded(conn, cmd))
+        elif cmd.code in self._inline_writes:
+            if not self._dispatch_held:
+                self._hold_dispatch()
+            self._respond(conn, cmd, broker.process(cmd, conn))
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
             result = broker.process_now(cmd, conn)
             if result is None:
@@ -270,6 +279,18 @@ class BrokerServer:
                 conn.write(result)
         else:
             self._respond(conn, cmd, broker.process(cmd, conn))
+
+    def _hold_dispatch(self) -> None:
+        """A write is served on the loop: its records (and those of the other writes of this loop iteration)
+        are dispatched on the loop right after, in one pass, rather than by waking the dispatch thread
+        (a futex wake-up and two GIL hand-offs per lone send; the thread still takes what is left)."""
+        if self._reput.hold_wakeups():
+            self._dispatch_held = True
+            self.loop.call_soon(self._dispatch_here)
+
+    def _dispatch_here(self) -> None:
+        self._dispatch_held = False
+        self._reput.dispatch_here()
 
     def _respond(self, conn: Connection, cmd: RemotingCommand, result: RemotingCommand | PullHold) -> None:
         if isinstance(result, PullHold):

@@ -69,6 +69,36 @@ class ReputMessageService:
     def wakeup(self) -> None:
         self._wakeup.set()
 
+    def hold_wakeups(self) -> bool:
+        """The calling thread promises `dispatch_here()` soon (the broker's event loop, once the responses
+        to what it read are written): until then hand-offs do not wake the dispatch thread, so a lone
+        request's records cost no thread wake-up and no GIL hand-off. False when a wake-up is due anyway
+        (the thread was signalled already): then there is nothing to promise."""
+        if self._signalled:
+            return False
+        self._signalled = True
+        return True
+
+    def dispatch_here(self) -> int:
+        """After `hold_wakeups()`: one dispatch pass on the calling thread (unless the dispatch thread is
+        at it), then hand-offs wake the thread again, and it is woken if anything is left behind. Returns
+        the number of records dispatched here; a failure is logged and left to the thread to retry."""
+        n = 0
+        if self._lock.acquire(blocking=False):
+            try:
+                n = self._reput_locked(one_pass=True)
+            except Exception:
+                self.errors += 1
+                log.exception("reput on the calling thread failed at %d", self.reput_from_offset)
+            finally:
+                self._lock.release()
+        self._signalled = False
+        # a put after the pass saw `_signalled` still set and woke nobody: its end is published by now
+        if self.commit_log.get_max_offset() > self.dispatched_offset:
+            self._signalled = True
+            self._wakeup.set()
+        return n
+
     # -- the loop ---------------------------------------------------------------------------------
     def behind(self) -> int:
         """Bytes written but not yet dispatched (`dispatchBehindBytes`)."""
@@ -169,51 +199,56 @@ class ReputMessageService:
 
     def do_reput(self) -> int:
         """Dispatch everything readable now; returns the number of records dispatched."""
-        total = 0
         with self._lock:
-            while True:
-                limit = self.commit_log.get_max_offset()
-                if self.reput_from_offset >= limit:
-                    break
-                before = self.reput_from_offset
+            return self._reput_locked()
+
+    def _reput_locked(self, one_pass: bool = False) -> int:
+        total = 0
+        while True:
+            limit = self.commit_log.get_max_offset()
+            if self.reput_from_offset >= limit:
+                break
+            before = self.reput_from_offset
+            reqs = self._take_pending(limit)
+            if not reqs and self.reput_from_offset == before and self._pending_count < MAX_PENDING:
+                # A put may have moved the end (read into `limit`) and not yet handed its records over
+                # (it does so under the put lock, right after): wait for that rather than parse them back.
+                with self.commit_log.put_lock:
+                    pass
                 reqs = self._take_pending(limit)
-                if not reqs and self.reput_from_offset == before and self._pending_count < MAX_PENDING:
-                    # A put may have moved the end (read into `limit`) and not yet handed its records over
-                    # (it does so under the put lock, right after): wait for that rather than parse them back.
-                    with self.commit_log.put_lock:
-                        pass
-                    reqs = self._take_pending(limit)
+            if not reqs and self.reput_from_offset == before:
+                reqs = self._parse(limit)
                 if not reqs and self.reput_from_offset == before:
-                    reqs = self._parse(limit)
-                    if not reqs and self.reput_from_offset == before:
-                        break
-                if reqs:
-                    try:
-                        self.dispatch(reqs)
-                    except BaseException:
-                        # Not dispatched: take these records again (parsed back from the commitlog);
-                        # the dispatchers skip whatever part of them they already hold.
-                        self.reput_from_offset = self.dispatched_offset
-                        raise
-                # reput_from_offset moves when records are taken; dispatched_offset once they are in
-                # the queues and the index, which is what waiters and shutdown care about.
-                self.dispatched_offset = self.reput_from_offset
-                if reqs:
-                    total += len(reqs)
-                    if self.listeners:
-                        grown: dict[tuple[str, int], int] = {}
-                        if reqs.__class__ is DispatchColumns:
-                            grown = reqs.grown()  # type: ignore[union-attr]
-                        else:
-                            for r in reqs:
-                                grown[(r.topic, r.queue_id)] = r.consume_queue_offset + 1
-                        for fn in self.listeners:
-                            try:
-                                fn(grown)
-                            except Exception:  # a listener must never stop dispatch
-                                log.exception("arrival listener failed")
-                with self._progress:
-                    self._progress.notify_all()
+                    break
+            if reqs:
+                try:
+                    self.dispatch(reqs)
+                except BaseException:
+                    # Not dispatched: take these records again (parsed back from the commitlog);
+                    # the dispatchers skip whatever part of them they already hold.
+                    self.reput_from_offset = self.dispatched_offset
+                    raise
+            # reput_from_offset moves when records are taken; dispatched_offset once they are in
+            # the queues and the index, which is what waiters and shutdown care about.
+            self.dispatched_offset = self.reput_from_offset
+            if reqs:
+                total += len(reqs)
+                if self.listeners:
+                    grown: dict[tuple[str, int], int] = {}
+                    if reqs.__class__ is DispatchColumns:
+                        grown = reqs.grown()  # type: ignore[union-attr]
+                    else:
+                        for r in reqs:
+                            grown[(r.topic, r.queue_id)] = r.consume_queue_offset + 1
+                    for fn in self.listeners:
+                        try:
+                            fn(grown)
+                        except Exception:  # a listener must never stop dispatch
+                            log.exception("arrival listener failed")
+            with self._progress:
+                self._progress.notify_all()
+            if one_pass:
+                break
         return total
 
     def _run(self) -> None:

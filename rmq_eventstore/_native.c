@@ -3307,16 +3307,139 @@ static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, P
     return 1;
 }
 
-static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "append_one takes 5 arguments"); return NULL; }
+/* The steps append_one and append_one_net share; they differ only in how the record is encoded. A put's
+ * state: the commit log, its current file, the queue table and key (new references or NULL), where the
+ * record goes and the objects of its offset and timestamp. Each step returns 1 (go on), 0 (decline: the
+ * caller takes the general path) or -1 (error set); single_end clears the stamp a declined put left and
+ * releases the references. */
+typedef struct {
+    PyObject *cl, *mf, *table, *key, *base_obj, *now_obj;
+    int64_t file_size, pos, from, q, base, now;
+    int stamped;  /* begin_time_in_lock is set */
+} single_put;
+
+/* nargs, the module's init, the message's type and file_size (the last argument) */
+static int single_begin(single_put *sp, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *name) {
+    memset(sp, 0, sizeof *sp);
+    if (nargs != want) { PyErr_Format(PyExc_TypeError, "%s takes %d arguments", name, (int)want); return -1; }
     if (message_type == NULL || amr_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_native.init() / single_init() was not called");
+        return -1;
+    }
+    if (single_names() < 0) return -1;
+    sp->cl = args[0];
+    if (Py_TYPE(args[1]) != message_type || !as_i64(args[want - 1], 1, INT32_MAX, &sp->file_size)) return 0;
+    return 1;
+}
+
+/* the current file (files[-1]) with room beyond the END_FILE_MIN_BLANK_LENGTH, and the message's queue
+ * offset: topic_queue_table[f"{topic}-{queue_id}"], an existing queue */
+static int single_locate(single_put *sp, PyObject *msg) {
+    PyObject *mfq = PyObject_GetAttr(sp->cl, s_mfq);
+    if (mfq == NULL) return -1;
+    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
+    Py_DECREF(mfq);
+    if (files == NULL) return -1;
+    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
+    sp->mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
+    Py_DECREF(files);
+    int got = single_attr_i64(sp->mf, s_wrote_position, 0, sp->file_size, &sp->pos);
+    if (got <= 0) return got;
+    if (sp->file_size - sp->pos <= 8) return 0;  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
+    PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
+    if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) return 0;
+    sp->table = PyObject_GetAttr(sp->cl, s_table);
+    if (sp->table == NULL) return -1;
+    if (!PyDict_CheckExact(sp->table)) return 0;
+    sp->key = single_queue_key(topic, qid);
+    if (sp->key == NULL) return -1;
+    PyObject *qo = PyDict_GetItemWithError(sp->table, sp->key);
+    if (qo == NULL) return PyErr_Occurred() ? -1 : 0;  /* a new queue: the general path */
+    if (!PyLong_CheckExact(qo) || !as_i64(qo, 0, INT64_MAX - 1, &sp->q)) return 0;
+    got = single_attr_i64(sp->mf, s_file_from_offset, 0, INT64_MAX - sp->file_size, &sp->from);
+    if (got <= 0) return got;
+    sp->base = sp->from + sp->pos;
+    return 1;
+}
+
+/* the store timestamp: begin_time_in_lock = now (cleared again by single_end if the put then declines) */
+static int single_stamp(single_put *sp) {
+    sp->now = single_now_ms();
+    sp->base_obj = PyLong_FromLongLong(sp->base);
+    sp->now_obj = PyLong_FromLongLong(sp->now);
+    if (sp->base_obj == NULL || sp->now_obj == NULL || PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0)
+        return -1;
+    sp->stamped = 1;
+    return 1;
+}
+
+/* the file's write view, held in dst (the caller releases it) when `total` bytes fit at pos; 0 otherwise */
+static int single_view(single_put *sp, Py_ssize_t total, Py_buffer *dst) {
+    PyObject *view = PyObject_GetAttr(sp->mf, s_write_view);
+    if (view == NULL) return -1;
+    if (PyObject_GetBuffer(view, dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); return -1; }
+    Py_DECREF(view);
+    if (sp->pos > dst->len || total > dst->len - sp->pos) { PyBuffer_Release(dst); return 0; }
+    return 1;
+}
+
+/* The record (`total` bytes, its request `req`) is in the file: publish it as the reference does
+ * (wrote_position, store_timestamp, the queue offset), hand it to on_appended, clear the stamp and build
+ * the result (store host and port: the context's). A new reference, or NULL with an error set. */
+static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, PyObject *host, PyObject *port) {
+    PyObject *nq = PyLong_FromLongLong(sp->q + 1);
+    if (nq == NULL || single_set_i64(sp->mf, s_wrote_position, sp->pos + total) < 0 ||
+        PyObject_SetAttr(sp->mf, s_store_ts, sp->now_obj) < 0 || PyDict_SetItem(sp->table, sp->key, nq) < 0) {
+        Py_XDECREF(nq);
         return NULL;
     }
-    if (single_names() < 0) return NULL;
-    PyObject *cl = args[0], *msg = args[1], *u = args[2], *ctx = args[3];
-    int64_t file_size, port, sys_flag, max_body, max_record, pos, from;
-    if (Py_TYPE(msg) != message_type || !as_i64(args[4], 1, INT32_MAX, &file_size)) Py_RETURN_NONE;
+    Py_DECREF(nq);
+    PyObject *cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    if (cb == NULL) return NULL;
+    if (cb != Py_None) {
+        /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
+           for the reput thread, and a burst of single puts does not age into the old generations) */
+        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
+        PyObject *e_obj = PyLong_FromLongLong(sp->base + total);
+        if (reqs != NULL && e_obj != NULL) {
+            PyObject_GC_UnTrack(reqs);
+            int h = single_handoff(cb, sp->base_obj, e_obj, reqs);
+            if (h > 0) cres = Py_NewRef(Py_None);
+            else if (h == 0) {
+                PyObject *cargs[3] = {sp->base_obj, e_obj, reqs};
+                cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
+            }
+        }
+        Py_XDECREF(reqs); Py_XDECREF(e_obj);
+        if (cres == NULL) { Py_DECREF(cb); return NULL; }
+        Py_DECREF(cres);
+    }
+    Py_DECREF(cb);
+    sp->stamped = 0;
+    if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) return NULL;
+    /* the request's total (3) and queue offset (6) are the result's; its uniq key (8) too */
+    return single_result(sp->base_obj, PyTuple_GET_ITEM(req, 3), sp->now_obj, PyTuple_GET_ITEM(req, 6),
+                         single_now_ms() - sp->now, host, port, PyTuple_GET_ITEM(req, 8));
+}
+
+/* a put's return: NULL (got < 0), None (got == 0: a stamp it set is cleared, nothing else changed) or result */
+static PyObject *single_end(single_put *sp, int got, PyObject *result) {
+    if (sp->stamped && got == 0) {
+        if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) got = -1;
+    }
+    Py_XDECREF(sp->key); Py_XDECREF(sp->table); Py_XDECREF(sp->base_obj); Py_XDECREF(sp->now_obj);
+    Py_XDECREF(sp->mf);
+    if (got < 0) { Py_XDECREF(result); return NULL; }
+    if (got == 0) { Py_XDECREF(result); Py_RETURN_NONE; }
+    return result;
+}
+
+static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    single_put sp;
+    int got = single_begin(&sp, args, nargs, 5, "append_one");
+    if (got <= 0) return single_end(&sp, got, NULL);
+    PyObject *msg = args[1], *u = args[2], *ctx = args[3];
+    int64_t port, sys_flag, max_body, max_record;
     if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 10) { PyErr_SetString(PyExc_TypeError, "ctx must be a 10-tuple"); return NULL; }
     PyObject *topics = PyTuple_GET_ITEM(ctx, 0), *addr = PyTuple_GET_ITEM(ctx, 1);
     PyObject *tags_cache = PyTuple_GET_ITEM(ctx, 6), *tags_fn = PyTuple_GET_ITEM(ctx, 7);
@@ -3335,104 +3458,36 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     const Py_ssize_t reserved = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 9)) == 1 ? CRC_RESERVED : 0;
     const Py_ssize_t hsize = addr_len == 16 ? 112 : 88;
 
-    /* the current file: files[-1], with room beyond the END_FILE_MIN_BLANK_LENGTH */
-    PyObject *mfq = PyObject_GetAttr(cl, s_mfq);
-    if (mfq == NULL) return NULL;
-    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
-    Py_DECREF(mfq);
-    if (files == NULL) return NULL;
-    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
-    PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
-    Py_DECREF(files);
-    PyObject *result = NULL, *table = NULL, *key = NULL, *req = NULL, *base_obj = NULL, *now_obj = NULL;
+    PyObject *result = NULL, *req = NULL;
     plain_rec r;
     memset(&r, 0, sizeof r);
-    int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
+    got = single_locate(&sp, msg);
     if (got <= 0) goto done;
-    if (file_size - pos <= 8) { got = 0; goto done; }  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
-    /* the queue: topic_queue_table[f"{topic}-{queue_id}"] */
-    PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
-    if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) { got = 0; goto done; }
-    table = PyObject_GetAttr(cl, s_table);
-    if (table == NULL) { got = -1; goto done; }
-    if (!PyDict_CheckExact(table)) { got = 0; goto done; }
-    key = single_queue_key(topic, qid);
-    if (key == NULL) { got = -1; goto done; }
-    PyObject *qo = PyDict_GetItemWithError(table, key);
-    if (qo == NULL) { got = PyErr_Occurred() ? -1 : 0; goto done; }  /* a new queue: the general path */
-    int64_t q;
-    if (!PyLong_CheckExact(qo) || !as_i64(qo, 0, INT64_MAX - 1, &q)) { got = 0; goto done; }
-    got = single_attr_i64(mf, s_file_from_offset, 0, INT64_MAX - file_size, &from);
-    if (got <= 0) goto done;
-    int64_t base = from + pos;
     got = plain_prepare(msg, u, topics, hsize, reserved, max_body, max_record, &r);
     if (got <= 0) goto done;
-    if (r.total > file_size - pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
-    r.q = q;
-    int64_t now = single_now_ms();
-    now_obj = PyLong_FromLongLong(now);
-    if (now_obj == NULL || PyObject_SetAttr(cl, s_begin_in_lock, now_obj) < 0) { got = -1; goto done; }
-    PyObject *view = PyObject_GetAttr(mf, s_write_view);
-    if (view == NULL) { got = -1; goto done; }
+    if (r.total > sp.file_size - sp.pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
+    r.q = sp.q;
+    got = single_stamp(&sp);
+    if (got < 0) goto done;
     Py_buffer dst;
-    if (PyObject_GetBuffer(view, &dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); got = -1; goto done; }
-    Py_DECREF(view);
-    if (pos > dst.len || r.total > dst.len - pos) {
-        PyBuffer_Release(&dst);
-        got = single_set_i64(cl, s_begin_in_lock, 0) < 0 ? -1 : 0;
-        goto done;
-    }
+    got = single_view(&sp, r.total, &dst);
+    if (got <= 0) goto done;
     PyObject *sys_obj = PyLong_FromLongLong(sys_flag), *zero = PyLong_FromLong(0);
     PyObject *empty = PyUnicode_New(0, 0);
-    base_obj = PyLong_FromLongLong(base);
-    if (sys_obj != NULL && zero != NULL && empty != NULL && base_obj != NULL) {
-        unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + pos, base, now, PyBytes_AS_STRING(addr),
+    if (sys_obj != NULL && zero != NULL && empty != NULL) {
+        unsigned char *props = plain_write(&r, (unsigned char *)dst.buf + sp.pos, sp.base, sp.now, PyBytes_AS_STRING(addr),
                                            addr_len, (int)port, (int)sys_flag, reserved);
-        req = plain_request(&r, Py_NewRef(base_obj), props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt, now_obj,
-                            sys_obj, zero, empty);
+        req = plain_request(&r, Py_NewRef(sp.base_obj), props, reserved, tags_cache, tags_fn, (PyTypeObject *)rt,
+                            sp.now_obj, sys_obj, zero, empty);
     }
     PyBuffer_Release(&dst);
     Py_XDECREF(sys_obj); Py_XDECREF(zero); Py_XDECREF(empty);
     if (req == NULL) { got = -1; goto done; }
-    /* the record is in the file: publish it as the reference does */
-    PyObject *nq = PyLong_FromLongLong(q + 1);
-    if (nq == NULL || single_set_i64(mf, s_wrote_position, pos + r.total) < 0 ||
-        PyObject_SetAttr(mf, s_store_ts, now_obj) < 0 || PyDict_SetItem(table, key, nq) < 0) {
-        Py_XDECREF(nq); got = -1; goto done;
-    }
-    Py_DECREF(nq);
-    PyObject *cb = PyObject_GetAttr(cl, s_on_appended);
-    if (cb == NULL) { got = -1; goto done; }
-    if (cb != Py_None) {
-        /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
-           for the reput thread, and a burst of single puts does not age into the old generations) */
-        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
-        PyObject *e_obj = PyLong_FromLongLong(base + r.total);
-        if (reqs != NULL && e_obj != NULL) {
-            PyObject_GC_UnTrack(reqs);
-            int h = single_handoff(cb, base_obj, e_obj, reqs);
-            if (h > 0) cres = Py_NewRef(Py_None);
-            else if (h == 0) {
-                PyObject *cargs[3] = {base_obj, e_obj, reqs};
-                cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
-            }
-        }
-        Py_XDECREF(reqs); Py_XDECREF(e_obj);
-        if (cres == NULL) { Py_DECREF(cb); got = -1; goto done; }
-        Py_DECREF(cres);
-    }
-    Py_DECREF(cb);
-    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { got = -1; goto done; }
-    /* the request's total (3) and queue offset (6) are the result's; its uniq key (8) too */
-    result = single_result(base_obj, PyTuple_GET_ITEM(req, 3), now_obj, PyTuple_GET_ITEM(req, 6), single_now_ms() - now,
-                           addr, PyTuple_GET_ITEM(ctx, 2), PyTuple_GET_ITEM(req, 8));
+    result = single_publish(&sp, req, r.total, addr, PyTuple_GET_ITEM(ctx, 2));
     if (result == NULL) got = -1;
 done:
-    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(r.keys); Py_XDECREF(base_obj); Py_XDECREF(now_obj);
-    Py_DECREF(mf);
-    if (got < 0) return NULL;
-    if (got == 0) Py_RETURN_NONE;
-    return result;
+    Py_XDECREF(req); Py_XDECREF(r.keys);
+    return single_end(&sp, got, result);
 }
 /* uniq_create(generator) -> str or None: UniqueIdGenerator.create's fast path (the millisecond of the ids
  * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
@@ -3954,7 +4009,8 @@ done:
 /* THE NETWORK SINGLE PUT (issue 16, branch send-single): the broker's SEND_MESSAGE(_V2) store      */
 /*  append_one_net: CommitLog._append_one_net's locked body for one message that carries a          */
 /*                  properties string (what a producer sent): encode_network_batch's record written */
-/*                  straight into the current file, then append_one's hand-off and result objects.  */
+/*                  straight into the current file, then the steps it shares with append_one        */
+/*                  (single_locate, single_stamp, single_view, single_publish, single_end).         */
 /*                  Reference: CommitLog._append_one_net_py (taken under RMQ_EVENTSTORE_PURE=1).    */
 /* ============================================================================================== */
 
@@ -3965,56 +4021,25 @@ done:
  * its last 8 bytes and an existing queue, and a message encode_network_batch covers; None, with nothing
  * changed, for anything else (the caller then takes `_append_plain`). */
 static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) { PyErr_SetString(PyExc_TypeError, "append_one_net takes 4 arguments"); return NULL; }
-    if (message_type == NULL || amr_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_native.init() / single_init() was not called");
-        return NULL;
-    }
-    if (single_names() < 0) return NULL;
-    PyObject *cl = args[0], *msg = args[1], *ctx = args[2];
-    int64_t file_size, pos, from, q;
-    if (Py_TYPE(msg) != message_type || !as_i64(args[3], 1, INT32_MAX, &file_size)) Py_RETURN_NONE;
+    single_put sp;
+    int got = single_begin(&sp, args, nargs, 4, "append_one_net");
+    if (got <= 0) return single_end(&sp, got, NULL);
+    PyObject *msg = args[1], *ctx = args[2];
     if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 11) { PyErr_SetString(PyExc_TypeError, "netctx must be an 11-tuple"); return NULL; }
-    PyObject *mfq = PyObject_GetAttr(cl, s_mfq);
-    if (mfq == NULL) return NULL;
-    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
-    Py_DECREF(mfq);
-    if (files == NULL) return NULL;
-    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); Py_RETURN_NONE; }
-    PyObject *mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
-    Py_DECREF(files);
-    PyObject *result = NULL, *table = NULL, *key = NULL, *base_obj = NULL, *now_obj = NULL, *enc = NULL;
-    int stamped = 0;
-    int got = single_attr_i64(mf, s_wrote_position, 0, file_size, &pos);
+    PyObject *result = NULL, *enc = NULL;
+    got = single_locate(&sp, msg);
     if (got <= 0) goto done;
-    if (file_size - pos <= 8) { got = 0; goto done; }  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
-    PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
-    if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) { got = 0; goto done; }
-    table = PyObject_GetAttr(cl, s_table);
-    if (table == NULL) { got = -1; goto done; }
-    if (!PyDict_CheckExact(table)) { got = 0; goto done; }
-    key = single_queue_key(topic, qid);
-    if (key == NULL) { got = -1; goto done; }
-    PyObject *qo = PyDict_GetItemWithError(table, key);
-    if (qo == NULL) { got = PyErr_Occurred() ? -1 : 0; goto done; }  /* a new queue: the general path */
-    if (!PyLong_CheckExact(qo) || !as_i64(qo, 0, INT64_MAX - 1, &q)) { got = 0; goto done; }
-    got = single_attr_i64(mf, s_file_from_offset, 0, INT64_MAX - file_size, &from);
-    if (got <= 0) goto done;
-    int64_t base = from + pos;
-    int64_t now = single_now_ms();
-    base_obj = PyLong_FromLongLong(base);
-    now_obj = PyLong_FromLongLong(now);
-    if (base_obj == NULL || now_obj == NULL || PyObject_SetAttr(cl, s_begin_in_lock, now_obj) < 0) { got = -1; goto done; }
-    stamped = 1;
+    got = single_stamp(&sp);
+    if (got < 0) goto done;
     /* encode_network_batch((msg,), table, base, now, *netctx) */
     PyObject *eargs = PyTuple_New(15);
     if (eargs == NULL) { got = -1; goto done; }
     PyObject *one = PyTuple_Pack(1, msg);
     if (one == NULL) { Py_DECREF(eargs); got = -1; goto done; }
     PyTuple_SET_ITEM(eargs, 0, one);
-    PyTuple_SET_ITEM(eargs, 1, Py_NewRef(table));
-    PyTuple_SET_ITEM(eargs, 2, Py_NewRef(base_obj));
-    PyTuple_SET_ITEM(eargs, 3, Py_NewRef(now_obj));
+    PyTuple_SET_ITEM(eargs, 1, Py_NewRef(sp.table));
+    PyTuple_SET_ITEM(eargs, 2, Py_NewRef(sp.base_obj));
+    PyTuple_SET_ITEM(eargs, 3, Py_NewRef(sp.now_obj));
     for (int i = 0; i < 11; i++) PyTuple_SET_ITEM(eargs, 4 + i, Py_NewRef(PyTuple_GET_ITEM(ctx, i)));
     enc = encode_network_batch(NULL, eargs);
     Py_DECREF(eargs);
@@ -4023,60 +4048,22 @@ static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_
     /* (data, [request], [offset], [uniq], {key: q + 1}, q) */
     PyObject *data = PyTuple_GET_ITEM(enc, 0), *req = PyList_GET_ITEM(PyTuple_GET_ITEM(enc, 1), 0);
     Py_ssize_t total = PyBytes_GET_SIZE(data);
-    if (total > file_size - pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
-    if (!PyLong_CheckExact(PyTuple_GET_ITEM(req, 6)) || PyLong_AsLongLong(PyTuple_GET_ITEM(req, 6)) != q) {
+    if (total > sp.file_size - sp.pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
+    if (!PyLong_CheckExact(PyTuple_GET_ITEM(req, 6)) || PyLong_AsLongLong(PyTuple_GET_ITEM(req, 6)) != sp.q) {
         if (PyErr_Occurred()) { got = -1; goto done; }
         PyErr_SetString(PyExc_RuntimeError, "append_one_net: the queue offset changed under the put lock");
         got = -1; goto done;
     }
-    PyObject *view = PyObject_GetAttr(mf, s_write_view);
-    if (view == NULL) { got = -1; goto done; }
     Py_buffer dst;
-    if (PyObject_GetBuffer(view, &dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); got = -1; goto done; }
-    Py_DECREF(view);
-    if (pos > dst.len || total > dst.len - pos) { PyBuffer_Release(&dst); got = 0; goto done; }
-    memcpy((char *)dst.buf + pos, PyBytes_AS_STRING(data), total);
+    got = single_view(&sp, total, &dst);
+    if (got <= 0) goto done;
+    memcpy((char *)dst.buf + sp.pos, PyBytes_AS_STRING(data), total);
     PyBuffer_Release(&dst);
-    /* the record is in the file: publish it as the reference does */
-    PyObject *nq = PyLong_FromLongLong(q + 1);
-    if (nq == NULL || single_set_i64(mf, s_wrote_position, pos + total) < 0 ||
-        PyObject_SetAttr(mf, s_store_ts, now_obj) < 0 || PyDict_SetItem(table, key, nq) < 0) {
-        Py_XDECREF(nq); got = -1; goto done;
-    }
-    Py_DECREF(nq);
-    PyObject *cb = PyObject_GetAttr(cl, s_on_appended);
-    if (cb == NULL) { got = -1; goto done; }
-    if (cb != Py_None) {
-        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
-        PyObject *e_obj = PyLong_FromLongLong(base + total);
-        if (reqs != NULL && e_obj != NULL) {
-            PyObject_GC_UnTrack(reqs);  /* a tuple of an untracked request (see append_one) */
-            int h = single_handoff(cb, base_obj, e_obj, reqs);
-            if (h > 0) cres = Py_NewRef(Py_None);
-            else if (h == 0) {
-                PyObject *cargs[3] = {base_obj, e_obj, reqs};
-                cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
-            }
-        }
-        Py_XDECREF(reqs); Py_XDECREF(e_obj);
-        if (cres == NULL) { Py_DECREF(cb); got = -1; stamped = 0; goto done; }
-        Py_DECREF(cres);
-    }
-    Py_DECREF(cb);
-    stamped = 0;
-    if (single_set_i64(cl, s_begin_in_lock, 0) < 0) { got = -1; goto done; }
-    result = single_result(base_obj, PyTuple_GET_ITEM(req, 3), now_obj, PyTuple_GET_ITEM(req, 6), single_now_ms() - now,
-                           PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2), PyTuple_GET_ITEM(req, 8));
+    result = single_publish(&sp, req, total, PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2));
     if (result == NULL) got = -1;
 done:
-    if (stamped && got == 0) {  /* declined after the stamp: nothing changed, the stamp is cleared */
-        if (single_set_i64(cl, s_begin_in_lock, 0) < 0) got = -1;
-    }
-    Py_XDECREF(enc); Py_XDECREF(key); Py_XDECREF(table); Py_XDECREF(base_obj); Py_XDECREF(now_obj);
-    Py_DECREF(mf);
-    if (got < 0) return NULL;
-    if (got == 0) Py_RETURN_NONE;
-    return result;
+    Py_XDECREF(enc);
+    return single_end(&sp, got, result);
 }
 /* ============================ end of THE NETWORK SINGLE PUT ==================================== */
 

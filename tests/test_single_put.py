@@ -18,19 +18,12 @@ import pytest
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.message import Message
 from rmq_eventstore.common.message_id import UniqueIdGenerator
-from rmq_eventstore.common.status import AppendMessageStatus, PutMessageStatus
 from rmq_eventstore.store import MessageStore
 from rmq_eventstore.store import commitlog as commitlog_module
 from rmq_eventstore.store import reput as reput_module
-from rmq_eventstore.store.commitlog import AppendMessageResult, PutMessageResult
-from tests.conftest import import_native
-
-_native = import_native()
-_native.init(Message)
-_native.single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)
-
-GEOMETRY = {"mapped_file_size_commit_log": 16 * 1024, "mapped_file_size_consume_queue": 20 * 100,
-            "max_hash_slot_num": 64, "max_index_num": 300}
+from rmq_eventstore.store.commitlog import PutMessageResult
+from tests.single_put_helpers import FIELDS, compare_single_puts, open_store, put_and_read, store_pair
+from tests.single_put_helpers import native as _native
 
 
 def _messages(n: int) -> list[Message]:
@@ -51,7 +44,7 @@ def _messages(n: int) -> list[Message]:
 
 
 def _store(path: Path) -> MessageStore:
-    return MessageStore.open(path, auto_create_uniq_key=False, **GEOMETRY)
+    return open_store(path, auto_create_uniq_key=False)
 
 
 def test_append_one_equals_the_reference(tmp_path: Path) -> None:
@@ -59,71 +52,13 @@ def test_append_one_equals_the_reference(tmp_path: Path) -> None:
     bytes, write position, store timestamp, queue table, the request handed to `on_appended`) and declines
     exactly what it declines (a new queue, no room before the file's end, a message that is not plain),
     changing nothing then; its result objects are those `_append_one` builds from the reference's tuple."""
-    a, b = _store(tmp_path / "native"), _store(tmp_path / "ref")
-    try:
-        handed: dict[str, list] = {"native": [], "ref": []}
-        for name, s in (("native", a), ("ref", b)):
-            s.commit_log.on_appended = lambda start, end, reqs, name=name: handed[name].append((start, end, reqs))
-        declined = 0
-        for i, m in enumerate(_messages(400)):
-            cla, clb = a.commit_log, b.commit_log
-            before = (dict(cla.topic_queue_table), len(cla.mapped_file_queue.mapped_files),
-                      cla.mapped_file_queue.mapped_files[-1].wrote_position if cla.mapped_file_queue.mapped_files else -1)
-            with cla.put_lock:
-                res = _native.append_one(cla, m, None, cla.encoder.plain_context(), cla.file_size)
-            if res is None:
-                declined += 1
-                after = (dict(cla.topic_queue_table), len(cla.mapped_file_queue.mapped_files),
-                         cla.mapped_file_queue.mapped_files[-1].wrote_position if cla.mapped_file_queue.mapped_files else -1)
-                assert after == before and cla.begin_time_in_lock == 0
-                real = commitlog_module.now_ms
-                commitlog_module.now_ms = lambda: 1_700_000_000_000
-                try:
-                    assert clb._append_one_py(m, None) is None, i
-                finally:
-                    commitlog_module.now_ms = real
-                # the general path takes it, in both stores alike
-                ra = a.put_message(m)
-                real = commitlog_module.now_ms
-                ts = ra.append_result.store_timestamp if ra.append_result else 0
-                commitlog_module.now_ms = lambda ts=ts: ts
-                try:
-                    rb = b.put_message(m)
-                finally:
-                    commitlog_module.now_ms = real
-                assert ra.status == rb.status, (i, ra, rb)
-                continue
-            ap = res.append_result
-            real = commitlog_module.now_ms
-            commitlog_module.now_ms = lambda ts=ap.store_timestamp: ts
-            try:
-                ref = clb._append_one_py(m, None)
-            finally:
-                commitlog_module.now_ms = real
-            assert ref is not None, i
-            base, total, begin, q, req = ref
-            expect = PutMessageResult(PutMessageStatus.PUT_OK, AppendMessageResult(
-                AppendMessageStatus.PUT_OK, base, total, begin, q, 1, ap.page_cache_rt, clb.store_host_bytes,
-                clb.store_port, [base], [req.uniq_key]))
-            assert res == expect and res.status is PutMessageStatus.PUT_OK and res.reason == ""
-            assert res.is_ok() and res.append_result.msg_id == expect.append_result.msg_id
-            assert handed["native"][-1] == handed["ref"][-1] == (base, base + total, (req,))
-            mfa, mfb = cla.mapped_file_queue.mapped_files[-1], clb.mapped_file_queue.mapped_files[-1]
-            pos = base - mfa.file_from_offset
-            assert bytes(mfa.view[pos:pos + total]) == bytes(mfb.view[pos:pos + total])
-            assert (mfa.wrote_position, mfa.store_timestamp) == (mfb.wrote_position, mfb.store_timestamp)
-            assert cla.topic_queue_table == clb.topic_queue_table
-            assert cla.begin_time_in_lock == clb.begin_time_in_lock == 0
-        assert 30 < declined < 200  # new queues, file ends and the messages that are not plain all came up
+    with store_pair(tmp_path, auto_create_uniq_key=False) as (a, b):
+        puts = compare_single_puts(
+            a, b, _messages(400),
+            lambda cl, m: _native.append_one(cl, m, None, cl.encoder.plain_context(), cl.file_size),
+            lambda cl, m: cl._append_one_py(m, None))
+        assert 30 < puts.count(None) < 200  # new queues, file ends and the messages that are not plain all came up
         assert len(a.commit_log.mapped_file_queue.mapped_files) > 3  # the files rolled
-    finally:
-        a.shutdown()
-        b.shutdown()
-
-
-_FIELDS = ("store_size", "magic_code", "body_crc", "queue_id", "flag", "queue_offset", "commit_log_offset",
-           "sys_flag", "born_host_bytes", "born_port", "store_host_bytes", "store_port", "reconsume_times",
-           "prepared_transaction_offset", "body", "topic", "properties_string")  # all but the two times
 
 
 def test_a_store_fed_single_puts_natively_equals_the_reference(tmp_path: Path, monkeypatch) -> None:
@@ -132,34 +67,15 @@ def test_a_store_fed_single_puts_natively_equals_the_reference(tmp_path: Path, m
     consume-queue bytes and index answers, across file rolls, new queues and messages that are not plain."""
     msgs = _messages(300)
 
+    keys = [k for i in range(len(msgs)) for k in (f"k{i}", f"a{i}", f"b{i}", f"p{i}")]
+
+    def uniq_created(i: int, m: Message, r: PutMessageResult) -> None:
+        assert (r.append_result.uniq_keys[0] is not None) == (m.properties_string is None), i
+
     def run(name: str) -> tuple[list, dict, dict]:
-        root = tmp_path / name
-        s = MessageStore.open(root, **GEOMETRY)  # UNIQ_KEYs created (C fast path, or create()): keys differ
-        for i, m in enumerate(msgs):
-            r = s.put_message(m)
-            assert r.is_ok(), (i, r)
-            assert (r.append_result.uniq_keys[0] is not None) == (m.properties_string is None), i
-            assert r.append_result.offsets == [r.append_result.wrote_offset]
-        assert s.wait_for_dispatch(10)
-        records, off = [], s.commit_log.get_min_offset()
-        while off < s.commit_log.get_max_offset():
-            buf = s.commit_log.get_message(off, 8)
-            if buf is None or codec._INT.unpack_from(buf, 4)[0] == codec.BLANK_MAGIC_CODE:  # a file's end
-                off = s.commit_log.roll_next_file(off)
-                continue
-            m = codec.decode_message(s.commit_log.read_record(off), 0)
-            records.append(tuple(getattr(m, f) for f in _FIELDS))
-            off += m.store_size
-        keys = {}
-        for i in range(len(msgs)):
-            for k in (f"k{i}", f"a{i}", f"b{i}", f"p{i}"):
-                for topic in ("TopicA", "%RETRY%g-1"):
-                    found = s.query_message(topic, k, 64, 0, 2 ** 62)
-                    got = sorted(x.queue_offset for x in found.messages) if found is not None else []
-                    if got:
-                        keys[(topic, k)] = got
-        s.shutdown()
-        return records, _tree(root, "consumequeue"), keys
+        # UNIQ_KEYs created (C fast path, or create()): keys differ
+        return put_and_read(tmp_path / name, msgs, lambda m: tuple(getattr(m, f) for f in FIELDS), keys,
+                            ("TopicA", "%RETRY%g-1"), check=uniq_created)
 
     a = run("native")
     monkeypatch.setattr(commitlog_module, "_native_append_one", None)
@@ -171,11 +87,6 @@ def test_a_store_fed_single_puts_natively_equals_the_reference(tmp_path: Path, m
     assert len(a[0]) == len(msgs) and strip == strip_b
     assert a[1] == b[1] and len(a[1]) > 3
     assert a[2] == b[2] and len(a[2]) > 100
-
-
-def _tree(root: Path, sub: str) -> dict[str, bytes]:
-    base = root / sub
-    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
 
 
 def _gen_state(g: UniqueIdGenerator) -> tuple:
@@ -307,8 +218,7 @@ def test_append_one_hands_off_as_notify_appended(tmp_path: Path, monkeypatch) ->
 def test_append_one_raises_what_on_appended_raises_as_the_reference(tmp_path: Path) -> None:
     """A hand-off that raises propagates out of both implementations after the same writes (the record is in
     the file, the queue offset taken), and the store goes on putting."""
-    a, b = _store(tmp_path / "native"), _store(tmp_path / "ref")
-    try:
+    with store_pair(tmp_path, auto_create_uniq_key=False) as (a, b):
         msgs = [m for m in _messages(30) if m.properties_string is None and m.born_host is None]
         for m in msgs[:6]:
             assert a.put_message(m).is_ok() and b.put_message(m).is_ok()
@@ -337,6 +247,3 @@ def test_append_one_raises_what_on_appended_raises_as_the_reference(tmp_path: Pa
             for q in range(3):
                 assert a.get_max_offset_in_queue(topic, q) == b.get_max_offset_in_queue(topic, q)
         assert sum(a.get_max_offset_in_queue(t, q) for t in ("TopicA", "%RETRY%g-1") for q in range(3)) == 8
-    finally:
-        a.shutdown()
-        b.shutdown()

@@ -21,44 +21,25 @@ from hypothesis import strategies as st
 
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.message import MessageExt
-from rmq_eventstore.store import GetMessageResult, GetMessageStatus, Message, MessageFilter, MessageStore
+from rmq_eventstore.store import GetMessageResult, GetMessageStatus, MessageFilter, MessageStore
 from rmq_eventstore.store.consume_queue import UNIT
-from rmq_eventstore.store.message_store import BLANK_UNIT_SIZE
 from tests.conftest import import_native
+from tests.match_all_helpers import COMMITLOG_FILE_SIZE, draw_crafted_read, fill, match_all_reads
 
 _native = import_native()
 _native.init_pull(MessageExt)
 
-COMMITLOG_FILE_SIZE = 64 * 1024  # tests/conftest.py's SMALL_GEOMETRY
-
 
 # -- the broker's read ------------------------------------------------------------------------------------
-def _fill(store: MessageStore, n: int) -> None:
-    for i in range(0, n, 10):
-        store.put_messages([Message(topic="T", body=bytes([j % 251]) * (100 + 37 * (j % 9)), tags=f"t{j % 3}",
-                                    keys=f"k{j}", queue_id=0) for j in range(i, i + 10)])
-    assert store.wait_for_dispatch()
-
-
 def _three(store: MessageStore, units: list[tuple[int, int, int]], offset: int, max_nums: int,
-           max_total: int) -> tuple[GetMessageResult | None, GetMessageResult | None, GetMessageResult]:
-    max_phy = store.commit_log.get_max_offset()
-    min_phy = store.commit_log.get_min_offset()
-
-    def fresh() -> GetMessageResult:
-        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, offset, 0, 999)
-
-    raw = b"".join(UNIT.pack(*u) for u in units)
-    c = store._get_matching_all_native(fresh(), raw, offset, max_nums, max_total, max_phy, min_phy, impl=_native)
-    py = store._get_matching_all(fresh(), units, offset, max_nums, max_total, max_phy, min_phy)
-    slow = store._get_by_units(fresh(), units, offset, max_nums, max_total, max_phy, min_phy, None)
-    return c, py, slow
+           max_total: int) -> tuple[GetMessageResult | None, ...]:
+    return match_all_reads(store, units, offset, max_nums, max_total, native=_native)
 
 
 def test_native_read_crosses_commitlog_files_and_equals_the_python_reads(open_store):
     store = open_store(max_transfer_count_on_message_in_memory=1000,
                        max_transfer_bytes_on_message_in_memory=1 << 20)
-    _fill(store, 600)  # ~120 KiB over 64 KiB commitlog files: several files, each ended by a blank record
+    fill(store, 600)  # ~120 KiB over 64 KiB commitlog files: several files, each ended by a blank record
     units = store.find_consume_queue("T", 0).get_units(0, 600)
     assert store.find_consume_queue("T", 0).get_units_raw(0, 600) == b"".join(UNIT.pack(*u) for u in units)
     assert len({u[0] // COMMITLOG_FILE_SIZE for u in units}) >= 2
@@ -71,7 +52,7 @@ def test_native_read_crosses_commitlog_files_and_equals_the_python_reads(open_st
 
 def test_get_message_result_from_native_read_unpacks_lazily(open_store):
     store = open_store()
-    _fill(store, 100)
+    fill(store, 100)
     max_phy, min_phy = store.commit_log.get_max_offset(), store.commit_log.get_min_offset()
     raw = store.find_consume_queue("T", 0).get_units_raw(10, 32)
     r = store._get_matching_all_native(GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 10, 0, 100), raw,
@@ -87,32 +68,13 @@ def test_get_message_result_from_native_read_unpacks_lazily(open_store):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_crafted_units_give_the_same_result_in_c_and_python(store, data):
-    if store.find_consume_queue("T", 0, create=False) is None:  # one store for all examples
-        _fill(store, 400)
-    cfg = store.config  # the limits are read on every get_message
-    cfg.max_transfer_count_on_message_in_disk = data.draw(st.integers(1, 40))
-    cfg.max_transfer_bytes_on_message_in_disk = data.draw(st.integers(150, 20_000))
-    cfg.max_transfer_count_on_message_in_memory = data.draw(st.integers(1, 60))
-    cfg.max_transfer_bytes_on_message_in_memory = data.draw(st.integers(150, 40_000))
-    cfg.access_message_in_memory_max_ratio = data.draw(st.sampled_from([0, 40, 100]))  # 0: every record on disk
-    real = store.find_consume_queue("T", 0).get_units(0, 400)
-    max_phy = store.commit_log.get_max_offset()
-    unit = st.one_of(
-        st.sampled_from(real),
-        st.just((0, BLANK_UNIT_SIZE, 0)),                      # a BLANK unit
-        st.just((0, 0, 0)),                                    # a zero-size unit
+    units, run = draw_crafted_read(data, store, [0, 40, 100], more_units=(
         st.tuples(st.just(0), st.integers(-5, -1), st.just(0)),  # a negative size
-        st.tuples(st.just(max_phy - 10), st.just(100), st.just(0)),  # beyond the readable end
-        st.tuples(st.just(max_phy + (1 << 20)), st.just(100), st.just(0)),  # no such commitlog file
         st.tuples(st.just(-100), st.just(50), st.just(0)),     # below the commitlog's first offset
         st.tuples(st.just(2 ** 63 - 10), st.just(100), st.just(0)),  # damaged: offset + size overflows int64
-    )
-    start = data.draw(st.integers(0, len(real) - 1))
-    run = real[start:start + data.draw(st.integers(0, 80))]
-    inserts = data.draw(st.lists(st.tuples(st.integers(0, 80), unit), max_size=6))
-    units = list(run)
-    for pos, u in inserts:
-        units.insert(min(pos, len(units)), u)
+    ))
+    cfg = store.config
+    max_phy = store.commit_log.get_max_offset()
     ram = store.__dict__.setdefault("_real_total_ram", store._total_ram)
     store._total_ram = ram
     if cfg.access_message_in_memory_max_ratio == 100 and len(run) > 1:
@@ -124,7 +86,7 @@ def test_crafted_units_give_the_same_result_in_c_and_python(store, data):
 
 
 def test_the_in_memory_floor_on_a_record_counts_it_in_memory(store):
-    _fill(store, 50)
+    fill(store, 50)
     units = store.find_consume_queue("T", 0).get_units(0, 50)
     cfg = store.config
     cfg.max_transfer_count_on_message_in_disk, cfg.max_transfer_count_on_message_in_memory = 1, 60
@@ -139,7 +101,7 @@ def test_the_in_memory_floor_on_a_record_counts_it_in_memory(store):
 
 def test_get_message_is_the_same_on_both_paths(open_store, monkeypatch):
     store = open_store(max_transfer_count_on_message_in_memory=256)
-    _fill(store, 300)
+    fill(store, 300)
     for offset, n in ((0, 32), (5, 256), (290, 32), (299, 1), (300, 32), (301, 5)):
         monkeypatch.setattr(codec, "pull_native", _native)
         c = store.get_message("g", "T", 0, offset, n, MessageFilter("*"))
@@ -238,7 +200,7 @@ def test_native_decode_equals_the_python_decode(recs, decompress, cut):
 
 def test_decode_of_a_pull_body_from_the_store(open_store):
     store = open_store(max_transfer_count_on_message_in_memory=256)
-    _fill(store, 300)
+    fill(store, 300)
     body = store.get_message("g", "T", 0, 0, 256, MessageFilter("*")).body
     c, py = _decode_both(body, True)
     assert c == py and len(c) == 256

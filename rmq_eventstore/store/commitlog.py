@@ -647,6 +647,26 @@ class CommitLog:
         begin = self.begin_time_in_lock
         return begin > 0 and now_ms() - begin > self.config.os_page_cache_busy_timeout_mills
 
+    def warm_due(self) -> bool:
+        """The writer is within half of `warm_ahead_bytes` of the current file's warm end (a cheap look)."""
+        window = self.config.warm_ahead_bytes
+        if window <= 0:
+            return False
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return False
+        mf = files[-1]
+        return mf.warmed_position - mf.wrote_position <= window // 2 and mf.warmed_position < mf.file_size
+
+    def warm_ahead(self) -> int:
+        """Fault in the current file's pages up to `warm_ahead_bytes` past the write position once less than
+        half of that is left warm (`MappedFile.warm`; `WarmAheadService` calls it on its own thread, and
+        the kernel works without the GIL). Returns the bytes warmed now."""
+        if not self.warm_due():
+            return 0
+        mf = self.mapped_file_queue.mapped_files[-1]
+        return mf.warm(mf.wrote_position + self.config.warm_ahead_bytes)
+
     # -- read -----------------------------------------------------------------------------------
     def get_max_offset(self) -> int:
         return self.mapped_file_queue.get_max_offset()

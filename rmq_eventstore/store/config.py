@@ -74,6 +74,9 @@ class StoreConfig:
     transient_store_pool_enable: bool = False
     transient_store_pool_size: int = 5
     warm_mapped_file_enable: bool = False
+    # ours: the flush service faults in the commitlog's pages this far ahead of the writer (MappedFile.warm),
+    # so that a put does not fault a fresh page in inside the put lock; 0: off
+    warm_ahead_bytes: int = 4 << 20
     os_page_cache_busy_timeout_mills: int = 1000
     # Cleanup (spec §5.8)
     file_reserved_time: int = 72
@@ -114,6 +117,8 @@ class StoreConfig:
             self.flush_disk_type = FlushDiskType(self.flush_disk_type)
         if self.max_hash_slot_num <= 0 or self.max_index_num <= 1:
             raise ValueError("max_hash_slot_num must be > 0 and max_index_num > 1")
+        if not isinstance(self.warm_ahead_bytes, int) or self.warm_ahead_bytes < 0:
+            raise ValueError(f"warm_ahead_bytes must be an int >= 0 (0: off), not {self.warm_ahead_bytes!r}")
 
     # Paths (StorePathConfigHelper)
     @property

@@ -391,6 +391,24 @@ class CommitRealTimeService(_CommitLogService):
                 break
 
 
+class WarmAheadService(ServiceThread):
+    """Keeps the commitlog's pages faulted in ahead of the writer (`CommitLog.warm_ahead`), on its own thread
+    and without the GIL while the kernel works. Woken by the dispatch thread after a pass that found the
+    writer within half a window of the warm end (`CommitLog.warm_due`); otherwise it sleeps (one look a
+    second), so an idle store costs nothing."""
+
+    def __init__(self, commit_log: CommitLog) -> None:
+        super().__init__("WarmAheadService")
+        self.commit_log = commit_log
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            self.wait_for_running(1.0)
+            if self._stopped.is_set():
+                break
+            self.commit_log.warm_ahead()
+
+
 class FlushConsumeQueueService(ServiceThread):
     """Flushes the consume queues and then the checkpoint (`FlushConsumeQueueService` + the 1 s task)."""
 

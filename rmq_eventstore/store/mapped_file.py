@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING
 from ..common.native import native
 from .fsutil import fsync_directory
 
+# MappedFile.warm's page population without the GIL; None without the native core or once the kernel said
+# it has no MADV_POPULATE_WRITE
+_populate = getattr(native, "populate", None)
+
 if TYPE_CHECKING:
     from .transient_store_pool import TransientStorePool
 
@@ -105,6 +109,7 @@ class MappedFile:
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
+        self.warmed_position = 0  # pages before it were faulted in ahead of the writer (`warm`)
         # Transient store pool (spec §5.5): appends go to `write_buffer`, `commit` copies them into the
         # file, and readers see only committed bytes. `transient` stays set after the buffer goes back to
         # the pool (the file is then fully committed).
@@ -159,6 +164,31 @@ class MappedFile:
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         self._write_view[pos:pos + len(data)] = data
+
+    def warm(self, until: int) -> int:
+        """Fault in this file's pages from where the writer is (or where the last warm stopped) up to
+        `until`, for writing, without the GIL (`_native.populate`): the put that first writes a page then
+        finds it mapped instead of faulting it in (and zeroing it) inside the put lock. No byte changes.
+        Returns the bytes done; 0 for a file written through a write buffer, a read-only file, or without
+        the native core or the kernel's MADV_POPULATE_WRITE."""
+        global _populate
+        if _populate is None or self.transient or self.mm is None or not self.view or self.view.readonly:
+            return 0
+        start = max(self.warmed_position, self.wrote_position)
+        until = min(until, self.file_size)
+        if until <= start:
+            return 0
+        try:
+            done = _populate(self.view, start, until)
+        except (OSError, ValueError) as e:  # ENOMEM and the like: the writer faults its pages in as before
+            log.warning("could not warm %s ahead of the writer: %s", self.path, e)
+            _populate = None
+            return 0
+        if not done:  # the kernel has no MADV_POPULATE_WRITE (before Linux 5.14)
+            _populate = None
+            return 0
+        self.warmed_position = until
+        return until - start
 
     # -- commit (transient store pool) ------------------------------------------------------------
     def is_able_to_commit(self, least_pages: int) -> bool:

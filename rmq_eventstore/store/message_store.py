@@ -43,6 +43,7 @@ from .flush import (
     FlushDiskWatcher,
     FlushRealTimeService,
     GroupCommitService,
+    WarmAheadService,
 )
 from .fsutil import fsync_directory
 from .index import IndexService
@@ -268,6 +269,7 @@ class MessageStore:
         self.flush_commit_log_service: GroupCommitService | FlushRealTimeService | None = None
         self.commit_real_time_service: CommitRealTimeService | None = None
         self.flush_consume_queue_service: FlushConsumeQueueService | None = None
+        self.warm_ahead_service: WarmAheadService | None = None
         self.clean_commit_log_service = CleanCommitLogService(config, self.commit_log, self.running_flags)
         self.clean_consume_queue_service = CleanConsumeQueueService(
             config, self.commit_log, self._all_consume_queues, self.index_service)
@@ -471,10 +473,19 @@ class MessageStore:
         elif cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH:
             self.commit_log.flush_wakeup = self.flush_commit_log_service.wakeup
         self.flush_consume_queue_service = FlushConsumeQueueService(cfg, self._all_consume_queues, cp)
+        if cfg.warm_ahead_bytes > 0 and not transient:  # a write buffer is warm already
+            warm = self.warm_ahead_service = WarmAheadService(self.commit_log)
+            warm_due = self.commit_log.warm_due
+
+            def after_pass() -> None:
+                if warm_due():
+                    warm.wakeup()
+
+            self.reput_message_service.after_pass = after_pass
         self.clean_commit_log_service.is_space_to_delete()  # the disk watermark holds from the first put
         self.reput_message_service.start()
         for svc in (self.flush_disk_watcher, self.flush_commit_log_service, self.commit_real_time_service,
-                    self.flush_consume_queue_service, self.cleanup_service):
+                    self.flush_consume_queue_service, self.cleanup_service, self.warm_ahead_service):
             if svc is not None:
                 svc.start()
         self._started = True
@@ -514,6 +525,8 @@ class MessageStore:
         if self.commit_real_time_service is not None:
             self.commit_real_time_service.shutdown()  # commit the write buffers: the reput sees all
         self.reput_message_service.shutdown()
+        if self.warm_ahead_service is not None:
+            self.warm_ahead_service.shutdown()
         self.cleanup_service.shutdown()
         for svc in (self.flush_commit_log_service, self.flush_consume_queue_service, self.flush_disk_watcher):
             if svc is not None:

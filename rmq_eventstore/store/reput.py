@@ -51,6 +51,7 @@ class ReputMessageService:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one do_reput at a time
         self.errors = 0
+        self.after_pass: Callable[[], None] | None = None  # run by the thread after a pass that dispatched
 
     # -- hand-off from the put path ---------------------------------------------------------------
     def notify_appended(self, start: int, end: int, requests: list | tuple) -> None:
@@ -258,6 +259,8 @@ class ReputMessageService:
             self._signalled = False
             try:
                 if self.do_reput():
+                    if self.after_pass is not None:
+                        self.after_pass()
                     # Like RocketMQ's 1 ms reput loop: let puts accumulate into the next batch instead of
                     # waking (and taking the GIL) once per message.
                     time.sleep(REPUT_INTERVAL)

@@ -470,7 +470,9 @@ class MessageStore:
             # readers and the dispatcher see committed bytes only: wake the reput after each commit
             self.commit_log.on_committed = self.reput_message_service.wakeup
             self.commit_log.flush_wakeup = self.commit_real_time_service.wakeup
-        elif cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH:
+        elif cfg.flush_disk_type == FlushDiskType.ASYNC_FLUSH and not cfg.flush_commit_log_timed:
+            # timed (the default, as RocketMQ's flushCommitLogTimed) the flush thread sleeps its interval
+            # whatever happens: waking it per put would be a call for nothing
             self.commit_log.flush_wakeup = self.flush_commit_log_service.wakeup
         self.flush_consume_queue_service = FlushConsumeQueueService(cfg, self._all_consume_queues, cp)
         if cfg.warm_ahead_bytes > 0 and not transient:  # a write buffer is warm already

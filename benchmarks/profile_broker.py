@@ -66,7 +66,7 @@ def cpu():
             pass
     return out
 
-def top(prof, n=18):
+def top(prof, n=int(__import__("os").environ.get("PROFILE_TOP", "18"))):
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats(__import__("os").environ.get("PROFILE_SORT", "tottime")).print_stats(n)
     lines = [ln for ln in s.getvalue().splitlines() if ln.strip()]

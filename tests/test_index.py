@@ -490,3 +490,42 @@ def test_200k_keys_lookup(tmp_path):
         r = svc.query_offset("T", f"key-{i:08d}-uniq-message-id-padding", 64, base + i - 1000, base + i + 1000)
         assert i * 64 in r.phy_offsets
     svc.shutdown()
+
+
+def test_short_passes_without_arrays_leave_the_same_bytes(tmp_path, monkeypatch):
+    """`build_index` of a short pass (up to 16 records) hands the native key loop's bytes straight to the
+    entry loop (`IndexFile.put_keys_raw`); the array path (`put_keys`) must leave the same files: random
+    keys, rollbacks, re-dispatched records below the end offset, and files filling up mid-pass."""
+    from rmq_eventstore.common import codec
+    from rmq_eventstore.store import index as index_module
+
+    if codec.native is None:
+        pytest.skip("the raw path is the native core's")
+    rng = random.Random(7)
+    passes = []
+    off = 100
+    for _ in range(60):
+        batch = []
+        for _ in range(rng.randint(1, 16)):
+            flag = rng.choice([0, 0, 0, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_COMMIT_TYPE])
+            keys = " ".join(f"k{rng.randint(0, 50)}" for _ in range(rng.randint(0, 3))) or None
+            batch.append(req(off, 1_000 + off // 10, keys=keys, uniq=f"U{off}", sys_flag=flag))
+            off += 100
+        if rng.random() < 0.2:
+            batch.insert(0, req(off - 300, 1_000, keys="again"))  # below the end offset: skipped
+        passes.append(batch)
+
+    def build(root, raw_max):
+        monkeypatch.setattr(index_module, "_RAW_MAX", raw_max)
+        svc = IndexService(str(root), 8, 40, flush_in_background=False, clock=Clock(1_700_000_000_000))
+        counts = [svc.build_index(b) for b in passes]
+        svc.flush()
+        names = [f.file_name for f in svc.files]
+        svc.shutdown()
+        return counts, {n: (root / n).read_bytes() for n in names}
+
+    raw = build(tmp_path / "raw", 16)
+    arrays = build(tmp_path / "arrays", 0)
+    assert raw[0] == arrays[0]
+    assert len(raw[1]) > 3  # several files filled up
+    assert raw[1] == arrays[1]

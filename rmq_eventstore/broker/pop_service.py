@@ -105,6 +105,7 @@ class PopService:
         self._qid = random.randrange(REVIVE_QUEUE_NUM)
         self._filters: dict[str, MessageFilter] = {}  # by expression: a filter is read-only once made
         self._arrival = threading.Condition()
+        self._arrival_waiting = 0  # pops waiting on _arrival (changed under its lock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # revive state per revive queue: read position and pending checkpoints by key
@@ -211,8 +212,9 @@ class PopService:
                      restored, len(ends))
 
     def _on_arrival(self, batch: dict[tuple[str, int], int]) -> None:
-        with self._arrival:
-            self._arrival.notify_all()
+        if self._arrival_waiting:  # read without the lock: a waiting pop looks again every 0.5 s anyway
+            with self._arrival:
+                self._arrival.notify_all()
 
     def _lock(self, group: str, topic: str, queue_id: int) -> threading.Lock:
         key = (group, topic, queue_id)
@@ -236,7 +238,11 @@ class PopService:
             if remaining <= 0:
                 return result
             with self._arrival:
-                self._arrival.wait(min(remaining, 0.5))
+                self._arrival_waiting += 1
+                try:
+                    self._arrival.wait(min(remaining, 0.5))
+                finally:
+                    self._arrival_waiting -= 1
             if alive is not None and not alive():
                 return result
 

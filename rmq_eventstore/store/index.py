@@ -106,6 +106,10 @@ def index_key_hashes(keys: list[str]) -> np.ndarray:
     return h.astype(np.int32)
 
 
+_I64 = struct.Struct("=q")  # the native loop's offsets and times (native byte order, as numpy's int64)
+_RAW_MAX = 16  # build_index passes of up to this many records skip the arrays (IndexFile.put_keys_raw)
+
+
 def index_entries(requests: Sequence[DispatchRequest], end_phy: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The index entries of a dispatched batch as `(hashes int32, phy offsets int64, store times int64)`:
     the native loop when it is active (`codec.NATIVE`), else `index_entries_py` (the reference; same arrays)."""
@@ -363,6 +367,30 @@ class IndexFile:
             self._dirty = True
             return k
         return self._put_keys_np(hashes, phy_offsets, store_timestamps, count, k)
+
+    def put_keys_raw(self, hashes: bytes, phy_offsets: bytes, store_timestamps: bytes) -> int:
+        """`put_keys` of entries as the native key loop makes them (`_native.index_keys`: int32 hashes, int64
+        offsets and store times, native byte order), without building arrays: what a dispatch pass of one
+        or two records spends most of its index time on. Native core only; returns how many fit."""
+        self._check_writable()
+        count = self._index_count
+        if count >= self.index_num or not hashes:
+            return 0
+        k, used, begin_phy, begin_ts = codec.native.put_index_entries(
+            self.mm, self._entries_base, self.hash_slot_num, self.index_num, count, self._begin_timestamp,
+            hashes, phy_offsets, store_timestamps)
+        if k <= 0:
+            return 0
+        if begin_phy is not None:
+            self._begin_phy_offset = begin_phy
+            self._begin_timestamp = begin_ts
+        self._hash_slot_count += used
+        self._index_count = count + k
+        self._end_phy_offset = _I64.unpack_from(phy_offsets, 8 * (k - 1))[0]
+        self._end_timestamp = _I64.unpack_from(store_timestamps, 8 * (k - 1))[0]
+        self._write_header()
+        self._dirty = True
+        return k
 
     def _put_keys_np(self, hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray, count: int,
                      k: int) -> int:
@@ -814,6 +842,16 @@ class IndexService:
             return 0
         f = self.get_and_create_last_index_file()
         end_phy = f.end_phy_offset
+        if codec.native is not None and len(requests) <= _RAW_MAX:  # a short pass: no arrays
+            raw = codec.native.index_keys(requests, end_phy, TRANSACTION_ROLLBACK_TYPE)
+            if raw is not None:
+                hb, pb, tb = raw
+                n = len(hb) // 4
+                done = f.put_keys_raw(hb, pb, tb)
+                while done < n:  # the file filled up: the rest goes to the next one
+                    f = self.get_and_create_last_index_file()
+                    done += f.put_keys_raw(hb[4 * done:], pb[8 * done:], tb[8 * done:])
+                return n
         hashes, phy, ts = index_entries(requests, end_phy)
         if not len(hashes):
             return 0

@@ -29,6 +29,7 @@ _take_requests = getattr(codec.native, "take_requests", None)
 MAX_PENDING = 500_000  # above this the put path stops handing over requests; reput parses instead
 MAX_BATCH = 8192
 REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep arriving
+WAIT_SLICE = 0.05  # wait_for looks at the dispatched offset at least this often
 
 
 class ReputMessageService:
@@ -47,6 +48,7 @@ class ReputMessageService:
         # pass that takes the hand-offs: a hand-off after that point wakes the loop again, none is lost)
         self._signalled = False
         self._progress = threading.Condition()
+        self._progress_waiters = 0  # threads in wait_for (changed under _progress's lock)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one do_reput at a time
@@ -246,8 +248,9 @@ class ReputMessageService:
                             fn(grown)
                         except Exception:  # a listener must never stop dispatch
                             log.exception("arrival listener failed")
-            with self._progress:
-                self._progress.notify_all()
+            if self._progress_waiters:  # read without the lock: a waiter looks again every 50 ms anyway
+                with self._progress:
+                    self._progress.notify_all()
             if one_pass:
                 break
         return total
@@ -278,8 +281,19 @@ class ReputMessageService:
         """Block until everything up to `offset` (default: the current end) is dispatched."""
         target = self.commit_log.get_max_offset() if offset is None else offset
         self._wakeup.set()
+        deadline = time.monotonic() + timeout
         with self._progress:
-            return self._progress.wait_for(lambda: self.dispatched_offset >= target, timeout)
+            self._progress_waiters += 1
+            try:
+                # in slices: a pass notifies only when it sees a waiter, and it looks without the lock
+                while self.dispatched_offset < target:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._progress.wait(min(remaining, WAIT_SLICE))
+                return True
+            finally:
+                self._progress_waiters -= 1
 
     def shutdown(self, wait_seconds: float = 5.0) -> None:
         """Stop after catching up (RocketMQ waits up to 5 s for the reput to finish)."""

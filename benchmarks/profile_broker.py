@@ -14,7 +14,9 @@ cProfile slows Python code about twofold: compare shares, and take per-operation
 calling thread's `time.thread_time`, and the whole client process's `time.process_time`). `trivial` is a
 GET_MAX_OFFSET round trip (the request path with no store work). `--client-profile` runs the client
 under cProfile instead (its top functions; the broker side then runs without its profiler). A profiling
-tool, not a benchmark: nothing here is compared with a peer.
+tool, not a benchmark: nothing here is compared with a peer. The broker's profiles list the top 18 functions by
+own time; `PROFILE_TOP=N` and `PROFILE_SORT=ncalls` (any pstats key) change that (`ncalls` lists every call
+an operation makes).
 """
 
 from __future__ import annotations

@@ -224,12 +224,23 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
    * equal to its own log offset, and the record checks), -1 when none follows. */
   private int resync(int from) {
     byte[] rec = new byte[0];
-    for (int i = from + 4; (long) i + 4 <= limit; i++) {
+    int i = from + 4;
+    while ((long) i + 4 <= limit) {
+      // skip eight bytes at a time while none of them is 0xDA, the first byte of both magic codes
+      if ((long) i + 8 <= limit) {
+        long x = mm.getLong(i) ^ 0xDADADADADADADADAL;
+        if (((x - 0x0101010101010101L) & ~x & 0x8080808080808080L) == 0) {
+          i += 8;
+          continue;
+        }
+      }
       int m = mm.getInt(i);
       if (m != MAGIC_V1 && m != MAGIC_V2) {
+        i++;
         continue;
       }
       int cand = i - 4;
+      i++;
       if ((long) cand + 36 > limit || mm.getLong(cand + 28) != part.fileFrom + cand) {
         continue;
       }
@@ -391,7 +402,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   }
 
   private static boolean nameIs(byte[] src, int off, int len, byte[] name) {
-    return len == name.length && Arrays.equals(src, off, off + len, name, 0, len);
+    return len == name.length && src[off] == name[0] && Arrays.equals(src, off, off + len, name, 0, len);
   }
 
   /**
@@ -405,17 +416,22 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     int s = off;
     while (s < end) {
       int e = s;
-      while (e < end && p[e] != 2) {
+      int f = -1;  // the segment's first 0x01
+      while (e < end) {
+        byte b = p[e];
+        if (b == 2) {
+          break;
+        }
+        if (b == 1 && f < 0) {
+          f = e;
+        }
         e++;
       }
-      int f = s;
-      while (f < e && p[f] != 1) {
-        f++;
-      }
-      if (f < e && f > s && f + 1 < e) {
+      if (f > s && f + 1 < e) {
+        int klen = f - s;
         int dup = -1;
         for (int j = 0; j < np; j++) {
-          if (kl[j] == f - s && Arrays.equals(p, ks[j], ks[j] + kl[j], p, s, f)) {
+          if (kl[j] == klen && p[ks[j]] == p[s] && Arrays.equals(p, ks[j], ks[j] + klen, p, s, f)) {
             dup = j;
             break;
           }
@@ -431,7 +447,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             vl = Arrays.copyOf(vl, np * 2);
           }
           ks[np] = s;
-          kl[np] = f - s;
+          kl[np] = klen;
           vs[np] = f + 1;
           vl[np] = e - f - 1;
           np++;
@@ -447,12 +463,21 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   private static final class HostCache {
     private final byte[] raw = new byte[20];
     private int rawLen = -1;
+    private long raw8;  // an IPv4 address and port as one long
     private byte[] text = new byte[0];
 
     void put(WritableColumnVector v, int row, byte[] a, int at, int alen) {
       int len = alen + 4;
-      if (len != rawLen || !Arrays.equals(raw, 0, len, a, at, at + len)) {
+      boolean same;
+      if (len == 8) {
+        long x = (long) LONG.get(a, at);
+        same = rawLen == 8 && x == raw8;
+        raw8 = x;
+      } else {
+        same = len == rawLen && Arrays.equals(raw, 0, len, a, at, at + len);
         System.arraycopy(a, at, raw, 0, len);
+      }
+      if (!same) {
         rawLen = len;
         text = format(a, at, alen).getBytes(StandardCharsets.US_ASCII);
       }

@@ -1,10 +1,16 @@
 package rmqeventstore.spark;
 
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 
 /** Strict UTF-8 validation (as Arrow's string check and {@code _spark_native}'s {@code utf8_valid}) and
  * Python's {@code bytes.decode("utf-8", "replace")} for text that fails it. */
 final class Utf8 {
+  private static final VarHandle LONG = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+  private static final long HIGH_BITS = 0x8080808080808080L;
+
   private Utf8() {
   }
 
@@ -12,6 +18,12 @@ final class Utf8 {
     int i = off;
     int end = off + n;
     while (i < end) {
+      while (i + 8 <= end && ((long) LONG.get(s, i) & HIGH_BITS) == 0) {
+        i += 8;  // eight ASCII bytes at a time
+      }
+      if (i >= end) {
+        break;
+      }
       int c = s[i] & 0xFF;
       if (c < 0x80) {
         i++;

@@ -25,6 +25,7 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
@@ -311,20 +312,48 @@ public final class RocketMQJvmSource implements TableProvider, DataSourceRegiste
 
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap scanOptions) {
-      return () -> new RocketMQScan(options);
+      return new RocketMQScanBuilder(options);
+    }
+  }
+
+  /** Takes Spark's column pruning: only the columns a query uses are decoded. */
+  static final class RocketMQScanBuilder implements ScanBuilder, SupportsPushDownRequiredColumns {
+    private final Options options;
+    private StructType schema = SCHEMA;
+
+    RocketMQScanBuilder(Options options) {
+      this.options = options;
+    }
+
+    @Override
+    public void pruneColumns(StructType required) {
+      List<StructField> keep = new ArrayList<>();
+      for (StructField f : SCHEMA.fields()) {
+        if (required.getFieldIndex(f.name()).isDefined()) {
+          keep.add(f);
+        }
+      }
+      schema = new StructType(keep.toArray(new StructField[0]));
+    }
+
+    @Override
+    public Scan build() {
+      return new RocketMQScan(options, schema);
     }
   }
 
   static final class RocketMQScan implements Scan, Batch {
     private final Options options;
+    private final StructType schema;
 
-    RocketMQScan(Options options) {
+    RocketMQScan(Options options, StructType schema) {
       this.options = options;
+      this.schema = schema;
     }
 
     @Override
     public StructType readSchema() {
-      return SCHEMA;
+      return schema;
     }
 
     @Override
@@ -344,7 +373,7 @@ public final class RocketMQJvmSource implements TableProvider, DataSourceRegiste
 
     @Override
     public PartitionReaderFactory createReaderFactory() {
-      return new ReaderFactory(options);
+      return new ReaderFactory(options, schema.fieldNames());
     }
   }
 
@@ -353,8 +382,10 @@ public final class RocketMQJvmSource implements TableProvider, DataSourceRegiste
     private final boolean verifyCrc;
     private final Long fileSize;
     private final byte[][] topics;
+    private final String[] columns;
 
-    ReaderFactory(Options o) {
+    ReaderFactory(Options o, String[] columns) {
+      this.columns = columns;
       verifyCrc = o.verifyCrc;
       fileSize = o.fileSize;
       if (o.topics == null) {
@@ -377,7 +408,7 @@ public final class RocketMQJvmSource implements TableProvider, DataSourceRegiste
 
     @Override
     public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
-      return new SegmentReader((SegmentRange) partition, fileSize, verifyCrc, topics);
+      return new SegmentReader((SegmentRange) partition, fileSize, verifyCrc, topics, columns);
     }
 
     @Override

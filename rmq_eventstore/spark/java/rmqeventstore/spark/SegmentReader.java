@@ -62,7 +62,9 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
 
   private byte[] buf = new byte[1 << 16];
   private final int[] starts = new int[MAX_ROWS];
-  private final WritableColumnVector[] cols;
+  private final WritableColumnVector[] cols;  // by position in the full schema; null: not read (pruned)
+  private final WritableColumnVector[] outCols;  // the read schema's columns, in its order
+  private final boolean wantProps;
   private final ColumnarBatch batch;
   private final CRC32 crc = new CRC32();
   // properties pairs of the record being decoded: key start/len, value start/len (positions in src)
@@ -74,7 +76,8 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   private final HostCache bornCache = new HostCache();
   private final HostCache storeCache = new HostCache();
 
-  SegmentReader(RocketMQJvmSource.SegmentRange part, Long fileSize, boolean verifyCrc, byte[][] topics) {
+  SegmentReader(RocketMQJvmSource.SegmentRange part, Long fileSize, boolean verifyCrc, byte[][] topics,
+                String[] columns) {
     this.part = part;
     this.verifyCrc = verifyCrc;
     this.topics = topics;
@@ -94,10 +97,14 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     }
     StructField[] fields = RocketMQJvmSource.SCHEMA.fields();
     cols = new WritableColumnVector[fields.length];
-    for (int i = 0; i < fields.length; i++) {
+    outCols = new WritableColumnVector[columns.length];
+    for (int o = 0; o < columns.length; o++) {
+      int i = RocketMQJvmSource.SCHEMA.fieldIndex(columns[o]);
       cols[i] = new OnHeapColumnVector(MAX_ROWS, fields[i].dataType());
+      outCols[o] = cols[i];
     }
-    batch = new ColumnarBatch((ColumnVector[]) cols);
+    wantProps = cols[13] != null || cols[14] != null || cols[15] != null || cols[16] != null;
+    batch = new ColumnarBatch((ColumnVector[]) outCols);
     stop = (int) Math.min(part.hi, limit);
     pos = (int) Math.min(part.lo, limit);
     if (limit == 0) {
@@ -262,13 +269,13 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   /** Decodes the {@code n} walked records (bytes from log position {@code base} in {@code buf}) into the
    * column vectors; returns the rows kept. The first invalid record ends the range. */
   private int decode(int n, int base) {
-    for (WritableColumnVector c : cols) {
+    for (WritableColumnVector c : outCols) {
       c.reset();
     }
-    WritableColumnVector topicV = cols[0];
+    WritableColumnVector[] c = cols;
     WritableColumnVector mapV = cols[16];
-    WritableColumnVector mapK = mapV.getChild(0);
-    WritableColumnVector mapVal = mapV.getChild(1);
+    WritableColumnVector mapK = mapV == null ? null : mapV.getChild(0);
+    WritableColumnVector mapVal = mapV == null ? null : mapV.getChild(1);
     List<Long> crcBad = null;
     byte[] a = buf;
     int row = 0;
@@ -305,61 +312,95 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
       if (topics != null && !topicWanted(tsrc, toff, tl)) {
         continue;
       }
-      topicV.putByteArray(row, tsrc, toff, tl);
-      cols[1].putInt(row, (int) INT.get(a, s + 12));
-      cols[2].putLong(row, (long) LONG.get(a, s + 20));
-      cols[3].putLong(row, (long) LONG.get(a, s + 28));
-      cols[4].putInt(row, total);
-      cols[5].putInt(row, sysFlag);
-      cols[6].putInt(row, (int) INT.get(a, s + 16));
-      cols[7].putLong(row, (long) LONG.get(a, s + 40) * 1000L);
-      bornCache.put(cols[8], row, a, bornHost, bl);
-      cols[9].putLong(row, (long) LONG.get(a, storeTsPos) * 1000L);
-      storeCache.put(cols[10], row, a, storeHost, sl);
-      cols[11].putInt(row, (int) INT.get(a, p));
-      cols[12].putLong(row, (long) LONG.get(a, p + 4));
-      // properties: map, tags, keys, uniq_key
-      byte[] psrc = a;
-      int poff = propsPos;
-      if (pl > 0 && !Utf8.valid(a, propsPos, pl)) {
-        psrc = Utf8.replace(a, propsPos, pl);
-        poff = 0;
-        pl = psrc.length;
+      if (c[0] != null) {
+        c[0].putByteArray(row, tsrc, toff, tl);
       }
-      int np = splitProperties(psrc, poff, pl);
-      int tagsI = -1;
-      int keysI = -1;
-      int uniqI = -1;
-      int mapStart = mapK.getElementsAppended();
-      for (int j = 0; j < np; j++) {
-        mapK.appendByteArray(psrc, ks[j], kl[j]);
-        mapVal.appendByteArray(psrc, vs[j], vl[j]);
-        if (nameIs(psrc, ks[j], kl[j], TAGS)) {
-          tagsI = j;
-        } else if (nameIs(psrc, ks[j], kl[j], KEYS)) {
-          keysI = j;
-        } else if (nameIs(psrc, ks[j], kl[j], UNIQ)) {
-          uniqI = j;
+      if (c[1] != null) {
+        c[1].putInt(row, (int) INT.get(a, s + 12));
+      }
+      if (c[2] != null) {
+        c[2].putLong(row, (long) LONG.get(a, s + 20));
+      }
+      if (c[3] != null) {
+        c[3].putLong(row, (long) LONG.get(a, s + 28));
+      }
+      if (c[4] != null) {
+        c[4].putInt(row, total);
+      }
+      if (c[5] != null) {
+        c[5].putInt(row, sysFlag);
+      }
+      if (c[6] != null) {
+        c[6].putInt(row, (int) INT.get(a, s + 16));
+      }
+      if (c[7] != null) {
+        c[7].putLong(row, (long) LONG.get(a, s + 40) * 1000L);
+      }
+      if (c[8] != null) {
+        bornCache.put(c[8], row, a, bornHost, bl);
+      }
+      if (c[9] != null) {
+        c[9].putLong(row, (long) LONG.get(a, storeTsPos) * 1000L);
+      }
+      if (c[10] != null) {
+        storeCache.put(c[10], row, a, storeHost, sl);
+      }
+      if (c[11] != null) {
+        c[11].putInt(row, (int) INT.get(a, p));
+      }
+      if (c[12] != null) {
+        c[12].putLong(row, (long) LONG.get(a, p + 4));
+      }
+      if (wantProps) {  // properties: map, tags, keys, uniq_key
+        byte[] psrc = a;
+        int poff = propsPos;
+        if (pl > 0 && !Utf8.valid(a, propsPos, pl)) {
+          psrc = Utf8.replace(a, propsPos, pl);
+          poff = 0;
+          pl = psrc.length;
         }
+        int np = splitProperties(psrc, poff, pl);
+        int tagsI = -1;
+        int keysI = -1;
+        int uniqI = -1;
+        int mapStart = mapK == null ? 0 : mapK.getElementsAppended();
+        for (int j = 0; j < np; j++) {
+          if (mapK != null) {
+            mapK.appendByteArray(psrc, ks[j], kl[j]);
+            mapVal.appendByteArray(psrc, vs[j], vl[j]);
+          }
+          if (nameIs(psrc, ks[j], kl[j], TAGS)) {
+            tagsI = j;
+          } else if (nameIs(psrc, ks[j], kl[j], KEYS)) {
+            keysI = j;
+          } else if (nameIs(psrc, ks[j], kl[j], UNIQ)) {
+            uniqI = j;
+          }
+        }
+        if (mapV != null) {
+          mapV.putArray(row, mapStart, np);
+        }
+        putOptional(c[13], row, psrc, tagsI);
+        putOptional(c[14], row, psrc, keysI);
+        putOptional(c[15], row, psrc, uniqI);
       }
-      mapV.putArray(row, mapStart, np);
-      putOptional(cols[13], row, psrc, tagsI);
-      putOptional(cols[14], row, psrc, keysI);
-      putOptional(cols[15], row, psrc, uniqI);
-      cols[17].putByteArray(row, a, bodyPos, bodyLen);
-      // msg_id: store address + port + PHYSICALOFFSET in upper-case hex
-      int w = 0;
-      for (int j = 0; j < sl + 4; j++) {
-        int b = a[storeHost + j] & 0xFF;
-        idText[w++] = HEX[b >>> 4];
-        idText[w++] = HEX[b & 15];
+      if (c[17] != null) {
+        c[17].putByteArray(row, a, bodyPos, bodyLen);
       }
-      for (int j = 0; j < 8; j++) {
-        int b = a[s + 28 + j] & 0xFF;
-        idText[w++] = HEX[b >>> 4];
-        idText[w++] = HEX[b & 15];
+      if (c[18] != null) {  // msg_id: store address + port + PHYSICALOFFSET in upper-case hex
+        int w = 0;
+        for (int j = 0; j < sl + 4; j++) {
+          int b = a[storeHost + j] & 0xFF;
+          idText[w++] = HEX[b >>> 4];
+          idText[w++] = HEX[b & 15];
+        }
+        for (int j = 0; j < 8; j++) {
+          int b = a[s + 28 + j] & 0xFF;
+          idText[w++] = HEX[b >>> 4];
+          idText[w++] = HEX[b & 15];
+        }
+        c[18].putByteArray(row, idText, 0, w);
       }
-      cols[18].putByteArray(row, idText, 0, w);
       if (verifyCrc && bodyLen > 0) {
         crc.reset();
         crc.update(a, bodyPos, bodyLen);
@@ -394,6 +435,9 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   }
 
   private void putOptional(WritableColumnVector v, int row, byte[] src, int j) {
+    if (v == null) {
+      return;
+    }
     if (j < 0) {
       v.putNull(row);
     } else {

@@ -18,6 +18,10 @@ import java.util.zip.CRC32;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
 import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
+import org.apache.spark.sql.types.BinaryType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.MapType;
+import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
@@ -62,8 +66,12 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
 
   private byte[] buf = new byte[1 << 16];
   private final int[] starts = new int[MAX_ROWS];
-  private final WritableColumnVector[] cols;  // by position in the full schema; null: not read (pruned)
-  private final WritableColumnVector[] outCols;  // the read schema's columns, in its order
+  // by position in the full schema, null where the column is not read (pruned): the fixed-width columns,
+  // the string and binary ones, and the properties map
+  private final WritableColumnVector[] cols;
+  private final BytesColumn[] text;
+  private final BytesColumn.MapColumn props;
+  private final ColumnVector[] outCols;  // the read schema's columns, in its order
   private final boolean wantProps;
   private final ColumnarBatch batch;
   private final CRC32 crc = new CRC32();
@@ -97,14 +105,26 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     }
     StructField[] fields = RocketMQJvmSource.SCHEMA.fields();
     cols = new WritableColumnVector[fields.length];
-    outCols = new WritableColumnVector[columns.length];
+    text = new BytesColumn[fields.length];
+    outCols = new ColumnVector[columns.length];
+    BytesColumn.MapColumn map = null;
     for (int o = 0; o < columns.length; o++) {
       int i = RocketMQJvmSource.SCHEMA.fieldIndex(columns[o]);
-      cols[i] = new OnHeapColumnVector(MAX_ROWS, fields[i].dataType());
-      outCols[o] = cols[i];
+      DataType t = fields[i].dataType();
+      if (t instanceof MapType) {
+        map = new BytesColumn.MapColumn(t, MAX_ROWS);
+        outCols[o] = map;
+      } else if (t instanceof StringType || t instanceof BinaryType) {
+        text[i] = new BytesColumn(t, MAX_ROWS);
+        outCols[o] = text[i];
+      } else {
+        cols[i] = new OnHeapColumnVector(MAX_ROWS, t);
+        outCols[o] = cols[i];
+      }
     }
-    wantProps = cols[13] != null || cols[14] != null || cols[15] != null || cols[16] != null;
-    batch = new ColumnarBatch((ColumnVector[]) outCols);
+    props = map;
+    wantProps = text[13] != null || text[14] != null || text[15] != null || props != null;
+    batch = new ColumnarBatch(outCols);
     stop = (int) Math.min(part.hi, limit);
     pos = (int) Math.min(part.lo, limit);
     if (limit == 0) {
@@ -269,13 +289,20 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   /** Decodes the {@code n} walked records (bytes from log position {@code base} in {@code buf}) into the
    * column vectors; returns the rows kept. The first invalid record ends the range. */
   private int decode(int n, int base) {
-    for (WritableColumnVector c : outCols) {
-      c.reset();
+    for (ColumnVector v : outCols) {
+      if (v instanceof WritableColumnVector) {
+        ((WritableColumnVector) v).reset();
+      } else if (v instanceof BytesColumn) {
+        ((BytesColumn) v).reset();
+      } else {
+        ((BytesColumn.MapColumn) v).reset();
+      }
     }
     WritableColumnVector[] c = cols;
-    WritableColumnVector mapV = cols[16];
-    WritableColumnVector mapK = mapV == null ? null : mapV.getChild(0);
-    WritableColumnVector mapVal = mapV == null ? null : mapV.getChild(1);
+    BytesColumn[] tx = text;
+    BytesColumn.MapColumn mapV = props;
+    BytesColumn mapK = mapV == null ? null : mapV.keys;
+    BytesColumn mapVal = mapV == null ? null : mapV.values;
     List<Long> crcBad = null;
     byte[] a = buf;
     int row = 0;
@@ -312,8 +339,8 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
       if (topics != null && !topicWanted(tsrc, toff, tl)) {
         continue;
       }
-      if (c[0] != null) {
-        c[0].putByteArray(row, tsrc, toff, tl);
+      if (tx[0] != null) {
+        tx[0].put(tsrc, toff, tl);
       }
       if (c[1] != null) {
         c[1].putInt(row, (int) INT.get(a, s + 12));
@@ -336,14 +363,16 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
       if (c[7] != null) {
         c[7].putLong(row, (long) LONG.get(a, s + 40) * 1000L);
       }
-      if (c[8] != null) {
-        bornCache.put(c[8], row, a, bornHost, bl);
+      if (tx[8] != null) {
+        byte[] t = bornCache.text(a, bornHost, bl);
+        tx[8].put(t, 0, t.length);
       }
       if (c[9] != null) {
         c[9].putLong(row, (long) LONG.get(a, storeTsPos) * 1000L);
       }
-      if (c[10] != null) {
-        storeCache.put(c[10], row, a, storeHost, sl);
+      if (tx[10] != null) {
+        byte[] t = storeCache.text(a, storeHost, sl);
+        tx[10].put(t, 0, t.length);
       }
       if (c[11] != null) {
         c[11].putInt(row, (int) INT.get(a, p));
@@ -363,11 +392,10 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         int tagsI = -1;
         int keysI = -1;
         int uniqI = -1;
-        int mapStart = mapK == null ? 0 : mapK.getElementsAppended();
         for (int j = 0; j < np; j++) {
           if (mapK != null) {
-            mapK.appendByteArray(psrc, ks[j], kl[j]);
-            mapVal.appendByteArray(psrc, vs[j], vl[j]);
+            mapK.put(psrc, ks[j], kl[j]);
+            mapVal.put(psrc, vs[j], vl[j]);
           }
           if (nameIs(psrc, ks[j], kl[j], TAGS)) {
             tagsI = j;
@@ -378,16 +406,16 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
           }
         }
         if (mapV != null) {
-          mapV.putArray(row, mapStart, np);
+          mapV.endRow(row);
         }
-        putOptional(c[13], row, psrc, tagsI);
-        putOptional(c[14], row, psrc, keysI);
-        putOptional(c[15], row, psrc, uniqI);
+        putOptional(tx[13], psrc, tagsI);
+        putOptional(tx[14], psrc, keysI);
+        putOptional(tx[15], psrc, uniqI);
       }
-      if (c[17] != null) {
-        c[17].putByteArray(row, a, bodyPos, bodyLen);
+      if (tx[17] != null) {
+        tx[17].put(a, bodyPos, bodyLen);
       }
-      if (c[18] != null) {  // msg_id: store address + port + PHYSICALOFFSET in upper-case hex
+      if (tx[18] != null) {  // msg_id: store address + port + PHYSICALOFFSET in upper-case hex
         int w = 0;
         for (int j = 0; j < sl + 4; j++) {
           int b = a[storeHost + j] & 0xFF;
@@ -399,7 +427,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
           idText[w++] = HEX[b >>> 4];
           idText[w++] = HEX[b & 15];
         }
-        c[18].putByteArray(row, idText, 0, w);
+        tx[18].put(idText, 0, w);
       }
       if (verifyCrc && bodyLen > 0) {
         crc.reset();
@@ -434,14 +462,14 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     return false;
   }
 
-  private void putOptional(WritableColumnVector v, int row, byte[] src, int j) {
+  private void putOptional(BytesColumn v, byte[] src, int j) {
     if (v == null) {
       return;
     }
     if (j < 0) {
-      v.putNull(row);
+      v.putNull();
     } else {
-      v.putByteArray(row, src, vs[j], vl[j]);
+      v.put(src, vs[j], vl[j]);
     }
   }
 
@@ -510,7 +538,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private long raw8;  // an IPv4 address and port as one long
     private byte[] text = new byte[0];
 
-    void put(WritableColumnVector v, int row, byte[] a, int at, int alen) {
+    byte[] text(byte[] a, int at, int alen) {
       int len = alen + 4;
       boolean same;
       if (len == 8) {
@@ -525,7 +553,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         rawLen = len;
         text = format(a, at, alen).getBytes(StandardCharsets.US_ASCII);
       }
-      v.putByteArray(row, text, 0, text.length);
+      return text;
     }
 
     private static String format(byte[] a, int at, int alen) {

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= var/store
 
-.PHONY: run demo quickstart test test-postgres lint bench bench-celery soak-celery crashtest txcrashtest timercrashtest racetest resiltest expirytest etatest clean native
+.PHONY: run demo quickstart test test-postgres lint bench bench-celery soak-celery crashtest txcrashtest timercrashtest racetest resiltest expirytest etatest clean native spark-jar
 
 # pip builds the native core (setup.py: rmq_eventstore/_native.c, optional: without a C compiler the
 # store runs its pure-Python loops) into the source tree, as the install is editable.
@@ -51,6 +51,12 @@ native: $(VENV)/.installed
 	$(PY) -c "from rmq_eventstore.common import codec; assert codec.NATIVE, 'the native core did not build'"
 	$(PY) -c "from rmq_eventstore.spark import decode; assert decode.NATIVE, 'the Spark scan (_spark_native) did not build'"
 
+## spark-jar: (re)build the JVM reader of the Spark source (`format("rocketmq-jvm")`, rmq_eventstore/spark/java)
+## into rmq_eventstore/spark/jars/ with the JDK's javac against pyspark's jars; without javac it says so and
+## skips (everything then runs on the Python source, `format("rocketmq")`)
+spark-jar: $(VENV)/.installed
+	$(PY) -m rmq_eventstore.spark.jvm build
+
 # The files whose tests run a second time on the pure-Python loops (RMQ_EVENTSTORE_PURE=1): the golden
 # vectors, the codec property tests, the native-vs-Python comparisons, the index file (put_keys against
 # put_key), the crash suite (CI's 50 rounds), the Spark decoder (numpy instead of _spark_native) and the
@@ -64,7 +70,7 @@ PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/te
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the
 ## codec and crash tests again on the pure-Python loops (the first pass requires the native core), and the
 ## broker's wire tests again on asyncio's own loop (the dev install serves on uvloop)
-test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed chromium lint
+test: $(VENV)/.installed $(JS_CLIENT)/node_modules/.installed chromium spark-jar lint
 	RMQ_EVENTSTORE_REQUIRE_NATIVE=1 $(PY) -m pytest -q
 	RMQ_TEST_DB=postgres $(PY) -m pytest -q tests/django_face
 	RMQ_EVENTSTORE_PURE=1 $(PY) -m pytest -q $(PURE_TESTS)
@@ -133,7 +139,7 @@ etatest: $(VENV)/.installed
 	ETA_SOAK=1 $(PY) -m pytest -q -s --timeout=0 tests/test_celery_eta.py -k soak
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis $(JS_CLIENT)/node_modules rmq_eventstore/spark/jars
 
 # kombu's integration mixins and Celery's integration tests come from their sdists, unpacked into .cache/
 # (never committed); tests/test_kombu_integration.py and tests/test_celery_integration.py do this themselves.

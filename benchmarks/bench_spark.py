@@ -12,7 +12,9 @@ One run on one machine measures, on one store of a few hundred MB written by our
   row materialised), each master in a fresh process (one JVM each), a warm-up query first; once with
   `RMQ_EVENTSTORE_PURE=1` (numpy decoder in the Python workers: "before") and once with the C decoder;
 * the topic pushdown: `where topic = 'TopicA'` with pushdown off (Spark filters a full scan) and on
-  (the source reads that topic's consume queues and only the records they point to), local[2].
+  (the source reads that topic's consume queues and only the records they point to), local[2];
+* Spark `local[1]` and `local[2]` on the JVM reader, `spark.read.format("rocketmq-jvm")` (columnar
+  batches decoded in the JVM: no Python worker), when its jar is built or `javac` can build it.
 
 Best of N after a warm-up; wall seconds, MB/s and rows/s, and CPU seconds of the whole process tree
 (driver, JVM, Python workers; from /proc). The store is kept under `var/bench-spark/` for reuse (never
@@ -190,7 +192,7 @@ def spark_child(args: argparse.Namespace) -> None:
         print(f"  {name}: best {min(r['wall'] for r in runs):.2f} s, {rows} rows", file=sys.stderr, flush=True)
         return {"name": name, "cores": cores, "runs": runs}
 
-    reader = lambda: spark.read.format("rocketmq").load(path)  # noqa: E731
+    reader = lambda: spark.read.format(args.format).load(path)  # noqa: E731
     t0 = time.perf_counter()
     reader().write.format("noop").mode("overwrite").save()  # warm-up: workers, imports, JIT
     warm = time.perf_counter() - t0
@@ -204,8 +206,10 @@ def spark_child(args: argparse.Namespace) -> None:
     print(json.dumps(results))
 
 
-def spark_runs(store: Path, master: str, reps: int, pushdown: bool, pure: bool) -> list[dict[str, Any]]:
-    cmd = [sys.executable, __file__, "--child", "--master", master, "--store", str(store), "--reps", str(reps)]
+def spark_runs(store: Path, master: str, reps: int, pushdown: bool, pure: bool,
+               fmt: str = "rocketmq") -> list[dict[str, Any]]:
+    cmd = [sys.executable, __file__, "--child", "--master", master, "--store", str(store), "--reps", str(reps),
+           "--format", fmt]
     if pushdown:
         cmd.append("--pushdown")
     env = dict(os.environ)
@@ -215,7 +219,8 @@ def spark_runs(store: Path, master: str, reps: int, pushdown: bool, pure: bool) 
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=900, check=True, env=env)
     out = json.loads(p.stdout.strip().splitlines()[-1])
     for r in out:
-        r["name"] += ", numpy decoder" if pure else ", C decoder"
+        r["name"] += ", JVM reader (rocketmq-jvm)" if fmt != "rocketmq" else ", numpy decoder" if pure \
+            else ", C decoder"
     return out
 
 
@@ -273,6 +278,7 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     ap.add_argument("--pushdown", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--format", default="rocketmq", help=argparse.SUPPRESS)
     ap.add_argument("--no-pushdown", dest="pushdown_runs", action="store_false",
                     help="skip the topic-filter runs (pushdown off / on)")
     args = ap.parse_args()
@@ -292,6 +298,14 @@ def main() -> None:
         for master in ("local[1]", "local[2]"):
             print(f"spark {master} {'numpy' if pure else 'C'} decoder ...", flush=True)
             results += spark_runs(args.store, master, args.reps, args.pushdown_runs and master == "local[2]" and not pure, pure)
+    from rmq_eventstore.spark import jvm
+
+    if jvm.build() is not None:
+        for master in ("local[1]", "local[2]"):
+            print(f"spark {master} JVM reader ...", flush=True)
+            results += spark_runs(args.store, master, args.reps, False, False, jvm.FORMAT)
+    else:
+        print("no JVM reader jar and no javac: skipping the rocketmq-jvm runs", flush=True)
     rows = summarise(results, nbytes)
     table = markdown(rows, "python engine iter_records")
     print(table)

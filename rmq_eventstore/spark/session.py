@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from . import jvm
 from .datasource import register
 
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,7 +47,8 @@ def local_session(master: str = "local[2]", app_name: str = "rmq-eventstore", fa
     """Get or create a quiet local SparkSession with the `rocketmq` format registered.
 
     `fast_jvm` adds `-XX:+UseSerialGC -XX:TieredStopAtLevel=1` (about 3 s faster to start; for tests,
-    not for throughput). `conf` overrides any setting.
+    not for throughput). `conf` overrides any setting. When the JVM reader's jar is built (`make spark-jar`,
+    `rmq_eventstore.spark.jvm`) it goes on `spark.jars`, which adds `format("rocketmq-jvm")`.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -70,6 +72,9 @@ def local_session(master: str = "local[2]", app_name: str = "rmq-eventstore", fa
         "spark.driver.extraJavaOptions": java_opts,
         "spark.log.level": "ERROR",
     }
+    jar = jvm.jar_path()
+    if jar is not None:
+        settings["spark.jars"] = str(jar)
     settings.update(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in settings.items():

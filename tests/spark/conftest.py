@@ -26,8 +26,10 @@ V2_TOPIC = "v2topic"  # written with V2 magic (2-byte topic length), forced
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    from rmq_eventstore.spark import jvm
     from rmq_eventstore.spark.session import local_session
 
+    jvm.build()  # the JVM reader's jar goes on the classpath at JVM start (no-op without javac / up to date)
     session = local_session(master="local[2]", app_name="rmq-eventstore-tests", fast_jvm=True)
     yield session
     session.stop()

@@ -261,6 +261,13 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
                 row(f"Spark scan into DataFrames, local[{cores}]", r["mb_per_s_per_core"], "", None,
                     "≥ 250 MB/s per core", None, unit="MB/s/core", met=r["mb_per_s_per_core"] >= 250,
                     bound=f"decode alone {_fmt(dec['mb_per_s'])} MB/s" if dec else "")
+        for cores in (1, 2):  # the JVM reader (format("rocketmq-jvm")), when its jar was built
+            r = by.get(f"spark local[{cores}] full scan, JVM reader (rocketmq-jvm)")
+            py = by.get(f"spark local[{cores}] full scan, C decoder")
+            if r:
+                row(f"Spark scan into DataFrames, JVM reader (`rocketmq-jvm`), local[{cores}]", r["mb_per_s_per_core"],
+                    f"`rocketmq` (Python source), local[{cores}]", py["mb_per_s_per_core"] if py else None,
+                    "≥ 250 MB/s per core", None, unit="MB/s/core", met=r["mb_per_s_per_core"] >= 250)
     return out
 
 

@@ -288,3 +288,38 @@ def test_dispatch_leaves_out_units_before_the_cutoff(tmp_path: Path) -> None:
         s._dispatch([old, old._replace(commit_log_offset=30)])
         assert s.get_max_offset_in_queue("Cut2", 0) == 1
         assert s.get_commit_log_offset_in_queue("Cut2", 0, 0) == 30
+
+
+def test_a_revive_racing_the_deletion_leaves_no_retry_topic(tmp_path: Path) -> None:
+    """A requeued message whose revive runs while its topic is being deleted (here: right before the topic's
+    own queues go) must not leave a pop retry topic behind: the deletion first stops revives of the topic,
+    then lists its retry topics. (Seen once in CI: kombu's queue_delete after a requeue.)"""
+    with serve_in_thread(tmp_path / "s") as rb:
+        ns = rb.namesrv_address
+        with Admin(ns) as admin:
+            admin.create_topic("Racy", queue_nums=2)
+            _fill(ns, "Racy", 2)
+            with PopConsumer(ns, "popr") as pc:
+                msgs = pc.pop("Racy", max_nums=1, invisible_time=60_000, queue_id=0)
+                assert msgs
+                pc.change_invisible_time(msgs[0], 0)  # due for revive at once
+            rb.store.wait_for_dispatch()
+            retry = "%RETRY%popr_Racy"
+            assert rb.broker.topic_manager.get(retry) is None  # not revived yet
+            store = rb.broker.store
+            real_delete = store.delete_topic
+            revived = []
+
+            def delete_after_a_revive(t: str, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                if t == "Racy" and not revived:
+                    revived.append(rb.broker.pop_service.revive_once(now_ms=2**62))
+                return real_delete(t, *args, **kwargs)
+
+            store.delete_topic = delete_after_a_revive
+            try:
+                admin.delete_topic("Racy")
+            finally:
+                del store.delete_topic
+            assert revived == [0]  # the checkpoint was void: nothing put back
+            assert rb.broker.topic_manager.get(retry) is None
+            assert retry not in admin.topic_list() and "Racy" not in admin.topic_list()

@@ -295,6 +295,10 @@ class Broker:
         validate_topic(topic)
         if is_system_topic(topic):
             raise TopicValidationError(f"The topic[{topic}] is conflict with system topic.")
+        # First: no revive puts anything of it back from here on (forget_topic waits for a revive in
+        # progress, under the revive lock), so the retry topics listed next are all there will be; a
+        # revive between the listing and the deletion used to create a pop retry topic that stayed.
+        self.pop_service.forget_topic(topic)
         topics = [topic]
         for group in sorted(self.offset_manager.file.which_group_by_topic(topic)):
             retry = pop_retry_topic(group, topic)

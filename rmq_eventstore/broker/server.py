@@ -37,7 +37,14 @@ import time
 from typing import Any
 
 from ..common.broker_file import remove_broker_file_if_ours, write_broker_file
-from ..remoting import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, RemotingCommand, RequestCode
+from ..remoting import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    FrameError,
+    RemotingCommand,
+    RequestCode,
+    ResponseCode,
+)
 from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
@@ -51,6 +58,7 @@ _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, 
 # requests whose records are written with the store's flush wait (on threads under SYNC_FLUSH)
 _WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
                               RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
+_SEND_V2 = RequestCode.SEND_MESSAGE_V2
 _BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.DELETE_TOPIC_IN_BROKER})
 _QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})  # tried on the loop first
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
@@ -217,6 +225,7 @@ class BrokerServer:
         self._reput = broker.store.reput_message_service
         self._inline_writes = _WRITE_CODES - self._offload
         self._dispatch_held = False
+        self._send_lane = broker.send_processor.lane
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -270,6 +279,16 @@ class BrokerServer:
         elif cmd.code in self._inline_writes:
             if not self._dispatch_held:
                 self._hold_dispatch()
+            if cmd.code == _SEND_V2 and broker.acl is None:  # a plain send: the short path when it serves it
+                try:
+                    result = self._send_lane(cmd, conn)
+                except Exception as e:  # as Broker.process answers a processor's failure
+                    log.exception("request %d failed", cmd.code)
+                    result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+                if result is not None:
+                    if not cmd.is_oneway:
+                        conn.write(result)
+                    return
             self._respond(conn, cmd, broker.process(cmd, conn))
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
             result = broker.process_now(cmd, conn)

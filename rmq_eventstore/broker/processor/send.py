@@ -36,7 +36,7 @@ from ...common.topic import (
     validate_topic,
 )
 from ...common.topic_config import PermName
-from ...remoting import HeaderError, RemotingCommand, RequestCode, ResponseCode
+from ...remoting import FLAG_RESPONSE, HeaderError, RemotingCommand, RequestCode, ResponseCode
 from ...store.timer import TimerMessageError, transform_timer_message
 from ..config import DLQ_NUMS_PER_GROUP
 from ..schedule import transform_delay_level_message
@@ -48,6 +48,11 @@ PROPERTY_UNIQ_KEY = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _TRAN_MARKER = f"{PROPERTY_TRANSACTION_PREPARED}{codec.NAME_VALUE_SEPARATOR}"
 
 _PUT_OK = PutMessageStatus.PUT_OK
+_SEND_V2 = RequestCode.SEND_MESSAGE_V2
+_SUCCESS = int(ResponseCode.SUCCESS)
+_TRANSACTION_BITS = codec.TRANSACTION_ROLLBACK_TYPE  # both transaction bits of sysFlag (0xC)
+# header keys of a SEND_MESSAGE_V2 that the lane leaves to the full path (streams, conditional appends)
+_LANE_EXTENSIONS = ("streamId", "expectedVersion", "streams")
 PUT_STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
     PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
@@ -89,6 +94,85 @@ class SendMessageProcessor:
         self.broker = broker
         self.topics = broker.topic_manager
         self._uniq_ids = codec.UniqueIdGenerator()  # UNIQ_KEY for messages a producer sent without one
+        self._lane_base: dict | None = None  # the topic cache the lane's routes were made for
+        self._lane_routes: dict[str, int] = {}  # topic -> queue counts, for topics `lane` may serve
+        self._uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
+        self._cluster_marker = PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR
+        self._cluster = f"{self._cluster_marker}{broker.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
+
+    def lane(self, req: RemotingCommand, channel: Any) -> RemotingCommand | None:
+        """The response to a plain SEND_MESSAGE_V2, served by a short path; None when the request needs the
+        full one (`process`): a batch, a stream append, a transaction, a delayed or timer message, a retry,
+        DLQ or system topic, a topic not yet known writeable, a header field missing or not an integer.
+
+        Checks, decoration and stored bytes are those of `process` (UNIQ_KEY and CLUSTER added the same
+        way, the same queue choice, the same response fields), without its generality: one message, the
+        topic's checks done once per topic and kept until topics.json changes. The server serves the
+        broker's ordinary sends with it."""
+        x = req.ext_fields
+        topic = x.get("b")
+        entries = self.topics.cache_entries()
+        if entries is not self._lane_base:  # topics.json changed: every route is made again
+            self._lane_base, self._lane_routes = entries, {}
+        nqueues = self._lane_routes.get(topic)  # type: ignore[arg-type]
+        if nqueues is None:
+            nqueues = self._lane_route(topic)
+            if nqueues is None:
+                return None
+        props = x.get("i") or ""
+        if ("m" in x and x["m"].strip().lower() == "true") or "DELAY" in props or "TIMER_" in props \
+                or _TRAN_MARKER in props:
+            return None
+        for key in _LANE_EXTENSIONS:
+            if key in x:
+                return None
+        try:
+            queue_id, sys_flag, born_ts, flag, reconsume = int(x["e"]), int(x["f"]), int(x["g"]), int(x["h"]), int(x["j"])
+        except (KeyError, ValueError):
+            return None
+        if sys_flag & _TRANSACTION_BITS:
+            return None
+        if queue_id < 0:
+            queue_id = random.randrange(nqueues >> 16)
+        elif queue_id >= nqueues & 0xFFFF:
+            return None  # refused, with its message, by the full path
+        store = self.broker.store
+        if store.config.auto_create_uniq_key and self._uniq_marker not in props:
+            if props and not props.endswith(codec.PROPERTY_SEPARATOR):
+                props += codec.PROPERTY_SEPARATOR
+            props += f"{self._uniq_marker}{self._uniq_ids.create()}{codec.PROPERTY_SEPARATOR}"
+        if self._cluster_marker not in props:
+            if props and not props.endswith(codec.PROPERTY_SEPARATOR):
+                props += codec.PROPERTY_SEPARATOR
+            props += self._cluster
+        res = store.put_message(Message(topic, req.body, None, None, queue_id, flag, None, sys_flag, born_ts,
+                                        getattr(channel, "remote_address", None) or None, reconsume, 0, props))
+        a = res.append_result
+        if res.status is not _PUT_OK or a is None:
+            code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
+            return req.response(code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name)
+        ext = {"msgId": codec.join_message_ids(a.store_host, a.store_port, a.offsets) if a.offsets else a.msg_id,
+               "queueId": str(queue_id), "queueOffset": str(a.logics_offset),
+               "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+        return RemotingCommand(_SUCCESS, ext, b"", req.opaque, FLAG_RESPONSE, None, "JAVA", req.version)
+
+    def _lane_route(self, topic: str | None) -> int | None:
+        """For a topic the lane may serve, its write queue count (high 16 bits) and the count a queue id
+        must be below (low 16 bits), remembered until topics.json changes; None for any other topic."""
+        if topic is None or topic.startswith(("%", "rmq_sys_")) or is_system_topic(topic) \
+                or is_not_allowed_send_topic(topic):
+            return None
+        try:
+            validate_topic(topic)
+        except (TopicValidationError, TypeError):
+            return None
+        tc = self.topics.get(topic)
+        if tc is None or not PermName.is_writeable(tc.perm):
+            return None  # auto-creation and the refusals are the full path's
+        route = (max(tc.write_queue_nums, 1) << 16) | min(max(tc.write_queue_nums, tc.read_queue_nums), 0xFFFF)
+        if len(self._lane_routes) < 10_000:
+            self._lane_routes[topic] = route
+        return route
 
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
         if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:

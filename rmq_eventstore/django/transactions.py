@@ -171,8 +171,7 @@ class _MarkerInsert:
             return
         self.done = True
         try:
-            EventTransaction.objects.using(self.db).create(transaction_id=self.txid, store_alias=self.alias,
-                                                           topic=self.topic, outcome=EventTransaction.COMMIT)
+            EventTransaction.insert(self.db, self.txid, self.alias, self.topic, EventTransaction.COMMIT)
         except BaseException as e:  # noqa: BLE001 - raised by the append, after the half message is settled
             self.error = e
 
@@ -227,8 +226,7 @@ def decide(db: str, txid: str, store_alias: str = "default", topic: str = "") ->
             if conn.vendor == "postgresql":
                 with conn.cursor() as c:
                     c.execute("SET LOCAL lock_timeout = '2s'")
-            EventTransaction.objects.using(db).create(transaction_id=txid, store_alias=store_alias, topic=topic,
-                                                      outcome=EventTransaction.ROLLBACK)
+            EventTransaction.insert(db, txid, store_alias, topic, EventTransaction.ROLLBACK)
         return TransactionState.ROLLBACK
     except IntegrityError:
         row = EventTransaction.objects.using(db).filter(pk=txid).values_list("outcome", flat=True).first()

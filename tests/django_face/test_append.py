@@ -3,6 +3,7 @@ killed between the database commit and the end of the half message."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -81,6 +82,26 @@ def test_commit_makes_the_event_visible_with_the_row(event_store):
     assert got is not None and got.msg_id == e.msg_id and got.version == 1
     assert wait_for(lambda: not EventTransaction.objects.filter(pk=e.msg_id).exists(), 10)  # marker cleaned
     assert OrderEvent.objects.append({"n": 2}, stream="order-A-1", expected_version=1).version == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_marker_row_holds_what_the_model_says(event_store):
+    """The marker is inserted with one statement (`EventTransaction.insert`), not through the ORM: the row
+    reads back through the model as the ORM would have written it (created_at now, in the database's time
+    zone handling, outcome COMMIT), on SQLite and PostgreSQL alike; a second insert of the key conflicts."""
+    from django.utils import timezone
+
+    before = timezone.now()
+    with transaction.atomic():
+        e = OrderEvent.objects.append({"number": "M-1"}, keys="M-1")
+        row = EventTransaction.objects.get(pk=e.msg_id)
+        assert (row.store_alias, row.topic, row.outcome) == (event_store.alias, OrderEvent.topic,
+                                                              EventTransaction.COMMIT)
+        assert before - datetime.timedelta(seconds=1) <= row.created_at <= timezone.now()
+        assert timezone.is_aware(row.created_at)
+        with pytest.raises(IntegrityError), transaction.atomic():
+            EventTransaction.insert("default", e.msg_id, event_store.alias, OrderEvent.topic, "R")
+    assert wait_for(lambda: OrderEvent.objects.filter(keys="M-1").first()) is not None
 
 
 @pytest.mark.django_db(transaction=True)

@@ -43,11 +43,6 @@ class TopicManager:
                 ConfigCache.remember(cache, topic, tc)
         return tc
 
-    def cache_entries(self) -> dict[str, TopicConfig]:
-        """The cached configs as topics.json is now: a new dict object after any change of the file, so that
-        what a caller derived from the topics can be kept while this stays the same object."""
-        return self._cache.entries()
-
     def ensure(self, topic: str, queue_nums: int, perm: int = PermName.PERM_READ | PermName.PERM_WRITE,
                topic_sys_flag: int = 0) -> TopicConfig:
         """The topic's config, created with `queue_nums` queues when it does not exist."""

@@ -48,6 +48,7 @@ PROPERTY_UNIQ_KEY = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _TRAN_MARKER = f"{PROPERTY_TRANSACTION_PREPARED}{codec.NAME_VALUE_SEPARATOR}"
 
 _PUT_OK = PutMessageStatus.PUT_OK
+_join_ids = codec.join_message_ids
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
 _SUCCESS = int(ResponseCode.SUCCESS)
 _TRANSACTION_BITS = codec.TRANSACTION_ROLLBACK_TYPE  # both transaction bits of sysFlag (0xC)
@@ -94,7 +95,8 @@ class SendMessageProcessor:
         self.broker = broker
         self.topics = broker.topic_manager
         self._uniq_ids = codec.UniqueIdGenerator()  # UNIQ_KEY for messages a producer sent without one
-        self._lane_base: dict | None = None  # the topic cache the lane's routes were made for
+        self._topics_version = broker.topic_manager.file.data_version  # changed in place by every change
+        self._lane_counter, self._lane_timestamp = -1, -1  # the version the lane's routes were made for
         self._lane_routes: dict[str, int] = {}  # topic -> queue counts, for topics `lane` may serve
         self._uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
         self._cluster_marker = PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR
@@ -111,9 +113,10 @@ class SendMessageProcessor:
         broker's ordinary sends with it."""
         x = req.ext_fields
         topic = x.get("b")
-        entries = self.topics.cache_entries()
-        if entries is not self._lane_base:  # topics.json changed: every route is made again
-            self._lane_base, self._lane_routes = entries, {}
+        dv = self._topics_version
+        if dv.counter != self._lane_counter or dv.timestamp != self._lane_timestamp:
+            # topics.json changed: every route is made again
+            self._lane_counter, self._lane_timestamp, self._lane_routes = dv.counter, dv.timestamp, {}
         nqueues = self._lane_routes.get(topic)  # type: ignore[arg-type]
         if nqueues is None:
             nqueues = self._lane_route(topic)
@@ -151,7 +154,7 @@ class SendMessageProcessor:
         if res.status is not _PUT_OK or a is None:
             code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
             return req.response(code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name)
-        ext = {"msgId": codec.join_message_ids(a.store_host, a.store_port, a.offsets) if a.offsets else a.msg_id,
+        ext = {"msgId": _join_ids(a.store_host, a.store_port, a.offsets) if a.offsets else a.msg_id,
                "queueId": str(queue_id), "queueOffset": str(a.logics_offset),
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         return RemotingCommand(_SUCCESS, ext, b"", req.opaque, FLAG_RESPONSE, None, "JAVA", req.version)

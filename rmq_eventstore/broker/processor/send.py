@@ -140,14 +140,7 @@ class SendMessageProcessor:
         elif queue_id >= nqueues & 0xFFFF:
             return None  # refused, with its message, by the full path
         store = self.broker.store
-        if store.config.auto_create_uniq_key and self._uniq_marker not in props:
-            if props and not props.endswith(codec.PROPERTY_SEPARATOR):
-                props += codec.PROPERTY_SEPARATOR
-            props += f"{self._uniq_marker}{self._uniq_ids.create()}{codec.PROPERTY_SEPARATOR}"
-        if self._cluster_marker not in props:
-            if props and not props.endswith(codec.PROPERTY_SEPARATOR):
-                props += codec.PROPERTY_SEPARATOR
-            props += self._cluster
+        props = self._decorated(props, store.config.auto_create_uniq_key)
         res = store.put_message(Message(topic, req.body, None, None, queue_id, flag, None, sys_flag, born_ts,
                                         getattr(channel, "remote_address", None) or None, reconsume, 0, props))
         a = res.append_result
@@ -158,6 +151,21 @@ class SendMessageProcessor:
                "queueId": str(queue_id), "queueOffset": str(a.logics_offset),
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         return RemotingCommand(_SUCCESS, ext, b"", req.opaque, FLAG_RESPONSE, None, "JAVA", req.version)
+
+    def _decorated(self, props: str, auto_uniq: bool) -> str:
+        """The properties a sent message is stored with: a UNIQ_KEY when it has none (and `auto_uniq`), the
+        broker's CLUSTER when it has none; absent properties are appended (what set_property does when there
+        is nothing to remove)."""
+        sep = codec.PROPERTY_SEPARATOR
+        if auto_uniq and self._uniq_marker not in props:
+            if props and not props.endswith(sep):
+                props += sep
+            props += f"{self._uniq_marker}{self._uniq_ids.create()}{sep}"
+        if self._cluster_marker not in props:
+            if props and not props.endswith(sep):
+                props += sep
+            props += self._cluster
+        return props
 
     def _lane_route(self, topic: str | None) -> int | None:
         """For a topic the lane may serve, its write queue count (high 16 bits) and the count a queue id
@@ -421,29 +429,15 @@ class SendMessageProcessor:
         store = self.broker.store
         max_level = self.broker.schedule_service.max_level
         delayed = False
-        uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
-        cluster_marker = PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR
-        cluster = f"{cluster_marker}{self.broker.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
         auto_uniq = store.config.auto_create_uniq_key
-        sep = codec.PROPERTY_SEPARATOR
         # a plain batch's loop in C when nothing in it needs the Python one (codec.decorate_batch)
         done = (batch and not prepared and queue_ids is None
-                and codec.decorate_batch(msgs, topic, queue_id, uniq_marker if auto_uniq else None, cluster_marker,
-                                         cluster))
+                and codec.decorate_batch(msgs, topic, queue_id, self._uniq_marker if auto_uniq else None,
+                                         self._cluster_marker, self._cluster))
         for i, m in enumerate(() if done else msgs):
             m.topic = topic
             m.queue_id = queue_id if queue_ids is None else queue_ids[i]
-            props = m.properties_string or ""
-            # absent properties are appended (what set_property does when there is nothing to remove)
-            if auto_uniq and uniq_marker not in props:
-                if props and not props.endswith(sep):
-                    props += sep
-                props += f"{uniq_marker}{self._uniq_ids.create()}{sep}"
-            if cluster_marker not in props:
-                if props and not props.endswith(sep):
-                    props += sep
-                props += cluster
-            m.properties_string = props
+            m.properties_string = props = self._decorated(m.properties_string or "", auto_uniq)
             if prepared:
                 self.broker.transaction_service.prepare(m)  # stored on the half topic until its end
             elif "TIMER_" in props and self.broker.timer_store is not None:

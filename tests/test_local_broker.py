@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from rmq_eventstore.client import (
     resolve_namesrv,
     stop_local_broker,
 )
-from rmq_eventstore.client.local import _pid_alive
+from rmq_eventstore.client.local import PROBE_TIMEOUT, _pid_alive
 from rmq_eventstore.common.broker_file import read_broker_file, write_broker_file
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -295,6 +296,40 @@ def test_stop_local_broker(stores: Callable[[str], Path]) -> None:
     assert not _pid_alive(b.pid)
     assert not (store / "broker.json").exists() and not (store / "abort").exists()
     assert stop_local_broker(store) is False
+
+
+def test_stop_local_broker_stops_a_broker_too_busy_to_answer(stores: Callable[[str], Path]) -> None:
+    """A broker that cannot answer the probe in time (here: stopped with SIGSTOP, as a loaded machine can
+    starve it) is still stopped: its command line shows it serves the store. It gets SIGCONT after the probe
+    gave up, handles the SIGTERM and exits cleanly."""
+    store = stores("busy")
+    b = ensure_local_broker(store, idle_exit=60)
+    os.kill(b.pid, signal.SIGSTOP)
+    resume = threading.Timer(PROBE_TIMEOUT + 1.0, os.kill, (b.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        t0 = time.monotonic()
+        assert stop_local_broker(store, timeout=15) is True
+        assert time.monotonic() - t0 >= PROBE_TIMEOUT  # it did ask first
+    finally:
+        resume.join()
+    assert not _pid_alive(b.pid)
+    assert not (store / "broker.json").exists()
+
+
+def test_a_process_that_reused_the_pid_is_not_signalled(stores: Callable[[str], Path]) -> None:
+    """An announcement whose pid now belongs to another process (not a `serve` of this store) that does not
+    answer: nobody is signalled."""
+    store = stores("reused")
+    store.mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write_broker_file(str(store), pid=other.pid, namesrv="127.0.0.1:1", broker="127.0.0.1:2", started_ms=0)
+        assert stop_local_broker(store, timeout=2) is False
+        assert other.poll() is None  # still running: not signalled
+    finally:
+        other.kill()
+        other.wait(10)
 
 
 def test_bad_broker_options_fail_with_the_log(stores: Callable[[str], Path]) -> None:

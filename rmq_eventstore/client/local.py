@@ -420,11 +420,30 @@ def _wait_for(path: str, proc: subprocess.Popen, log_path: str, log_start: int, 
                            f"{tail}")
 
 
+def _serves_store(pid: int, store_path: str) -> bool:
+    """Whether `pid`'s command line is `rmq_eventstore serve` of `store_path` (what `ensure_local_broker`
+    starts), read from /proc; False where there is no /proc. Lets `stop_local_broker` stop a broker too busy
+    to answer its probe in time (a loaded machine) without ever signalling a process that reused the pid."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [os.fsdecode(a) for a in f.read().split(b"\0")]
+    except OSError:
+        return False
+    ours = any(a == "rmq_eventstore" or os.path.basename(a) == "rmq-eventstore" for a in args)  # -m, or the script
+    if not ours or "serve" not in args:
+        return False
+    for i, a in enumerate(args[:-1]):
+        if a == "--store" and os.path.abspath(args[i + 1]) == store_path:
+            return True
+    return False
+
+
 def stop_local_broker(store_path: str | os.PathLike[str], timeout: float = 10.0) -> bool:
     """SIGTERM the broker announced for the store (a clean shutdown) and wait up to `timeout` seconds for
     it to exit and its `broker.json` to go. True when a broker was stopped; False when none answered (a
-    provably stale file, whose pid is dead, is removed) or it did not exit in time. A broker embedded in
-    this very process is refused (close its `RunningBroker`)."""
+    provably stale file, whose pid is dead, is removed) or it did not exit in time. A broker that does not
+    answer its probe is still stopped when its command line shows it serves this store (a busy machine). A
+    broker embedded in this very process is refused (close its `RunningBroker`)."""
     path = _store_path(store_path)
     data = read_broker_file(path)
     if data is None:
@@ -435,8 +454,9 @@ def stop_local_broker(store_path: str | os.PathLike[str], timeout: float = 10.0)
         return False
     if pid == os.getpid():
         raise LocalBrokerError(f"the broker of {path} runs in this process (pid {pid}); close its RunningBroker")
-    if find_local_broker(path) is None:
-        return False  # the pid is alive but is not (or no longer) an answering broker: signal nobody
+    if find_local_broker(path) is None and not _serves_store(pid, path):
+        # alive, but neither answering as that broker nor a `serve` of this store (a reused pid): signal nobody
+        return False
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

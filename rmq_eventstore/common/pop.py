@@ -40,9 +40,8 @@ class ExtraInfo:
 
     def build(self) -> str:
         """`ExtraInfoUtil.buildExtraInfo`: space-separated fields, the retry flag as "1" / "0"."""
-        return " ".join(str(x) for x in (self.ck_queue_offset, self.pop_time, self.invisible_time, self.revive_qid,
-                                          "1" if self.retry else "0", self.broker_name, self.queue_id,
-                                          self.queue_offset))
+        return (f"{self.ck_queue_offset!s} {self.pop_time!s} {self.invisible_time!s} {self.revive_qid!s} "
+                f"{'1' if self.retry else '0'} {self.broker_name!s} {self.queue_id!s} {self.queue_offset!s}")
 
     @classmethod
     def split(cls, text: str) -> ExtraInfo:

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..common.pop import PopCheckPoint
+from ..common.pop import PopCheckPoint, offsets_text
 
 _RANGE_TEXT: dict[int, str] = {}  # n -> "0,1,...,n-1" (the journal's diffs of a pop with no gap)
 QueueKey = tuple[str, str, int]  # group, topic, queue id
@@ -136,7 +136,9 @@ class PopJournal:
         self.size += len(data)
 
     def ack(self, key: CkKey, offsets: list[int] | range) -> None:
-        data = f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {','.join(map(str, offsets))}\n".encode()
+        text = (offsets_text(offsets.start, offsets.stop) if offsets.__class__ is range and offsets.step == 1
+                else ",".join(map(str, offsets)))
+        data = f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {text}\n".encode()
         os.write(self._fd, data)
         self.size += len(data)
 

@@ -49,6 +49,7 @@ from ..common.pop import (
     BatchAck,
     ExtraInfo,
     PopCheckPoint,
+    offsets_text,
     pop_retry_topic,
     revive_topic,
 )
@@ -347,7 +348,7 @@ class PopService:
                     continue  # nothing handed out without its checkpoint
             flag = "1" if retry else "0"
             starts.append(f"{flag} {q} {offset}")
-            infos.append(f"{flag} {q} {','.join(map(str, offsets))}")
+            infos.append(f"{flag} {q} {offsets_text(offset, end) if offsets.__class__ is range else ','.join(map(str, offsets))}")
             bodies.append(r.body)
             count += n
             rest += max(r.max_offset - end, 0)

@@ -8,6 +8,8 @@ on a loaded machine. The client side of the same pair without sockets: the ack b
 
     python benchmarks/profile_pop_inproc.py [32 1 ...] [--n N] [--queues Q] [--cprofile]
 
+With --cprofile, `PROFILE_SORT` (a pstats key, default tottime) and `PROFILE_TOP` (default 25) choose the listing.
+
 A profiling tool, not a benchmark: nothing here is compared with a peer.
 """
 

@@ -8,6 +8,8 @@ on a loaded machine. The client side of the same pair without sockets: the ack b
 
     python benchmarks/profile_pop_inproc.py [32 1 ...] [--n N] [--queues Q] [--cprofile]
 
+With --cprofile, `PROFILE_SORT` (a pstats key, default tottime) and `PROFILE_TOP` (default 25) choose the listing.
+
 A profiling tool, not a benchmark: nothing here is compared with a peer.
 """
 
@@ -128,7 +130,7 @@ def main() -> int:
               f"pop()+_ack_requests {best_c:6.2f} us/msg   (best of {args.rounds}, thread CPU, no sockets)")
         if prof is not None:
             s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+            pstats.Stats(prof, stream=s).sort_stats(__import__("os").environ.get("PROFILE_SORT", "tottime")).print_stats(int(__import__("os").environ.get("PROFILE_TOP", "25")))
             print("\n".join(ln for ln in s.getvalue().splitlines() if ln.strip()))
     return 0
 

@@ -30,6 +30,8 @@
  *   take_requests       ReputMessageService._take_pending's walk over a run of request chunks
  *   pop_set_handles,    PopConsumer.pop / _ack_requests: append each message's POP_CK handle, read it back into its
  *   pop_ack_scan        BatchAck bits (client/pop_consumer.py; their own block above the method table)
+ *   offsets_text,       a run of queue offsets as text (POP's msgOffsetInfo, the POP buffer journal) and the
+ *   int_run             check that a BatchAck's bits are consecutive ints (common/pop.py; block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -4310,6 +4312,72 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
 /* end of the POP receipt handle block                                                              */
 /* ============================================================================================== */
 
+/* POP offsets (broker/pop_service.py, pop_buffer.py, common/pop.py): the text of a run of consecutive    */
+/* queue offsets (a POP response's msgOffsetInfo, the buffer journal's ack lines) and the check that a    */
+/* BatchAck's bit list is already what bitset_indexes makes. Python references: offsets_text_py,        */
+/* int_run_py (common/pop.py).                                                                           */
+/* ===================================================================================================== */
+
+/* offsets_text(start, stop) -> ",".join(map(str, range(start, stop))) */
+static PyObject *offsets_text(PyObject *self, PyObject *args) {
+    long long start, stop;
+    if (!PyArg_ParseTuple(args, "LL", &start, &stop))
+        return NULL;
+    if (stop <= start)
+        return PyUnicode_FromStringAndSize("", 0);
+    unsigned long long n = (unsigned long long)stop - (unsigned long long)start;
+    if (n > (unsigned long long)(PY_SSIZE_T_MAX / 21))
+        return PyErr_NoMemory();
+    char *buf = PyMem_Malloc((size_t)n * 21);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    char *p = buf;
+    char digits[24];
+    for (long long v = start;; v++) {
+        unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+        int k = 0;
+        do {
+            digits[k++] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        if (v < 0)
+            *p++ = '-';
+        while (k)
+            *p++ = digits[--k];
+        if (v == stop - 1)
+            break;
+        *p++ = ',';
+    }
+    PyObject *out = PyUnicode_DecodeASCII(buf, p - buf, NULL);
+    PyMem_Free(buf);
+    return out;
+}
+
+/* int_run(value) -> True when value is a non-empty list of ints (exactly int: no bool, no float) each one  */
+/* more than the one before it (then sorted(set(map(int, value))) == value)                                */
+static PyObject *int_run(PyObject *self, PyObject *value) {
+    if (!PyList_CheckExact(value) || PyList_GET_SIZE(value) == 0)
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(value);
+    long long prev = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(value, i);
+        if (!PyLong_CheckExact(x))
+            Py_RETURN_FALSE;
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (overflow)
+            Py_RETURN_FALSE;
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (i > 0 && (prev == LLONG_MAX || v != prev + 1))
+            Py_RETURN_FALSE;
+        prev = v;
+    }
+    Py_RETURN_TRUE;
+}
+/* ============================ end of POP offsets ===================================================== */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -4377,6 +4445,9 @@ static PyMethodDef methods[] = {
      "PopConsumer.pop's handle loop: (msgs, start, MessageExt, topic, leads) -> first index not handled."},
     {"pop_ack_scan", pop_ack_scan, METH_VARARGS,
      "PopConsumer._ack_requests' loop: (msgs, start, MessageExt, lead, acks) -> first index not handled."},
+    /* POP offsets (broker/pop_service.py, pop_buffer.py, common/pop.py): the block above the table */
+    {"offsets_text", offsets_text, METH_VARARGS, "offsets_text(start, stop) -> ','.join(map(str, range(start, stop)))."},
+    {"int_run", int_run, METH_O, "int_run(value) -> value is a non-empty list of exact ints, each the one before + 1."},
     {NULL, NULL, 0, NULL},
 };
 

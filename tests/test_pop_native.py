@@ -2,7 +2,9 @@
 `PopConsumer.pop` and `_ack_requests`) against their pure-Python references (`pop_set_handles_py`,
 `pop_ack_scan_py`): same index returned, same properties strings, same bits, on generated messages that mix
 what the loops handle with what they must leave to the caller (other topics, queues without a lead, parsed
-properties, other types, handles that do not parse, a POP_CK not at a property boundary).
+properties, other types, handles that do not parse, a POP_CK not at a property boundary). And the broker's POP
+offset helpers (`_native.offsets_text`, `_native.int_run`) against `offsets_text_py` and `int_run_py`: the same
+text for any run of int64 offsets, the same answer for lists of ints, bools, floats, big ints and strings.
 
 Skips when the extension is not built, unless `RMQ_EVENTSTORE_REQUIRE_NATIVE=1`."""
 
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from rmq_eventstore.client.pop_consumer import _LEAD, pop_ack_scan_py, pop_set_handles_py
 from rmq_eventstore.common import MessageExt
+from rmq_eventstore.common.pop import int_run_py, offsets_text_py
 from tests.conftest import import_native
 
 _native = import_native()
@@ -100,3 +103,32 @@ def test_handled_all_and_stops() -> None:
         for stopper in (msg("U", 0, 8, ""), msg("T", 1, 8, ""), msg("T", 0, 8, "", parsed=True),
                         msg("T", 0, 8, "", cls=Other)):
             assert loop([msg("T", 0, 7, ""), stopper], 0, MessageExt, "T", leads) == 1
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(INT64, st.integers(-3, 40))
+def test_offsets_text_same_as_reference(start: int, n: int) -> None:
+    stop = max(min(start + n, 2**63 - 1), -(2**63))
+    assert _native.offsets_text(start, stop) == offsets_text_py(start, stop) == ",".join(map(str, range(start, stop)))
+
+
+ITEM = st.one_of(st.integers(-5, 40), st.booleans(), st.floats(0, 40), st.integers(2**62, 2**64), st.text(max_size=2))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.lists(ITEM, max_size=8), st.integers(-3, 40).flatmap(
+    lambda first: st.integers(0, 40).map(lambda n: list(range(first, first + n)))), st.tuples(st.integers())))
+def test_int_run_same_as_reference(value: object) -> None:
+    assert _native.int_run(value) == int_run_py(value)
+    if int_run_py(value):
+        assert sorted(set(map(int, value))) == value  # type: ignore[call-overload]
+
+
+def test_int_run_cases() -> None:
+    for run in (_native.int_run, int_run_py):
+        assert run([0]) and run([3, 4, 5]) and run([-1, 0, 1]) and run([2**63 - 2, 2**63 - 1])
+        assert not run([]) and not run([0, 2]) and not run([1, 0]) and not run([0, 0]) and not run([0, True])
+        assert not run([0.0, 1.0]) and not run((0, 1)) and not run([2**63 - 1, 2**63]) and not run("01")

@@ -33,8 +33,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..common.pop import PopCheckPoint
+from ..common.pop import PopCheckPoint, offsets_text
 
+_RANGE_TEXT: dict[int, str] = {}  # n -> "0,1,...,n-1" (the journal's diffs of a pop with no gap)
 QueueKey = tuple[str, str, int]  # group, topic, queue id
 CkKey = tuple[str, str, int, int, int]  # group, topic, queue id, start offset, pop time
 
@@ -118,12 +119,28 @@ class PopJournal:
         os.write(self._fd, data)
         self.size += len(data)
 
-    def ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int) -> None:
-        self._write(f"C {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} {ck.invisible_time} "
-                    f"{revive_qid} {next_offset} {','.join(map(str, ck.queue_offset_diff))}\n")
+    def ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int, contiguous: bool = False) -> None:
+        """A `C` line; `contiguous`: the diffs are 0..n-1 (their text is then cached by n)."""
+        diffs = ck.queue_offset_diff
+        if contiguous:
+            text = _RANGE_TEXT.get(len(diffs))
+            if text is None:
+                text = ",".join(map(str, diffs))
+                if len(_RANGE_TEXT) < 1100:
+                    _RANGE_TEXT[len(diffs)] = text
+        else:
+            text = ",".join(map(str, diffs))
+        data = (f"C {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} {ck.invisible_time} "
+                f"{revive_qid} {next_offset} {text}\n").encode()
+        os.write(self._fd, data)
+        self.size += len(data)
 
-    def ack(self, key: CkKey, offsets: list[int]) -> None:
-        self._write(f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {','.join(map(str, offsets))}\n")
+    def ack(self, key: CkKey, offsets: list[int] | range) -> None:
+        text = (offsets_text(offsets.start, offsets.stop) if offsets.__class__ is range and offsets.step == 1
+                else ",".join(map(str, offsets)))
+        data = f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {text}\n".encode()
+        os.write(self._fd, data)
+        self.size += len(data)
 
     def stored(self, key: CkKey) -> None:
         self._write(f"S {key[0]} {key[1]} {key[2]} {key[3]} {key[4]}\n")
@@ -250,8 +267,17 @@ class PopBufferMergeService:
                 flush_at = ck.pop_time + max(min(self.stay_ms, ck.invisible_time - self.margin_ms), 0)
                 entry = _Entry(ck, revive_qid, next_offset, flush_at)
                 if self.journal is not None:
-                    self.journal.ck(ck, revive_qid, next_offset)
+                    self.journal.ck(ck, revive_qid, next_offset, entry.contiguous)
                 self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = entry
+                q = self._queues.get(qkey)
+                if q is None:
+                    q = self._queues[qkey] = deque()
+                q.append(entry)
+                self._count += 1
+                first = q[0]
+                if first.stored or first.acked == first.full:  # else the scan would stop at once
+                    self._scan_commit(qkey)
+                return True
             else:
                 self._flush_queue(qkey, None)
                 if self._queues.get(qkey):
@@ -279,19 +305,27 @@ class PopBufferMergeService:
             self._scan_commit(qkey)
 
     # -- ack side ---------------------------------------------------------------------------------------------
-    def ack(self, key: CkKey, offsets: list[int]) -> bool:
+    def ack(self, key: CkKey, offsets: list[int] | range) -> bool:
         """Mark acked messages of a buffered checkpoint: True when it was in the buffer and not stored (then
-        nothing is to be written), False when the caller must write an ack record."""
+        nothing is to be written), False when the caller must write an ack record. `offsets` may be a
+        range (consecutive offsets: no loop over them when the checkpoint's are consecutive too)."""
         with self._lock:
             entry = self._by_key.get(key)
             if entry is None or entry.stored:
                 return False
             ck = entry.ck
             assert ck is not None
-            entry.acked |= _ack_mask(ck.queue_offset_diff, ck.start_offset, offsets, entry.contiguous)
+            if entry.contiguous and offsets.__class__ is range and offsets.step == 1 and offsets:
+                first = offsets.start - ck.start_offset
+                n = len(ck.queue_offset_diff)
+                lo, hi = max(first, 0), min(first + len(offsets), n)  # the bits of [first, first + len) held
+                if lo < hi:
+                    entry.acked |= ((1 << (hi - lo)) - 1) << lo
+            else:
+                entry.acked |= _ack_mask(ck.queue_offset_diff, ck.start_offset, offsets, entry.contiguous)
             if self.journal is not None:
                 self.journal.ack(key, offsets)
-            if entry.settled:
+            if entry.acked == entry.full:
                 del self._by_key[key]
                 self.settled += 1
                 self._scan_commit(key[:3])  # type: ignore[arg-type]
@@ -354,7 +388,7 @@ class PopBufferMergeService:
         if not q:
             return
         offset = -1
-        while q and (q[0].stored or q[0].settled):
+        while q and (q[0].stored or q[0].acked == q[0].full):
             offset = q.popleft().next_offset
             self._count -= 1
         if offset >= 0 and offset > self._committed(*qkey):

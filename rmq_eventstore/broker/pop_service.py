@@ -49,6 +49,7 @@ from ..common.pop import (
     BatchAck,
     ExtraInfo,
     PopCheckPoint,
+    offsets_text,
     pop_retry_topic,
     revive_topic,
 )
@@ -74,17 +75,37 @@ POP_FROM_RETRY_PROBABILITY = 20  # percent of pops that look at the retry topic 
 
 @dataclass
 class PopResult:
-    """What a pop found: the stored records (the response body as they are; `messages` decodes them on
-    first access), per queue start offsets and offsets."""
+    """What a pop found: the stored records (`bodies`: per queue read, its records back to back, the
+    response body as they are; `buffers` splits them, `messages` decodes them on first access), how many
+    (`count`), per queue start offsets and offsets."""
 
     pop_time: int
     invisible_time: int
     revive_qid: int
-    buffers: list[bytes]
+    bodies: list[bytes]
     start_offset_info: list[str]
     msg_offset_info: list[str]
     rest_num: int
+    count: int = 0
     _messages: list[MessageExt] | None = None
+
+    @property
+    def body(self) -> bytes:
+        """Every record popped, back to back (the POP response's body)."""
+        bodies = self.bodies
+        return bodies[0] if len(bodies) == 1 else b"".join(bodies)
+
+    @property
+    def buffers(self) -> list[bytes]:
+        """One stored record per message (split off the bodies by each record's leading total size)."""
+        out: list[bytes] = []
+        for body in self.bodies:
+            p = 0
+            while p < len(body):
+                size = int.from_bytes(body[p:p + 4], "big")
+                out.append(body[p:p + size])
+                p += size
+        return out
 
     @property
     def messages(self) -> list[MessageExt]:
@@ -104,6 +125,8 @@ class PopService:
         self._locks_guard = threading.Lock()
         self._qid = random.randrange(REVIVE_QUEUE_NUM)
         self._filters: dict[str, MessageFilter] = {}  # by expression: a filter is read-only once made
+        self._retry_names: dict[tuple[str, str], str] = {}  # (group, topic) -> its pop retry topic
+        self._rotations: dict[tuple[str, int], tuple[list[tuple[str, int, bool]], ...]] = {}  # see _queues
         self._arrival = threading.Condition()
         self._arrival_waiting = 0  # pops waiting on _arrival (changed under its lock)
         self._stop = threading.Event()
@@ -229,10 +252,12 @@ class PopService:
             expression: str = "*", poll_time_ms: int = 0, alive: Callable[[], bool] | None = None) -> PopResult:
         """Pop up to `max_nums` messages; waits up to `poll_time_ms` for one when none is there, and stops
         waiting (pops nothing more) once `alive()` is false: the requester's connection is gone."""
+        if poll_time_ms <= 0:
+            return self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
         deadline = time.monotonic() + poll_time_ms / 1000.0
         while True:
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
-            if result.buffers or poll_time_ms <= 0 or self._stop.is_set():
+            if result.count or self._stop.is_set():
                 return result
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -254,10 +279,20 @@ class PopService:
             tc = self.broker.topic_manager.get(topic)
             n = tc.read_queue_nums if tc else 0
             first = int(draw * 1_000_003) % n if n > 1 else 0
-            normal = [(topic, (first + i) % n, False) for i in range(n)]
-        retry = pop_retry_topic(group, topic)
+            rotations = self._rotations.get((topic, n))
+            if rotations is None:  # the n orders of the topic's queues, made once (read-only)
+                if len(self._rotations) >= 4096:
+                    self._rotations.clear()
+                rotations = self._rotations[(topic, n)] = tuple(
+                    [(topic, (f + i) % n, False) for i in range(n)] for f in range(max(n, 1)))
+            normal = rotations[first]
+        retry = self._retry_names.get((group, topic))
+        if retry is None:
+            if len(self._retry_names) >= 4096:
+                self._retry_names.clear()
+            retry = self._retry_names[(group, topic)] = pop_retry_topic(group, topic)
         if self.broker.topic_manager.get(retry) is None:
-            return normal
+            return normal  # read-only: iterated, never changed
         if draw * 100 < POP_FROM_RETRY_PROBABILITY:  # the queue start above is uniform within this too
             return [(retry, 0, True), *normal]
         return [*normal, (retry, 0, True)]
@@ -265,50 +300,59 @@ class PopService:
     def _pop_once(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
                   expression: str) -> PopResult:
         pop_time = int(time.time() * 1000)
-        self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
-        result = PopResult(pop_time, invisible_time, self._qid, [], [], [], 0)
+        revive_qid = self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
         filt = self._filters.get(expression)
         if filt is None:
             if len(self._filters) >= 256:
                 self._filters.clear()
             filt = self._filters[expression] = MessageFilter(expression)
         broker_name = self.broker.config.broker_name
+        find_queue = self.store.find_consume_queue
+        buffer = self.buffer
+        bodies: list[bytes] = []
+        starts: list[str] = []
+        infos: list[str] = []
+        count = rest = 0
         for t, q, retry in self._queues(group, topic, queue_id):
-            want = max_nums - len(result.buffers)
-            cq = self.store.find_consume_queue(t, q, create=False)
+            cq = find_queue(t, q, create=False)
             if cq is None:
                 continue  # no such queue: nothing to pop, nothing left (the store's answer moves nothing)
+            top = cq.get_max_offset_in_queue()
+            want = max_nums - count
             if want <= 0:
-                top = cq.get_max_offset_in_queue()
                 if top > 0:
-                    result.rest_num += max(top - self._offset(group, t, q), 0)
+                    rest += max(top - max(buffer.pop_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
                 continue
+            if top <= 0:
+                continue  # an empty queue (the store's answer would move nothing)
             with self._lock(group, t, q):
-                offset = self._offset(group, t, q)
-                if offset >= cq.get_max_offset_in_queue():
+                offset = max(buffer.pop_offset(group, t, q), cq.get_min_offset_in_queue(), 0)
+                if offset >= top and offset >= cq.get_max_offset_in_queue():
                     continue  # nothing there (the store's answer would move nothing either)
                 r = self.store.get_message(group, t, q, offset, want, filt)
                 if r is None:
                     continue
-                offsets = r.message_queue_offsets
-                if not offsets:
+                n = r.message_count
+                if not n:
                     if r.status == GetMessageStatus.OFFSET_TOO_SMALL or r.next_begin_offset > offset:
-                        self.buffer.add_offset(group, t, q, r.next_begin_offset)  # skip filtered / removed
+                        buffer.add_offset(group, t, q, r.next_begin_offset)  # skip filtered / removed
                     continue
-                ck = PopCheckPoint(offset, pop_time, invisible_time, len(offsets), q, t, group, broker_name,
-                                   [o - offset for o in offsets])
+                end = r.next_begin_offset
+                # the store hands out each unit from `offset` to `end` at most once, in order: as many
+                # records as units means every offset in between (no per-record list needed)
+                offsets = range(offset, end) if end - offset == n else r.message_queue_offsets
+                ck = PopCheckPoint(offset, pop_time, invisible_time, n, q, t, group, broker_name,
+                                   list(range(n)) if offsets.__class__ is range else [o - offset for o in offsets])
                 # buffered (or written): the consume offset moves past it by the buffer's rule (pop_buffer.py)
-                if not self.buffer.add_ck(ck, result.revive_qid, r.next_begin_offset):
+                if not buffer.add_ck(ck, revive_qid, end):
                     continue  # nothing handed out without its checkpoint
-            result.start_offset_info.append(f"{1 if retry else 0} {q} {offset}")
-            result.msg_offset_info.append(f"{1 if retry else 0} {q} {','.join(map(str, offsets))}")
-            result.buffers += r.message_buffers
-            result.rest_num += max(r.max_offset - r.next_begin_offset, 0)
-        return result
-
-    def _offset(self, group: str, topic: str, queue_id: int) -> int:
-        off = self.buffer.pop_offset(group, topic, queue_id)
-        return max(off, self.store.get_min_offset_in_queue(topic, queue_id), 0)
+            flag = "1" if retry else "0"
+            starts.append(f"{flag} {q} {offset}")
+            infos.append(f"{flag} {q} {offsets_text(offset, end) if offsets.__class__ is range else ','.join(map(str, offsets))}")
+            bodies.append(r.body)
+            count += n
+            rest += max(r.max_offset - end, 0)
+        return PopResult(pop_time, invisible_time, revive_qid, bodies, starts, infos, rest, count)
 
     def _put_revive(self, body: str, tag: str, qid: int) -> bool:
         msg = Message(self.revive_topic, body.encode(), tags=tag, queue_id=qid)
@@ -321,7 +365,8 @@ class PopService:
     # -- ack and change invisible time ------------------------------------------------------------------------
     def ack(self, group: str, topic: str, extra: ExtraInfo, offset: int) -> bool:
         """Settle one popped message (its receipt handle `extra`)."""
-        if self.buffer.ack((group, topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time), [offset]):
+        if self.buffer.ack((group, topic, extra.queue_id, extra.ck_queue_offset, extra.pop_time),
+                           range(offset, offset + 1)):
             return True  # matched in the buffer: nothing to write
         ack = AckMsg(offset, extra.ck_queue_offset, group, topic, extra.queue_id, extra.pop_time,
                      extra.broker_name)
@@ -330,9 +375,14 @@ class PopService:
     def batch_ack(self, ack: BatchAck) -> bool:
         """Settle several messages of one pop: in the buffer, or with one revive record (tag `bAck`, ack
         offset list `aol`)."""
-        offsets = [ack.start_offset + b for b in ack.bits]
-        if self.buffer.ack((ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time), offsets):
+        bits, start = ack.bits, ack.start_offset
+        if bits and bits[-1] - bits[0] == len(bits) - 1 and bits == list(range(bits[0], bits[-1] + 1)):
+            offsets: list[int] | range = range(start + bits[0], start + bits[-1] + 1)  # the usual: no gap
+        else:
+            offsets = [start + b for b in bits]
+        if self.buffer.ack((ack.group, ack.topic, ack.queue_id, start, ack.pop_time), offsets):
             return True
+        offsets = list(offsets)
         body = json.dumps({"aol": offsets, "so": ack.start_offset, "c": ack.group,
                            "t": ack.topic, "q": ack.queue_id, "pt": ack.pop_time,
                            "bn": self.broker.config.broker_name}, separators=(",", ":"))

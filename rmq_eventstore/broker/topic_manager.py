@@ -21,6 +21,7 @@ from .config_cache import ConfigCache
 from .subscription_group_manager import SubscriptionGroupManager
 
 log = logging.getLogger(__name__)
+_ABSENT: TopicConfig = TopicConfig("%ABSENT%")  # cached for a name topics.json does not hold
 
 
 class TopicManager:
@@ -34,14 +35,15 @@ class TopicManager:
         self._cache: ConfigCache[TopicConfig] = ConfigCache(file)
 
     def get(self, topic: str) -> TopicConfig | None:
-        """The topic's config (read-only: do not modify), cached until topics.json's data version moves."""
+        """The topic's config (read-only: do not modify), cached until topics.json's data version moves (a
+        topic that does not exist too: every creation moves the version; a POP asks for its retry topic)."""
         cache = self._cache.entries()
         tc = cache.get(topic)
         if tc is None:
             tc = self.file.get(topic)
-            if tc is not None:
-                ConfigCache.remember(cache, topic, tc)
-        return tc
+            ConfigCache.remember(cache, topic, tc if tc is not None else _ABSENT)
+            return tc
+        return None if tc is _ABSENT else tc
 
     def ensure(self, topic: str, queue_nums: int, perm: int = PermName.PERM_READ | PermName.PERM_WRITE,
                topic_sys_flag: int = 0) -> TopicConfig:

@@ -22,11 +22,13 @@ from ..common.properties import (
     PROPERTY_SEPARATOR,
 )
 from ..common.topic import validate_group, validate_topic
-from ..remoting import RemotingCommand, RequestCode, ResponseCode
+from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from .base import ClientBase, decode_records
 from .remoting_client import MQBrokerError
 
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
+_POP_MESSAGE, _BATCH_ACK_MESSAGE = RequestCode.POP_MESSAGE, RequestCode.BATCH_ACK_MESSAGE
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=...) without a new encoder per call
 
 
 def _parse_starts(info: str) -> dict[tuple[bool, int], int]:
@@ -155,10 +157,17 @@ class PopConsumer:
         comes back after its invisible time."""
         validate_topic(topic)
         addr = self._base.broker_for(topic)
-        cmd = RemotingCommand.request(RequestCode.POP_MESSAGE, {
-            "consumerGroup": self.group, "topic": topic, "queueId": queue_id, "maxMsgNums": max_nums,
-            "invisibleTime": invisible_time, "pollTime": poll_time, "bornTime": 0, "initMode": 1,
-            "expType": "TAG", "exp": tags, "order": False})
+        if (queue_id.__class__ is int and max_nums.__class__ is int and invisible_time.__class__ is int
+                and poll_time.__class__ is int and tags.__class__ is str):  # the extFields as `request` makes them
+            cmd = RemotingCommand(_POP_MESSAGE, {
+                "consumerGroup": self.group, "topic": topic, "queueId": str(queue_id), "maxMsgNums": str(max_nums),
+                "invisibleTime": str(invisible_time), "pollTime": str(poll_time), "bornTime": "0", "initMode": "1",
+                "expType": "TAG", "exp": tags, "order": "false"}, b"", next_opaque())
+        else:
+            cmd = RemotingCommand.request(RequestCode.POP_MESSAGE, {
+                "consumerGroup": self.group, "topic": topic, "queueId": queue_id, "maxMsgNums": max_nums,
+                "invisibleTime": invisible_time, "pollTime": poll_time, "bornTime": 0, "initMode": 1,
+                "expType": "TAG", "exp": tags, "order": False})
         timeout = self._base.timeout + poll_time / 1000.0
         acks = self._ack_requests(ack) if ack else {}
         for other, ack_cmd in acks.items():
@@ -261,8 +270,8 @@ class PopConsumer:
                 entry[1].append(int(last) - entry[0])
             if i < n:  # the messages after it whose entry is known
                 i = _ack_scan(msgs, i, MessageExt, _LEAD, entries)
-        return {addr: RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(
-            {"acks": [a.to_dict() for a in acks]}, separators=(",", ":")).encode()) for addr, acks in by_broker.items()}
+        return {addr: RemotingCommand(_BATCH_ACK_MESSAGE, {}, _dumps({"acks": [a.to_dict() for a in acks]}).encode(),
+                                      next_opaque()) for addr, acks in by_broker.items()}
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:
         """Make a popped message invisible for `invisible_time` ms from now (0: visible again now); the

@@ -8,6 +8,8 @@ import base64
 import json
 from dataclasses import dataclass, field
 
+from .native import native
+
 CK_TAG = "ck"
 ACK_TAG = "ack"
 BATCH_ACK_TAG = "bAck"
@@ -40,9 +42,8 @@ class ExtraInfo:
 
     def build(self) -> str:
         """`ExtraInfoUtil.buildExtraInfo`: space-separated fields, the retry flag as "1" / "0"."""
-        return " ".join(str(x) for x in (self.ck_queue_offset, self.pop_time, self.invisible_time, self.revive_qid,
-                                          "1" if self.retry else "0", self.broker_name, self.queue_id,
-                                          self.queue_offset))
+        return (f"{self.ck_queue_offset!s} {self.pop_time!s} {self.invisible_time!s} {self.revive_qid!s} "
+                f"{'1' if self.retry else '0'} {self.broker_name!s} {self.queue_id!s} {self.queue_offset!s}")
 
     @classmethod
     def split(cls, text: str) -> ExtraInfo:
@@ -121,10 +122,33 @@ class AckMsg:
                    str(d.get("bn", "")))
 
 
+def offsets_text_py(start: int, stop: int) -> str:
+    """`",".join(map(str, range(start, stop)))`: consecutive queue offsets as POP's msgOffsetInfo and the
+    checkpoint buffer's journal write them (the reference of `_native.offsets_text`)."""
+    return ",".join(map(str, range(start, stop)))
+
+
+def int_run_py(value: object) -> bool:
+    """True when `value` is a non-empty list of 64-bit ints (exactly int: no bool, no float), each one more
+    than the one before: then it is its own `sorted(set(map(int, value)))` (the reference of
+    `_native.int_run`)."""
+    if type(value) is not list or not value:
+        return False
+    first = value[0]
+    return (all(type(x) is int for x in value) and -(2**63) <= first and first + len(value) <= 2**63
+            and value == list(range(first, first + len(value))))
+
+
+offsets_text = native.offsets_text if native is not None and hasattr(native, "offsets_text") else offsets_text_py
+int_run = native.int_run if native is not None and hasattr(native, "int_run") else int_run_py
+
+
 def bitset_indexes(value: object) -> list[int]:
     """The set bits of a `BatchAck`'s `b`: a list of indexes (what our client sends) or the base64 of Java's
     `BitSet.toByteArray()` (little-endian bytes)."""
     if isinstance(value, list):
+        if int_run(value):  # consecutive ints already (a whole pop acked): sorted, no duplicates
+            return value[:]
         return sorted(set(map(int, value)))
     if isinstance(value, str):
         raw = base64.b64decode(value)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ...common.topic import RETRY_GROUP_TOPIC_PREFIX
 from ...common.topic_config import PermName
-from ...remoting import RemotingCommand, RequestCode, ResponseCode
+from ...remoting import FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -26,6 +26,23 @@ log = logging.getLogger(__name__)
 
 MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
+_SUCCESS, _NO_MESSAGE, _POLLING_TIMEOUT = (int(c) for c in (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE,
+                                                             ResponseCode.POLLING_TIMEOUT))
+
+
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads ends up in
+
+
+def _loads(text: str) -> Any:
+    """`json.loads(text)` without its Python layers for a document with no whitespace around it (what
+    clients send); anything else, and every error, is left to `json.loads` itself."""
+    try:
+        doc, end = _scan_json(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return doc
 
 
 class PopMessageProcessor:
@@ -40,14 +57,28 @@ class PopMessageProcessor:
         """The POP's response; with `wait` False, None instead of waiting when nothing is there now and the
         request may wait (`pollTime` > 0): the server then serves it again on a worker thread."""
         b = self.broker
-        group = req.get_str("consumerGroup")
-        topic = req.get_str("topic")
-        queue_id = req.get_int("queueId", -1)
-        max_nums = max(1, min(req.get_int("maxMsgNums", 32), MAX_POP_NUMS))
-        invisible = req.get_int("invisibleTime")
-        poll = max(0, min(req.get_int("pollTime", 0), MAX_POLL_TIME_MS))
-        expression = req.get_str("exp", "*") or "*"
-        if (req.get_str("expType", "TAG") or "TAG").upper() != "TAG":
+        x = req.ext_fields
+        group = x.get("consumerGroup")
+        if group is None:
+            group = req.get_str("consumerGroup")
+        topic = x.get("topic")
+        if topic is None:
+            topic = req.get_str("topic")
+        try:  # what `get_int` reads, without a call per field; anything odd goes through it below
+            queue_id = int(x.get("queueId") or -1)
+            max_nums = int(x.get("maxMsgNums") or 32)
+            invisible = int(x["invisibleTime"])
+            poll = int(x.get("pollTime") or 0)
+        except (KeyError, ValueError, TypeError):
+            queue_id = req.get_int("queueId", -1)
+            max_nums = req.get_int("maxMsgNums", 32)
+            invisible = req.get_int("invisibleTime")
+            poll = req.get_int("pollTime", 0)
+        max_nums = max(1, min(max_nums, MAX_POP_NUMS))
+        poll = max(0, min(poll, MAX_POLL_TIME_MS))
+        expression = x.get("exp") or "*"
+        exp_type = x.get("expType")
+        if exp_type and exp_type != "TAG" and exp_type.upper() != "TAG":
             return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "only TAG expressions are served")
         if invisible <= 0:
             return req.response(ResponseCode.SYSTEM_ERROR, f"invisibleTime must be > 0, not {invisible}")
@@ -57,21 +88,29 @@ class PopMessageProcessor:
         tc = b.topic_manager.get(topic)
         if tc is None:
             return req.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-        if not PermName.is_readable(tc.perm):
+        if tc.perm & PermName.PERM_READ != PermName.PERM_READ:
             return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
         if queue_id >= tc.read_queue_nums:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
-        r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll if wait else 0,
-                              alive=lambda: not getattr(channel, "closed", False))
-        if not r.buffers and poll and not wait:
-            return None
-        ext = {"popTime": r.pop_time, "invisibleTime": r.invisible_time, "reviveQid": r.revive_qid,
-               "restNum": r.rest_num, "startOffsetInfo": ";".join(r.start_offset_info),
-               "msgOffsetInfo": ";".join(r.msg_offset_info)}
-        if not r.buffers:
-            return req.response(ResponseCode.POLLING_TIMEOUT if poll else ResponseCode.NO_MESSAGE,
-                                "no new message", ext)
-        return req.response(ResponseCode.SUCCESS, None, ext, b"".join(r.buffers))
+        if wait and poll:
+            r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll,
+                                  alive=lambda: not getattr(channel, "closed", False))
+        else:
+            r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression)
+        if not r.count:
+            if poll and not wait:
+                return None
+            code = _POLLING_TIMEOUT if poll else _NO_MESSAGE
+            remark: str | None = "no new message"
+            body = b""
+        else:
+            code, remark, body = _SUCCESS, None, r.body
+        # the response as `req.response` makes it, its extFields already strings (same bytes on the wire)
+        return RemotingCommand(code, {"popTime": str(r.pop_time), "invisibleTime": str(r.invisible_time),
+                                      "reviveQid": str(r.revive_qid), "restNum": str(r.rest_num),
+                                      "startOffsetInfo": ";".join(r.start_offset_info),
+                                      "msgOffsetInfo": ";".join(r.msg_offset_info)},
+                               body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
 
 
 def give_back_popped(broker: Broker, req: RemotingCommand, resp: RemotingCommand) -> int:
@@ -161,15 +200,16 @@ class AckMessageProcessor:
         queue: one stale or foreign handle does not fail the acks beside it. What is left of an entry is
         settled with one revive record (`PopService.batch_ack`); a record not written is SYSTEM_ERROR."""
         try:
-            doc = json.loads(req.body.decode() if req.body else "{}")  # UTF-8, as RocketMQ's JSON bodies
+            doc = _loads(req.body.decode() if req.body else "{}")  # UTF-8, as RocketMQ's JSON bodies
             acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return req.response(ResponseCode.ILLEGAL_OPERATION, f"bad BATCH_ACK_MESSAGE body: {e}")
         if not acks:
             return req.response(ResponseCode.NO_MESSAGE, "no ack in the request")
+        service = self.broker.pop_service
         for ack in acks:
             entry = self._in_queue(ack)
-            if entry is not None and not self.broker.pop_service.batch_ack(entry):
+            if entry is not None and not service.batch_ack(entry):
                 return req.response(ResponseCode.SYSTEM_ERROR, "ack not written")
         return req.response()
 
@@ -180,11 +220,13 @@ class AckMessageProcessor:
         topic = ack.topic
         if ack.retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             topic = pop_retry_topic(ack.group, topic)
-        store = self.broker.store
-        lo = store.get_min_offset_in_queue(topic, ack.queue_id)
+        cq = self.broker.store.find_consume_queue(topic, ack.queue_id, create=False)
+        if cq is None:  # the store's min offset of a queue it does not have is -1
+            return None
+        lo = cq.get_min_offset_in_queue()
         if lo < 0:
             return None
-        hi = store.get_max_offset_in_queue(topic, ack.queue_id)
+        hi = cq.get_max_offset_in_queue()
         bits = ack.bits
         if not bits:
             return None

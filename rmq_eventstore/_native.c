@@ -3534,6 +3534,90 @@ done:
  * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
  * same reads and writes of `_time`, `_time_used`, `_counter` as the Python method, and the same id text.
  * None, having changed nothing, when the fast path does not apply (create() then claims). */
+/* A threading.Lock taken and released without a method call (issue 16, branch single-put): a single put
+ * takes two uncontended locks (the UniqueIdGenerator's and the put lock) and `lock.acquire()` parses its
+ * arguments each time. CPython 3.11 / 3.12's _thread.lock is {PyObject_HEAD; PyThread_type_lock lock_lock;
+ * PyObject *in_weakreflist; char locked;}: fl_try does what acquire() does first (a non-blocking
+ * PyThread_acquire_lock, then locked = 1), fl_release what release() does. Used only after fl_check proved
+ * that layout on a lock of the running interpreter (its size; acquire() / release() through Python move
+ * `locked` and the PyThread lock as expected); otherwise, and when the lock is busy, the methods are called. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+#include <pythread.h>
+#define FL_LAYOUT 1
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock_lock;
+    PyObject *in_weakreflist;
+    char locked;
+} fl_lockobject;
+#endif
+static PyTypeObject *fl_lock_type = NULL;  /* _thread.lock once its layout checked out */
+static int fl_checked = 0;
+static PyObject *fl_s_acquire, *fl_s_release;
+
+static void fl_check(void) {
+    if (fl_checked) return;
+    fl_checked = 1;
+    fl_s_acquire = PyUnicode_InternFromString("acquire");
+    fl_s_release = PyUnicode_InternFromString("release");
+    if (fl_s_acquire == NULL || fl_s_release == NULL) { PyErr_Clear(); return; }
+#ifdef FL_LAYOUT
+    PyObject *mod = PyImport_ImportModule("_thread");
+    PyObject *lock = mod != NULL ? PyObject_CallMethod(mod, "allocate_lock", NULL) : NULL;
+    Py_XDECREF(mod);
+    if (lock == NULL) { PyErr_Clear(); return; }
+    fl_lockobject *l = (fl_lockobject *)lock;
+    int ok = Py_TYPE(lock)->tp_basicsize == (Py_ssize_t)sizeof(fl_lockobject) && l->lock_lock != NULL && l->locked == 0;
+    PyObject *r = ok ? PyObject_CallMethodNoArgs(lock, fl_s_acquire) : NULL;
+    if (r != NULL) {
+        Py_DECREF(r);
+        ok = l->locked == 1 && PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 0;  /* held: a try fails */
+        r = PyObject_CallMethodNoArgs(lock, fl_s_release);
+        if (r == NULL) ok = 0;
+        Py_XDECREF(r);
+        if (ok && l->locked == 0 && PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 1) {  /* free: a try takes it */
+            PyThread_release_lock(l->lock_lock);
+            fl_lock_type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(lock));
+        }
+    }
+    PyErr_Clear();
+    Py_DECREF(lock);
+#endif
+}
+
+/* take `lock`: 0, or -1 with an error set (acquire() raised) */
+static int fl_acquire(PyObject *lock) {
+#ifdef FL_LAYOUT
+    if (Py_TYPE(lock) == fl_lock_type) {
+        fl_lockobject *l = (fl_lockobject *)lock;
+        if (PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 1) {
+            l->locked = 1;
+            return 0;
+        }
+    }
+#endif
+    PyObject *r = PyObject_CallMethodNoArgs(lock, fl_s_acquire);  /* busy (it waits, the GIL released), or another type */
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* release `lock`, which this thread took with fl_acquire: 0, or -1 with an error set */
+static int fl_release(PyObject *lock) {
+#ifdef FL_LAYOUT
+    if (Py_TYPE(lock) == fl_lock_type) {
+        fl_lockobject *l = (fl_lockobject *)lock;
+        l->locked = 0;
+        PyThread_release_lock(l->lock_lock);
+        return 0;
+    }
+#endif
+    PyObject *r = PyObject_CallMethodNoArgs(lock, fl_s_release);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 static PyObject *u_lock, *u_time, *u_used, *u_head, *u_head_time, *u_counter, *u_acquire, *u_release;
 
 static PyObject *uniq_create(PyObject *self, PyObject *gen) {
@@ -3546,12 +3630,11 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
             *slots[i] = n;
         }
     }
+    fl_check();
     int64_t now = single_now_ms();
     PyObject *lock = PyObject_GetAttr(gen, u_lock);
     if (lock == NULL) return NULL;
-    PyObject *ok = PyObject_CallMethodNoArgs(lock, u_acquire);
-    if (ok == NULL) { Py_DECREF(lock); return NULL; }
-    Py_DECREF(ok);
+    if (fl_acquire(lock) < 0) { Py_DECREF(lock); return NULL; }
     PyObject *result = NULL, *head = NULL;
     int64_t t, used, head_t, counter;
     int got = single_attr_i64(gen, u_time, INT64_MIN, INT64_MAX, &t);
@@ -3584,10 +3667,8 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
         }
     }
     Py_XDECREF(head);
-    PyObject *rel = PyObject_CallMethodNoArgs(lock, u_release);
+    if (fl_release(lock) < 0) got = -1;
     Py_DECREF(lock);
-    if (rel == NULL) got = -1;
-    Py_XDECREF(rel);
     if (got <= 0) {
         Py_XDECREF(result);
         if (got < 0) return NULL;
@@ -4108,6 +4189,135 @@ done:
 }
 /* ============================ end of THE NETWORK SINGLE PUT ==================================== */
 
+/* ---------------------------------------------------------------------------------------------- */
+/* put_one(commit_log, msg, SYNC_FLUSH) (issue 16, branch single-put): CommitLog.put_message's native  */
+/* path in one call, so a single put runs one Python frame (MessageStore.put_message) around it:     */
+/* the UNIQ_KEY (uniq_create, else the generator's create()), the put lock, append_one or            */
+/* append_one_net under it, and the flush wake-up. Returns                                            */
+/*  - None, having done nothing: not a Message, a SYNC_FLUSH store, or a commit log not writeable     */
+/*    (the caller runs CommitLog.put_message's Python path from the start);                           */
+/*  - (uniq,): the locked body declined (a file to roll, a new queue, ...); nothing changed but the   */
+/*    UNIQ_KEY it drew, which the caller's general path (`_put_declined`) then uses, as the reference;  */
+/*  - the PutMessageResult of the record written.                                                     */
+/* The same steps, in the same order, as CommitLog.put_message's native path.                         */
+static PyObject *po_config, *po_flush_type, *po_writeable, *po_read_only, *po_auto_uniq, *po_uniq_ids, *po_create,
+    *po_encoder, *po_plain_ctx, *po_plain_context, *po_net_ctx, *po_network_context, *po_put_lock, *po_acquire,
+    *po_release, *po_file_size, *po_flush_wakeup;
+
+
+static PyObject *po_ctx(PyObject *cl, PyObject *attr, PyObject *builder) {  /* encoder.<attr> or encoder.<builder>() */
+    PyObject *enc = PyObject_GetAttr(cl, po_encoder);
+    if (enc == NULL) return NULL;
+    PyObject *ctx = PyObject_GetAttr(enc, attr);
+    if (ctx != NULL && (ctx == Py_None || (PyTuple_CheckExact(ctx) && PyTuple_GET_SIZE(ctx) == 0))) {
+        Py_DECREF(ctx);
+        ctx = PyObject_CallMethodNoArgs(enc, builder);
+    }
+    Py_DECREF(enc);
+    return ctx;
+}
+
+static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "put_one(commit_log, msg, SYNC_FLUSH)"); return NULL; }
+    if (po_flush_wakeup == NULL) {
+        const char *names[] = {"config", "flush_disk_type", "writeable", "read_only", "auto_create_uniq_key",
+                               "uniq_ids", "create", "encoder", "_plain_ctx", "plain_context", "_net_ctx",
+                               "network_context", "put_lock", "acquire", "release", "file_size", "flush_wakeup"};
+        PyObject **slots[] = {&po_config, &po_flush_type, &po_writeable, &po_read_only, &po_auto_uniq, &po_uniq_ids,
+                              &po_create, &po_encoder, &po_plain_ctx, &po_plain_context, &po_net_ctx,
+                              &po_network_context, &po_put_lock, &po_acquire, &po_release, &po_file_size,
+                              &po_flush_wakeup};
+        for (int i = 0; i < 17; i++) {
+            PyObject *n = PyUnicode_InternFromString(names[i]);
+            if (n == NULL) return NULL;
+            *slots[i] = n;
+        }
+    }
+    PyObject *cl = args[0], *msg = args[1];
+    if (message_type == NULL || amr_type == NULL || Py_TYPE(msg) != message_type) Py_RETURN_NONE;
+    PyObject *cfg = PyObject_GetAttr(cl, po_config);
+    if (cfg == NULL) return NULL;
+    PyObject *fdt = PyObject_GetAttr(cfg, po_flush_type);
+    if (fdt == NULL) { Py_DECREF(cfg); return NULL; }
+    Py_DECREF(fdt);  /* compared by identity only */
+    if (fdt == args[2]) { Py_DECREF(cfg); Py_RETURN_NONE; }  /* SYNC_FLUSH: the Python path waits for the flush */
+    PyObject *w = PyObject_GetAttr(cl, po_writeable);
+    if (w == NULL) { Py_DECREF(cfg); return NULL; }
+    int ok = PyObject_IsTrue(w);
+    Py_DECREF(w);
+    if (ok > 0) {
+        PyObject *ro = PyObject_GetAttr(cl, po_read_only);
+        if (ro == NULL) { Py_DECREF(cfg); return NULL; }
+        int r = PyObject_IsTrue(ro);
+        Py_DECREF(ro);
+        ok = r < 0 ? -1 : !r;
+    }
+    if (ok <= 0) { Py_DECREF(cfg); if (ok < 0) return NULL; Py_RETURN_NONE; }  /* the Python path explains it */
+    PyObject *props = field(msg, F_PROPERTIES_STRING), *uk = field(msg, F_UNIQ_KEY);
+    int plain = props == NULL || props == Py_None;
+    PyObject *uniq = Py_NewRef(Py_None);
+    if (plain && (uk == NULL || uk == Py_None)) {
+        PyObject *auto_uniq = PyObject_GetAttr(cfg, po_auto_uniq);
+        if (auto_uniq == NULL) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
+        int want = PyObject_IsTrue(auto_uniq);
+        Py_DECREF(auto_uniq);
+        if (want < 0) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
+        if (want) {
+            PyObject *gen = PyObject_GetAttr(cl, po_uniq_ids);
+            if (gen == NULL) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
+            PyObject *u = uniq_create(NULL, gen);
+            if (u == Py_None) { Py_DECREF(u); u = PyObject_CallMethodNoArgs(gen, po_create); }
+            Py_DECREF(gen);
+            if (u == NULL) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
+            Py_SETREF(uniq, u);
+        }
+    }
+    Py_DECREF(cfg);
+    PyObject *ctx = plain ? po_ctx(cl, po_plain_ctx, po_plain_context) : po_ctx(cl, po_net_ctx, po_network_context);
+    if (ctx == NULL) { Py_DECREF(uniq); return NULL; }
+    PyObject *fsize = PyObject_GetAttr(cl, po_file_size), *lock = NULL, *res = NULL;
+    if (fsize != NULL) lock = PyObject_GetAttr(cl, po_put_lock);
+    if (lock != NULL) {
+        fl_check();
+        if (fl_acquire(lock) == 0) {
+            if (plain) {
+                PyObject *a[5] = {cl, msg, uniq, ctx, fsize};
+                res = append_one(NULL, a, 5);
+            } else {
+                PyObject *a[4] = {cl, msg, ctx, fsize};
+                res = append_one_net(NULL, a, 4);
+            }
+            /* release the lock whatever happened, keeping an error the body raised */
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            if (fl_release(lock) < 0) {
+                Py_CLEAR(res);
+                if (et != NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb); }
+            } else {
+                PyErr_Restore(et, ev, tb);
+            }
+        }
+    }
+    Py_XDECREF(lock); Py_XDECREF(fsize); Py_DECREF(ctx);
+    if (res == NULL) { Py_DECREF(uniq); return NULL; }
+    if (res == Py_None) {  /* declined: the caller's general path, with the UNIQ_KEY drawn */
+        Py_DECREF(res);
+        PyObject *t = PyTuple_Pack(1, uniq);
+        Py_DECREF(uniq);
+        return t;
+    }
+    Py_DECREF(uniq);
+    PyObject *wake = PyObject_GetAttr(cl, po_flush_wakeup);
+    if (wake == NULL) { Py_DECREF(res); return NULL; }
+    if (wake != Py_None) {
+        PyObject *r = PyObject_CallNoArgs(wake);
+        if (r == NULL) { Py_DECREF(wake); Py_DECREF(res); return NULL; }
+        Py_DECREF(r);
+    }
+    Py_DECREF(wake);
+    return res;
+}
+
 /* POP receipt handles (client/pop_consumer.py): the per-message loops of PopConsumer.pop (append    */
 /* each message's POP_CK handle to its unparsed properties string) and of _ack_requests (read the    */
 /* handle back and add the message's bit to its BatchAck). Each stops at the first message it does  */
@@ -4369,6 +4579,8 @@ static PyMethodDef methods[] = {
      "SendMessageProcessor._store's loop for a plain batch: True when done, False when the loop must decide."},
     /* end of THE BATCH SEND */
     /* THE NETWORK SINGLE PUT (branch send-single) */
+    {"put_one", (PyCFunction)(void (*)(void))put_one, METH_FASTCALL,
+     "CommitLog.put_message's native path: None (not taken), (uniq,) (declined) or the PutMessageResult."},
     {"append_one_net", (PyCFunction)(void (*)(void))append_one_net, METH_FASTCALL,
      "CommitLog._append_one_net's locked body (a message with a properties string): PutMessageResult or None."},
     /* end of THE NETWORK SINGLE PUT */

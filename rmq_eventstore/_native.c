@@ -4190,115 +4190,79 @@ done:
 /* ============================ end of THE NETWORK SINGLE PUT ==================================== */
 
 /* ---------------------------------------------------------------------------------------------- */
-/* put_one(commit_log, msg, SYNC_FLUSH) (issue 16, branch single-put): CommitLog.put_message's native  */
-/* path in one call, so a single put runs one Python frame (MessageStore.put_message) around it:     */
-/* the UNIQ_KEY (uniq_create, else the generator's create()), the put lock, append_one or            */
-/* append_one_net under it, and the flush wake-up. Returns                                            */
-/*  - None, having done nothing: not a Message, a SYNC_FLUSH store, or a commit log not writeable     */
-/*    (the caller runs CommitLog.put_message's Python path from the start);                           */
-/*  - (uniq,): the locked body declined (a file to roll, a new queue, ...); nothing changed but the   */
-/*    UNIQ_KEY it drew, which the caller's general path (`_put_declined`) then uses, as the reference;  */
-/*  - the PutMessageResult of the record written.                                                     */
-/* The same steps, in the same order, as CommitLog.put_message's native path.                         */
-static PyObject *po_config, *po_flush_type, *po_writeable, *po_read_only, *po_auto_uniq, *po_uniq_ids, *po_create,
-    *po_encoder, *po_plain_ctx, *po_plain_context, *po_net_ctx, *po_network_context, *po_put_lock, *po_acquire,
-    *po_release, *po_file_size, *po_flush_wakeup;
+/* put_one(commit_log, msg, uniq_ids, encoder, put_lock, file_size, flush_wakeup) (issue 16, branch     */
+/* single-put): CommitLog.put_message's native path in one call, for a store the caller found          */
+/* writeable and not SYNC_FLUSH, so a single put runs one Python frame (MessageStore.put_message)       */
+/* around it: the UNIQ_KEY (uniq_create, else uniq_ids.create(); none when uniq_ids is None: the store */
+/* does not add them), the put lock, append_one or append_one_net under it (the encoder's plain or      */
+/* network context), then flush_wakeup() unless it is None. The caller passes the commit log's own      */
+/* attributes (read in Python: cheaper than from C). Returns                                           */
+/*  - None, having done nothing: not a Message (the caller runs CommitLog.put_message's Python path);   */
+/*  - (uniq,): the locked body declined (a file to roll, a new queue, ...); nothing changed but the     */
+/*    UNIQ_KEY it drew, which the caller's general path (CommitLog.put_declined) then uses;              */
+/*  - the PutMessageResult of the record written.                                                       */
+/* The same steps, in the same order, as CommitLog.put_message's native path.                           */
+static PyObject *po_create, *po_plain_ctx, *po_plain_context, *po_net_ctx, *po_network_context;
 
-
-static PyObject *po_ctx(PyObject *cl, PyObject *attr, PyObject *builder) {  /* encoder.<attr> or encoder.<builder>() */
-    PyObject *enc = PyObject_GetAttr(cl, po_encoder);
-    if (enc == NULL) return NULL;
+static PyObject *po_ctx(PyObject *enc, PyObject *attr, PyObject *builder) {  /* encoder.<attr> or encoder.<builder>() */
     PyObject *ctx = PyObject_GetAttr(enc, attr);
     if (ctx != NULL && (ctx == Py_None || (PyTuple_CheckExact(ctx) && PyTuple_GET_SIZE(ctx) == 0))) {
         Py_DECREF(ctx);
         ctx = PyObject_CallMethodNoArgs(enc, builder);
     }
-    Py_DECREF(enc);
     return ctx;
 }
 
 static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "put_one(commit_log, msg, SYNC_FLUSH)"); return NULL; }
-    if (po_flush_wakeup == NULL) {
-        const char *names[] = {"config", "flush_disk_type", "writeable", "read_only", "auto_create_uniq_key",
-                               "uniq_ids", "create", "encoder", "_plain_ctx", "plain_context", "_net_ctx",
-                               "network_context", "put_lock", "acquire", "release", "file_size", "flush_wakeup"};
-        PyObject **slots[] = {&po_config, &po_flush_type, &po_writeable, &po_read_only, &po_auto_uniq, &po_uniq_ids,
-                              &po_create, &po_encoder, &po_plain_ctx, &po_plain_context, &po_net_ctx,
-                              &po_network_context, &po_put_lock, &po_acquire, &po_release, &po_file_size,
-                              &po_flush_wakeup};
-        for (int i = 0; i < 17; i++) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put_one(commit_log, msg, uniq_ids, encoder, put_lock, file_size, flush_wakeup)");
+        return NULL;
+    }
+    if (po_network_context == NULL) {
+        const char *names[] = {"create", "_plain_ctx", "plain_context", "_net_ctx", "network_context"};
+        PyObject **slots[] = {&po_create, &po_plain_ctx, &po_plain_context, &po_net_ctx, &po_network_context};
+        for (int i = 0; i < 5; i++) {
             PyObject *n = PyUnicode_InternFromString(names[i]);
             if (n == NULL) return NULL;
             *slots[i] = n;
         }
     }
-    PyObject *cl = args[0], *msg = args[1];
+    PyObject *cl = args[0], *msg = args[1], *gen = args[2], *enc = args[3], *lock = args[4], *fsize = args[5];
+    PyObject *wake = args[6];
     if (message_type == NULL || amr_type == NULL || Py_TYPE(msg) != message_type) Py_RETURN_NONE;
-    PyObject *cfg = PyObject_GetAttr(cl, po_config);
-    if (cfg == NULL) return NULL;
-    PyObject *fdt = PyObject_GetAttr(cfg, po_flush_type);
-    if (fdt == NULL) { Py_DECREF(cfg); return NULL; }
-    Py_DECREF(fdt);  /* compared by identity only */
-    if (fdt == args[2]) { Py_DECREF(cfg); Py_RETURN_NONE; }  /* SYNC_FLUSH: the Python path waits for the flush */
-    PyObject *w = PyObject_GetAttr(cl, po_writeable);
-    if (w == NULL) { Py_DECREF(cfg); return NULL; }
-    int ok = PyObject_IsTrue(w);
-    Py_DECREF(w);
-    if (ok > 0) {
-        PyObject *ro = PyObject_GetAttr(cl, po_read_only);
-        if (ro == NULL) { Py_DECREF(cfg); return NULL; }
-        int r = PyObject_IsTrue(ro);
-        Py_DECREF(ro);
-        ok = r < 0 ? -1 : !r;
-    }
-    if (ok <= 0) { Py_DECREF(cfg); if (ok < 0) return NULL; Py_RETURN_NONE; }  /* the Python path explains it */
     PyObject *props = field(msg, F_PROPERTIES_STRING), *uk = field(msg, F_UNIQ_KEY);
     int plain = props == NULL || props == Py_None;
-    PyObject *uniq = Py_NewRef(Py_None);
-    if (plain && (uk == NULL || uk == Py_None)) {
-        PyObject *auto_uniq = PyObject_GetAttr(cfg, po_auto_uniq);
-        if (auto_uniq == NULL) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
-        int want = PyObject_IsTrue(auto_uniq);
-        Py_DECREF(auto_uniq);
-        if (want < 0) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
-        if (want) {
-            PyObject *gen = PyObject_GetAttr(cl, po_uniq_ids);
-            if (gen == NULL) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
-            PyObject *u = uniq_create(NULL, gen);
-            if (u == Py_None) { Py_DECREF(u); u = PyObject_CallMethodNoArgs(gen, po_create); }
-            Py_DECREF(gen);
-            if (u == NULL) { Py_DECREF(cfg); Py_DECREF(uniq); return NULL; }
-            Py_SETREF(uniq, u);
-        }
+    PyObject *uniq;
+    if (plain && (uk == NULL || uk == Py_None) && gen != Py_None) {
+        uniq = uniq_create(NULL, gen);
+        if (uniq == Py_None) { Py_DECREF(uniq); uniq = PyObject_CallMethodNoArgs(gen, po_create); }
+        if (uniq == NULL) return NULL;
+    } else {
+        uniq = Py_NewRef(Py_None);
     }
-    Py_DECREF(cfg);
-    PyObject *ctx = plain ? po_ctx(cl, po_plain_ctx, po_plain_context) : po_ctx(cl, po_net_ctx, po_network_context);
+    PyObject *ctx = plain ? po_ctx(enc, po_plain_ctx, po_plain_context) : po_ctx(enc, po_net_ctx, po_network_context);
     if (ctx == NULL) { Py_DECREF(uniq); return NULL; }
-    PyObject *fsize = PyObject_GetAttr(cl, po_file_size), *lock = NULL, *res = NULL;
-    if (fsize != NULL) lock = PyObject_GetAttr(cl, po_put_lock);
-    if (lock != NULL) {
-        fl_check();
-        if (fl_acquire(lock) == 0) {
-            if (plain) {
-                PyObject *a[5] = {cl, msg, uniq, ctx, fsize};
-                res = append_one(NULL, a, 5);
-            } else {
-                PyObject *a[4] = {cl, msg, ctx, fsize};
-                res = append_one_net(NULL, a, 4);
-            }
-            /* release the lock whatever happened, keeping an error the body raised */
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            if (fl_release(lock) < 0) {
-                Py_CLEAR(res);
-                if (et != NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb); }
-            } else {
-                PyErr_Restore(et, ev, tb);
-            }
+    PyObject *res = NULL;
+    fl_check();
+    if (fl_acquire(lock) == 0) {
+        if (plain) {
+            PyObject *a[5] = {cl, msg, uniq, ctx, fsize};
+            res = append_one(NULL, a, 5);
+        } else {
+            PyObject *a[4] = {cl, msg, ctx, fsize};
+            res = append_one_net(NULL, a, 4);
+        }
+        /* release the lock whatever happened, keeping an error the body raised */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (fl_release(lock) < 0) {
+            Py_CLEAR(res);
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(et, ev, tb);
         }
     }
-    Py_XDECREF(lock); Py_XDECREF(fsize); Py_DECREF(ctx);
+    Py_DECREF(ctx);
     if (res == NULL) { Py_DECREF(uniq); return NULL; }
     if (res == Py_None) {  /* declined: the caller's general path, with the UNIQ_KEY drawn */
         Py_DECREF(res);
@@ -4307,14 +4271,11 @@ static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return t;
     }
     Py_DECREF(uniq);
-    PyObject *wake = PyObject_GetAttr(cl, po_flush_wakeup);
-    if (wake == NULL) { Py_DECREF(res); return NULL; }
     if (wake != Py_None) {
         PyObject *r = PyObject_CallNoArgs(wake);
-        if (r == NULL) { Py_DECREF(wake); Py_DECREF(res); return NULL; }
+        if (r == NULL) { Py_DECREF(res); return NULL; }
         Py_DECREF(r);
     }
-    Py_DECREF(wake);
     return res;
 }
 
@@ -4580,7 +4541,8 @@ static PyMethodDef methods[] = {
     /* end of THE BATCH SEND */
     /* THE NETWORK SINGLE PUT (branch send-single) */
     {"put_one", (PyCFunction)(void (*)(void))put_one, METH_FASTCALL,
-     "CommitLog.put_message's native path: None (not taken), (uniq,) (declined) or the PutMessageResult."},
+     "put_one(commit_log, msg, uniq_ids, encoder, put_lock, file_size, flush_wakeup): CommitLog.put_message's "
+     "native path: None (not taken), (uniq,) (declined) or the PutMessageResult."},
     {"append_one_net", (PyCFunction)(void (*)(void))append_one_net, METH_FASTCALL,
      "CommitLog._append_one_net's locked body (a message with a properties string): PutMessageResult or None."},
     /* end of THE NETWORK SINGLE PUT */

@@ -300,8 +300,11 @@ class CommitLog:
 
     def put_message(self, msg: Message) -> PutMessageResult:
         put_one = native_put_one
-        if put_one is not None and now_ms is _now_ms:  # the native path below in one call (_native.put_one)
-            fast = put_one(self, msg, _SYNC_FLUSH)
+        cfg = self.config
+        if (put_one is not None and self.writeable and not self.read_only and cfg.flush_disk_type is not _SYNC_FLUSH
+                and now_ms is _now_ms):  # the native path below in one call (_native.put_one)
+            fast = put_one(self, msg, self.uniq_ids if cfg.auto_create_uniq_key else None, self.encoder,
+                           self.put_lock, self.file_size, self.flush_wakeup)
             if fast is not None:
                 return fast if fast.__class__ is not tuple else self.put_declined(msg, fast[0])
         uniq = None

@@ -776,8 +776,11 @@ class MessageStore:
         if (self._started and not self._shutdown and not self.running_flags.flag_bits & _NOT_WRITEABLE
                 and not cl.begin_time_in_lock):  # `_check_running` passes: nothing to check further
             put_one = _cl.native_put_one
-            if put_one is not None and _cl.now_ms is _real_now_ms:  # CommitLog.put_message's native path, inline
-                fast = put_one(cl, msg, _SYNC_FLUSH)
+            cfg = cl.config
+            if (put_one is not None and cl.writeable and not cl.read_only and cfg.flush_disk_type is not _SYNC_FLUSH
+                    and _cl.now_ms is _real_now_ms):  # CommitLog.put_message's native path, inline
+                fast = put_one(cl, msg, cl.uniq_ids if cfg.auto_create_uniq_key else None, cl.encoder, cl.put_lock,
+                               cl.file_size, cl.flush_wakeup)
                 if fast is not None:
                     return fast if fast.__class__ is not tuple else cl.put_declined(msg, fast[0])
             return cl.put_message(msg)

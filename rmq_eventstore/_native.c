@@ -3355,6 +3355,7 @@ static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, P
  * releases the references. */
 typedef struct {
     PyObject *cl, *mf, *table, *key, *base_obj, *now_obj;
+    PyObject *cb;  /* on_appended, once single_quiet read it */
     int64_t file_size, pos, from, q, base, now;
     int stamped;  /* begin_time_in_lock is set */
 } single_put;
@@ -3403,14 +3404,27 @@ static int single_locate(single_put *sp, PyObject *msg) {
     return 1;
 }
 
-/* the store timestamp: begin_time_in_lock = now (cleared again by single_end if the put then declines) */
-static int single_stamp(single_put *sp) {
+/* 1 when the hand-off of this put runs no Python code (on_appended is notify_appended, which
+ * single_handoff does itself): with the record's encoding running none either, the put holds the GIL from
+ * its store timestamp to its end, so no other thread can look at begin_time_in_lock meanwhile and
+ * single_stamp need not set it. 0 otherwise, -1 on error. Keeps on_appended for single_publish. */
+static int single_quiet(single_put *sp) {
+    sp->cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    if (sp->cb == NULL) return -1;
+    return notify_fn != NULL && PyMethod_Check(sp->cb) && PyMethod_GET_FUNCTION(sp->cb) == notify_fn;
+}
+
+/* the store timestamp; begin_time_in_lock = now (cleared again by single_end if the put then declines)
+ * unless `quiet` (see single_quiet) */
+static int single_stamp(single_put *sp, int quiet) {
     sp->now = single_now_ms();
     sp->base_obj = PyLong_FromLongLong(sp->base);
     sp->now_obj = PyLong_FromLongLong(sp->now);
-    if (sp->base_obj == NULL || sp->now_obj == NULL || PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0)
-        return -1;
-    sp->stamped = 1;
+    if (sp->base_obj == NULL || sp->now_obj == NULL) return -1;
+    if (!quiet) {
+        if (PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0) return -1;
+        sp->stamped = 1;
+    }
     return 1;
 }
 
@@ -3435,7 +3449,7 @@ static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, Py
         return NULL;
     }
     Py_DECREF(nq);
-    PyObject *cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : PyObject_GetAttr(sp->cl, s_on_appended);
     if (cb == NULL) return NULL;
     if (cb != Py_None) {
         /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
@@ -3456,8 +3470,10 @@ static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, Py
         Py_DECREF(cres);
     }
     Py_DECREF(cb);
-    sp->stamped = 0;
-    if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) return NULL;
+    if (sp->stamped) {
+        sp->stamped = 0;
+        if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) return NULL;
+    }
     /* the request's total (3) and queue offset (6) are the result's; its uniq key (8) too */
     return single_result(sp->base_obj, PyTuple_GET_ITEM(req, 3), sp->now_obj, PyTuple_GET_ITEM(req, 6),
                          single_now_ms() - sp->now, host, port, PyTuple_GET_ITEM(req, 8));
@@ -3469,7 +3485,7 @@ static PyObject *single_end(single_put *sp, int got, PyObject *result) {
         if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) got = -1;
     }
     Py_XDECREF(sp->key); Py_XDECREF(sp->table); Py_XDECREF(sp->base_obj); Py_XDECREF(sp->now_obj);
-    Py_XDECREF(sp->mf);
+    Py_XDECREF(sp->mf); Py_XDECREF(sp->cb);
     if (got < 0) { Py_XDECREF(result); return NULL; }
     if (got == 0) { Py_XDECREF(result); Py_RETURN_NONE; }
     return result;
@@ -3508,7 +3524,9 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (got <= 0) goto done;
     if (r.total > sp.file_size - sp.pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
     r.q = sp.q;
-    got = single_stamp(&sp);
+    got = single_quiet(&sp);
+    if (got < 0) goto done;
+    got = single_stamp(&sp, got && (r.tags == NULL || r.tags == Py_None));  /* no tags: no tags_fn call */
     if (got < 0) goto done;
     Py_buffer dst;
     got = single_view(&sp, r.total, &dst);
@@ -4151,7 +4169,7 @@ static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *result = NULL, *enc = NULL;
     got = single_locate(&sp, msg);
     if (got <= 0) goto done;
-    got = single_stamp(&sp);
+    got = single_stamp(&sp, 0);  /* encode_network_batch may call Python (tags, born host) */
     if (got < 0) goto done;
     /* encode_network_batch((msg,), table, base, now, *netctx) */
     PyObject *eargs = PyTuple_New(15);

@@ -3659,8 +3659,9 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
     if (got > 0) got = single_attr_i64(gen, u_used, 0, INT64_MAX - 1, &used);
     if (got > 0) got = single_attr_i64(gen, u_head_time, INT64_MIN, INT64_MAX, &head_t);
     if (got > 0) got = single_attr_i64(gen, u_counter, 0, 0xFFFF, &counter);
+    int new_ms = 0;
     if (got > 0) {
-        if (now > t) { t = now; used = 0; }
+        if (now > t) { t = now; used = 0; new_ms = 1; }
         if (t != head_t || used >= 0x10000) got = 0;
     }
     if (got > 0) {
@@ -3678,8 +3679,8 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
             memcpy(d, PyUnicode_1BYTE_DATA(head), hl);
             unsigned c = (unsigned)counter;
             d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
-            /* commit: the same state the Python fast path leaves */
-            if (single_set_i64(gen, u_time, t) < 0 || single_set_i64(gen, u_used, used + 1) < 0 ||
+            /* commit: the same state the Python fast path leaves (which writes _time only when it moves) */
+            if ((new_ms && single_set_i64(gen, u_time, t) < 0) || single_set_i64(gen, u_used, used + 1) < 0 ||
                 single_set_i64(gen, u_counter, (counter + 1) & 0xFFFF) < 0)
                 got = -1;
         }

@@ -3297,14 +3297,16 @@ static PyObject *single_queue_key(PyObject *topic, PyObject *qid) {
     return key;
 }
 
-/* `on_appended(base, end, reqs)` when it is ReputMessageService.notify_appended of some service: what that
- * method does, without its frame: under MAX_PENDING pending requests the chunk goes to `_pending` and
- * `_pending_count` grows; the first hand-off since the loop last woke (`_signalled` false) sets `_wakeup`.
- * 1: done; 0: `cb` is something else (the caller calls it); -1: error. The chunk is untracked (ints and
- * an untracked tuple). */
+/* `on_appended(base, end, (req,))` when it is ReputMessageService.notify_appended of some service: what
+ * that method does, without its frame: under MAX_PENDING pending requests the record's chunk goes to
+ * `_pending` and `_pending_count` grows; the first hand-off since the loop last woke (`_signalled` false)
+ * sets `_wakeup`. The chunk of one request is the request itself (notify_appended's too): no chunk tuple
+ * and no 1-tuple are made, so a single put leaves one object, untracked, waiting for the reput thread (the
+ * collector's allocation count grows by one per put, not three). 1: done; 0: `cb` is something else (the
+ * caller calls it); -1: error. */
 static PyObject *h_pending, *h_count, *h_signalled, *h_wakeup, *h_append, *h_set;
 
-static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, PyObject *reqs) {
+static int single_handoff(PyObject *cb, PyObject *req) {
     if (notify_fn == NULL || !PyMethod_Check(cb) || PyMethod_GET_FUNCTION(cb) != notify_fn) return 0;
     if (h_set == NULL) {
         const char *names[] = {"_pending", "_pending_count", "_signalled", "_wakeup", "append", "set"};
@@ -3322,14 +3324,11 @@ static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, P
     if (count < notify_max_pending) {
         PyObject *pend = PyObject_GetAttr(svc, h_pending);
         if (pend == NULL) return -1;
-        PyObject *chunk = PyTuple_Pack(3, base_obj, end_obj, reqs);
-        if (chunk == NULL) { Py_DECREF(pend); return -1; }
-        PyObject_GC_UnTrack(chunk);
-        PyObject *r = PyObject_CallMethodOneArg(pend, h_append, chunk);
-        Py_DECREF(chunk); Py_DECREF(pend);
+        PyObject *r = PyObject_CallMethodOneArg(pend, h_append, req);
+        Py_DECREF(pend);
         if (r == NULL) return -1;
         Py_DECREF(r);
-        if (single_set_i64(svc, h_count, count + PyTuple_GET_SIZE(reqs)) < 0) return -1;
+        if (single_set_i64(svc, h_count, count + 1) < 0) return -1;
     }
     PyObject *sig = PyObject_GetAttr(svc, h_signalled);
     if (sig == NULL) return -1;
@@ -3452,22 +3451,21 @@ static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, Py
     PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : PyObject_GetAttr(sp->cl, s_on_appended);
     if (cb == NULL) return NULL;
     if (cb != Py_None) {
-        /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
-           for the reput thread, and a burst of single puts does not age into the old generations) */
-        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
-        PyObject *e_obj = PyLong_FromLongLong(sp->base + total);
-        if (reqs != NULL && e_obj != NULL) {
-            PyObject_GC_UnTrack(reqs);
-            int h = single_handoff(cb, sp->base_obj, e_obj, reqs);
-            if (h > 0) cres = Py_NewRef(Py_None);
-            else if (h == 0) {
+        int h = single_handoff(cb, req);  /* the request is untracked (plain_request): never walked while it waits */
+        if (h < 0) { Py_DECREF(cb); return NULL; }
+        if (h == 0) {
+            /* (request,): a tuple of an untracked tuple, so untracked too */
+            PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
+            PyObject *e_obj = PyLong_FromLongLong(sp->base + total);
+            if (reqs != NULL && e_obj != NULL) {
+                PyObject_GC_UnTrack(reqs);
                 PyObject *cargs[3] = {sp->base_obj, e_obj, reqs};
                 cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
             }
+            Py_XDECREF(reqs); Py_XDECREF(e_obj);
+            if (cres == NULL) { Py_DECREF(cb); return NULL; }
+            Py_DECREF(cres);
         }
-        Py_XDECREF(reqs); Py_XDECREF(e_obj);
-        if (cres == NULL) { Py_DECREF(cb); return NULL; }
-        Py_DECREF(cres);
     }
     Py_DECREF(cb);
     if (sp->stamped) {
@@ -3697,10 +3695,11 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
 }
 
 /* take_requests(pending, popleft, offset, limit, room, out) -> (offset, taken): ReputMessageService.
- * _take_pending's walk over a run of request chunks (single puts hand over one (start, end, (request,)) each):
- * while the first chunk starts at `offset`, ends by `limit` and holds requests (a non-empty list or tuple),
- * and fewer than `room` were taken: its requests go to `out`, it is popped, `offset` moves to its end.
- * Anything else (a BLANK, columns, a gap) stops the walk; the Python loop decides what it is. */
+ * _take_pending's walk over a run of request chunks: (start, end, requests) tuples, or a single put's request
+ * alone (a tuple subclass, the DispatchRequest: from its commit_log_offset to that plus its msg_size): while
+ * the first chunk starts at `offset`, ends by `limit` and holds requests (a non-empty list or tuple), and
+ * fewer than `room` were taken: its requests go to `out`, it is popped, `offset` moves to its end. Anything
+ * else (a BLANK, columns, a gap) stops the walk; the Python loop decides what it is. */
 static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyList_CheckExact(args[5])) {
         PyErr_SetString(PyExc_TypeError, "take_requests(pending, popleft, offset, limit, room, out)");
@@ -3720,8 +3719,23 @@ static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t
         if (n == 0) break;
         PyObject *chunk = PySequence_GetItem(pend, 0);
         if (chunk == NULL) { return NULL; }
-        int64_t start, end;
+        int64_t start, end, size;
         PyObject *reqs;
+        if (PyTuple_Check(chunk) && !PyTuple_CheckExact(chunk)) {  /* a request alone */
+            if (PyTuple_GET_SIZE(chunk) < 4 || !as_i64(PyTuple_GET_ITEM(chunk, 2), 0, INT64_MAX / 2, &start) ||
+                !as_i64(PyTuple_GET_ITEM(chunk, 3), 1, INT32_MAX, &size) || start != offset || start + size > limit) {
+                Py_DECREF(chunk);
+                break;
+            }
+            if (PyList_Append(out, chunk) < 0) { Py_DECREF(chunk); return NULL; }
+            Py_DECREF(chunk);
+            PyObject *popped = PyObject_CallNoArgs(popleft);
+            if (popped == NULL) { return NULL; }
+            Py_DECREF(popped);
+            offset = start + size;
+            taken += 1;
+            continue;
+        }
         if (!PyTuple_CheckExact(chunk) || PyTuple_GET_SIZE(chunk) != 3 ||
             !as_i64(PyTuple_GET_ITEM(chunk, 0), INT64_MIN, INT64_MAX, &start) ||
             !as_i64(PyTuple_GET_ITEM(chunk, 1), INT64_MIN, INT64_MAX, &end) || start != offset || end > limit ||

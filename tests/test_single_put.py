@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rmq_eventstore.common import codec
+from rmq_eventstore.common.codec import DispatchRequest
 from rmq_eventstore.common.message import Message
 from rmq_eventstore.common.message_id import UniqueIdGenerator
 from rmq_eventstore.store import MessageStore
@@ -131,8 +132,9 @@ class _Cols(codec.DispatchColumns):
 
 def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
     """`_take_pending` with `_native.take_requests` takes the same chunks, requests and offsets as its Python
-    loop: runs of single-put chunks (tuples) and batch chunks (lists), stopping at a gap, a chunk past the
-    limit, a BLANK (no requests), columns, and the batch limit."""
+    loop: runs of single-put chunks (tuples, or a DispatchRequest alone as notify_appended keeps them) and
+    batch chunks (lists), stopping at a gap, a chunk past the limit, a BLANK (no requests), columns, and the
+    batch limit."""
     from rmq_eventstore.store.reput import ReputMessageService
 
     def chunks() -> list:
@@ -145,6 +147,10 @@ def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
             if i == 20:
                 off += 3  # a gap: parsed back from the commitlog, not taken
             n = 1 if i % 4 else 3
+            if n == 1 and i % 3 == 0:  # a request alone: it starts at its commit_log_offset, msg_size long
+                out.append(tuple.__new__(DispatchRequest, ("t", 0, off, 10, 0, 0, i, None, None, 0, 0, "")))
+                off += 10
+                continue
             reqs = tuple(("r", off + j) for j in range(n)) if n == 1 else [("r", off + j) for j in range(n)]
             out.append((off, off + 10 * n, reqs))
             off += 10 * n
@@ -155,14 +161,14 @@ def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
         monkeypatch.setattr(reput_module, "MAX_BATCH", batch)
         svc = ReputMessageService.__new__(ReputMessageService)
         svc._pending = collections.deque(chunks())
-        svc._pending_count = sum(len(c[2]) for c in svc._pending)
+        svc._pending_count = sum(len(c[2]) if c.__class__ is tuple else 1 for c in svc._pending)
         svc.reput_from_offset = 100
         steps = []
         for _ in range(12):
             got = svc._take_pending(limit)
             steps.append((list(got), svc.reput_from_offset, svc._pending_count, len(svc._pending)))
-            if svc._pending and svc._pending[0][0] != svc.reput_from_offset:
-                svc.reput_from_offset = svc._pending[0][0]  # what a parse of the gap would do
+            if svc._pending and reput_module._chunk_start(svc._pending[0]) != svc.reput_from_offset:
+                svc.reput_from_offset = reput_module._chunk_start(svc._pending[0])  # what a parse of the gap would do
         return steps
 
     for limit in (10 ** 9, 700):
@@ -204,7 +210,9 @@ def test_append_one_hands_off_as_notify_appended(tmp_path: Path, monkeypatch) ->
                 continue
             taken += 1
             a = res.append_result
-            ref.notify_appended(a.wrote_offset, a.wrote_offset + a.wrote_bytes, svc._pending[0][2] if svc._pending
+            # a chunk of one request is kept as the request alone (one object waits per single put)
+            assert not svc._pending or svc._pending[0].__class__ is DispatchRequest
+            ref.notify_appended(a.wrote_offset, a.wrote_offset + a.wrote_bytes, (svc._pending[0],) if svc._pending
                                 else (None,))
             assert list(svc._pending) == list(ref._pending)
             assert (svc._pending_count, svc._signalled, svc._wakeup.is_set()) == \

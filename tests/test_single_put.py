@@ -79,6 +79,7 @@ def test_a_store_fed_single_puts_natively_equals_the_reference(tmp_path: Path, m
                             ("TopicA", "%RETRY%g-1"), check=uniq_created)
 
     a = run("native")
+    monkeypatch.setattr(commitlog_module, "native_put_one", None)  # put_message's native path in one call
     monkeypatch.setattr(commitlog_module, "_native_append_one", None)
     monkeypatch.setattr(commitlog_module, "_native_uniq", None)
     monkeypatch.setattr(reput_module, "_take_requests", None)

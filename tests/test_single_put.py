@@ -256,3 +256,54 @@ def test_append_one_raises_what_on_appended_raises_as_the_reference(tmp_path: Pa
             for q in range(3):
                 assert a.get_max_offset_in_queue(topic, q) == b.get_max_offset_in_queue(topic, q)
         assert sum(a.get_max_offset_in_queue(t, q) for t in ("TopicA", "%RETRY%g-1") for q in range(3)) == 8
+
+
+def test_put_one_takes_and_releases_its_locks_as_threading_does(tmp_path: Path) -> None:
+    """`_native.put_one` takes the put lock and the UniqueIdGenerator's lock without calling their methods
+    when they are free: a put leaves both free, waits while another thread holds either, and releases the
+    put lock when the hand-off raises; the locks work with `with` / acquire() / release() as before."""
+    import threading
+    import time
+
+    assert commitlog_module.native_put_one is not None
+    s = open_store(tmp_path / "s")
+    try:
+        cl = s.commit_log
+        msgs = [Message(topic="TopicL", body=b"x" * 50, keys=f"k{i}", queue_id=0) for i in range(6)]
+        assert s.put_message(msgs[0]).is_ok()  # a new queue: the general path
+        for lock in (cl.put_lock, cl.uniq_ids._lock):
+            r = s.put_message(msgs[1])
+            assert r.is_ok() and r.append_result.uniq_keys[0] is not None
+            assert not cl.put_lock.locked() and not cl.uniq_ids._lock.locked()
+            held = threading.Event()
+
+            def hold(lock: threading.Lock = lock, held: threading.Event = held) -> None:
+                with lock:
+                    held.set()
+                    time.sleep(0.3)
+
+            t = threading.Thread(target=hold)
+            t.start()
+            assert held.wait(5)
+            t0 = time.monotonic()
+            r = s.put_message(msgs[2])  # waits for the other thread's release
+            waited = time.monotonic() - t0
+            t.join()
+            assert r.is_ok() and waited > 0.15, waited
+            assert not lock.locked() and lock.acquire(blocking=False)
+            lock.release()
+
+        def boom(start: int, end: int, reqs: tuple) -> None:
+            raise RuntimeError("hand-off failed")
+
+        cl.on_appended = boom
+        with pytest.raises(RuntimeError, match="hand-off failed"):
+            s.put_message(msgs[3])
+        assert not cl.put_lock.locked()
+        cl.on_appended = s.reput_message_service.notify_appended
+        cl.begin_time_in_lock = 0  # the failed put's stamp (as the Python reference leaves it)
+        assert s.put_message(msgs[4]).is_ok() and not cl.put_lock.locked()
+        assert s.wait_for_dispatch(10)
+        assert s.get_max_offset_in_queue("TopicL", 0) == 7  # 1 + 2 + 2 + the failed hand-off's + 1
+    finally:
+        s.shutdown()

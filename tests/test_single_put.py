@@ -265,7 +265,8 @@ def test_put_one_takes_and_releases_its_locks_as_threading_does(tmp_path: Path) 
     import threading
     import time
 
-    assert commitlog_module.native_put_one is not None
+    if commitlog_module.native_put_one is None:
+        pytest.skip("the store runs its pure-Python loops (RMQ_EVENTSTORE_PURE=1)")
     s = open_store(tmp_path / "s")
     try:
         cl = s.commit_log

@@ -3561,7 +3561,7 @@ done:
 /* A threading.Lock taken and released without a method call (issue 16, branch single-put): a single put
  * takes two uncontended locks (the UniqueIdGenerator's and the put lock) and `lock.acquire()` parses its
  * arguments each time. CPython 3.11 / 3.12's _thread.lock is {PyObject_HEAD; PyThread_type_lock lock_lock;
- * PyObject *in_weakreflist; char locked;}: fl_try does what acquire() does first (a non-blocking
+ * PyObject *in_weakreflist; char locked;}: fl_acquire does what acquire() does first (a non-blocking
  * PyThread_acquire_lock, then locked = 1), fl_release what release() does. Used only after fl_check proved
  * that layout on a lock of the running interpreter (its size; acquire() / release() through Python move
  * `locked` and the PyThread lock as expected); otherwise, and when the lock is busy, the methods are called. */

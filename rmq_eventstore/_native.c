@@ -239,7 +239,11 @@ static inline int java_hash_append(PyObject *s, Py_ssize_t start, Py_ssize_t end
     uint32_t x = *h;
     if (kind == PyUnicode_1BYTE_KIND) {
         const Py_UCS1 *c = (const Py_UCS1 *)d;
-        for (Py_ssize_t i = start; i < end; i++) x = 31u * x + c[i];
+        Py_ssize_t i = start;
+        /* four characters a step: x*31^4 + c0*31^3 + c1*31^2 + c2*31 + c3 (the same value, mod 2^32) */
+        for (; i + 4 <= end; i += 4)
+            x = 923521u * x + 29791u * c[i] + 961u * c[i + 1] + 31u * c[i + 2] + c[i + 3];
+        for (; i < end; i++) x = 31u * x + c[i];
     } else if (kind == PyUnicode_2BYTE_KIND) {
         const Py_UCS2 *c = (const Py_UCS2 *)d;
         for (Py_ssize_t i = start; i < end; i++) {
@@ -1110,6 +1114,10 @@ static PyObject *index_keys(PyObject *self, PyObject *args) {
             int kind = PyUnicode_KIND(keys);
             const void *d = PyUnicode_DATA(keys);
             for (Py_ssize_t j = 0; j <= len; j++) {
+                if (kind == PyUnicode_1BYTE_KIND && j < len) {  /* to the next space (or the end) at once */
+                    const void *sp = memchr((const char *)d + j, ' ', (size_t)(len - j));
+                    j = sp != NULL ? (Py_ssize_t)((const char *)sp - (const char *)d) : len;
+                }
                 if (j == len || PyUnicode_READ(kind, d, j) == ' ') {
                     if (j > start) {
                         uint32_t h = topic_hash;
@@ -3299,14 +3307,16 @@ static PyObject *single_queue_key(PyObject *topic, PyObject *qid) {
     return key;
 }
 
-/* `on_appended(base, end, reqs)` when it is ReputMessageService.notify_appended of some service: what that
- * method does, without its frame: under MAX_PENDING pending requests the chunk goes to `_pending` and
- * `_pending_count` grows; the first hand-off since the loop last woke (`_signalled` false) sets `_wakeup`.
- * 1: done; 0: `cb` is something else (the caller calls it); -1: error. The chunk is untracked (ints and
- * an untracked tuple). */
+/* `on_appended(base, end, (req,))` when it is ReputMessageService.notify_appended of some service: what
+ * that method does, without its frame: under MAX_PENDING pending requests the record's chunk goes to
+ * `_pending` and `_pending_count` grows; the first hand-off since the loop last woke (`_signalled` false)
+ * sets `_wakeup`. The chunk of one request is the request itself (notify_appended's too): no chunk tuple
+ * and no 1-tuple are made, so a single put leaves one object, untracked, waiting for the reput thread (the
+ * collector's allocation count grows by one per put, not three). 1: done; 0: `cb` is something else (the
+ * caller calls it); -1: error. */
 static PyObject *h_pending, *h_count, *h_signalled, *h_wakeup, *h_append, *h_set;
 
-static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, PyObject *reqs) {
+static int single_handoff(PyObject *cb, PyObject *req) {
     if (notify_fn == NULL || !PyMethod_Check(cb) || PyMethod_GET_FUNCTION(cb) != notify_fn) return 0;
     if (h_set == NULL) {
         const char *names[] = {"_pending", "_pending_count", "_signalled", "_wakeup", "append", "set"};
@@ -3324,14 +3334,11 @@ static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, P
     if (count < notify_max_pending) {
         PyObject *pend = PyObject_GetAttr(svc, h_pending);
         if (pend == NULL) return -1;
-        PyObject *chunk = PyTuple_Pack(3, base_obj, end_obj, reqs);
-        if (chunk == NULL) { Py_DECREF(pend); return -1; }
-        PyObject_GC_UnTrack(chunk);
-        PyObject *r = PyObject_CallMethodOneArg(pend, h_append, chunk);
-        Py_DECREF(chunk); Py_DECREF(pend);
+        PyObject *r = PyObject_CallMethodOneArg(pend, h_append, req);
+        Py_DECREF(pend);
         if (r == NULL) return -1;
         Py_DECREF(r);
-        if (single_set_i64(svc, h_count, count + PyTuple_GET_SIZE(reqs)) < 0) return -1;
+        if (single_set_i64(svc, h_count, count + 1) < 0) return -1;
     }
     PyObject *sig = PyObject_GetAttr(svc, h_signalled);
     if (sig == NULL) return -1;
@@ -3357,6 +3364,7 @@ static int single_handoff(PyObject *cb, PyObject *base_obj, PyObject *end_obj, P
  * releases the references. */
 typedef struct {
     PyObject *cl, *mf, *table, *key, *base_obj, *now_obj;
+    PyObject *cb;  /* on_appended, once single_quiet read it */
     int64_t file_size, pos, from, q, base, now;
     int stamped;  /* begin_time_in_lock is set */
 } single_put;
@@ -3405,14 +3413,27 @@ static int single_locate(single_put *sp, PyObject *msg) {
     return 1;
 }
 
-/* the store timestamp: begin_time_in_lock = now (cleared again by single_end if the put then declines) */
-static int single_stamp(single_put *sp) {
+/* 1 when the hand-off of this put runs no Python code (on_appended is notify_appended, which
+ * single_handoff does itself): with the record's encoding running none either, the put holds the GIL from
+ * its store timestamp to its end, so no other thread can look at begin_time_in_lock meanwhile and
+ * single_stamp need not set it. 0 otherwise, -1 on error. Keeps on_appended for single_publish. */
+static int single_quiet(single_put *sp) {
+    sp->cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    if (sp->cb == NULL) return -1;
+    return notify_fn != NULL && PyMethod_Check(sp->cb) && PyMethod_GET_FUNCTION(sp->cb) == notify_fn;
+}
+
+/* the store timestamp; begin_time_in_lock = now (cleared again by single_end if the put then declines)
+ * unless `quiet` (see single_quiet) */
+static int single_stamp(single_put *sp, int quiet) {
     sp->now = single_now_ms();
     sp->base_obj = PyLong_FromLongLong(sp->base);
     sp->now_obj = PyLong_FromLongLong(sp->now);
-    if (sp->base_obj == NULL || sp->now_obj == NULL || PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0)
-        return -1;
-    sp->stamped = 1;
+    if (sp->base_obj == NULL || sp->now_obj == NULL) return -1;
+    if (!quiet) {
+        if (PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0) return -1;
+        sp->stamped = 1;
+    }
     return 1;
 }
 
@@ -3437,29 +3458,30 @@ static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, Py
         return NULL;
     }
     Py_DECREF(nq);
-    PyObject *cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : PyObject_GetAttr(sp->cl, s_on_appended);
     if (cb == NULL) return NULL;
     if (cb != Py_None) {
-        /* (request,): a tuple of an untracked tuple, so untracked too (the collector never walks what waits
-           for the reput thread, and a burst of single puts does not age into the old generations) */
-        PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
-        PyObject *e_obj = PyLong_FromLongLong(sp->base + total);
-        if (reqs != NULL && e_obj != NULL) {
-            PyObject_GC_UnTrack(reqs);
-            int h = single_handoff(cb, sp->base_obj, e_obj, reqs);
-            if (h > 0) cres = Py_NewRef(Py_None);
-            else if (h == 0) {
+        int h = single_handoff(cb, req);  /* the request is untracked (plain_request): never walked while it waits */
+        if (h < 0) { Py_DECREF(cb); return NULL; }
+        if (h == 0) {
+            /* (request,): a tuple of an untracked tuple, so untracked too */
+            PyObject *reqs = PyTuple_Pack(1, req), *cres = NULL;
+            PyObject *e_obj = PyLong_FromLongLong(sp->base + total);
+            if (reqs != NULL && e_obj != NULL) {
+                PyObject_GC_UnTrack(reqs);
                 PyObject *cargs[3] = {sp->base_obj, e_obj, reqs};
                 cres = PyObject_Vectorcall(cb, cargs, 3, NULL);
             }
+            Py_XDECREF(reqs); Py_XDECREF(e_obj);
+            if (cres == NULL) { Py_DECREF(cb); return NULL; }
+            Py_DECREF(cres);
         }
-        Py_XDECREF(reqs); Py_XDECREF(e_obj);
-        if (cres == NULL) { Py_DECREF(cb); return NULL; }
-        Py_DECREF(cres);
     }
     Py_DECREF(cb);
-    sp->stamped = 0;
-    if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) return NULL;
+    if (sp->stamped) {
+        sp->stamped = 0;
+        if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) return NULL;
+    }
     /* the request's total (3) and queue offset (6) are the result's; its uniq key (8) too */
     return single_result(sp->base_obj, PyTuple_GET_ITEM(req, 3), sp->now_obj, PyTuple_GET_ITEM(req, 6),
                          single_now_ms() - sp->now, host, port, PyTuple_GET_ITEM(req, 8));
@@ -3471,7 +3493,7 @@ static PyObject *single_end(single_put *sp, int got, PyObject *result) {
         if (single_set_i64(sp->cl, s_begin_in_lock, 0) < 0) got = -1;
     }
     Py_XDECREF(sp->key); Py_XDECREF(sp->table); Py_XDECREF(sp->base_obj); Py_XDECREF(sp->now_obj);
-    Py_XDECREF(sp->mf);
+    Py_XDECREF(sp->mf); Py_XDECREF(sp->cb);
     if (got < 0) { Py_XDECREF(result); return NULL; }
     if (got == 0) { Py_XDECREF(result); Py_RETURN_NONE; }
     return result;
@@ -3510,7 +3532,9 @@ static PyObject *append_one(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (got <= 0) goto done;
     if (r.total > sp.file_size - sp.pos - 8) { got = 0; goto done; }  /* does not fit before the file's end */
     r.q = sp.q;
-    got = single_stamp(&sp);
+    got = single_quiet(&sp);
+    if (got < 0) goto done;
+    got = single_stamp(&sp, got && (r.tags == NULL || r.tags == Py_None));  /* no tags: no tags_fn call */
     if (got < 0) goto done;
     Py_buffer dst;
     got = single_view(&sp, r.total, &dst);
@@ -3536,6 +3560,90 @@ done:
  * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
  * same reads and writes of `_time`, `_time_used`, `_counter` as the Python method, and the same id text.
  * None, having changed nothing, when the fast path does not apply (create() then claims). */
+/* A threading.Lock taken and released without a method call (issue 16, branch single-put): a single put
+ * takes two uncontended locks (the UniqueIdGenerator's and the put lock) and `lock.acquire()` parses its
+ * arguments each time. CPython 3.11 / 3.12's _thread.lock is {PyObject_HEAD; PyThread_type_lock lock_lock;
+ * PyObject *in_weakreflist; char locked;}: fl_acquire does what acquire() does first (a non-blocking
+ * PyThread_acquire_lock, then locked = 1), fl_release what release() does. Used only after fl_check proved
+ * that layout on a lock of the running interpreter (its size; acquire() / release() through Python move
+ * `locked` and the PyThread lock as expected); otherwise, and when the lock is busy, the methods are called. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+#include <pythread.h>
+#define FL_LAYOUT 1
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock_lock;
+    PyObject *in_weakreflist;
+    char locked;
+} fl_lockobject;
+#endif
+static PyTypeObject *fl_lock_type = NULL;  /* _thread.lock once its layout checked out */
+static int fl_checked = 0;
+static PyObject *fl_s_acquire, *fl_s_release;
+
+static void fl_check(void) {
+    if (fl_checked) return;
+    fl_checked = 1;
+    fl_s_acquire = PyUnicode_InternFromString("acquire");
+    fl_s_release = PyUnicode_InternFromString("release");
+    if (fl_s_acquire == NULL || fl_s_release == NULL) { PyErr_Clear(); return; }
+#ifdef FL_LAYOUT
+    PyObject *mod = PyImport_ImportModule("_thread");
+    PyObject *lock = mod != NULL ? PyObject_CallMethod(mod, "allocate_lock", NULL) : NULL;
+    Py_XDECREF(mod);
+    if (lock == NULL) { PyErr_Clear(); return; }
+    fl_lockobject *l = (fl_lockobject *)lock;
+    int ok = Py_TYPE(lock)->tp_basicsize == (Py_ssize_t)sizeof(fl_lockobject) && l->lock_lock != NULL && l->locked == 0;
+    PyObject *r = ok ? PyObject_CallMethodNoArgs(lock, fl_s_acquire) : NULL;
+    if (r != NULL) {
+        Py_DECREF(r);
+        ok = l->locked == 1 && PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 0;  /* held: a try fails */
+        r = PyObject_CallMethodNoArgs(lock, fl_s_release);
+        if (r == NULL) ok = 0;
+        Py_XDECREF(r);
+        if (ok && l->locked == 0 && PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 1) {  /* free: a try takes it */
+            PyThread_release_lock(l->lock_lock);
+            fl_lock_type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(lock));
+        }
+    }
+    PyErr_Clear();
+    Py_DECREF(lock);
+#endif
+}
+
+/* take `lock`: 0, or -1 with an error set (acquire() raised) */
+static int fl_acquire(PyObject *lock) {
+#ifdef FL_LAYOUT
+    if (Py_TYPE(lock) == fl_lock_type) {
+        fl_lockobject *l = (fl_lockobject *)lock;
+        if (PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 1) {
+            l->locked = 1;
+            return 0;
+        }
+    }
+#endif
+    PyObject *r = PyObject_CallMethodNoArgs(lock, fl_s_acquire);  /* busy (it waits, the GIL released), or another type */
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* release `lock`, which this thread took with fl_acquire: 0, or -1 with an error set */
+static int fl_release(PyObject *lock) {
+#ifdef FL_LAYOUT
+    if (Py_TYPE(lock) == fl_lock_type) {
+        fl_lockobject *l = (fl_lockobject *)lock;
+        l->locked = 0;
+        PyThread_release_lock(l->lock_lock);
+        return 0;
+    }
+#endif
+    PyObject *r = PyObject_CallMethodNoArgs(lock, fl_s_release);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 static PyObject *u_lock, *u_time, *u_used, *u_head, *u_head_time, *u_counter, *u_acquire, *u_release;
 
 static PyObject *uniq_create(PyObject *self, PyObject *gen) {
@@ -3548,20 +3656,20 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
             *slots[i] = n;
         }
     }
+    fl_check();
     int64_t now = single_now_ms();
     PyObject *lock = PyObject_GetAttr(gen, u_lock);
     if (lock == NULL) return NULL;
-    PyObject *ok = PyObject_CallMethodNoArgs(lock, u_acquire);
-    if (ok == NULL) { Py_DECREF(lock); return NULL; }
-    Py_DECREF(ok);
+    if (fl_acquire(lock) < 0) { Py_DECREF(lock); return NULL; }
     PyObject *result = NULL, *head = NULL;
     int64_t t, used, head_t, counter;
     int got = single_attr_i64(gen, u_time, INT64_MIN, INT64_MAX, &t);
     if (got > 0) got = single_attr_i64(gen, u_used, 0, INT64_MAX - 1, &used);
     if (got > 0) got = single_attr_i64(gen, u_head_time, INT64_MIN, INT64_MAX, &head_t);
     if (got > 0) got = single_attr_i64(gen, u_counter, 0, 0xFFFF, &counter);
+    int new_ms = 0;
     if (got > 0) {
-        if (now > t) { t = now; used = 0; }
+        if (now > t) { t = now; used = 0; new_ms = 1; }
         if (t != head_t || used >= 0x10000) got = 0;
     }
     if (got > 0) {
@@ -3579,17 +3687,15 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
             memcpy(d, PyUnicode_1BYTE_DATA(head), hl);
             unsigned c = (unsigned)counter;
             d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
-            /* commit: the same state the Python fast path leaves */
-            if (single_set_i64(gen, u_time, t) < 0 || single_set_i64(gen, u_used, used + 1) < 0 ||
+            /* commit: the same state the Python fast path leaves (which writes _time only when it moves) */
+            if ((new_ms && single_set_i64(gen, u_time, t) < 0) || single_set_i64(gen, u_used, used + 1) < 0 ||
                 single_set_i64(gen, u_counter, (counter + 1) & 0xFFFF) < 0)
                 got = -1;
         }
     }
     Py_XDECREF(head);
-    PyObject *rel = PyObject_CallMethodNoArgs(lock, u_release);
+    if (fl_release(lock) < 0) got = -1;
     Py_DECREF(lock);
-    if (rel == NULL) got = -1;
-    Py_XDECREF(rel);
     if (got <= 0) {
         Py_XDECREF(result);
         if (got < 0) return NULL;
@@ -3599,10 +3705,11 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
 }
 
 /* take_requests(pending, popleft, offset, limit, room, out) -> (offset, taken): ReputMessageService.
- * _take_pending's walk over a run of request chunks (single puts hand over one (start, end, (request,)) each):
- * while the first chunk starts at `offset`, ends by `limit` and holds requests (a non-empty list or tuple),
- * and fewer than `room` were taken: its requests go to `out`, it is popped, `offset` moves to its end.
- * Anything else (a BLANK, columns, a gap) stops the walk; the Python loop decides what it is. */
+ * _take_pending's walk over a run of request chunks: (start, end, requests) tuples, or a single put's request
+ * alone (a tuple subclass, the DispatchRequest: from its commit_log_offset to that plus its msg_size): while
+ * the first chunk starts at `offset`, ends by `limit` and holds requests (a non-empty list or tuple), and
+ * fewer than `room` were taken: its requests go to `out`, it is popped, `offset` moves to its end. Anything
+ * else (a BLANK, columns, a gap) stops the walk; the Python loop decides what it is. */
 static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyList_CheckExact(args[5])) {
         PyErr_SetString(PyExc_TypeError, "take_requests(pending, popleft, offset, limit, room, out)");
@@ -3622,8 +3729,23 @@ static PyObject *take_requests(PyObject *self, PyObject *const *args, Py_ssize_t
         if (n == 0) break;
         PyObject *chunk = PySequence_GetItem(pend, 0);
         if (chunk == NULL) { return NULL; }
-        int64_t start, end;
+        int64_t start, end, size;
         PyObject *reqs;
+        if (PyTuple_Check(chunk) && !PyTuple_CheckExact(chunk)) {  /* a request alone */
+            if (PyTuple_GET_SIZE(chunk) < 4 || !as_i64(PyTuple_GET_ITEM(chunk, 2), 0, INT64_MAX / 2, &start) ||
+                !as_i64(PyTuple_GET_ITEM(chunk, 3), 1, INT32_MAX, &size) || start != offset || start + size > limit) {
+                Py_DECREF(chunk);
+                break;
+            }
+            if (PyList_Append(out, chunk) < 0) { Py_DECREF(chunk); return NULL; }
+            Py_DECREF(chunk);
+            PyObject *popped = PyObject_CallNoArgs(popleft);
+            if (popped == NULL) { return NULL; }
+            Py_DECREF(popped);
+            offset = start + size;
+            taken += 1;
+            continue;
+        }
         if (!PyTuple_CheckExact(chunk) || PyTuple_GET_SIZE(chunk) != 3 ||
             !as_i64(PyTuple_GET_ITEM(chunk, 0), INT64_MIN, INT64_MAX, &start) ||
             !as_i64(PyTuple_GET_ITEM(chunk, 1), INT64_MIN, INT64_MAX, &end) || start != offset || end > limit ||
@@ -4072,7 +4194,7 @@ static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *result = NULL, *enc = NULL;
     got = single_locate(&sp, msg);
     if (got <= 0) goto done;
-    got = single_stamp(&sp);
+    got = single_stamp(&sp, 0);  /* encode_network_batch may call Python (tags, born host) */
     if (got < 0) goto done;
     /* encode_network_batch((msg,), table, base, now, *netctx) */
     PyObject *eargs = PyTuple_New(15);
@@ -4109,6 +4231,96 @@ done:
     return single_end(&sp, got, result);
 }
 /* ============================ end of THE NETWORK SINGLE PUT ==================================== */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* put_one(commit_log, msg, uniq_ids, encoder, put_lock, file_size, flush_wakeup) (issue 16, branch     */
+/* single-put): CommitLog.put_message's native path in one call, for a store the caller found          */
+/* writeable and not SYNC_FLUSH, so a single put runs one Python frame (MessageStore.put_message)       */
+/* around it: the UNIQ_KEY (uniq_create, else uniq_ids.create(); none when uniq_ids is None: the store */
+/* does not add them), the put lock, append_one or append_one_net under it (the encoder's plain or      */
+/* network context), then flush_wakeup() unless it is None. The caller passes the commit log's own      */
+/* attributes (read in Python: cheaper than from C). Returns                                           */
+/*  - None, having done nothing: not a Message (the caller runs CommitLog.put_message's Python path);   */
+/*  - (uniq,): the locked body declined (a file to roll, a new queue, ...); nothing changed but the     */
+/*    UNIQ_KEY it drew, which the caller's general path (CommitLog.put_declined) then uses;              */
+/*  - the PutMessageResult of the record written.                                                       */
+/* The same steps, in the same order, as CommitLog.put_message's native path.                           */
+static PyObject *po_create, *po_plain_ctx, *po_plain_context, *po_net_ctx, *po_network_context;
+
+static PyObject *po_ctx(PyObject *enc, PyObject *attr, PyObject *builder) {  /* encoder.<attr> or encoder.<builder>() */
+    PyObject *ctx = PyObject_GetAttr(enc, attr);
+    if (ctx != NULL && (ctx == Py_None || (PyTuple_CheckExact(ctx) && PyTuple_GET_SIZE(ctx) == 0))) {
+        Py_DECREF(ctx);
+        ctx = PyObject_CallMethodNoArgs(enc, builder);
+    }
+    return ctx;
+}
+
+static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put_one(commit_log, msg, uniq_ids, encoder, put_lock, file_size, flush_wakeup)");
+        return NULL;
+    }
+    if (po_network_context == NULL) {
+        const char *names[] = {"create", "_plain_ctx", "plain_context", "_net_ctx", "network_context"};
+        PyObject **slots[] = {&po_create, &po_plain_ctx, &po_plain_context, &po_net_ctx, &po_network_context};
+        for (int i = 0; i < 5; i++) {
+            PyObject *n = PyUnicode_InternFromString(names[i]);
+            if (n == NULL) return NULL;
+            *slots[i] = n;
+        }
+    }
+    PyObject *cl = args[0], *msg = args[1], *gen = args[2], *enc = args[3], *lock = args[4], *fsize = args[5];
+    PyObject *wake = args[6];
+    if (message_type == NULL || amr_type == NULL || Py_TYPE(msg) != message_type) Py_RETURN_NONE;
+    PyObject *props = field(msg, F_PROPERTIES_STRING), *uk = field(msg, F_UNIQ_KEY);
+    int plain = props == NULL || props == Py_None;
+    PyObject *uniq;
+    if (plain && (uk == NULL || uk == Py_None) && gen != Py_None) {
+        uniq = uniq_create(NULL, gen);
+        if (uniq == Py_None) { Py_DECREF(uniq); uniq = PyObject_CallMethodNoArgs(gen, po_create); }
+        if (uniq == NULL) return NULL;
+    } else {
+        uniq = Py_NewRef(Py_None);
+    }
+    PyObject *ctx = plain ? po_ctx(enc, po_plain_ctx, po_plain_context) : po_ctx(enc, po_net_ctx, po_network_context);
+    if (ctx == NULL) { Py_DECREF(uniq); return NULL; }
+    PyObject *res = NULL;
+    fl_check();
+    if (fl_acquire(lock) == 0) {
+        if (plain) {
+            PyObject *a[5] = {cl, msg, uniq, ctx, fsize};
+            res = append_one(NULL, a, 5);
+        } else {
+            PyObject *a[4] = {cl, msg, ctx, fsize};
+            res = append_one_net(NULL, a, 4);
+        }
+        /* release the lock whatever happened, keeping an error the body raised */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (fl_release(lock) < 0) {
+            Py_CLEAR(res);
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(et, ev, tb);
+        }
+    }
+    Py_DECREF(ctx);
+    if (res == NULL) { Py_DECREF(uniq); return NULL; }
+    if (res == Py_None) {  /* declined: the caller's general path, with the UNIQ_KEY drawn */
+        Py_DECREF(res);
+        PyObject *t = PyTuple_Pack(1, uniq);
+        Py_DECREF(uniq);
+        return t;
+    }
+    Py_DECREF(uniq);
+    if (wake != Py_None) {
+        PyObject *r = PyObject_CallNoArgs(wake);
+        if (r == NULL) { Py_DECREF(res); return NULL; }
+        Py_DECREF(r);
+    }
+    return res;
+}
 
 /* POP receipt handles (client/pop_consumer.py): the per-message loops of PopConsumer.pop (append    */
 /* each message's POP_CK handle to its unparsed properties string) and of _ack_requests (read the    */
@@ -4437,6 +4649,9 @@ static PyMethodDef methods[] = {
      "SendMessageProcessor._store's loop for a plain batch: True when done, False when the loop must decide."},
     /* end of THE BATCH SEND */
     /* THE NETWORK SINGLE PUT (branch send-single) */
+    {"put_one", (PyCFunction)(void (*)(void))put_one, METH_FASTCALL,
+     "put_one(commit_log, msg, uniq_ids, encoder, put_lock, file_size, flush_wakeup): CommitLog.put_message's "
+     "native path: None (not taken), (uniq,) (declined) or the PutMessageResult."},
     {"append_one_net", (PyCFunction)(void (*)(void))append_one_net, METH_FASTCALL,
      "CommitLog._append_one_net's locked body (a message with a properties string): PutMessageResult or None."},
     /* end of THE NETWORK SINGLE PUT */

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rmq_eventstore.common import codec
+from rmq_eventstore.common.codec import DispatchRequest
 from rmq_eventstore.common.message import Message
 from rmq_eventstore.common.message_id import UniqueIdGenerator
 from rmq_eventstore.store import MessageStore
@@ -78,6 +79,7 @@ def test_a_store_fed_single_puts_natively_equals_the_reference(tmp_path: Path, m
                             ("TopicA", "%RETRY%g-1"), check=uniq_created)
 
     a = run("native")
+    monkeypatch.setattr(commitlog_module, "native_put_one", None)  # put_message's native path in one call
     monkeypatch.setattr(commitlog_module, "_native_append_one", None)
     monkeypatch.setattr(commitlog_module, "_native_uniq", None)
     monkeypatch.setattr(reput_module, "_take_requests", None)
@@ -131,8 +133,9 @@ class _Cols(codec.DispatchColumns):
 
 def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
     """`_take_pending` with `_native.take_requests` takes the same chunks, requests and offsets as its Python
-    loop: runs of single-put chunks (tuples) and batch chunks (lists), stopping at a gap, a chunk past the
-    limit, a BLANK (no requests), columns, and the batch limit."""
+    loop: runs of single-put chunks (tuples, or a DispatchRequest alone as notify_appended keeps them) and
+    batch chunks (lists), stopping at a gap, a chunk past the limit, a BLANK (no requests), columns, and the
+    batch limit."""
     from rmq_eventstore.store.reput import ReputMessageService
 
     def chunks() -> list:
@@ -145,6 +148,10 @@ def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
             if i == 20:
                 off += 3  # a gap: parsed back from the commitlog, not taken
             n = 1 if i % 4 else 3
+            if n == 1 and i % 3 == 0:  # a request alone: it starts at its commit_log_offset, msg_size long
+                out.append(tuple.__new__(DispatchRequest, ("t", 0, off, 10, 0, 0, i, None, None, 0, 0, "")))
+                off += 10
+                continue
             reqs = tuple(("r", off + j) for j in range(n)) if n == 1 else [("r", off + j) for j in range(n)]
             out.append((off, off + 10 * n, reqs))
             off += 10 * n
@@ -155,14 +162,14 @@ def test_take_requests_walks_as_the_python_loop(monkeypatch) -> None:
         monkeypatch.setattr(reput_module, "MAX_BATCH", batch)
         svc = ReputMessageService.__new__(ReputMessageService)
         svc._pending = collections.deque(chunks())
-        svc._pending_count = sum(len(c[2]) for c in svc._pending)
+        svc._pending_count = sum(len(c[2]) if c.__class__ is tuple else 1 for c in svc._pending)
         svc.reput_from_offset = 100
         steps = []
         for _ in range(12):
             got = svc._take_pending(limit)
             steps.append((list(got), svc.reput_from_offset, svc._pending_count, len(svc._pending)))
-            if svc._pending and svc._pending[0][0] != svc.reput_from_offset:
-                svc.reput_from_offset = svc._pending[0][0]  # what a parse of the gap would do
+            if svc._pending and reput_module._chunk_start(svc._pending[0]) != svc.reput_from_offset:
+                svc.reput_from_offset = reput_module._chunk_start(svc._pending[0])  # what a parse of the gap would do
         return steps
 
     for limit in (10 ** 9, 700):
@@ -204,7 +211,9 @@ def test_append_one_hands_off_as_notify_appended(tmp_path: Path, monkeypatch) ->
                 continue
             taken += 1
             a = res.append_result
-            ref.notify_appended(a.wrote_offset, a.wrote_offset + a.wrote_bytes, svc._pending[0][2] if svc._pending
+            # a chunk of one request is kept as the request alone (one object waits per single put)
+            assert not svc._pending or svc._pending[0].__class__ is DispatchRequest
+            ref.notify_appended(a.wrote_offset, a.wrote_offset + a.wrote_bytes, (svc._pending[0],) if svc._pending
                                 else (None,))
             assert list(svc._pending) == list(ref._pending)
             assert (svc._pending_count, svc._signalled, svc._wakeup.is_set()) == \
@@ -247,3 +256,55 @@ def test_append_one_raises_what_on_appended_raises_as_the_reference(tmp_path: Pa
             for q in range(3):
                 assert a.get_max_offset_in_queue(topic, q) == b.get_max_offset_in_queue(topic, q)
         assert sum(a.get_max_offset_in_queue(t, q) for t in ("TopicA", "%RETRY%g-1") for q in range(3)) == 8
+
+
+def test_put_one_takes_and_releases_its_locks_as_threading_does(tmp_path: Path) -> None:
+    """`_native.put_one` takes the put lock and the UniqueIdGenerator's lock without calling their methods
+    when they are free: a put leaves both free, waits while another thread holds either, and releases the
+    put lock when the hand-off raises; the locks work with `with` / acquire() / release() as before."""
+    import threading
+    import time
+
+    if commitlog_module.native_put_one is None:
+        pytest.skip("the store runs its pure-Python loops (RMQ_EVENTSTORE_PURE=1)")
+    s = open_store(tmp_path / "s")
+    try:
+        cl = s.commit_log
+        msgs = [Message(topic="TopicL", body=b"x" * 50, keys=f"k{i}", queue_id=0) for i in range(6)]
+        assert s.put_message(msgs[0]).is_ok()  # a new queue: the general path
+        for lock in (cl.put_lock, cl.uniq_ids._lock):
+            r = s.put_message(msgs[1])
+            assert r.is_ok() and r.append_result.uniq_keys[0] is not None
+            assert not cl.put_lock.locked() and not cl.uniq_ids._lock.locked()
+            held = threading.Event()
+
+            def hold(lock: threading.Lock = lock, held: threading.Event = held) -> None:
+                with lock:
+                    held.set()
+                    time.sleep(0.3)
+
+            t = threading.Thread(target=hold)
+            t.start()
+            assert held.wait(5)
+            t0 = time.monotonic()
+            r = s.put_message(msgs[2])  # waits for the other thread's release
+            waited = time.monotonic() - t0
+            t.join()
+            assert r.is_ok() and waited > 0.15, waited
+            assert not lock.locked() and lock.acquire(blocking=False)
+            lock.release()
+
+        def boom(start: int, end: int, reqs: tuple) -> None:
+            raise RuntimeError("hand-off failed")
+
+        cl.on_appended = boom
+        with pytest.raises(RuntimeError, match="hand-off failed"):
+            s.put_message(msgs[3])
+        assert not cl.put_lock.locked()
+        cl.on_appended = s.reput_message_service.notify_appended
+        cl.begin_time_in_lock = 0  # the failed put's stamp (as the Python reference leaves it)
+        assert s.put_message(msgs[4]).is_ok() and not cl.put_lock.locked()
+        assert s.wait_for_dispatch(10)
+        assert s.get_max_offset_in_queue("TopicL", 0) == 7  # 1 + 2 + 2 + the failed hand-off's + 1
+    finally:
+        s.shutdown()

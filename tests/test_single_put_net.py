@@ -87,6 +87,7 @@ def test_network_single_puts_native_reference_and_general_path_agree(tmp_path: P
                             enabled_append_prop_crc=append_crc, auto_create_uniq_key=False)
 
     native = run("native")
+    monkeypatch.setattr(commitlog_module, "native_put_one", None)  # put_message's native path in one call
     monkeypatch.setattr(commitlog_module, "_native_append_one", None)
     monkeypatch.setattr(commitlog_module, "_native_append_one_net", None)
     ref = run("ref")

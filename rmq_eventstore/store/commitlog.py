@@ -98,6 +98,9 @@ _native_append_one = getattr(codec.native, "append_one", None)
 # SEND_MESSAGE), or None (the pure-Python reference `_append_one_net_py`, or an older extension).
 _native_append_one_net = getattr(codec.native, "append_one_net", None) if _native_append_one is not None else None
 _native_uniq = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's fast path, or None
+# put_message's whole native path in one call (UNIQ_KEY, put lock, append_one / append_one_net, flush wake-up),
+# or None (the pure-Python loops, or an extension built before it existed)
+native_put_one = getattr(codec.native, "put_one", None) if _native_append_one_net is not None else None
 if _native_append_one is not None:
     from . import reput as _reput  # the hand-off append_one does itself when on_appended is notify_appended
 
@@ -296,6 +299,14 @@ class CommitLog:
         return [next(ids) if m.uniq_key is None and m.properties_string is None else None for m in msgs]
 
     def put_message(self, msg: Message) -> PutMessageResult:
+        put_one = native_put_one
+        cfg = self.config
+        if (put_one is not None and self.writeable and not self.read_only and cfg.flush_disk_type is not _SYNC_FLUSH
+                and now_ms is _now_ms):  # the native path below in one call (_native.put_one)
+            fast = put_one(self, msg, self.uniq_ids if cfg.auto_create_uniq_key else None, self.encoder,
+                           self.put_lock, self.file_size, self.flush_wakeup)
+            if fast is not None:
+                return fast if fast.__class__ is not tuple else self.put_declined(msg, fast[0])
         uniq = None
         if msg.uniq_key is None and msg.properties_string is None and self.config.auto_create_uniq_key:
             uniq = (_native_uniq is not None and _native_uniq(self.uniq_ids)) or self.uniq_ids.create()
@@ -323,6 +334,17 @@ class CommitLog:
                 fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
             if fast is not None:
                 return fast
+        rec = self._prepare(msg, uniq)
+        if isinstance(rec, PutMessageResult):
+            return rec
+        return self._append([rec], rec.total, _wait_store_msg_ok(msg))
+
+    def put_declined(self, msg: Message, uniq: str | None) -> PutMessageResult:
+        """The rest of `put_message` once `_native.put_one` declined (a file to roll, a new queue, a message
+        it does not encode, ...) having drawn `uniq`, the message's UNIQ_KEY: the general path."""
+        fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
+        if fast is not None:
+            return fast
         rec = self._prepare(msg, uniq)
         if isinstance(rec, PutMessageResult):
             return rec

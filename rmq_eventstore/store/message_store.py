@@ -25,6 +25,7 @@ from ..common.filter import MessageFilter
 from ..common.message import Message, MessageExt
 from ..common.status import GetMessageStatus, PutMessageStatus
 from ..common.topic import is_valid_topic
+from . import commitlog as _cl
 from .checkpoint import StoreCheckpoint
 from .cleanup import CleanCommitLogService, CleanConsumeQueueService, RunningFlags, StoreCleanupService
 from .commitlog import CommitLog, PutMessageResult, now_ms
@@ -55,6 +56,8 @@ from .transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 _NOT_WRITEABLE = RunningFlags._WRITE_BITS  # RunningFlags.is_writeable's bits (put_message's fast check)
+_real_now_ms = _cl._now_ms  # the real clock: a test replacing commitlog.now_ms makes put_message take Python
+_SYNC_FLUSH = FlushDiskType.SYNC_FLUSH
 
 MAX_PULL_MSG_SIZE = 128 * 1024 * 1024
 BLANK_UNIT_SIZE = 0x7FFFFFFF
@@ -772,6 +775,14 @@ class MessageStore:
         cl = self.commit_log
         if (self._started and not self._shutdown and not self.running_flags.flag_bits & _NOT_WRITEABLE
                 and not cl.begin_time_in_lock):  # `_check_running` passes: nothing to check further
+            put_one = _cl.native_put_one
+            cfg = cl.config
+            if (put_one is not None and cl.writeable and not cl.read_only and cfg.flush_disk_type is not _SYNC_FLUSH
+                    and _cl.now_ms is _real_now_ms):  # CommitLog.put_message's native path, inline
+                fast = put_one(cl, msg, cl.uniq_ids if cfg.auto_create_uniq_key else None, cl.encoder, cl.put_lock,
+                               cl.file_size, cl.flush_wakeup)
+                if fast is not None:
+                    return fast if fast.__class__ is not tuple else cl.put_declined(msg, fast[0])
             return cl.put_message(msg)
         bad = self._check_running()
         return bad if bad is not None else cl.put_message(msg)

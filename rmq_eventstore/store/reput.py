@@ -32,6 +32,12 @@ REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep a
 WAIT_SLICE = 0.05  # wait_for looks at the dispatched offset at least this often
 
 
+def _chunk_start(chunk: tuple) -> int:
+    """Where a pending chunk starts: a (start, end, requests) tuple, or one request alone (a DispatchRequest,
+    what notify_appended keeps for a chunk of one record: from its commit_log_offset)."""
+    return chunk[0] if chunk.__class__ is tuple else chunk[2]
+
+
 class ReputMessageService:
     """Dispatch loop from `reput_from_offset` to the commitlog's readable end (`ReputMessageService`)."""
 
@@ -60,11 +66,18 @@ class ReputMessageService:
         """Called under the put lock with what was just written to `[start, end)`, in log order.
 
         A BLANK end-of-file record arrives as a chunk with no requests. Chunks are kept whole so that
-        taking them costs nothing per message.
+        taking them costs nothing per message; a chunk of one request (a single put's) is kept as that
+        request alone, which says where it starts and ends (`commit_log_offset`, `msg_size`): one object
+        waits per single put, not three (`_native.append_one`'s hand-off keeps the same).
         """
         if self._pending_count < MAX_PENDING:
-            self._pending.append((start, end, requests))
-            self._pending_count += len(requests)
+            n = len(requests)
+            r = requests[0] if n == 1 and requests.__class__ is not DispatchColumns else None
+            if r.__class__ is DispatchRequest and r[2] == start and start + r[3] == end:  # type: ignore[index]
+                self._pending.append(r)
+            else:
+                self._pending.append((start, end, requests))
+            self._pending_count += n
         if not self._signalled:  # the first hand-off since the loop last looked wakes it, later ones do not
             self._signalled = True
             self._wakeup.set()
@@ -119,7 +132,13 @@ class ReputMessageService:
         taken = 0
         offset = self.reput_from_offset
         while pend and taken < MAX_BATCH:
-            start, end, reqs = pend[0]
+            chunk = pend[0]
+            if chunk.__class__ is tuple:
+                start, end, reqs = chunk
+            else:  # a single put's request alone (notify_appended)
+                start = chunk[2]
+                end = start + chunk[3]
+                reqs = (chunk,)
             if end <= offset:  # already dispatched by a parse
                 pend.popleft()
                 self._pending_count -= len(reqs)
@@ -155,8 +174,8 @@ class ReputMessageService:
         offset = self.reput_from_offset
         pend = self._pending
         stop_at = limit
-        if pend and pend[0][0] > offset:
-            stop_at = min(stop_at, pend[0][0])
+        if pend and _chunk_start(pend[0]) > offset:
+            stop_at = min(stop_at, _chunk_start(pend[0]))
         min_off = cl.get_min_offset()
         if offset < min_off:
             offset = self.reput_from_offset = min_off

@@ -100,7 +100,8 @@ class ReputMessageService:
         at it), then hand-offs wake the thread again, and it is woken if anything is left behind. Returns
         the number of records dispatched here; a failure is logged and left to the thread to retry."""
         n = 0
-        if self._lock.acquire(blocking=False):
+        # nothing written since the last pass (an ack the POP buffer matched): no pass, no lock
+        if self.commit_log.get_max_offset() > self.dispatched_offset and self._lock.acquire(blocking=False):
             try:
                 n = self._reput_locked(one_pass=True)
             except Exception:

@@ -514,6 +514,11 @@ def test_consumer_offset_manager(tmp_path: Path) -> None:
         mgr.commit_offset("G@x", "T", 0, 1)
     with pytest.raises(TopicValidationError):
         mgr.commit_offset("G", "../T", 0, 1)
+    # names are checked once per pair: a pair spelled with the separator never finds a checked pair's key
+    mgr.commit_offset("G", "T", 0, 13)
+    for group, topic in (("G", "T@G"), ("T@G", "T"), ("@G", "T"), ("G", "T@")):
+        with pytest.raises(TopicValidationError):
+            mgr.commit_offset(group, topic, 0, 1)
 
 
 def test_consumer_offset_reads_spec_example_and_ignores_group_topic_map(tmp_path: Path) -> None:

@@ -356,10 +356,13 @@ class ConsumerOffsetManager(ConfigManager):
             self.data_version = version
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Record the next offset `group` will consume from `topic`/`queue_id` (not persisted here)."""
-        validate_group(group)
-        validate_topic(topic)
+        """Record the next offset `group` will consume from `topic`/`queue_id` (not persisted here). The
+        names are checked when the pair is new: a key of the table names one pair only (neither name may
+        hold the separator), so a pair found there was checked when it was added (a POP commits per pop)."""
         key = topic + TOPIC_GROUP_SEPARATOR + group
+        if key not in self._offset_table:
+            validate_group(group)
+            validate_topic(topic)
         with self._lock:
             offsets = self._offset_table.get(key)
             if offsets is None:

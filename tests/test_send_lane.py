@@ -131,6 +131,12 @@ DECLINED = {
     "queueId not an int": dict(e="one"),
     "bornTimestamp missing": dict(g=None),
     "topic missing": dict(b=None),
+    "batch by its V1 name": dict(batch="true"),
+    "properties by their V1 name": dict(i=None, properties="DELAY\x013\x02"),
+    "maxReconsumeTimes not an int": dict(l="many"),
+    "maxReconsumeTimes by its V1 name": dict(maxReconsumeTimes="3"),
+    "defaultTopicQueueNums not an int": dict(d="four"),
+    "defaultTopicQueueNums by its V1 name": dict(defaultTopicQueueNums="8"),
 }
 
 

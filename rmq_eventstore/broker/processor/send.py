@@ -52,8 +52,10 @@ _join_ids = codec.join_message_ids
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
 _SUCCESS = int(ResponseCode.SUCCESS)
 _TRANSACTION_BITS = codec.TRANSACTION_ROLLBACK_TYPE  # both transaction bits of sysFlag (0xC)
-# header keys of a SEND_MESSAGE_V2 that the lane leaves to the full path (streams, conditional appends)
-_LANE_EXTENSIONS = ("streamId", "expectedVersion", "streams")
+# header keys of a SEND_MESSAGE_V2 that the lane leaves to the full path: streams and conditional appends,
+# and the V1 names of fields the full path falls back to when a short name is missing
+_LANE_EXTENSIONS = ("streamId", "expectedVersion", "streams", "batch", "properties", "maxReconsumeTimes",
+                    "defaultTopicQueueNums")
 PUT_STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
     PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
@@ -131,6 +133,11 @@ class SendMessageProcessor:
                 return None
         try:
             queue_id, sys_flag, born_ts, flag, reconsume = int(x["e"]), int(x["f"]), int(x["g"]), int(x["h"]), int(x["j"])
+            max_reconsume, queue_nums = x.get("l"), x.get("d")  # unused here, but refused by the full path when bad
+            if max_reconsume:
+                int(max_reconsume)
+            if queue_nums:
+                int(queue_nums)
         except (KeyError, ValueError):
             return None
         if sys_flag & _TRANSACTION_BITS:

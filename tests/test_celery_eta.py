@@ -77,16 +77,22 @@ def plan_etas(n: int, first: float, horizon: float, quiet: list[tuple[float, flo
 
 
 def send_all(app, t0: float, offsets: list[float]) -> dict[int, float]:  # type: ignore[no-untyped-def]
-    """Send task i with eta t0 + offsets[i] (in eta order); {i: eta}."""
+    """Send task i with eta t0 + offsets[i] (in eta order); {i: eta}. Then the app's pooled connections are
+    closed: their client threads (heartbeats, queue expiry) would outlive the test and the broker, calling the
+    global `random` during other tests' Hypothesis draws (reported as "Do not use the `random` module inside
+    strategies")."""
     from datetime import UTC, datetime
 
     etas = {}
-    with app.producer_or_acquire() as producer:
-        for i, off in enumerate(offsets):
-            eta = t0 + off
-            etas[i] = eta
-            app.send_task("tests.celery_eta_app.record", (i, eta), producer=producer,
-                          eta=datetime.fromtimestamp(eta, UTC))
+    try:
+        with app.producer_or_acquire() as producer:
+            for i, off in enumerate(offsets):
+                eta = t0 + off
+                etas[i] = eta
+                app.send_task("tests.celery_eta_app.record", (i, eta), producer=producer,
+                              eta=datetime.fromtimestamp(eta, UTC))
+    finally:
+        app.pool.force_close_all()  # Celery.close() only forgets the pool
     return etas
 
 

@@ -356,16 +356,8 @@ class IndexFile:
                 self.mm, self._entries_base, self.hash_slot_num, self.index_num, count, self._begin_timestamp,
                 np.ascontiguousarray(hashes[:k], dtype=np.int32), np.ascontiguousarray(phy_offsets[:k], dtype=np.int64),
                 np.ascontiguousarray(store_timestamps[:k], dtype=np.int64))
-            if begin_phy is not None:
-                self._begin_phy_offset = begin_phy
-                self._begin_timestamp = begin_ts
-            self._hash_slot_count += used
-            self._index_count = count + k
-            self._end_phy_offset = int(phy_offsets[k - 1])
-            self._end_timestamp = int(store_timestamps[k - 1])
-            self._write_header()
-            self._dirty = True
-            return k
+            return self._after_put(count, k, used, begin_phy, begin_ts, int(phy_offsets[k - 1]),
+                                     int(store_timestamps[k - 1]))
         return self._put_keys_np(hashes, phy_offsets, store_timestamps, count, k)
 
     def put_keys_raw(self, hashes: bytes, phy_offsets: bytes, store_timestamps: bytes) -> int:
@@ -374,21 +366,30 @@ class IndexFile:
         or two records spends most of its index time on. Native core only; returns how many fit."""
         self._check_writable()
         count = self._index_count
-        if count >= self.index_num or not hashes:
-            return 0
         k, used, begin_phy, begin_ts = codec.native.put_index_entries(
             self.mm, self._entries_base, self.hash_slot_num, self.index_num, count, self._begin_timestamp,
             hashes, phy_offsets, store_timestamps)
-        if k <= 0:
+        if k <= 0:  # the file is full, or no entries
             return 0
+        return self._after_put(count, k, used, begin_phy, begin_ts, _I64.unpack_from(phy_offsets, 8 * (k - 1))[0],
+                                 _I64.unpack_from(store_timestamps, 8 * (k - 1))[0])
+
+    def _after_put(self, count: int, k: int, used: int, begin_phy: int | None, begin_ts: int, end_phy: int,
+                     end_ts: int) -> int:
+        """The header after `put_keys` wrote `k` entries from entry `count` on (`put_index_entries` or numpy),
+        `used` of them into empty slots; `begin_phy`, `begin_ts`: the file's first entry when it was among
+        them (`begin_phy` None otherwise); the last one at `end_phy`, stored at `end_ts`. Leaves the values
+        `put_key` would (header fields and file) and returns `k`."""
         if begin_phy is not None:
             self._begin_phy_offset = begin_phy
             self._begin_timestamp = begin_ts
         self._hash_slot_count += used
         self._index_count = count + k
-        self._end_phy_offset = _I64.unpack_from(phy_offsets, 8 * (k - 1))[0]
-        self._end_timestamp = _I64.unpack_from(store_timestamps, 8 * (k - 1))[0]
-        self._write_header()
+        self._end_phy_offset = end_phy
+        self._end_timestamp = end_ts
+        # _write_header, inlined: this runs once per dispatch pass
+        _HEADER.pack_into(self.mm, 0, self._begin_timestamp, end_ts, self._begin_phy_offset, end_phy,
+                          self._hash_slot_count, count + k)
         self._dirty = True
         return k
 
@@ -440,16 +441,8 @@ class IndexFile:
         group_end[:-1] = group_start[1:]
         table[s_sorted[group_end]] = i_sorted[group_end]
 
-        if first:
-            self._begin_phy_offset = int(p[0])
-            self._begin_timestamp = int(ts[0])
-        self._hash_slot_count += int(np.count_nonzero(empty))
-        self._index_count = count + k
-        self._end_phy_offset = int(p[-1])
-        self._end_timestamp = int(ts[-1])
-        self._write_header()
-        self._dirty = True
-        return k
+        return self._after_put(count, k, int(np.count_nonzero(empty)), int(p[0]) if first else None, int(ts[0]),
+                                 int(p[-1]), int(ts[-1]))
 
     # -- reading -------------------------------------------------------------------------------
     def select_phy_offsets(
@@ -846,12 +839,10 @@ class IndexService:
             raw = codec.native.index_keys(requests, end_phy, TRANSACTION_ROLLBACK_TYPE)
             if raw is not None:
                 hb, pb, tb = raw
-                n = len(hb) // 4
-                done = f.put_keys_raw(hb, pb, tb)
-                while done < n:  # the file filled up: the rest goes to the next one
-                    f = self.get_and_create_last_index_file()
-                    done += f.put_keys_raw(hb[4 * done:], pb[8 * done:], tb[8 * done:])
-                return n
+                done = f.put_keys_raw(hb, pb, tb)  # here, not in _insert: a pass that fits makes no more calls
+                if done << 2 == len(hb):
+                    return done
+                return self._insert(f, hb, pb, tb, True, done)  # the file filled up mid-pass
         hashes, phy, ts = index_entries(requests, end_phy)
         if not len(hashes):
             return 0
@@ -875,15 +866,23 @@ class IndexService:
                 return 0
         return self._insert(f, h, p, t)
 
-    def _insert(self, f: IndexFile, hashes: np.ndarray, phy: np.ndarray, ts: np.ndarray) -> int:
-        """Insert the keys of `build_index` into `f` and the files after it, rolling as they fill."""
-        n = len(hashes)
-        pos = 0
-        while pos < n:
-            done = f.put_keys(hashes[pos:], phy[pos:], ts[pos:])
-            pos += done
-            if pos < n:
-                f = self.get_and_create_last_index_file()
+    def _insert(self, f: IndexFile, hashes: np.ndarray | bytes, phy: np.ndarray | bytes, ts: np.ndarray | bytes,
+                raw: bool = False, done: int = 0) -> int:
+        """Insert the entries of a `build_index` pass into `f` and the files after it, rolling as they fill:
+        arrays with `put_keys`, or (`raw`) the native key loop's bytes with `put_keys_raw`. `done` entries
+        are already in `f` (put by the caller). Returns how many the pass has.
+
+        Arrays are sliced in entries, the raw bytes in bytes (4 per hash, 8 per offset or time)."""
+        if raw:
+            put, hw, w = IndexFile.put_keys_raw, 4, 8
+        else:
+            put, hw, w = IndexFile.put_keys, 1, 1
+        n = len(hashes) // hw
+        if not done:
+            done = put(f, hashes, phy, ts)
+        while done < n:  # the file filled up: the rest goes to the next one
+            f = self.get_and_create_last_index_file()
+            done += put(f, hashes[hw * done:], phy[w * done:], ts[w * done:])
         return n
 
     # -- reading -------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ over a real broker socket checks the server uses it and that a topic made read-o
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.server import serve_in_thread
 from rmq_eventstore.client import Message, MQBrokerError, Producer
 from rmq_eventstore.client.admin import Admin
+from rmq_eventstore.common.rng import rng
 from rmq_eventstore.common.topic_config import PermName
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 from rmq_eventstore.store import MessageStore
@@ -100,9 +100,9 @@ def test_the_lane_stores_and_answers_what_the_full_path_does(lane_broker: Broker
                                                               fields: dict[str, str]) -> None:
     for body in (b"", b"hello", bytes(range(256)) * 8):
         req = _send(body=body, **fields)
-        random.seed(5)
+        rng.seed(5)
         fast = lane_broker.send_processor.lane(req, Channel())
-        random.seed(5)
+        rng.seed(5)
         full = full_broker.process(_send(body=body, **fields), Channel())
         assert fast is not None, "the lane declined a plain send"
         assert fast.code == ResponseCode.SUCCESS

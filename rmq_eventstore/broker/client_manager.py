@@ -9,13 +9,13 @@ that sent it died.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..common.rng import rng
 from ..remoting import RemotingCommand, RequestCode
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class ProducerManager(_GroupRegistry):
     def available_channel(self, group: str) -> Any | None:
         """One live channel of the group (RocketMQ picks any; a random member spreads check-backs), or None."""
         live = [info.channel for info in self.members(group) if getattr(info.channel, "send_oneway", None)]
-        return random.choice(live) if live else None
+        return rng.choice(live) if live else None
 
 
 class ClientManager:

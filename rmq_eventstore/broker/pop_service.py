@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -60,6 +59,7 @@ from ..common.properties import (
     get_property,
     set_property,
 )
+from ..common.rng import rng
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ..common.topic_config import PermName
 from .pop_buffer import PopBufferMergeService, PopJournal
@@ -123,7 +123,7 @@ class PopService:
         self.revive_topic = revive_topic(broker.config.broker_cluster_name)
         self._locks: dict[tuple[str, str, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._qid = random.randrange(REVIVE_QUEUE_NUM)
+        self._qid = rng.randrange(REVIVE_QUEUE_NUM)
         self._filters: dict[str, MessageFilter] = {}  # by expression: a filter is read-only once made
         self._retry_names: dict[tuple[str, str], str] = {}  # (group, topic) -> its pop retry topic
         self._rotations: dict[tuple[str, int], tuple[list[tuple[str, int, bool]], ...]] = {}  # see _queues
@@ -272,7 +272,7 @@ class PopService:
                 return result
 
     def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
-        draw = random.random()  # one draw per pop: where the queues start, and whether retries go first
+        draw = rng.random()  # one draw per pop: where the queues start, and whether retries go first
         if queue_id >= 0:
             normal = [(topic, queue_id, False)]
         else:  # every read queue, from a random one on (RocketMQ's `randomQ + i`)

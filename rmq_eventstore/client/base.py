@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 from ..common import MessageExt, codec
 from ..common.fastjson import fastjson_loads
+from ..common.rng import rng
 from ..remoting import RemotingCommand, RequestCode, ResponseCode
 from ..remoting.acl import SessionCredentials, sign_request
 from .remoting_client import MQBrokerError, RemotingClient, RemotingError
@@ -193,7 +193,7 @@ class ClientBase:
 
     def invoke_namesrv(self, cmd_factory: Any, ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
         last: Exception | None = None
-        for addr in random.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
+        for addr in rng.sample(self.namesrv_addrs, len(self.namesrv_addrs)):
             try:
                 return self.invoke(addr, cmd_factory(), ok=ok)
             except RemotingError as e:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import random
 import socket
 import struct
 import threading
@@ -14,6 +13,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from .native import native
+from .rng import rng
 from .tags import _to_signed32
 
 _ID_TAIL = struct.Struct(">iq")  # port + offset in a message id
@@ -123,9 +123,9 @@ class UniqueIdGenerator:
     def __init__(self, ip: bytes | None = None, pid: int | None = None) -> None:
         self._ip = ip if ip is not None else _local_ip()
         self._pid = (os.getpid() if pid is None else pid) & 0xFFFF
-        self._salt = random.getrandbits(32)
+        self._salt = rng.getrandbits(32)
         self._prefix = (self._ip + struct.pack(">Hi", self._pid, _to_signed32(self._salt))).hex().upper()
-        self._counter = random.getrandbits(16)
+        self._counter = rng.getrandbits(16)
         self._lock = threading.Lock()
         self._month_start = 0
         self._next_month = 0

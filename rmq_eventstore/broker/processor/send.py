@@ -10,7 +10,6 @@ hook in here.
 from __future__ import annotations
 
 import json
-import random
 from typing import TYPE_CHECKING, Any
 
 from ...common import Message, PutMessageStatus, codec
@@ -26,6 +25,7 @@ from ...common.properties import (
     get_property,
     set_property,
 )
+from ...common.rng import rng
 from ...common.stream import StreamIdError, validate_stream_id
 from ...common.topic import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -143,7 +143,7 @@ class SendMessageProcessor:
         if sys_flag & _TRANSACTION_BITS:
             return None
         if queue_id < 0:
-            queue_id = random.randrange(nqueues >> 16)
+            queue_id = rng.randrange(nqueues >> 16)
         elif queue_id >= nqueues & 0xFFFF:
             return None  # refused, with its message, by the full path
         store = self.broker.store
@@ -303,7 +303,7 @@ class SendMessageProcessor:
             return self._put_streams(msgs, streams, tc)
         queue_id = first.queue_id
         if queue_id < 0:
-            queue_id = random.randrange(max(tc.write_queue_nums, 1))
+            queue_id = rng.randrange(max(tc.write_queue_nums, 1))
         elif queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
             return (ResponseCode.SYSTEM_ERROR,
                     f"request queueId[{queue_id}] is illegal, topic: {topic} writeQueueNums: "
@@ -517,7 +517,7 @@ class SendMessageProcessor:
         else:
             topic = RETRY_GROUP_TOPIC_PREFIX + group
             tc = self.topics.create_retry_topic(group)
-            queue_id = random.randrange(max(tc.write_queue_nums if tc else 1, 1))
+            queue_id = rng.randrange(max(tc.write_queue_nums if tc else 1, 1))
             props = set_property(props, "DELAY", str(delay_level if delay_level > 0 else 3 + reconsume))
         origin = get_property(props, PROPERTY_ORIGIN_MESSAGE_ID)
         if not origin:

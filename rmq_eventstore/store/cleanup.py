@@ -223,18 +223,27 @@ class CleanConsumeQueueService:
     """Deletes consume queue and index files below the commitlog's minimum offset (`CleanConsumeQueueService`)."""
 
     def __init__(self, config: StoreConfig, commit_log: CommitLog,
-                 consume_queues: Callable[[], Iterable[ConsumeQueue]], index_service: IndexService) -> None:
+                 consume_queues: Callable[[], Iterable[ConsumeQueue]], index_service: IndexService,
+                 dispatched_offset: Callable[[], int] | None = None) -> None:
         self.config = config
         self.commit_log = commit_log
         self.consume_queues = consume_queues
         self.index_service = index_service
+        self.dispatched_offset = dispatched_offset
         self.last_physical_min_offset = 0
         self.deleted_files = 0
 
     def run(self) -> int:
-        """One round (`deleteExpiredFiles`); returns how many consume queue and index files were deleted."""
+        """One round (`deleteExpiredFiles`); returns how many consume queue and index files were deleted.
+
+        Not before the dispatch has reached the commitlog's new minimum: a queue's min is corrected from
+        the units it holds, and one whose units stop short of the minimum (its newer records not dispatched
+        yet) would keep a min pointing at deleted records, which no later round corrects (a round runs when
+        the minimum moves). The round is left for the next one instead."""
         min_offset = self.commit_log.get_min_offset()
         if min_offset <= self.last_physical_min_offset:
+            return 0
+        if self.dispatched_offset is not None and self.dispatched_offset() < min_offset:
             return 0
         self.last_physical_min_offset = min_offset
         count = 0

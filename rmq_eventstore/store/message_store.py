@@ -275,7 +275,8 @@ class MessageStore:
         self.warm_ahead_service: WarmAheadService | None = None
         self.clean_commit_log_service = CleanCommitLogService(config, self.commit_log, self.running_flags)
         self.clean_consume_queue_service = CleanConsumeQueueService(
-            config, self.commit_log, self._all_consume_queues, self.index_service)
+            config, self.commit_log, self._all_consume_queues, self.index_service,
+            lambda: self.reput_message_service.dispatched_offset)
         self.cleanup_service = StoreCleanupService(config, self.clean_commit_log_service,
                                                    self.clean_consume_queue_service)
         self._total_ram = _total_physical_memory()

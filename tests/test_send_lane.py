@@ -150,7 +150,8 @@ def test_the_lane_leaves_other_sends_to_the_full_path(lane_broker: Broker, field
 @pytest.mark.parametrize("topic", ["%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX",
                                    "rmq_sys_wheel_timer", "NotCreatedYet", "bad topic!", "TBW102"])
 def test_the_lane_leaves_special_and_unknown_topics_to_the_full_path(lane_broker: Broker, topic: str) -> None:
-    lane_broker.create_topic("%RETRY%g", 1, 1) if topic == "%RETRY%g" else None
+    if topic.startswith("%RETRY%"):
+        lane_broker.create_topic(topic, 1, 1)  # a retry topic that exists is still the full path's
     end = lane_broker.store.get_max_phy_offset()
     assert lane_broker.send_processor.lane(_send(topic=topic), Channel()) is None
     assert lane_broker.store.get_max_phy_offset() == end

@@ -35,7 +35,6 @@ from dataclasses import replace
 
 from ..common.pop import PopCheckPoint, offsets_text
 
-_RANGE_TEXT: dict[int, str] = {}  # n -> "0,1,...,n-1" (the journal's diffs of a pop with no gap)
 QueueKey = tuple[str, str, int]  # group, topic, queue id
 CkKey = tuple[str, str, int, int, int]  # group, topic, queue id, start offset, pop time
 
@@ -120,27 +119,16 @@ class PopJournal:
         self.size += len(data)
 
     def ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int, contiguous: bool = False) -> None:
-        """A `C` line; `contiguous`: the diffs are 0..n-1 (their text is then cached by n)."""
+        """A `C` line; `contiguous`: the diffs are 0..n-1 (written by the C loop)."""
         diffs = ck.queue_offset_diff
-        if contiguous:
-            text = _RANGE_TEXT.get(len(diffs))
-            if text is None:
-                text = ",".join(map(str, diffs))
-                if len(_RANGE_TEXT) < 1100:
-                    _RANGE_TEXT[len(diffs)] = text
-        else:
-            text = ",".join(map(str, diffs))
-        data = (f"C {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} {ck.invisible_time} "
-                f"{revive_qid} {next_offset} {text}\n").encode()
-        os.write(self._fd, data)
-        self.size += len(data)
+        text = offsets_text(0, len(diffs)) if contiguous else ",".join(map(str, diffs))
+        self._write(f"C {ck.group} {ck.topic} {ck.queue_id} {ck.start_offset} {ck.pop_time} {ck.invisible_time} "
+                    f"{revive_qid} {next_offset} {text}\n")
 
     def ack(self, key: CkKey, offsets: list[int] | range) -> None:
         text = (offsets_text(offsets.start, offsets.stop) if offsets.__class__ is range and offsets.step == 1
                 else ",".join(map(str, offsets)))
-        data = f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {text}\n".encode()
-        os.write(self._fd, data)
-        self.size += len(data)
+        self._write(f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {text}\n")
 
     def stored(self, key: CkKey) -> None:
         self._write(f"S {key[0]} {key[1]} {key[2]} {key[3]} {key[4]}\n")
@@ -269,15 +257,6 @@ class PopBufferMergeService:
                 if self.journal is not None:
                     self.journal.ck(ck, revive_qid, next_offset, entry.contiguous)
                 self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = entry
-                q = self._queues.get(qkey)
-                if q is None:
-                    q = self._queues[qkey] = deque()
-                q.append(entry)
-                self._count += 1
-                first = q[0]
-                if first.stored or first.acked == first.full:  # else the scan would stop at once
-                    self._scan_commit(qkey)
-                return True
             else:
                 self._flush_queue(qkey, None)
                 if self._queues.get(qkey):
@@ -285,9 +264,14 @@ class PopBufferMergeService:
                 if not self._put_ck(ck, revive_qid):
                     return False
                 entry = _Entry(ck, revive_qid, next_offset, 0, stored=True)
-            self._queues.setdefault(qkey, deque()).append(entry)
+            q = self._queues.get(qkey)
+            if q is None:
+                q = self._queues[qkey] = deque()
+            q.append(entry)
             self._count += 1
-            self._scan_commit(qkey)
+            first = q[0]
+            if first.stored or first.acked == first.full:  # else the scan would stop at once
+                self._scan_commit(qkey)
         return True
 
     def add_offset(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:

@@ -126,7 +126,7 @@ class PopService:
         self._qid = rng.randrange(REVIVE_QUEUE_NUM)
         self._filters: dict[str, MessageFilter] = {}  # by expression: a filter is read-only once made
         self._retry_names: dict[tuple[str, str], str] = {}  # (group, topic) -> its pop retry topic
-        self._rotations: dict[tuple[str, int], tuple[list[tuple[str, int, bool]], ...]] = {}  # see _queues
+        self._topic_queues: dict[tuple[str, int], list[tuple[str, int, bool]]] = {}  # see _queues
         self._arrival = threading.Condition()
         self._arrival_waiting = 0  # pops waiting on _arrival (changed under its lock)
         self._stop = threading.Event()
@@ -279,13 +279,12 @@ class PopService:
             tc = self.broker.topic_manager.get(topic)
             n = tc.read_queue_nums if tc else 0
             first = int(draw * 1_000_003) % n if n > 1 else 0
-            rotations = self._rotations.get((topic, n))
-            if rotations is None:  # the n orders of the topic's queues, made once (read-only)
-                if len(self._rotations) >= 4096:
-                    self._rotations.clear()
-                rotations = self._rotations[(topic, n)] = tuple(
-                    [(topic, (f + i) % n, False) for i in range(n)] for f in range(max(n, 1)))
-            normal = rotations[first]
+            queues = self._topic_queues.get((topic, n))
+            if queues is None:  # the topic's queues in order, made once (read-only)
+                if len(self._topic_queues) >= 4096:
+                    self._topic_queues.clear()
+                queues = self._topic_queues[(topic, n)] = [(topic, i, False) for i in range(n)]
+            normal = queues[first:] + queues[:first] if first else queues
         retry = self._retry_names.get((group, topic))
         if retry is None:
             if len(self._retry_names) >= 4096:

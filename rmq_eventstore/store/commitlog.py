@@ -330,18 +330,17 @@ class CommitLog:
                     return fast
             else:
                 fast = self._append_one(msg, uniq)
-            if fast is None:
-                fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
-            if fast is not None:
-                return fast
+                if fast is not None:
+                    return fast
+            return self.put_declined(msg, uniq)
         rec = self._prepare(msg, uniq)
         if isinstance(rec, PutMessageResult):
             return rec
         return self._append([rec], rec.total, _wait_store_msg_ok(msg))
 
     def put_declined(self, msg: Message, uniq: str | None) -> PutMessageResult:
-        """The rest of `put_message` once `_native.put_one` declined (a file to roll, a new queue, a message
-        it does not encode, ...) having drawn `uniq`, the message's UNIQ_KEY: the general path."""
+        """The rest of `put_message` once its fast paths declined (a file to roll, a new queue, a message
+        they do not encode, ...) having drawn `uniq`, the message's UNIQ_KEY: the general path."""
         fast = self._append_plain((msg,), (uniq,), _wait_store_msg_ok(msg))
         if fast is not None:
             return fast

@@ -10,14 +10,13 @@ thread hand-off when messages are there) and hands only a POP that must wait to 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ...common.topic import RETRY_GROUP_TOPIC_PREFIX
 from ...common.topic_config import PermName
-from ...remoting import FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode
+from ...remoting import FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode, loads_text
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -28,21 +27,6 @@ MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
 _SUCCESS, _NO_MESSAGE, _POLLING_TIMEOUT = (int(c) for c in (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE,
                                                              ResponseCode.POLLING_TIMEOUT))
-
-
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads ends up in
-
-
-def _loads(text: str) -> Any:
-    """`json.loads(text)` without its Python layers for a document with no whitespace around it (what
-    clients send); anything else, and every error, is left to `json.loads` itself."""
-    try:
-        doc, end = _scan_json(text, 0)
-    except (StopIteration, ValueError):
-        return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return doc
 
 
 class PopMessageProcessor:
@@ -88,7 +72,7 @@ class PopMessageProcessor:
         tc = b.topic_manager.get(topic)
         if tc is None:
             return req.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-        if tc.perm & PermName.PERM_READ != PermName.PERM_READ:
+        if not PermName.is_readable(tc.perm):
             return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
         if queue_id >= tc.read_queue_nums:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
@@ -200,7 +184,7 @@ class AckMessageProcessor:
         queue: one stale or foreign handle does not fail the acks beside it. What is left of an entry is
         settled with one revive record (`PopService.batch_ack`); a record not written is SYSTEM_ERROR."""
         try:
-            doc = _loads(req.body.decode() if req.body else "{}")  # UTF-8, as RocketMQ's JSON bodies
+            doc = loads_text(req.body.decode() if req.body else "{}")  # UTF-8, as RocketMQ's JSON bodies
             acks = [BatchAck.from_dict(a) for a in doc.get("acks") or []]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return req.response(ResponseCode.ILLEGAL_OPERATION, f"bad BATCH_ACK_MESSAGE body: {e}")

@@ -99,7 +99,7 @@ class SendMessageProcessor:
         self._uniq_ids = codec.UniqueIdGenerator()  # UNIQ_KEY for messages a producer sent without one
         self._topics_version = broker.topic_manager.file.data_version  # changed in place by every change
         self._lane_counter, self._lane_timestamp = -1, -1  # the version the lane's routes were made for
-        self._lane_routes: dict[str, int] = {}  # topic -> queue counts, for topics `lane` may serve
+        self._lane_routes: dict[str, tuple[int, int]] = {}  # topic -> queue counts, for topics `lane` may serve
         self._uniq_marker = PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
         self._cluster_marker = PROPERTY_CLUSTER + codec.NAME_VALUE_SEPARATOR
         self._cluster = f"{self._cluster_marker}{broker.config.broker_cluster_name}{codec.PROPERTY_SEPARATOR}"
@@ -119,10 +119,10 @@ class SendMessageProcessor:
         if dv.counter != self._lane_counter or dv.timestamp != self._lane_timestamp:
             # topics.json changed: every route is made again
             self._lane_counter, self._lane_timestamp, self._lane_routes = dv.counter, dv.timestamp, {}
-        nqueues = self._lane_routes.get(topic)  # type: ignore[arg-type]
-        if nqueues is None:
-            nqueues = self._lane_route(topic)
-            if nqueues is None:
+        route = self._lane_routes.get(topic)  # type: ignore[arg-type]
+        if route is None:
+            route = self._lane_route(topic)
+            if route is None:
                 return None
         props = x.get("i") or ""
         if ("m" in x and x["m"].strip().lower() == "true") or "DELAY" in props or "TIMER_" in props \
@@ -143,8 +143,8 @@ class SendMessageProcessor:
         if sys_flag & _TRANSACTION_BITS:
             return None
         if queue_id < 0:
-            queue_id = rng.randrange(nqueues >> 16)
-        elif queue_id >= nqueues & 0xFFFF:
+            queue_id = rng.randrange(route[0])
+        elif queue_id >= route[1]:
             return None  # refused, with its message, by the full path
         store = self.broker.store
         props = self._decorated(props, store.config.auto_create_uniq_key)
@@ -174,9 +174,10 @@ class SendMessageProcessor:
             props += self._cluster
         return props
 
-    def _lane_route(self, topic: str | None) -> int | None:
-        """For a topic the lane may serve, its write queue count (high 16 bits) and the count a queue id
-        must be below (low 16 bits), remembered until topics.json changes; None for any other topic."""
+    def _lane_route(self, topic: str | None) -> tuple[int, int] | None:
+        """For a topic the lane may serve, the count of queues a send without one picks from and the count
+        a queue id must be below (what `put` reads from the topic config), remembered until topics.json
+        changes; None for any other topic."""
         if topic is None or topic.startswith(("%", "rmq_sys_")) or is_system_topic(topic) \
                 or is_not_allowed_send_topic(topic):
             return None
@@ -187,7 +188,7 @@ class SendMessageProcessor:
         tc = self.topics.get(topic)
         if tc is None or not PermName.is_writeable(tc.perm):
             return None  # auto-creation and the refusals are the full path's
-        route = (max(tc.write_queue_nums, 1) << 16) | min(max(tc.write_queue_nums, tc.read_queue_nums), 0xFFFF)
+        route = (max(tc.write_queue_nums, 1), max(tc.write_queue_nums, tc.read_queue_nums))
         if len(self._lane_routes) < 10_000:
             self._lane_routes[topic] = route
         return route

@@ -144,29 +144,37 @@ def _walk_py(buf: memoryview | bytes, pos: int, stop: int, limit: int, max_rows:
     return np.fromiter(out, dtype=np.int64, count=len(out))
 
 
-def resync(buf: memoryview | bytes, mm: object, pos: int, limit: int, file_from: int) -> int | None:
-    """The first record start at or after `pos`, found by its magic code and PHYSICALOFFSET (which a
-    broker writes as the record's own log offset), confirmed by `codec.check_message_and_return_size`.
+def resync(buf: memoryview | bytes, mm: object, pos: int, limit: int, file_from: int,
+           before: int | None = None) -> int | None:
+    """The first record start at or after `pos` (and before `before` when given), found by its magic code
+    and PHYSICALOFFSET (which a broker writes as the record's own log offset), confirmed by
+    `codec.check_message_and_return_size`.
 
     Used to start a split of a large segment on a record boundary without walking from the file's
     start, and by verify to continue past a damaged record. None when no record follows (zeros, a
-    BLANK, or the end of the data).
+    BLANK, or the end of the data). A split passes its end as `before`: a start past it is the next
+    split's, and a split in a segment's preallocated zeros then searches only its own bytes, not the
+    zeros of every split after it.
     """
     find = mm.find  # mmap.find / bytes.find: a memchr-speed search
     p = pos
     window = 1 << 16
-    while p < limit:
+    # A candidate start c < before has its magic code in [c + 4, c + 8): search no further than that.
+    end = limit if before is None else min(limit, before + 7)
+    while p < end:
         # Search a window that doubles until a magic code turns up, so that a magic code the store never
         # uses (V2 in a V1 store) does not send every search to the end of the segment.
-        hi = min(limit, p + 4 + window)
+        hi = min(end, p + 4 + window)
         hits = [h for h in (find(m, p + 4, hi) for m in _MAGIC_BYTES) if h >= 0]
         if not hits:
-            if hi >= limit:
+            if hi >= end:
                 return None
             window *= 2
             p = hi - 7  # a magic code may straddle the window's end
             continue
         cand = min(hits) - 4
+        if before is not None and cand >= before:
+            return None
         if cand >= pos and cand + 36 <= limit and _PHYS.unpack_from(buf, cand + codec.PHY_POS_POSITION)[0] \
                 == file_from + cand:
             r = codec.check_message_and_return_size(buf, cand, limit=limit)

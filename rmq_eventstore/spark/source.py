@@ -291,8 +291,8 @@ def read_segment_range(part: SegmentRange, spec: ReadSpec, file_size: int | None
         buf = memoryview(seg.mm)
         pos = part.lo
         if not part.exact_start:
-            found = decode.resync(buf, seg.mm, pos, seg.size, part.file_from)
-            if found is None or found >= part.hi:
+            found = decode.resync(buf, seg.mm, pos, seg.size, part.file_from, part.hi)
+            if found is None:
                 return
             pos = found
         for d in decode.iter_batches(buf, seg.a, part.file_from, pos, min(part.hi, seg.size), spec.filters,

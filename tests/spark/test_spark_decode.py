@@ -91,6 +91,42 @@ def test_resync_finds_the_next_record_boundary(engine_store: Path) -> None:
         assert decode.resync(memoryview(mm), mm, probe, len(mm), 0) == want
 
 
+def test_resync_stops_at_the_split_end(engine_store: Path) -> None:
+    """A split passes its end: a start at or past it is the next split's, and a split in preallocated zeros
+    searches only its own bytes (before, each such split searched every later split's zeros too)."""
+    path = engine_store / "commitlog" / sorted(os.listdir(engine_store / "commitlog"))[0]
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    rows, _ = decode_dir(path.parent)
+    starts = sorted(r["commit_log_offset"] for r in rows if r["commit_log_offset"] < len(mm))
+    searched: list[tuple[int, int]] = []
+
+    class Finder:
+        def __init__(self, m: mmap.mmap) -> None:
+            self.m = m
+
+        def find(self, sub: bytes, lo: int, hi: int) -> int:
+            searched.append((lo, hi))
+            return self.m.find(sub, lo, hi)
+
+    buf = memoryview(mm)
+    probe = starts[3] + 1
+    assert decode.resync(buf, Finder(mm), probe, len(mm), 0, starts[4] + 1) == starts[4]
+    assert decode.resync(buf, Finder(mm), probe, len(mm), 0, starts[4]) is None
+    assert decode.resync(buf, Finder(mm), probe, len(mm), 0, starts[4] - 1) is None
+    # The last segment's preallocated zeros after its last record: a split there searches its own bytes.
+    last = engine_store / "commitlog" / sorted(os.listdir(engine_store / "commitlog"))[-1]
+    with open(last, "rb") as fh:
+        mm2 = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    file_from = int(last.name)
+    tail = max(r["commit_log_offset"] + r["store_size"] for r in rows if r["commit_log_offset"] >= file_from) \
+        - file_from if any(r["commit_log_offset"] >= file_from for r in rows) else 0
+    assert tail + 4096 < len(mm2) and mm2[tail:] == bytes(len(mm2) - tail)
+    searched.clear()
+    assert decode.resync(memoryview(mm2), Finder(mm2), tail + 16, len(mm2), file_from, tail + 2064) is None
+    assert searched and max(hi for _, hi in searched) <= tail + 2064 + 7
+
+
 @pytest.mark.parametrize("value", [b"\x00" * 16, b""])
 def test_zeroed_space_ends_a_walk(value: bytes) -> None:
     st = decode.WalkState(0)

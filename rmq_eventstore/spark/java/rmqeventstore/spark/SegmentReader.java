@@ -130,8 +130,8 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     if (limit == 0) {
       done = true;
     } else if (!part.exactStart) {
-      int found = resync(pos);
-      if (found < 0 || found >= part.hi) {
+      int found = resync(pos, stop);
+      if (found < 0) {
         done = true;
       } else {
         pos = found;
@@ -247,12 +247,14 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     return (int) ppos + 2;
   }
 
-  /** {@code decode.resync}: the first record start at or after {@code from} (magic code, PHYSICALOFFSET
-   * equal to its own log offset, and the record checks), -1 when none follows. */
-  private int resync(int from) {
+  /** {@code decode.resync}: the first record start in [{@code from}, {@code before}) (magic code,
+   * PHYSICALOFFSET equal to its own log offset, and the record checks), -1 when none does. The search
+   * stops at {@code before} (the range's end): a start past it belongs to the next range, and a range in
+   * a segment's preallocated zeros must not scan every later range's zeros too. */
+  private int resync(int from, int before) {
     byte[] rec = new byte[0];
     int i = from + 4;
-    while ((long) i + 4 <= limit) {
+    while ((long) i + 4 <= limit && i - 4 < before) {
       // skip eight bytes at a time while none of them is 0xDA, the first byte of both magic codes
       if ((long) i + 8 <= limit) {
         long x = mm.getLong(i) ^ 0xDADADADADADADADAL;

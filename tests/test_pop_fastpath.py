@@ -17,7 +17,8 @@ from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.pop_buffer import PopBufferMergeService, PopJournal
 from rmq_eventstore.broker.processor.pop import AckMessageProcessor, PopMessageProcessor
 from rmq_eventstore.client.pop_consumer import PopConsumer
-from rmq_eventstore.common import Message
+from rmq_eventstore.common import Message, codec
+from rmq_eventstore.common.filter import MessageFilter
 from rmq_eventstore.common.pop import BatchAck, ExtraInfo, PopCheckPoint, pop_retry_topic
 from rmq_eventstore.common.properties import PROPERTY_POP_CK
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -254,3 +255,43 @@ def test_the_batch_ack_body_is_what_batch_acks_encode_to(broker: Broker, parsed:
     assert unpopped is not None
     with pytest.raises(ValueError, match="no POP_CK"):  # a message that was not popped
         c._ack_requests([*msgs[:2], unpopped.messages[0]])
+
+
+def from_get_message(broker: Broker, queue_id: int, offset: int, n: int, filt: MessageFilter | None) -> tuple:
+    r = broker.store.get_message("test-reader", "jobs", queue_id, offset, n, filt)
+    assert r is not None
+    return (r.status, r.next_begin_offset, r.max_offset, r.message_count, r.body if r.message_count else b"",
+            r.message_queue_offsets)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_read_for_pop_is_what_get_message_answers(broker: Broker, native: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`MessageStore.read_for_pop` (the native read without the result object) against `get_message`: the
+    same statuses, next offsets, max offset, records and their offsets, for every start offset of a queue
+    (and past its end), every batch size, with a filter that matches everything and one that skips."""
+    if not native:
+        monkeypatch.setattr(codec, "pull_native", None)
+    elif codec.pull_native is None:
+        pytest.skip("no native module")
+    store = broker.store
+    checked = 0
+    for queue_id, top in ((0, 40), (2, 5), (1, 0)):
+        cq = store.find_consume_queue("jobs", queue_id, create=False)
+        if cq is None:
+            continue
+        for filt in (None, MessageFilter("*"), MessageFilter("t")):
+            for offset in range(0, top + 3):
+                for n in (1, 3, 32):
+                    got = store.read_for_pop("jobs", queue_id, cq, offset, n, filt)
+                    assert got is not None
+                    status, end, max_offset, count, body, offsets = got
+                    assert (status, end, max_offset, count, body, list(offsets)) == \
+                        from_get_message(broker, queue_id, offset, n, filt)
+                    if count and end - offset == count:  # consecutive: no per-record list made
+                        assert isinstance(offsets, range)
+                    checked += 1
+    assert checked > 300
+    store.shutdown()
+    cq = store.find_consume_queue("jobs", 0, create=False)
+    assert cq is not None and store.read_for_pop("jobs", 0, cq, 0, 1, None) is None  # as get_message

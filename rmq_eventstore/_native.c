@@ -4429,9 +4429,36 @@ static PyObject *pop_set_handles(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
+/* The digits of s[a:b] as a non-negative number when they are 1 to 18 ASCII digits (what int(text, 10) reads
+   then); -1 for anything else (signs, spaces, underscores, other digits: left to PyLong_FromUnicodeObject). */
+static long long ph_digits(PyObject *s, Py_ssize_t a, Py_ssize_t b) {
+    if (b <= a || b - a > 18)
+        return -1;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    long long v = 0;
+    for (Py_ssize_t i = a; i < b; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < '0' || c > '9')
+            return -1;
+        v = v * 10 + (long long)(c - '0');
+    }
+    return v;
+}
+
+/* s[a:a+len(p)] == p, compared in place (a different storage kind: not compared, 0) */
+static int ph_region_is(PyObject *s, Py_ssize_t a, Py_ssize_t n, PyObject *p) {
+    if (PyUnicode_GET_LENGTH(p) != n || PyUnicode_KIND(p) != PyUnicode_KIND(s))
+        return 0;
+    int kind = PyUnicode_KIND(s);
+    return memcmp((const char *)PyUnicode_DATA(s) + (size_t)a * kind, PyUnicode_DATA(p), (size_t)n * kind) == 0;
+}
+
 /* pop_ack_scan(msgs, start, cls, lead, acks) -> index of the first message not handled (len: all); acks maps
    (topic, handle without its last field) to (start offset, bits list, ...): each handled message's
-   int(last field) - start offset is appended to the bits */
+   int(last field) - start offset is appended to the bits. The handle is read in place in the properties
+   string; a message with the previous one's topic and handle prefix uses the previous one's entry (what the
+   dict answers for the same key: the dict does not change during the call, str keys run no Python code) */
 static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
     PyObject *msgs, *cls, *lead, *acks;
     Py_ssize_t i;
@@ -4440,12 +4467,18 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
     if (ph_init_names() < 0)
         return NULL;
     Py_ssize_t lead_len = PyUnicode_GET_LENGTH(lead);
+    PyObject *prev_t = NULL, *prev_prefix = NULL, *prev_entry = NULL; /* strong references */
+    long long prev_start = 0;
+    int prev_start_ok = 0;
+    PyObject *result = NULL;
     for (; i < PyList_GET_SIZE(msgs); i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i), *s = NULL, *t = NULL, *handle = NULL, *prefix = NULL, *last = NULL,
+        PyObject *m = PyList_GET_ITEM(msgs, i), *s = NULL, *t = NULL, *prefix = NULL, *last = NULL,
                  *key = NULL, *num = NULL, *bit = NULL;
         int plain = ph_plain(m, cls);
-        if (plain <= 0)
-            return plain < 0 ? NULL : PyLong_FromSsize_t(i);
+        if (plain < 0)
+            goto out;
+        if (plain == 0)
+            break;
         int ok = 0;
         if (!(s = PyObject_GetAttr(m, ph_s_props)))
             goto fail;
@@ -4460,65 +4493,101 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
         Py_ssize_t k = PyUnicode_FindChar(s, 2, j, n, 1);
         if (k == -2)
             goto fail;
-        if (!(handle = PyUnicode_Substring(s, j + lead_len, k >= 0 ? k : n)))
-            goto fail;
-        Py_ssize_t hl = PyUnicode_GET_LENGTH(handle);
-        Py_ssize_t sp = PyUnicode_FindChar(handle, ' ', 0, hl, -1);
+        Py_ssize_t h0 = j + lead_len, h1 = k >= 0 ? k : n; /* the handle: s[h0:h1] */
+        if (h1 < h0)
+            h1 = h0;
+        Py_ssize_t sp = h1 > h0 ? PyUnicode_FindChar(s, ' ', h0, h1, -1) : -1;
         if (sp == -2)
             goto fail;
         if (sp < 0)
             goto stop;
         if (!(t = PyObject_GetAttr(m, ph_s_topic)))
             goto fail;
-        if (!(prefix = PyUnicode_Substring(handle, 0, sp)) || !(key = PyTuple_Pack(2, t, prefix)))
-            goto fail;
-        PyObject *entry = PyDict_GetItemWithError(acks, key); /* borrowed */
-        if (entry == NULL) {
+        PyObject *entry; /* borrowed: from the dict, or the cached previous one */
+        if (prev_entry != NULL && PyUnicode_CheckExact(t) && (t == prev_t || PyUnicode_Compare(t, prev_t) == 0)
+            && ph_region_is(s, h0, sp - h0, prev_prefix)) {
+            entry = prev_entry;
+        } else {
             if (PyErr_Occurred())
                 goto fail;
-            goto stop;
-        }
-        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2 || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1))
-            || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
-            goto stop;
-        if (!(last = PyUnicode_Substring(handle, sp + 1, hl)))
-            goto fail;
-        if (!(num = PyLong_FromUnicodeObject(last, 10))) {
-            if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            if (!(prefix = PyUnicode_Substring(s, h0, sp)) || !(key = PyTuple_Pack(2, t, prefix)))
                 goto fail;
-            PyErr_Clear(); /* the reference raises it */
-            goto stop;
+            entry = PyDict_GetItemWithError(acks, key);
+            if (entry == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                goto stop;
+            }
+            if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2
+                || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
+                goto stop;
+            Py_XDECREF(prev_entry);
+            Py_XDECREF(prev_prefix);
+            Py_XDECREF(prev_t);
+            prev_entry = NULL;
+            prev_prefix = NULL;
+            prev_t = NULL;
+            if (PyUnicode_CheckExact(t)) { /* a str subclass is looked up every time */
+                Py_INCREF(entry);
+                Py_INCREF(prefix);
+                Py_INCREF(t);
+                prev_entry = entry;
+                prev_prefix = prefix;
+                prev_t = t;
+                int overflow = 0;
+                prev_start = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, 0), &overflow);
+                if (prev_start == -1 && PyErr_Occurred())
+                    goto fail;
+                prev_start_ok = !overflow;
+            }
         }
-        /* int - int and list.append run no Python code: the borrowed entry stays alive */
-        if (!(bit = PyNumber_Subtract(num, PyTuple_GET_ITEM(entry, 0))))
-            goto fail;
+        long long digits = ph_digits(s, sp + 1, h1), diff;
+        if (digits >= 0 && entry == prev_entry && prev_start_ok && !__builtin_sub_overflow(digits, prev_start, &diff)) {
+            if (!(bit = PyLong_FromLongLong(diff)))
+                goto fail;
+        } else {
+            if (!(last = PyUnicode_Substring(s, sp + 1, h1)))
+                goto fail;
+            if (!(num = PyLong_FromUnicodeObject(last, 10))) {
+                if (!PyErr_ExceptionMatches(PyExc_ValueError))
+                    goto fail;
+                PyErr_Clear(); /* the reference raises it */
+                goto stop;
+            }
+            /* int - int runs no Python code: the borrowed entry stays alive */
+            if (!(bit = PyNumber_Subtract(num, PyTuple_GET_ITEM(entry, 0))))
+                goto fail;
+        }
         if (PyList_Append(PyTuple_GET_ITEM(entry, 1), bit) < 0)
             goto fail;
         ok = 1;
     stop:
         Py_XDECREF(s);
         Py_XDECREF(t);
-        Py_XDECREF(handle);
         Py_XDECREF(prefix);
         Py_XDECREF(last);
         Py_XDECREF(key);
         Py_XDECREF(num);
         Py_XDECREF(bit);
         if (!ok)
-            return PyLong_FromSsize_t(i);
+            break;
         continue;
     fail:
         Py_XDECREF(s);
         Py_XDECREF(t);
-        Py_XDECREF(handle);
         Py_XDECREF(prefix);
         Py_XDECREF(last);
         Py_XDECREF(key);
         Py_XDECREF(num);
         Py_XDECREF(bit);
-        return NULL;
+        goto out;
     }
-    return PyLong_FromSsize_t(i);
+    result = PyLong_FromSsize_t(i);
+out:
+    Py_XDECREF(prev_entry);
+    Py_XDECREF(prev_prefix);
+    Py_XDECREF(prev_t);
+    return result;
 }
 /* ============================================================================================== */
 /* end of the POP receipt handle block                                                              */

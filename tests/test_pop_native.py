@@ -59,13 +59,25 @@ def test_set_handles_same_as_reference(specs: list, leads: dict, start: int) -> 
 
 
 HANDLE = st.sampled_from(["5 100 60000 3 0 broker-a 1 ", "5 100 60000 3 1 broker-a 0 ", "7 100 60000 3 0 b 2 "])
-LAST = st.sampled_from(["5", "6", "36", "x", "", " 9", "1_0", "12\x00"])
+LAST = st.sampled_from(["5", "6", "36", "x", "", " 9", "1_0", "12\x00",
+                        # read in place by the C loop (1 to 18 ASCII digits) or left to int(): more digits,
+                        # signs, leading zeros, other Unicode digits, a 64-bit overflow of the difference
+                        "0007", "123456789012345678", "1234567890123456789", "99999999999999999999999", "+5", "-3",
+                        "\u0661\u0662", "9223372036854775807"])
+
+
+class Name(str):
+    """A str subclass as a message's topic: the C loop looks it up every time (no cached entry)."""
+
+    __slots__ = ()
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE, LAST, PROPS, st.booleans(), st.booleans(),
-                          st.sampled_from([MessageExt, MessageExt, Other])), max_size=12),
-       st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE, st.integers(0, 10)), max_size=4), st.integers(0, 12))
+@given(st.lists(st.tuples(st.sampled_from(["T", "U", "T", Name("T")]), HANDLE, LAST, PROPS, st.booleans(),
+                          st.booleans(), st.sampled_from([MessageExt, MessageExt, Other])), max_size=12),
+       st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE,
+                          st.one_of(st.integers(0, 10), st.sampled_from([-(2**63), 2**63 - 1, 2**64, -(2**70)]))),
+                max_size=4), st.integers(0, 12))
 def test_ack_scan_same_as_reference(specs: list, entries: list, start: int) -> None:
     msgs = []
     for topic, prefix, last, props, parsed, glued, cls in specs:

@@ -251,6 +251,8 @@ def test_the_batch_ack_body_is_what_batch_acks_encode_to(broker: Broker, parsed:
     assert body == reference_ack_body("g", msgs)
     assert [len(a["b"]) for a in json.loads(body)["acks"]] == [3 + 4, 3, 5, 1]
     assert json.loads(body)["acks"][3]["t"] == pop_retry_topic("g", "jobs")
+    for order in (msgs[::-1], third + third[:2]):  # bits descending; a run and then repeats
+        assert c._ack_requests(order)["127.0.0.1:0"].body == reference_ack_body("g", order)
     unpopped = broker.store.get_message("test-reader", "jobs", 2, 4, 1, None)
     assert unpopped is not None
     with pytest.raises(ValueError, match="no POP_CK"):  # a message that was not popped

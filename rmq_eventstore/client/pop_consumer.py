@@ -14,7 +14,7 @@ import json
 
 from ..common import MessageExt
 from ..common.native import native
-from ..common.pop import ExtraInfo, pop_retry_topic
+from ..common.pop import ExtraInfo, int_run, offsets_text, pop_retry_topic
 from ..common.properties import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_POP_CK,
@@ -118,6 +118,11 @@ def pop_ack_scan_py(msgs: list[MessageExt], i: int, cls: type, lead: str,
             return i
         entry[1].append(num - entry[0])
     return len(msgs)
+
+
+def _bits_text(bits: list[int]) -> str:
+    """`",".join(map(str, bits))`: a run of consecutive ints (a whole pop acked) by the C loop."""
+    return offsets_text(bits[0], bits[0] + len(bits)) if int_run(bits) else ",".join(map(str, bits))
 
 
 _set_handles = native.pop_set_handles if native is not None else pop_set_handles_py
@@ -277,7 +282,7 @@ class PopConsumer:
             if i < n:  # the messages after it whose entry is known
                 i = _ack_scan(msgs, i, MessageExt, _LEAD, entries)
         return {addr: RemotingCommand(_BATCH_ACK_MESSAGE, {}, (
-            '{"acks":[' + ",".join([f"{head}{','.join(map(str, bits))}]}}" for _, bits, head in acks]) + "]}"
+            '{"acks":[' + ",".join([f"{head}{_bits_text(bits)}]}}" for _, bits, head in acks]) + "]}"
         ).encode(), next_opaque()) for addr, acks in by_broker.items()}
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:

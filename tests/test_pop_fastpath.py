@@ -297,3 +297,31 @@ def test_the_read_for_pop_is_what_get_message_answers(broker: Broker, native: bo
     store.shutdown()
     cq = store.find_consume_queue("jobs", 0, create=False)
     assert cq is not None and store.read_for_pop("jobs", 0, cq, 0, 1, None) is None  # as get_message
+
+
+def test_the_rest_offset_is_the_pop_offset(broker: Broker) -> None:
+    """What a POP counts as left in a queue (`rest_offset`, no lock) is where the next pop starts
+    (`pop_offset`): for queues never popped, with pops in the buffer, partly and wholly acked, and
+    committed; and the restNum of a pop over several queues is the sum of what each has left."""
+    c, base = consumer(broker)
+    buf = broker.pop_service.buffer
+
+    def same() -> None:
+        for q in range(4):
+            assert buf.rest_offset("g", "jobs", q) == buf.pop_offset("g", "jobs", q)
+
+    same()
+    first = c.pop("jobs", max_nums=3, invisible_time=60_000, queue_id=2)
+    second = c.pop("jobs", max_nums=7, invisible_time=60_000, queue_id=0)
+    same()
+    c.ack_batch(second[:2])
+    same()
+    c.ack_batch(first)
+    same()
+    c.ack_batch(second[2:])
+    same()
+    c.pop("jobs", max_nums=1, invisible_time=60_000)  # from queue 0 or 2: the others counted
+    x = base.sent[-1][1].ext_fields
+    left = sum(max(broker.store.get_max_offset_in_queue("jobs", q) - max(buf.pop_offset("g", "jobs", q), 0), 0)
+               for q in range(4))
+    assert int(x["restNum"]) == left == 34  # 40 - 7 + 5 - 3, less the one popped

@@ -320,8 +320,8 @@ class PopService:
             top = cq.get_max_offset_in_queue()
             want = max_nums - count
             if want <= 0:
-                if top > 0:
-                    rest += max(top - max(buffer.pop_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
+                if top > 0:  # only counted: the buffer's frontier read without its lock
+                    rest += max(top - max(buffer.rest_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
                 continue
             if top <= 0:
                 continue  # an empty queue (the store's answer would move nothing)

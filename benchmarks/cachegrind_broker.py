@@ -2,7 +2,7 @@
 """Instructions the broker process executes per request, counted by valgrind's cachegrind (deterministic,
 unlike this VM's clocks, which drift 2-4x within minutes).
 
-    python benchmarks/cachegrind_broker.py [trivial|single|pop1|ack1] ... [--n 2000] [--base 400]
+    python benchmarks/cachegrind_broker.py [trivial|single|pop1|pop32] ... [--n 2000] [--base 400]
 
 For each phase the broker (`serve_in_thread`, bench_broker.py's settings) runs twice under
 `valgrind --tool=cachegrind --cache-sim=no`, once serving `--base` requests of the phase and once `--n`;
@@ -10,7 +10,9 @@ the client is this process (our `Producer` / `PopConsumer`, not under valgrind).
 (instructions of the long run - of the short run) / (n - base): start-up, warm-up and shut-down cancel
 out; the broker's idle wake-ups (timed waits of its service threads) add a little noise. `trivial` is a
 GET_MAX_OFFSET round trip, `single` a SEND_MESSAGE_V2 of one 200-byte message, `pop1` a POP of one
-message followed by its ACK (counted as one request pair). A profiling tool: nothing is compared with a
+message followed by its ACK (counted as one request pair), `pop32` POPs of 32 messages each followed by one
+BATCH_ACK (counted per message); both include the sends that fill the topic first (100 a batch), which
+`fill` alone counts (subtract it). A profiling tool: nothing is compared with a
 peer and nothing is timed. Needs valgrind (Debian's `valgrind`).
 """
 
@@ -47,7 +49,7 @@ def _instructions(out_file: Path) -> int:
     raise RuntimeError(f"no summary line in {out_file}")
 
 
-def run_once(phase: str, n: int, root: Path) -> int:
+def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
     """Total instructions of a broker process that served `n` requests of `phase`."""
     from rmq_eventstore.client import Message, PopConsumer, Producer
     from rmq_eventstore.remoting import RemotingCommand, RequestCode
@@ -55,7 +57,9 @@ def run_once(phase: str, n: int, root: Path) -> int:
     path = tempfile.mkdtemp(prefix="cg-broker-", dir=root)
     out = Path(path) / "cachegrind.out"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONMALLOC="malloc")
-    proc = subprocess.Popen(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+    tool = (["--tool=callgrind", f"--callgrind-out-file={out}"] if keep is not None
+            else ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"])
+    proc = subprocess.Popen(["valgrind", *tool,
                              sys.executable, "-c", CHILD, str(Path(path) / "store"), json.dumps(BROKER_CONFIG)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=REPO, env=env)
@@ -73,6 +77,9 @@ def run_once(phase: str, n: int, root: Path) -> int:
             elif phase == "single":
                 for m in msgs:
                     p.send(m, queue_id=0)
+            elif phase == "fill":  # only what the pop phases send first (theirs minus this: the POP + ACK)
+                for i in range(0, n, 100):
+                    p.send_batch(msgs[i:i + 100], queue_id=0)
             elif phase == "pop1":
                 for i in range(0, n, 100):
                     p.send_batch(msgs[i:i + 100], queue_id=0)
@@ -83,11 +90,23 @@ def run_once(phase: str, n: int, root: Path) -> int:
                         for m in popped:
                             c.ack(m)
                         got += len(popped) or 1
+            elif phase == "pop32":  # n messages popped 32 at a time, each batch acked by one BATCH_ACK
+                for i in range(0, n, 100):
+                    p.send_batch(msgs[i:i + 100], queue_id=0)
+                with PopConsumer(namesrv, "cg-pop", timeout_ms=60_000) as c:
+                    got = 0
+                    while got < n:
+                        popped = c.pop("Profile", max_nums=32, invisible_time=60_000)
+                        c.ack_batch(popped)
+                        got += len(popped) or 1
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
         proc.stdin.write("quit\n")
         proc.stdin.flush()
         proc.wait(600)
+        if keep is not None:
+            shutil.copy(out, keep)
+            return 0
         return _instructions(out)
     finally:
         if proc.poll() is None:
@@ -101,11 +120,19 @@ def main() -> int:
     ap.add_argument("phases", nargs="*", default=["trivial", "single"])
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--base", type=int, default=400)
+    ap.add_argument("--callgrind", metavar="FILE", help="instead: one run of the first phase (--n requests) under "
+                    "callgrind, its output file kept (for callgrind_annotate --inclusive=yes)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
     root = Path(tempfile.mkdtemp(prefix="cachegrind-broker-"))
+    if args.callgrind:
+        try:
+            run_once(args.phases[0], args.n, root, Path(args.callgrind).resolve())
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0
     try:
         for phase in args.phases:
             small = run_once(phase, args.base, root)

@@ -4342,16 +4342,108 @@ static int ph_init_names(void) {
     return 0;
 }
 
+/* The attributes both loops read, in place when `cls` is a plain __slots__ class (generic attribute access,
+   object slots: MessageExt): bound once per class, read only from messages whose type is exactly `cls`. */
+enum { PH_TOPIC, PH_PROPS, PH_PARSED, PH_QID, PH_QOFF, PH_N };
+static const char *const ph_slot_names[PH_N] = {"topic", "properties_string", "_properties", "queue_id",
+                                                "queue_offset"};
+static PyObject *ph_slot_cls; /* strong: the class the offsets are of */
+static Py_ssize_t ph_slot_off[PH_N];
+static int ph_slots_ok;
+
+/* 1 when cls's attributes are read in place, 0 when through PyObject_GetAttr / SetAttr */
+static int ph_bind(PyObject *cls) {
+    if (cls == ph_slot_cls)
+        return ph_slots_ok;
+    Py_ssize_t offs[PH_N];
+    int ok = PyType_Check(cls) && ((PyTypeObject *)cls)->tp_getattro == PyObject_GenericGetAttr
+             && ((PyTypeObject *)cls)->tp_setattro == PyObject_GenericSetAttr;
+    if (ok && slot_offsets(cls, ph_slot_names, PH_N, offs) < 0) {
+        PyErr_Clear();
+        ok = 0;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(ph_slot_cls, cls);
+    if (ok)
+        memcpy(ph_slot_off, offs, sizeof offs);
+    ph_slots_ok = ok;
+    return ok;
+}
+
+/* m.<name> (new reference; NULL with the error): the slot read in place when `fast` (m's type is the bound
+   class), the generic lookup otherwise or when the slot is unset (its AttributeError) */
+static inline PyObject *ph_attr(PyObject *m, int fast, int f, PyObject *name) {
+    if (fast) {
+        PyObject *v = *(PyObject **)((char *)m + ph_slot_off[f]);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return PyObject_GetAttr(m, name);
+}
+
 /* m is `cls` exactly and its properties are not parsed: 1; 0 when not; -1 on error */
-static int ph_plain(PyObject *m, PyObject *cls) {
+static int ph_plain(PyObject *m, PyObject *cls, int fast) {
     if ((PyObject *)Py_TYPE(m) != cls)
         return 0;
-    PyObject *parsed = PyObject_GetAttr(m, ph_s_parsed);
+    PyObject *parsed = ph_attr(m, fast, PH_PARSED, ph_s_parsed);
     if (parsed == NULL)
         return -1;
     int plain = parsed == Py_None;
     Py_DECREF(parsed);
     return plain;
+}
+
+/* s[a:a+len(p)] == p, compared in place (a different storage kind: not compared, 0) */
+static int ph_region_is(PyObject *s, Py_ssize_t a, Py_ssize_t n, PyObject *p) {
+    if (PyUnicode_GET_LENGTH(p) != n || PyUnicode_KIND(p) != PyUnicode_KIND(s))
+        return 0;
+    int kind = PyUnicode_KIND(s);
+    return memcmp((const char *)PyUnicode_DATA(s) + (size_t)a * kind, PyUnicode_DATA(p), (size_t)n * kind) == 0;
+}
+
+/* s + [SEP when s is not empty and does not end with one] + lead + the digits of off + SEP, as one new string
+   (what the reference's f-string makes: the widest storage kind of its parts) */
+static PyObject *ph_handle_string(PyObject *s, PyObject *lead, long long off) {
+    char digits[24]; /* "%lld" written by hand (snprintf costs ten times more) */
+    char rev[24];
+    int nd = 0, nr = 0;
+    unsigned long long u = off < 0 ? 0ULL - (unsigned long long)off : (unsigned long long)off;
+    do {
+        rev[nr++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (off < 0)
+        digits[nd++] = '-';
+    while (nr)
+        digits[nd++] = rev[--nr];
+    Py_ssize_t ns = PyUnicode_GET_LENGTH(s), nl = PyUnicode_GET_LENGTH(lead);
+    int glue = ns > 0 && PyUnicode_READ_CHAR(s, ns - 1) != 2;
+    Py_UCS4 maxchar = PyUnicode_MAX_CHAR_VALUE(s);
+    if (PyUnicode_MAX_CHAR_VALUE(lead) > maxchar)
+        maxchar = PyUnicode_MAX_CHAR_VALUE(lead);
+    PyObject *r = PyUnicode_New(ns + glue + nl + nd + 1, maxchar);
+    if (r == NULL)
+        return NULL;
+    int kind = PyUnicode_KIND(r);
+    void *data = PyUnicode_DATA(r);
+    Py_ssize_t pos = 0;
+    if (ns && PyUnicode_CopyCharacters(r, 0, s, 0, ns) < 0)
+        goto fail;
+    pos = ns;
+    if (glue)
+        PyUnicode_WRITE(kind, data, pos++, 2);
+    if (nl && PyUnicode_CopyCharacters(r, pos, lead, 0, nl) < 0)
+        goto fail;
+    pos += nl;
+    for (int d = 0; d < nd; d++)
+        PyUnicode_WRITE(kind, data, pos++, (Py_UCS4)(unsigned char)digits[d]);
+    PyUnicode_WRITE(kind, data, pos, 2);
+    return r;
+fail:
+    Py_DECREF(r);
+    return NULL;
 }
 
 /* pop_set_handles(msgs, start, cls, topic, leads) -> index of the first message not handled (len: all) */
@@ -4362,52 +4454,81 @@ static PyObject *pop_set_handles(PyObject *self, PyObject *args) {
         return NULL;
     if (ph_init_names() < 0)
         return NULL;
+    int fast = ph_bind(cls);
+    PyObject *prev_q = NULL, *prev_lead = NULL; /* borrowed: the last queue id looked up and its lead */
     for (; i < PyList_GET_SIZE(msgs); i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i), *t = NULL, *q = NULL, *off = NULL, *s = NULL, *offs = NULL;
-        int plain = ph_plain(m, cls);
+        int plain = ph_plain(m, cls, fast);
         if (plain <= 0)
             return plain < 0 ? NULL : PyLong_FromSsize_t(i);
         int ok = 0;
-        if (!(t = PyObject_GetAttr(m, ph_s_topic)))
+        if (!(t = ph_attr(m, fast, PH_TOPIC, ph_s_topic)))
             goto fail;
         if (!PyUnicode_CheckExact(t))
             goto stop;
-        int same = PyUnicode_Compare(t, topic);
-        if (same == -1 && PyErr_Occurred())
-            goto fail;
-        if (same != 0)
-            goto stop;
-        if (!(q = PyObject_GetAttr(m, ph_s_qid)))
+        if (t != topic && !(PyUnicode_GET_LENGTH(t) == PyUnicode_GET_LENGTH(topic)
+                            && ph_region_is(t, 0, PyUnicode_GET_LENGTH(t), topic))) {
+            int same = PyUnicode_Compare(t, topic);
+            if (same == -1 && PyErr_Occurred())
+                goto fail;
+            if (same != 0)
+                goto stop;
+        }
+        if (!(q = ph_attr(m, fast, PH_QID, ph_s_qid)))
             goto fail;
         if (!PyLong_CheckExact(q))
             goto stop;
-        PyObject *lead = PyDict_GetItemWithError(leads, q); /* borrowed */
-        if (lead == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
-            goto stop;
+        PyObject *lead;
+        /* the dict does not change during the call (int keys run no Python code): the same int object
+           (the small ints are shared) has the same lead */
+        if (q == prev_q) {
+            lead = prev_lead;
+        } else {
+            lead = PyDict_GetItemWithError(leads, q); /* borrowed */
+            if (lead == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                goto stop;
+            }
+            prev_q = q; /* m holds q, the list holds m, and leads holds lead, for the whole call */
+            prev_lead = lead;
         }
         if (!PyUnicode_CheckExact(lead))
             goto stop;
-        if (!(off = PyObject_GetAttr(m, ph_s_qoff)) || !(s = PyObject_GetAttr(m, ph_s_props)))
+        if (!(off = ph_attr(m, fast, PH_QOFF, ph_s_qoff)) || !(s = ph_attr(m, fast, PH_PROPS, ph_s_props)))
             goto fail;
         if (!PyLong_CheckExact(off) || !PyUnicode_CheckExact(s))
             goto stop;
-        if (!(offs = PyObject_Str(off)))
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(off, &overflow);
+        if (v == -1 && PyErr_Occurred())
             goto fail;
-        Py_ssize_t n = PyUnicode_GET_LENGTH(s);
-        int glue = n > 0 && PyUnicode_READ_CHAR(s, n - 1) != 2;
-        PyObject *parts = glue ? PyTuple_Pack(5, s, ph_sep, lead, offs, ph_sep) : PyTuple_Pack(4, s, lead, offs, ph_sep);
-        if (parts == NULL)
-            goto fail;
-        PyObject *joined = PyUnicode_Join(ph_empty, parts);
-        Py_DECREF(parts);
+        PyObject *joined;
+        if (!overflow) {
+            joined = ph_handle_string(s, lead, v);
+        } else { /* beyond 64 bits: the generic text */
+            if (!(offs = PyObject_Str(off)))
+                goto fail;
+            Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+            int glue = n > 0 && PyUnicode_READ_CHAR(s, n - 1) != 2;
+            PyObject *parts = glue ? PyTuple_Pack(5, s, ph_sep, lead, offs, ph_sep)
+                                   : PyTuple_Pack(4, s, lead, offs, ph_sep);
+            if (parts == NULL)
+                goto fail;
+            joined = PyUnicode_Join(ph_empty, parts);
+            Py_DECREF(parts);
+        }
         if (joined == NULL)
             goto fail;
-        int r = PyObject_SetAttr(m, ph_s_props, joined);
-        Py_DECREF(joined);
-        if (r < 0)
-            goto fail;
+        if (fast) { /* the slot written in place: what the generic set of a member slot does */
+            PyObject **slot = (PyObject **)((char *)m + ph_slot_off[PH_PROPS]);
+            Py_XSETREF(*slot, joined);
+        } else {
+            int r = PyObject_SetAttr(m, ph_s_props, joined);
+            Py_DECREF(joined);
+            if (r < 0)
+                goto fail;
+        }
         ok = 1;
     stop:
         Py_XDECREF(t);
@@ -4429,9 +4550,28 @@ static PyObject *pop_set_handles(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
+/* The digits of s[a:b] as a non-negative number when they are 1 to 18 ASCII digits (what int(text, 10) reads
+   then); -1 for anything else (signs, spaces, underscores, other digits: left to PyLong_FromUnicodeObject). */
+static long long ph_digits(PyObject *s, Py_ssize_t a, Py_ssize_t b) {
+    if (b <= a || b - a > 18)
+        return -1;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    long long v = 0;
+    for (Py_ssize_t i = a; i < b; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < '0' || c > '9')
+            return -1;
+        v = v * 10 + (long long)(c - '0');
+    }
+    return v;
+}
+
 /* pop_ack_scan(msgs, start, cls, lead, acks) -> index of the first message not handled (len: all); acks maps
    (topic, handle without its last field) to (start offset, bits list, ...): each handled message's
-   int(last field) - start offset is appended to the bits */
+   int(last field) - start offset is appended to the bits. The handle is read in place in the properties
+   string; a message with the previous one's topic and handle prefix uses the previous one's entry (what the
+   dict answers for the same key: the dict does not change during the call, str keys run no Python code) */
 static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
     PyObject *msgs, *cls, *lead, *acks;
     Py_ssize_t i;
@@ -4440,14 +4580,21 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
     if (ph_init_names() < 0)
         return NULL;
     Py_ssize_t lead_len = PyUnicode_GET_LENGTH(lead);
+    int fast = ph_bind(cls);
+    PyObject *prev_t = NULL, *prev_prefix = NULL, *prev_entry = NULL; /* strong references */
+    long long prev_start = 0;
+    int prev_start_ok = 0;
+    PyObject *result = NULL;
     for (; i < PyList_GET_SIZE(msgs); i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i), *s = NULL, *t = NULL, *handle = NULL, *prefix = NULL, *last = NULL,
+        PyObject *m = PyList_GET_ITEM(msgs, i), *s = NULL, *t = NULL, *prefix = NULL, *last = NULL,
                  *key = NULL, *num = NULL, *bit = NULL;
-        int plain = ph_plain(m, cls);
-        if (plain <= 0)
-            return plain < 0 ? NULL : PyLong_FromSsize_t(i);
+        int plain = ph_plain(m, cls, fast);
+        if (plain < 0)
+            goto out;
+        if (plain == 0)
+            break;
         int ok = 0;
-        if (!(s = PyObject_GetAttr(m, ph_s_props)))
+        if (!(s = ph_attr(m, fast, PH_PROPS, ph_s_props)))
             goto fail;
         if (!PyUnicode_CheckExact(s))
             goto stop;
@@ -4460,65 +4607,101 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
         Py_ssize_t k = PyUnicode_FindChar(s, 2, j, n, 1);
         if (k == -2)
             goto fail;
-        if (!(handle = PyUnicode_Substring(s, j + lead_len, k >= 0 ? k : n)))
-            goto fail;
-        Py_ssize_t hl = PyUnicode_GET_LENGTH(handle);
-        Py_ssize_t sp = PyUnicode_FindChar(handle, ' ', 0, hl, -1);
+        Py_ssize_t h0 = j + lead_len, h1 = k >= 0 ? k : n; /* the handle: s[h0:h1] */
+        if (h1 < h0)
+            h1 = h0;
+        Py_ssize_t sp = h1 > h0 ? PyUnicode_FindChar(s, ' ', h0, h1, -1) : -1;
         if (sp == -2)
             goto fail;
         if (sp < 0)
             goto stop;
-        if (!(t = PyObject_GetAttr(m, ph_s_topic)))
+        if (!(t = ph_attr(m, fast, PH_TOPIC, ph_s_topic)))
             goto fail;
-        if (!(prefix = PyUnicode_Substring(handle, 0, sp)) || !(key = PyTuple_Pack(2, t, prefix)))
-            goto fail;
-        PyObject *entry = PyDict_GetItemWithError(acks, key); /* borrowed */
-        if (entry == NULL) {
+        PyObject *entry; /* borrowed: from the dict, or the cached previous one */
+        if (prev_entry != NULL && PyUnicode_CheckExact(t) && (t == prev_t || PyUnicode_Compare(t, prev_t) == 0)
+            && ph_region_is(s, h0, sp - h0, prev_prefix)) {
+            entry = prev_entry;
+        } else {
             if (PyErr_Occurred())
                 goto fail;
-            goto stop;
-        }
-        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2 || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1))
-            || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
-            goto stop;
-        if (!(last = PyUnicode_Substring(handle, sp + 1, hl)))
-            goto fail;
-        if (!(num = PyLong_FromUnicodeObject(last, 10))) {
-            if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            if (!(prefix = PyUnicode_Substring(s, h0, sp)) || !(key = PyTuple_Pack(2, t, prefix)))
                 goto fail;
-            PyErr_Clear(); /* the reference raises it */
-            goto stop;
+            entry = PyDict_GetItemWithError(acks, key);
+            if (entry == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                goto stop;
+            }
+            if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2
+                || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
+                goto stop;
+            Py_XDECREF(prev_entry);
+            Py_XDECREF(prev_prefix);
+            Py_XDECREF(prev_t);
+            prev_entry = NULL;
+            prev_prefix = NULL;
+            prev_t = NULL;
+            if (PyUnicode_CheckExact(t)) { /* a str subclass is looked up every time */
+                Py_INCREF(entry);
+                Py_INCREF(prefix);
+                Py_INCREF(t);
+                prev_entry = entry;
+                prev_prefix = prefix;
+                prev_t = t;
+                int overflow = 0;
+                prev_start = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, 0), &overflow);
+                if (prev_start == -1 && PyErr_Occurred())
+                    goto fail;
+                prev_start_ok = !overflow;
+            }
         }
-        /* int - int and list.append run no Python code: the borrowed entry stays alive */
-        if (!(bit = PyNumber_Subtract(num, PyTuple_GET_ITEM(entry, 0))))
-            goto fail;
+        long long digits = ph_digits(s, sp + 1, h1), diff;
+        if (digits >= 0 && entry == prev_entry && prev_start_ok && !__builtin_sub_overflow(digits, prev_start, &diff)) {
+            if (!(bit = PyLong_FromLongLong(diff)))
+                goto fail;
+        } else {
+            if (!(last = PyUnicode_Substring(s, sp + 1, h1)))
+                goto fail;
+            if (!(num = PyLong_FromUnicodeObject(last, 10))) {
+                if (!PyErr_ExceptionMatches(PyExc_ValueError))
+                    goto fail;
+                PyErr_Clear(); /* the reference raises it */
+                goto stop;
+            }
+            /* int - int runs no Python code: the borrowed entry stays alive */
+            if (!(bit = PyNumber_Subtract(num, PyTuple_GET_ITEM(entry, 0))))
+                goto fail;
+        }
         if (PyList_Append(PyTuple_GET_ITEM(entry, 1), bit) < 0)
             goto fail;
         ok = 1;
     stop:
         Py_XDECREF(s);
         Py_XDECREF(t);
-        Py_XDECREF(handle);
         Py_XDECREF(prefix);
         Py_XDECREF(last);
         Py_XDECREF(key);
         Py_XDECREF(num);
         Py_XDECREF(bit);
         if (!ok)
-            return PyLong_FromSsize_t(i);
+            break;
         continue;
     fail:
         Py_XDECREF(s);
         Py_XDECREF(t);
-        Py_XDECREF(handle);
         Py_XDECREF(prefix);
         Py_XDECREF(last);
         Py_XDECREF(key);
         Py_XDECREF(num);
         Py_XDECREF(bit);
-        return NULL;
+        goto out;
     }
-    return PyLong_FromSsize_t(i);
+    result = PyLong_FromSsize_t(i);
+out:
+    Py_XDECREF(prev_entry);
+    Py_XDECREF(prev_prefix);
+    Py_XDECREF(prev_t);
+    return result;
 }
 /* ============================================================================================== */
 /* end of the POP receipt handle block                                                              */

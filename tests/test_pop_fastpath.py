@@ -6,6 +6,7 @@ remembers forgotten once the topic is created."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,10 @@ from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.pop_buffer import PopBufferMergeService, PopJournal
 from rmq_eventstore.broker.processor.pop import AckMessageProcessor, PopMessageProcessor
 from rmq_eventstore.client.pop_consumer import PopConsumer
-from rmq_eventstore.common import Message
-from rmq_eventstore.common.pop import ExtraInfo, PopCheckPoint
+from rmq_eventstore.common import Message, codec
+from rmq_eventstore.common.filter import MessageFilter
+from rmq_eventstore.common.pop import BatchAck, ExtraInfo, PopCheckPoint, pop_retry_topic
+from rmq_eventstore.common.properties import PROPERTY_POP_CK
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 from rmq_eventstore.store import MessageStore
 
@@ -207,3 +210,118 @@ def test_a_missing_topic_is_remembered_until_it_is_created(broker: Broker) -> No
     assert tc is not None and tc.read_queue_nums == 2
     broker.topic_manager.file.delete("later")
     assert tm.get("later") is None
+
+
+def reference_ack_body(group: str, msgs: list) -> bytes:
+    """The BATCH_ACK body as the general code makes it: each handle parsed (`ExtraInfo.split`), one
+    `BatchAck` per pop's queue in the order of first appearance, `{"acks": [to_dict(), ...]}` as compact JSON."""
+    acks: dict[tuple, BatchAck] = {}
+    for m in msgs:
+        extra = ExtraInfo.split(m.properties[PROPERTY_POP_CK])
+        key = (m.topic, extra.ck_queue_offset, extra.pop_time, extra.invisible_time, extra.revive_qid, extra.retry,
+               extra.broker_name, extra.queue_id)
+        if key not in acks:
+            topic = pop_retry_topic(group, m.topic) if extra.retry else m.topic
+            acks[key] = BatchAck(group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id, extra.revive_qid,
+                                 extra.pop_time, extra.invisible_time, [])
+        acks[key].bits.append(extra.queue_offset - extra.ck_queue_offset)
+    return json.dumps({"acks": [a.to_dict() for a in acks.values()]}, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("parsed", [False, True])
+def test_the_batch_ack_body_is_what_batch_acks_encode_to(broker: Broker, parsed: bool) -> None:
+    """The client writes the BATCH_ACK body's text directly: the same bytes as the BatchAck entries' JSON, for
+    messages of several queues and pops, a retry message, handles with a gap, and parsed properties."""
+    c, _base = consumer(broker)
+    first = c.pop("jobs", max_nums=7, invisible_time=60_000, tags="t", queue_id=0)  # a gap at every 4th
+    second = c.pop("jobs", max_nums=3, invisible_time=30_000, queue_id=2)
+    third = c.pop("jobs", max_nums=5, invisible_time=60_000, queue_id=0)
+    msgs = [*first[:3], *second, *first[3:], *third]
+    # a message that came from the retry topic: its handle says so (the ack names the retry topic)
+    retry = c.pop("jobs", max_nums=1, invisible_time=60_000, queue_id=2)[0]
+    extra = ExtraInfo.split(retry.properties[PROPERTY_POP_CK])
+    retry.properties[PROPERTY_POP_CK] = dataclasses.replace(extra, retry=True).build()
+    msgs.append(retry)
+    if parsed:
+        for m in msgs[::2]:
+            assert m.properties  # parsed now: the loop in C leaves them to the Python path
+    reqs = c._ack_requests(msgs)
+    assert list(reqs) == ["127.0.0.1:0"]
+    body = reqs["127.0.0.1:0"].body
+    assert body == reference_ack_body("g", msgs)
+    assert [len(a["b"]) for a in json.loads(body)["acks"]] == [3 + 4, 3, 5, 1]
+    assert json.loads(body)["acks"][3]["t"] == pop_retry_topic("g", "jobs")
+    for order in (msgs[::-1], third + third[:2]):  # bits descending; a run and then repeats
+        assert c._ack_requests(order)["127.0.0.1:0"].body == reference_ack_body("g", order)
+    unpopped = broker.store.get_message("test-reader", "jobs", 2, 4, 1, None)
+    assert unpopped is not None
+    with pytest.raises(ValueError, match="no POP_CK"):  # a message that was not popped
+        c._ack_requests([*msgs[:2], unpopped.messages[0]])
+
+
+def from_get_message(broker: Broker, queue_id: int, offset: int, n: int, filt: MessageFilter | None) -> tuple:
+    r = broker.store.get_message("test-reader", "jobs", queue_id, offset, n, filt)
+    assert r is not None
+    return (r.status, r.next_begin_offset, r.max_offset, r.message_count, r.body if r.message_count else b"",
+            r.message_queue_offsets)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_read_for_pop_is_what_get_message_answers(broker: Broker, native: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`MessageStore.read_for_pop` (the native read without the result object) against `get_message`: the
+    same statuses, next offsets, max offset, records and their offsets, for every start offset of a queue
+    (and past its end), every batch size, with a filter that matches everything and one that skips."""
+    if not native:
+        monkeypatch.setattr(codec, "pull_native", None)
+    elif codec.pull_native is None:
+        pytest.skip("no native module")
+    store = broker.store
+    checked = 0
+    for queue_id, top in ((0, 40), (2, 5), (1, 0)):
+        cq = store.find_consume_queue("jobs", queue_id, create=False)
+        if cq is None:
+            continue
+        for filt in (None, MessageFilter("*"), MessageFilter("t")):
+            for offset in range(0, top + 3):
+                for n in (1, 3, 32):
+                    got = store.read_for_pop("jobs", queue_id, cq, offset, n, filt)
+                    assert got is not None
+                    status, end, max_offset, count, body, offsets = got
+                    assert (status, end, max_offset, count, body, list(offsets)) == \
+                        from_get_message(broker, queue_id, offset, n, filt)
+                    if count and end - offset == count:  # consecutive: no per-record list made
+                        assert isinstance(offsets, range)
+                    checked += 1
+    assert checked > 300
+    store.shutdown()
+    cq = store.find_consume_queue("jobs", 0, create=False)
+    assert cq is not None and store.read_for_pop("jobs", 0, cq, 0, 1, None) is None  # as get_message
+
+
+def test_the_rest_offset_is_the_pop_offset(broker: Broker) -> None:
+    """What a POP counts as left in a queue (`rest_offset`, no lock) is where the next pop starts
+    (`pop_offset`): for queues never popped, with pops in the buffer, partly and wholly acked, and
+    committed; and the restNum of a pop over several queues is the sum of what each has left."""
+    c, base = consumer(broker)
+    buf = broker.pop_service.buffer
+
+    def same() -> None:
+        for q in range(4):
+            assert buf.rest_offset("g", "jobs", q) == buf.pop_offset("g", "jobs", q)
+
+    same()
+    first = c.pop("jobs", max_nums=3, invisible_time=60_000, queue_id=2)
+    second = c.pop("jobs", max_nums=7, invisible_time=60_000, queue_id=0)
+    same()
+    c.ack_batch(second[:2])
+    same()
+    c.ack_batch(first)
+    same()
+    c.ack_batch(second[2:])
+    same()
+    c.pop("jobs", max_nums=1, invisible_time=60_000)  # from queue 0 or 2: the others counted
+    x = base.sent[-1][1].ext_fields
+    left = sum(max(broker.store.get_max_offset_in_queue("jobs", q) - max(buf.pop_offset("g", "jobs", q), 0), 0)
+               for q in range(4))
+    assert int(x["restNum"]) == left == 34  # 40 - 7 + 5 - 3, less the one popped

@@ -41,7 +41,19 @@ def state(msgs: list[MessageExt]) -> list[tuple]:
 
 
 PROPS = st.sampled_from(["", "TAGS\x01a\x02", "KEYS\x01k1 k2\x02UNIQ_KEY\x01ABC", "\u00e9\x01\u4e2d\x02", "A\x01B"])
-MSG = st.tuples(st.sampled_from(["T", "%RETRY%g_T", "U"]), st.integers(0, 3), st.integers(0, 2**40), PROPS,
+class Watched(MessageExt):
+    """Not a MessageExt exactly, with its own __setattr__ (the C loops read and write it generically when
+    it is the class they are given)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+
+# queue offsets: 64-bit ones are written by the C loop itself, wider and negative ones too (str(int) text)
+OFFSETS = st.one_of(st.integers(0, 2**40), st.sampled_from([0, 9, 10, 2**63 - 1, 2**63, 2**64 + 5, -1, -(2**63)]))
+MSG = st.tuples(st.sampled_from(["T", "%RETRY%g_T", "U", "T\u00e9", "\u4e2d"]), st.integers(0, 3), OFFSETS, PROPS,
                 st.booleans(), st.sampled_from([MessageExt, MessageExt, MessageExt, Other]))
 
 
@@ -49,41 +61,55 @@ MSG = st.tuples(st.sampled_from(["T", "%RETRY%g_T", "U"]), st.integers(0, 3), st
 @given(st.lists(MSG, max_size=12), st.dictionaries(st.integers(0, 3), st.text(max_size=6).map(lambda s: _LEAD + s)),
        st.integers(0, 12))
 def test_set_handles_same_as_reference(specs: list, leads: dict, start: int) -> None:
-    a = [msg(*s) for s in specs]
-    b = copy.deepcopy(a)
-    start = min(start, len(a))
-    i = _native.pop_set_handles(a, start, MessageExt, "T", leads)
-    j = pop_set_handles_py(b, start, MessageExt, "T", leads)
-    assert i == j
-    assert state(a) == state(b)
+    for cls in (MessageExt, Watched):  # read in place, then generically (and the bound class changes)
+        a = [msg(*s[:5], cls=cls if s[5] is MessageExt else s[5]) for s in specs]
+        b = copy.deepcopy(a)
+        start = min(start, len(a))
+        i = _native.pop_set_handles(a, start, cls, "T", leads)
+        j = pop_set_handles_py(b, start, cls, "T", leads)
+        assert i == j
+        assert state(a) == state(b)
 
 
 HANDLE = st.sampled_from(["5 100 60000 3 0 broker-a 1 ", "5 100 60000 3 1 broker-a 0 ", "7 100 60000 3 0 b 2 "])
-LAST = st.sampled_from(["5", "6", "36", "x", "", " 9", "1_0", "12\x00"])
+LAST = st.sampled_from(["5", "6", "36", "x", "", " 9", "1_0", "12\x00",
+                        # read in place by the C loop (1 to 18 ASCII digits) or left to int(): more digits,
+                        # signs, leading zeros, other Unicode digits, a 64-bit overflow of the difference
+                        "0007", "123456789012345678", "1234567890123456789", "99999999999999999999999", "+5", "-3",
+                        "\u0661\u0662", "9223372036854775807"])
+
+
+class Name(str):
+    """A str subclass as a message's topic: the C loop looks it up every time (no cached entry)."""
+
+    __slots__ = ()
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE, LAST, PROPS, st.booleans(), st.booleans(),
-                          st.sampled_from([MessageExt, MessageExt, Other])), max_size=12),
-       st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE, st.integers(0, 10)), max_size=4), st.integers(0, 12))
+@given(st.lists(st.tuples(st.sampled_from(["T", "U", "T", Name("T")]), HANDLE, LAST, PROPS, st.booleans(),
+                          st.booleans(), st.sampled_from([MessageExt, MessageExt, Other])), max_size=12),
+       st.lists(st.tuples(st.sampled_from(["T", "U"]), HANDLE,
+                          st.one_of(st.integers(0, 10), st.sampled_from([-(2**63), 2**63 - 1, 2**64, -(2**70)]))),
+                max_size=4), st.integers(0, 12))
 def test_ack_scan_same_as_reference(specs: list, entries: list, start: int) -> None:
-    msgs = []
-    for topic, prefix, last, props, parsed, glued, cls in specs:
-        # the handle as pop appends it, or glued to the previous property without a separator (not a handle)
-        sep = "" if glued else "\x02"
-        s = f"{props}{sep if props and not props.endswith(chr(2)) else ''}{_LEAD}{prefix}{last}\x02"
-        if glued and props and not props.endswith("\x02"):
-            s = f"{props}{_LEAD}{prefix}{last}\x02"
-        msgs.append(msg(topic, 0, 0, s, parsed, cls))
-    acks_a = {(t, p.rstrip(" ")): (so, []) for t, p, so in entries}
-    acks_b = {k: (v[0], []) for k, v in acks_a.items()}
-    start = min(start, len(msgs))
-    msgs_b = copy.deepcopy(msgs)
-    i = _native.pop_ack_scan(msgs, start, MessageExt, _LEAD, acks_a)
-    j = pop_ack_scan_py(msgs_b, start, MessageExt, _LEAD, acks_b)
-    assert i == j
-    assert acks_a == acks_b
-    assert state(msgs) == state(msgs_b)
+    for base in (MessageExt, Watched):  # read in place, then generically (and the bound class changes)
+        msgs = []
+        for topic, prefix, last, props, parsed, glued, cls in specs:
+            # the handle as pop appends it, or glued to the previous property without a separator (not a handle)
+            sep = "" if glued else "\x02"
+            s = f"{props}{sep if props and not props.endswith(chr(2)) else ''}{_LEAD}{prefix}{last}\x02"
+            if glued and props and not props.endswith("\x02"):
+                s = f"{props}{_LEAD}{prefix}{last}\x02"
+            msgs.append(msg(topic, 0, 0, s, parsed, base if cls is MessageExt else cls))
+        acks_a = {(t, p.rstrip(" ")): (so, []) for t, p, so in entries}
+        acks_b = {k: (v[0], []) for k, v in acks_a.items()}
+        start = min(start, len(msgs))
+        msgs_b = copy.deepcopy(msgs)
+        i = _native.pop_ack_scan(msgs, start, base, _LEAD, acks_a)
+        j = pop_ack_scan_py(msgs_b, start, base, _LEAD, acks_b)
+        assert i == j
+        assert acks_a == acks_b
+        assert state(msgs) == state(msgs_b)
 
 
 def test_handled_all_and_stops() -> None:
@@ -132,3 +158,18 @@ def test_int_run_cases() -> None:
         assert run([0]) and run([3, 4, 5]) and run([-1, 0, 1]) and run([2**63 - 2, 2**63 - 1])
         assert not run([]) and not run([0, 2]) and not run([1, 0]) and not run([0, 0]) and not run([0, True])
         assert not run([0.0, 1.0]) and not run((0, 1)) and not run([2**63 - 1, 2**63]) and not run("01")
+
+
+def test_set_handles_offsets_at_the_edges() -> None:
+    """Every message handled, with the offsets the C loop writes itself (64-bit, negative) and wider ones, and
+    properties of each storage width: the same strings as the reference."""
+    leads = {0: _LEAD + "5 100 60000 3 0 b 0 ", 1: _LEAD + "5 100 60000 3 0 b \u00e9 "}
+    offsets = [0, 7, 10, 99, 2**31, 2**63 - 1, 2**63, 2**64 + 5, -1, -10, -(2**63), -(2**63) - 1]
+    for props in ("", "TAGS\x01a\x02", "A\x01B", "\u00e9\x01x", "\u4e2d\x01\U0001f600"):
+        for cls in (MessageExt, Watched):
+            a = [msg("T", i % 2, off, props, cls=cls) for i, off in enumerate(offsets)]
+            b = copy.deepcopy(a)
+            assert _native.pop_set_handles(a, 0, cls, "T", leads) == len(a)
+            assert pop_set_handles_py(b, 0, cls, "T", leads) == len(b)
+            assert state(a) == state(b)
+            assert a[-3].properties_string.endswith(" -10\x02")

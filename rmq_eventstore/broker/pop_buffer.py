@@ -245,6 +245,14 @@ class PopBufferMergeService:
         except IndexError:  # emptied meanwhile
             return -1
 
+    def rest_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """`pop_offset` without the lock, for what a POP only counts (the messages it leaves, restNum), never
+        for where a pop starts: the same answer unless an ack settles the queue's pops meanwhile, when it may
+        be the offset before them (the count a little high for that one response)."""
+        f = self.frontier(group, topic, queue_id)
+        c = self._committed(group, topic, queue_id)
+        return f if f > c else c
+
     def add_ck(self, ck: PopCheckPoint, revive_qid: int, next_offset: int) -> bool:
         """Register a pop's checkpoint; its consume offset moves to `next_offset` when the rule allows. With
         the buffer off or full, the checkpoint is written now (after the queue's earlier ones); False when

@@ -307,6 +307,7 @@ class PopService:
             filt = self._filters[expression] = MessageFilter(expression)
         broker_name = self.broker.config.broker_name
         find_queue = self.store.find_consume_queue
+        read = self.store.read_for_pop
         buffer = self.buffer
         bodies: list[bytes] = []
         starts: list[str] = []
@@ -319,8 +320,8 @@ class PopService:
             top = cq.get_max_offset_in_queue()
             want = max_nums - count
             if want <= 0:
-                if top > 0:
-                    rest += max(top - max(buffer.pop_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
+                if top > 0:  # only counted: the buffer's frontier read without its lock
+                    rest += max(top - max(buffer.rest_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
                 continue
             if top <= 0:
                 continue  # an empty queue (the store's answer would move nothing)
@@ -328,18 +329,16 @@ class PopService:
                 offset = max(buffer.pop_offset(group, t, q), cq.get_min_offset_in_queue(), 0)
                 if offset >= top and offset >= cq.get_max_offset_in_queue():
                     continue  # nothing there (the store's answer would move nothing either)
-                r = self.store.get_message(group, t, q, offset, want, filt)
+                r = read(t, q, cq, offset, want, filt)  # get_message's answer, as a POP uses it
                 if r is None:
                     continue
-                n = r.message_count
+                status, end, max_offset, n, body, offsets = r
                 if not n:
-                    if r.status == GetMessageStatus.OFFSET_TOO_SMALL or r.next_begin_offset > offset:
-                        buffer.add_offset(group, t, q, r.next_begin_offset)  # skip filtered / removed
+                    if status == GetMessageStatus.OFFSET_TOO_SMALL or end > offset:
+                        buffer.add_offset(group, t, q, end)  # skip filtered / removed
                     continue
-                end = r.next_begin_offset
                 # the store hands out each unit from `offset` to `end` at most once, in order: as many
-                # records as units means every offset in between (no per-record list needed)
-                offsets = range(offset, end) if end - offset == n else r.message_queue_offsets
+                # records as units means every offset in between (a range, no per-record list)
                 ck = PopCheckPoint(offset, pop_time, invisible_time, n, q, t, group, broker_name,
                                    list(range(n)) if offsets.__class__ is range else [o - offset for o in offsets])
                 # buffered (or written): the consume offset moves past it by the buffer's rule (pop_buffer.py)
@@ -348,9 +347,9 @@ class PopService:
             flag = "1" if retry else "0"
             starts.append(f"{flag} {q} {offset}")
             infos.append(f"{flag} {q} {offsets_text(offset, end) if offsets.__class__ is range else ','.join(map(str, offsets))}")
-            bodies.append(r.body)
+            bodies.append(body)
             count += n
-            rest += max(r.max_offset - end, 0)
+            rest += max(max_offset - end, 0)
         return PopResult(pop_time, invisible_time, revive_qid, bodies, starts, infos, rest, count)
 
     def _put_revive(self, body: str, tag: str, qid: int) -> bool:

@@ -14,7 +14,7 @@ import json
 
 from ..common import MessageExt
 from ..common.native import native
-from ..common.pop import BatchAck, ExtraInfo, pop_retry_topic
+from ..common.pop import ExtraInfo, int_run, offsets_text, pop_retry_topic
 from ..common.properties import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_POP_CK,
@@ -118,6 +118,11 @@ def pop_ack_scan_py(msgs: list[MessageExt], i: int, cls: type, lead: str,
             return i
         entry[1].append(num - entry[0])
     return len(msgs)
+
+
+def _bits_text(bits: list[int]) -> str:
+    """`",".join(map(str, bits))`: a run of consecutive ints (a whole pop acked) by the C loop."""
+    return offsets_text(bits[0], bits[0] + len(bits)) if int_run(bits) else ",".join(map(str, bits))
 
 
 _set_handles = native.pop_set_handles if native is not None else pop_set_handles_py
@@ -242,36 +247,43 @@ class PopConsumer:
             self._base.invoke(addr, cmd)
 
     def _ack_requests(self, msgs: list[MessageExt]) -> dict[str, RemotingCommand]:
-        """The BATCH_ACK_MESSAGE requests settling `msgs`, by broker address."""
-        by_broker: dict[str, list[BatchAck]] = {}
+        """The BATCH_ACK_MESSAGE requests settling `msgs`, by broker address: the body is what
+        `{"acks": [BatchAck.to_dict(), ...]}` encodes to (compact JSON), written as text directly."""
+        by_broker: dict[str, list[tuple[int, list[int], str]]] = {}
         # the handles of one pop's queue differ only in their last field (the offset): each distinct rest is
         # parsed once (and checked to have the 8 fields then: a later handle with the same rest has them too);
         # the loop over the others (`_ack_scan`) reads a handle off the end of the unparsed properties string
-        # and only adds its bit
-        entries: dict[tuple[str, str], tuple[int, list[int], BatchAck]] = {}
+        # and only adds its bit. An entry is (start offset, bits, its JSON text before the bits).
+        entries: dict[tuple[str, str], tuple[int, list[int], str]] = {}
         i, n = 0, len(msgs)
         while i < n:
             m = msgs[i]  # the first of its pop's queue (its entry is made here), or one the scan leaves
             i += 1
-            handle = _get_handle(m) or ""
+            handle = _get_handle(m)
+            if not handle:
+                raise ValueError("the message has no POP_CK receipt handle: it was not popped by a PopConsumer")
             prefix, _, last = handle.rpartition(" ")
             entry = entries.get((m.topic, prefix))
             if entry is None:
-                topic, extra = self._target(m)
+                extra = ExtraInfo.split(handle)
                 key = (m.topic, extra.build().rpartition(" ")[0])
                 entry = entries.get(key)
                 if entry is None:
-                    ack = BatchAck(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
-                                   extra.revive_qid, extra.pop_time, extra.invisible_time, [])
-                    entry = entries[key] = (ack.start_offset, ack.bits, ack)
-                    by_broker.setdefault(self._base.broker_for(m.topic), []).append(ack)
+                    topic = pop_retry_topic(self.group, m.topic) if extra.retry else m.topic
+                    # BatchAck.to_dict's keys and values, in its order (ints as json writes them)
+                    head = (f'{{"c":{_dumps(self.group)},"t":{_dumps(topic)},"r":"{1 if extra.retry else 0}",'
+                            f'"so":{extra.ck_queue_offset},"q":{extra.queue_id},"rq":{extra.revive_qid},'
+                            f'"pt":{extra.pop_time},"it":{extra.invisible_time},"b":[')
+                    entry = entries[key] = (extra.ck_queue_offset, [], head)
+                    by_broker.setdefault(self._base.broker_for(m.topic), []).append(entry)
                 entry[1].append(extra.queue_offset - extra.ck_queue_offset)
             else:
                 entry[1].append(int(last) - entry[0])
             if i < n:  # the messages after it whose entry is known
                 i = _ack_scan(msgs, i, MessageExt, _LEAD, entries)
-        return {addr: RemotingCommand(_BATCH_ACK_MESSAGE, {}, _dumps({"acks": [a.to_dict() for a in acks]}).encode(),
-                                      next_opaque()) for addr, acks in by_broker.items()}
+        return {addr: RemotingCommand(_BATCH_ACK_MESSAGE, {}, (
+            '{"acks":[' + ",".join([f"{head}{_bits_text(bits)}]}}" for _, bits, head in acks]) + "]}"
+        ).encode(), next_opaque()) for addr, acks in by_broker.items()}
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:
         """Make a popped message invisible for `invisible_time` ms from now (0: visible again now); the

@@ -123,6 +123,9 @@ def lock_holder(path: str | os.PathLike[str]) -> int | None:
     return None
 
 
+# what `read_for_pop` answers: status, next begin offset, the queue's max offset, count, records, their offsets
+PopRead = tuple[GetMessageStatus, int, int, int, bytes, "range | list[int]"]
+
 # _native.read_runs' statuses (0, 1, 2) and record layout: queue offset, commitlog offset, size
 _READ_STATUS = (GetMessageStatus.NO_MATCHED_MESSAGE, GetMessageStatus.MESSAGE_WAS_REMOVING, GetMessageStatus.FOUND)
 _RECORD_LAYOUT = struct.Struct("=qqq")  # _native.read_runs' layout: queue offset, commitlog offset, size
@@ -879,6 +882,50 @@ class MessageStore:
         assert isinstance(units, list)
         return self._get_by_units(res, units, offset, max_msg_nums, max_total, max_phy, min_phy, message_filter)
 
+    def read_for_pop(self, topic: str, queue_id: int, cq: ConsumeQueue, offset: int, max_msg_nums: int,
+                     message_filter: MessageFilter | None) -> PopRead | None:
+        """`get_message` of the queue `cq` (`topic`, `queue_id`) as a POP uses it: (status, next begin offset,
+        the queue's max offset, how many records, the records back to back, their queue offsets: a range when
+        they are consecutive); None when get_message answers None. A filter that matches everything is read
+        by the native loop without get_message's result object (the same statuses, offsets, limits and
+        bytes); anything else (another filter, an offset outside the queue, no record there, no native
+        module, a file gone under the read) goes through get_message itself."""
+        impl = codec.pull_native
+        if (impl is not None and not self._shutdown and self._loaded
+                and (message_filter is None or message_filter.match_all)):
+            max_offset = cq.get_max_offset_in_queue()
+            if cq.get_min_offset_in_queue() <= offset < max_offset:
+                try:
+                    units = cq.get_units_raw(offset, max_msg_nums)
+                    r = self._read_runs(units, offset, max_msg_nums, MAX_PULL_MSG_SIZE, impl) if units else None
+                except ValueError:
+                    if self._shutdown:  # the files were unmapped under this read
+                        return None
+                    raise
+                if r is not None:
+                    status, taken, _total, _max_pulled, body, layout = r
+                    n = len(layout) // _RECORD_LAYOUT.size
+                    end = offset + taken
+                    return (_READ_STATUS[status], end, max_offset, n, body,
+                            range(offset, end) if taken == n else [q for q, _, _ in _RECORD_LAYOUT.iter_unpack(layout)])
+        res = self.get_message("", topic, queue_id, offset, max_msg_nums, message_filter)
+        if res is None:
+            return None
+        n = res.message_count
+        end = res.next_begin_offset
+        return (res.status, end, res.max_offset, n, res.body if n else b"",
+                range(offset, end) if end - offset == n else res.message_queue_offsets)
+
+    def _read_runs(self, units: bytes, offset: int, max_msg_nums: int, max_total: int,
+                   impl: Any) -> tuple[int, int, int, int, bytes, bytes] | None:
+        """`_native.read_runs` over the units with the store's transfer limits (None: a file went away)."""
+        cfg = self.config
+        mem_floor = self.commit_log.get_max_offset() - self._total_ram * cfg.access_message_in_memory_max_ratio // 100
+        return impl.read_runs(
+            units, offset, max_msg_nums, max_total, mem_floor, cfg.max_transfer_bytes_on_message_in_memory,
+            cfg.max_transfer_count_on_message_in_memory, cfg.max_transfer_bytes_on_message_in_disk,
+            cfg.max_transfer_count_on_message_in_disk, self.commit_log.get_min_offset(), self._file_span)
+
     def _file_span(self, offset: int) -> tuple[int, int, memoryview] | None:
         """The commitlog file holding `offset`: (its start, its readable end, its view), for `read_runs`."""
         mf = self.commit_log.find_file(offset)
@@ -901,7 +948,7 @@ class MessageStore:
         r = impl.read_runs(
             units, offset, max_msg_nums, max_total, mem_floor, cfg.max_transfer_bytes_on_message_in_memory,
             cfg.max_transfer_count_on_message_in_memory, cfg.max_transfer_bytes_on_message_in_disk,
-            cfg.max_transfer_count_on_message_in_disk, min_phy, self._file_span)
+            cfg.max_transfer_count_on_message_in_disk, min_phy, self._file_span)  # as _read_runs
         if r is None:
             return None
         status, taken, total, max_pulled, body, layout = r

@@ -897,7 +897,9 @@ class MessageStore:
             if cq.get_min_offset_in_queue() <= offset < max_offset:
                 try:
                     units = cq.get_units_raw(offset, max_msg_nums)
-                    r = self._read_runs(units, offset, max_msg_nums, MAX_PULL_MSG_SIZE, impl) if units else None
+                    r = self._read_runs(units, offset, max_msg_nums, MAX_PULL_MSG_SIZE, impl,
+                                        self._mem_floor(self.commit_log.get_max_offset()),
+                                        self.commit_log.get_min_offset()) if units else None
                 except ValueError:
                     if self._shutdown:  # the files were unmapped under this read
                         return None
@@ -916,15 +918,18 @@ class MessageStore:
         return (res.status, end, res.max_offset, n, res.body if n else b"",
                 range(offset, end) if end - offset == n else res.message_queue_offsets)
 
-    def _read_runs(self, units: bytes, offset: int, max_msg_nums: int, max_total: int,
-                   impl: Any) -> tuple[int, int, int, int, bytes, bytes] | None:
+    def _mem_floor(self, max_phy: int) -> int:
+        """The lowest commitlog offset still counted as in memory (`accessMessageInMemoryMaxRatio`)."""
+        return max_phy - self._total_ram * self.config.access_message_in_memory_max_ratio // 100
+
+    def _read_runs(self, units: bytes, offset: int, max_msg_nums: int, max_total: int, impl: Any,
+                   mem_floor: int, min_phy: int) -> tuple[int, int, int, int, bytes, bytes] | None:
         """`_native.read_runs` over the units with the store's transfer limits (None: a file went away)."""
         cfg = self.config
-        mem_floor = self.commit_log.get_max_offset() - self._total_ram * cfg.access_message_in_memory_max_ratio // 100
         return impl.read_runs(
             units, offset, max_msg_nums, max_total, mem_floor, cfg.max_transfer_bytes_on_message_in_memory,
             cfg.max_transfer_count_on_message_in_memory, cfg.max_transfer_bytes_on_message_in_disk,
-            cfg.max_transfer_count_on_message_in_disk, self.commit_log.get_min_offset(), self._file_span)
+            cfg.max_transfer_count_on_message_in_disk, min_phy, self._file_span)
 
     def _file_span(self, offset: int) -> tuple[int, int, memoryview] | None:
         """The commitlog file holding `offset`: (its start, its readable end, its view), for `read_runs`."""
@@ -941,14 +946,10 @@ class MessageStore:
         offsets and limits; the records come back as one `body` (one copy out of the mapped files), the
         per-record lists are made only if asked for. None when a file went away under the read. `impl`:
         the native module (default `codec.pull_native`; tests pass it whatever `RMQ_EVENTSTORE_PURE` says)."""
-        cfg = self.config
-        mem_floor = max_phy - self._total_ram * cfg.access_message_in_memory_max_ratio // 100
+        mem_floor = self._mem_floor(max_phy)
         impl = impl if impl is not None else codec.pull_native
         assert impl is not None
-        r = impl.read_runs(
-            units, offset, max_msg_nums, max_total, mem_floor, cfg.max_transfer_bytes_on_message_in_memory,
-            cfg.max_transfer_count_on_message_in_memory, cfg.max_transfer_bytes_on_message_in_disk,
-            cfg.max_transfer_count_on_message_in_disk, min_phy, self._file_span)  # as _read_runs
+        r = self._read_runs(units, offset, max_msg_nums, max_total, impl, mem_floor, min_phy)
         if r is None:
             return None
         status, taken, total, max_pulled, body, layout = r
@@ -968,7 +969,7 @@ class MessageStore:
         is looked up once per file, and each run of consecutive records is copied with one slice.
         None when a file went away under the read (cleanup): the caller then reads unit by unit."""
         cfg = self.config
-        mem_floor = max_phy - self._total_ram * cfg.access_message_in_memory_max_ratio // 100
+        mem_floor = self._mem_floor(max_phy)
         mem_bytes, mem_count = cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory
         disk_bytes, disk_count = cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk
         find_file = self.commit_log.find_file

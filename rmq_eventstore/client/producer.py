@@ -180,7 +180,7 @@ class Producer:
         broker's `timerPrecisionMs`, at most `timerMaxDelaySec` ahead."""
         validate_topic(msg.topic)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
-        due = _deliver_ms(deliver_at, delay)
+        due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:
             if delay_level:
                 raise ValueError("give either delay_level or deliver_at/delay, not both")
@@ -304,10 +304,11 @@ class Producer:
               while_waiting: Callable[[], None] | None = None) -> SendResult:
         timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
         work = [while_waiting] if while_waiting is not None else []  # run once, by the first request written
+        if work:  # (the closure only when there is something to run: a plain send makes none)
 
-        def run_once() -> None:
-            if work:
-                work.pop()()
+            def run_once() -> None:
+                if work:
+                    work.pop()()
 
         avoid = None
         last: Exception | None = None

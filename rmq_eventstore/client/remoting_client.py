@@ -349,13 +349,15 @@ class ClientConnection:
                 self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
-            self._send(frame)
-        except RemotingError:
+            with self._send_lock:  # `_send`, inline
+                self.sock.sendall(frame)
+        except OSError as e:
+            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
             if lead:
                 self._release_read_role()
-            raise
+            raise RemotingError(f"send to {self.address} failed: {e}") from e
         if while_waiting is not None:
             while_waiting()
         return self._finish(cmd, slot, deadline, timeout, lead)
@@ -475,7 +477,10 @@ class RemotingClient:
                while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
         if self._sign is not None:
             self._sign(cmd)
-        return self.connection(address).invoke(cmd, timeout, while_waiting)
+        c = self._conns.get(address)  # `connection`'s first step, here: one call less per request
+        if c is None or c.closed:
+            c = self.connection(address)
+        return c.invoke(cmd, timeout, while_waiting)
 
     def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:
         """`ClientConnection.invoke_many`: several requests in one write, their responses in order."""

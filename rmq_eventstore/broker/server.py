@@ -39,6 +39,8 @@ from typing import Any
 from ..common.broker_file import remove_broker_file_if_ours, write_broker_file
 from ..remoting import (
     DEFAULT_MAX_FRAME_SIZE,
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
     FrameDecoder,
     FrameError,
     RemotingCommand,
@@ -131,7 +133,7 @@ class Connection(asyncio.Protocol):
             return
         if len(commands) == 1:
             cmd = commands[0]
-            if not cmd.is_response:
+            if not cmd.flag & FLAG_RESPONSE:  # `is_response`, without the property's call
                 self.server.handle(self, cmd)
             return
         # Several requests in one read (a pipelining client): the responses answered at once are gathered
@@ -286,7 +288,7 @@ class BrokerServer:
                     log.exception("request %d failed", cmd.code)
                     result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
                 if result is not None:
-                    if not cmd.is_oneway:
+                    if not cmd.flag & FLAG_ONEWAY:  # `is_oneway`, without the property's call
                         conn.write(result)
                     return
             self._respond(conn, cmd, broker.process(cmd, conn))

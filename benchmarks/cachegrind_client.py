@@ -8,8 +8,8 @@ The broker (`serve_in_thread`, bench_broker.py's settings) runs in a child proce
 the client (`Producer.send` of one 200-byte message, bench_broker.py's messages, round-robin queues;
 `trivial`: a GET_MAX_OFFSET through `RemotingClient.invoke`) runs twice under
 `valgrind --tool=cachegrind --cache-sim=no`, once for `--base` requests and once for `--n`. Per request =
-(instructions of the long run - of the short run) / (n - base): import, start-up, route look-up and
-shut-down cancel out. `--callgrind DIR` also keeps a callgrind profile of the long run in DIR (read it
+(instructions of the long run - of the short run) / (n - base): import, start-up, route look-up, making
+the messages (n in both runs) and shut-down cancel out. `--callgrind DIR` also keeps a callgrind profile of the long run in DIR (read it
 with `callgrind_annotate --inclusive=yes`). A profiling tool: nothing is compared and nothing is timed.
 """
 
@@ -44,10 +44,11 @@ sys.path.insert(0, sys.argv[4])
 from benchmarks.bench_broker import BODIES, TAG
 from rmq_eventstore.client import Message, Producer
 from rmq_eventstore.remoting import RemotingCommand, RequestCode
-namesrv, phase, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+namesrv, phase, n, made = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[5])
 with Producer(namesrv, "cg-producer", send_timeout_ms=60_000) as p:
     p.send(Message("Profile", BODIES[0], tags=TAG, keys=["warm"]))
-    msgs = [Message("Profile", BODIES[i & 1023], tags=TAG, keys=[f"k{i:010d}"]) for i in range(n)]
+    # as many messages made in every run (`made`), so that their cost cancels out of the difference
+    msgs = [Message("Profile", BODIES[i & 1023], tags=TAG, keys=[f"k{i:010d}"]) for i in range(made)][:n]
     if phase == "single":
         send = p.send
         for m in msgs:
@@ -70,13 +71,13 @@ def _instructions(out_file: Path) -> int:
     raise RuntimeError(f"no summary line in {out_file}")
 
 
-def run_once(namesrv: str, phase: str, n: int, root: Path, callgrind: Path | None = None) -> int:
+def run_once(namesrv: str, phase: str, n: int, made: int, root: Path, callgrind: Path | None = None) -> int:
     """Total instructions of a client process that made `n` requests of `phase`."""
     out = Path(tempfile.mkdtemp(prefix="cg-client-", dir=root)) / "cachegrind.out"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONMALLOC="malloc")
     tool = (["--tool=callgrind", f"--callgrind-out-file={callgrind / f'callgrind.{phase}.out'}"] if callgrind
             else ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"])
-    subprocess.run(["valgrind", *tool, sys.executable, "-c", CLIENT, namesrv, phase, str(n), str(REPO)],
+    subprocess.run(["valgrind", *tool, sys.executable, "-c", CLIENT, namesrv, phase, str(n), str(REPO), str(made)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env=env)
     return 0 if callgrind else _instructions(out)
 
@@ -98,14 +99,14 @@ def main() -> int:
     try:
         namesrv = json.loads(broker.stdout.readline())["namesrv"]
         for phase in args.phases:
-            small = run_once(namesrv, phase, args.base, root)
-            large = run_once(namesrv, phase, args.n, root)
+            small = run_once(namesrv, phase, args.base, args.n, root)
+            large = run_once(namesrv, phase, args.n, args.n, root)
             per = (large - small) / (args.n - args.base)
             print(f"{phase:8s} {per:12,.0f} instructions per request (client process; {args.base} vs {args.n})",
                   flush=True)
             if args.callgrind is not None:
                 args.callgrind.mkdir(parents=True, exist_ok=True)
-                run_once(namesrv, phase, args.n, root, args.callgrind)
+                run_once(namesrv, phase, args.n, args.n, root, args.callgrind)
     finally:
         broker.stdin.write("quit\n")
         broker.stdin.flush()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
+from ..remoting import command as _command
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,8 @@ class ClientConnection:
 
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
         instead of two): the lone caller's path."""
-        frame = cmd.encode()
+        enc = _command._native_encode  # `cmd.encode()` without its Python frame (None: it decides)
+        frame = (enc(cmd) if enc is not None else None) or cmd.encode()
         slot = _Pending(while_waiting is None)
         with self._lock:
             if self.closed:

@@ -32,6 +32,7 @@ _SEND_STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
 }
 _OK_CODES = tuple(_SEND_STATUS)
+_VALID_TOPICS_MAX = 1024  # topic names `send` remembers as validated (then it starts over)
 _STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
 
 
@@ -101,6 +102,7 @@ class Producer:
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._ids = codec.UniqueIdGenerator()
         self._rr = itertools.count()
+        self._valid_topics: set[str] = set()  # topics `send` validated already (a name stays valid)
 
     def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
                    secret_key: str | None) -> ClientBase:
@@ -178,7 +180,12 @@ class Producer:
         `deliver_at` (an aware datetime, or epoch milliseconds) or `delay` (a timedelta) makes it a timer
         message (`TIMER_DELIVER_MS`): held by the broker and delivered on its topic when due, to the
         broker's `timerPrecisionMs`, at most `timerMaxDelaySec` ahead."""
-        validate_topic(msg.topic)
+        topic = msg.topic
+        if topic.__class__ is not str or topic not in self._valid_topics:
+            validate_topic(topic)
+            if len(self._valid_topics) >= _VALID_TOPICS_MAX:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:

@@ -229,6 +229,24 @@ typedef struct {
     int64_t next;
 } queue_slot;
 
+/* `f"{topic}-{queue_id}"`, the key of the store's queue offset table (a new reference): the strings made
+ * lately are kept (a small table by queue id), as PyUnicode_FromFormat costs ~2,000 instructions a put */
+#define QKEY_CACHE 64
+static struct { PyObject *topic, *qkey; int qid; } qkey_cache[QKEY_CACHE];
+static PyObject *queue_key(PyObject *topic, int qid) {
+    unsigned slot = (unsigned)qid % QKEY_CACHE;
+    PyObject *t = qkey_cache[slot].topic;
+    if (t != NULL && qkey_cache[slot].qid == qid &&
+        (t == topic || (PyUnicode_GET_LENGTH(t) == PyUnicode_GET_LENGTH(topic) && PyUnicode_Compare(t, topic) == 0)))
+        return Py_NewRef(qkey_cache[slot].qkey);
+    PyObject *k = PyUnicode_FromFormat("%U-%d", topic, qid);
+    if (k == NULL) return NULL;
+    Py_XSETREF(qkey_cache[slot].topic, Py_NewRef(topic));
+    Py_XSETREF(qkey_cache[slot].qkey, Py_NewRef(k));
+    qkey_cache[slot].qid = qid;
+    return k;
+}
+
 #define MAX_QUEUES 4096
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -514,7 +532,7 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
                 queues = nq;
                 cap_queues *= 2;
             }
-            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            PyObject *qkey = queue_key(topic, (int)r->qid);
             if (qkey == NULL) goto fail;
             PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
             int64_t start = 0;
@@ -944,7 +962,7 @@ static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
                 queues = nq;
                 cap_queues *= 2;
             }
-            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            PyObject *qkey = queue_key(topic, (int)r->qid);
             if (qkey == NULL) goto fail;
             PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
             int64_t start = 0;

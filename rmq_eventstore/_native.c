@@ -835,16 +835,55 @@ static int find_prop(const char *u, Py_ssize_t n, const char *name, Py_ssize_t n
     return 0;
 }
 
-static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
-    PyObject *msgs, *queue_table, *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
-    long long base, now, max_body, max_record;
+/* the encoder's network context (the arguments after `now`), parsed; its objects borrowed from the tuple */
+typedef struct {
+    PyObject *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
     const char *store_addr; Py_ssize_t addr_len;
     int store_port, append_crc;
-    if (!PyArg_ParseTuple(args, "OO!LLO!y#iLLO!OO!OUp", &msgs, &PyDict_Type, &queue_table, &base, &now,
-                          &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &max_body, &max_record,
-                          &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type, &request_type, &parse_host,
-                          &schedule_topic, &append_crc))
+    long long max_body, max_record;
+} net_ctx;
+
+#define NET_CTX_FORMAT "O!y#iLLO!OO!OUp"
+#define NET_CTX_ARGS(c) &PyDict_Type, &(c)->topics, &(c)->store_addr, &(c)->addr_len, &(c)->store_port, \
+    &(c)->max_body, &(c)->max_record, &PyDict_Type, &(c)->tags_cache, &(c)->tags_fn, &PyType_Type,     \
+    &(c)->request_type, &(c)->parse_host, &(c)->schedule_topic, &(c)->append_crc
+
+static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long long base, long long now,
+                                    const net_ctx *ctx);
+
+static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *queue_table;
+    long long base, now;
+    net_ctx c;
+    if (!PyArg_ParseTuple(args, "OO!LL" NET_CTX_FORMAT, &msgs, &PyDict_Type, &queue_table, &base, &now,
+                          NET_CTX_ARGS(&c)))
         return NULL;
+    return encode_network_run(msgs, queue_table, base, now, &c);
+}
+
+/* append_one_net's context tuple parsed as encode_network_batch parses it; the last one parsed is kept
+ * (with a reference: the pointers into it stay valid), as the encoder hands the same tuple every put */
+static PyObject *net_ctx_tuple = NULL;
+static net_ctx net_ctx_parsed;
+static int net_ctx_of(PyObject *tuple, net_ctx *out) {
+    if (tuple != net_ctx_tuple) {
+        net_ctx c;
+        if (!PyArg_ParseTuple(tuple, NET_CTX_FORMAT, NET_CTX_ARGS(&c))) return -1;
+        Py_XSETREF(net_ctx_tuple, Py_NewRef(tuple));
+        net_ctx_parsed = c;
+    }
+    *out = net_ctx_parsed;
+    return 0;
+}
+
+static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long long base, long long now,
+                                    const net_ctx *ctx) {
+    PyObject *topics = ctx->topics, *tags_cache = ctx->tags_cache, *tags_fn = ctx->tags_fn,
+             *request_type = ctx->request_type, *parse_host = ctx->parse_host, *schedule_topic = ctx->schedule_topic;
+    long long max_body = ctx->max_body, max_record = ctx->max_record;
+    const char *store_addr = ctx->store_addr;
+    Py_ssize_t addr_len = ctx->addr_len;
+    int store_port = ctx->store_port, append_crc = ctx->append_crc;
     const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
     if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
@@ -4239,18 +4278,17 @@ static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_
     if (got <= 0) goto done;
     got = single_stamp(&sp, 0);  /* encode_network_batch may call Python (tags, born host) */
     if (got < 0) goto done;
-    /* encode_network_batch((msg,), table, base, now, *netctx) */
-    PyObject *eargs = PyTuple_New(15);
-    if (eargs == NULL) { got = -1; goto done; }
+    /* encode_network_batch((msg,), table, base, now, *netctx), without building and parsing its arguments */
+    net_ctx nc;
+    if (!PyDict_Check(sp.table)) {  /* what the O! of encode_network_batch checked */
+        PyErr_SetString(PyExc_TypeError, "the queue table must be a dict");
+        got = -1; goto done;
+    }
+    if (net_ctx_of(ctx, &nc) < 0) { got = -1; goto done; }
     PyObject *one = PyTuple_Pack(1, msg);
-    if (one == NULL) { Py_DECREF(eargs); got = -1; goto done; }
-    PyTuple_SET_ITEM(eargs, 0, one);
-    PyTuple_SET_ITEM(eargs, 1, Py_NewRef(sp.table));
-    PyTuple_SET_ITEM(eargs, 2, Py_NewRef(sp.base_obj));
-    PyTuple_SET_ITEM(eargs, 3, Py_NewRef(sp.now_obj));
-    for (int i = 0; i < 11; i++) PyTuple_SET_ITEM(eargs, 4 + i, Py_NewRef(PyTuple_GET_ITEM(ctx, i)));
-    enc = encode_network_batch(NULL, eargs);
-    Py_DECREF(eargs);
+    if (one == NULL) { got = -1; goto done; }
+    enc = encode_network_run(one, sp.table, sp.base, sp.now, &nc);
+    Py_DECREF(one);
     if (enc == NULL) { got = -1; goto done; }
     if (enc == Py_None) { got = 0; goto done; }
     /* (data, [request], [offset], [uniq], {key: q + 1}, q) */

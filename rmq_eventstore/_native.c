@@ -3082,6 +3082,31 @@ static inline int key_is(const unsigned char *k, Py_ssize_t n, const char *name,
     return n == m && memcmp(k, name, m) == 0;
 }
 
+/* j_string for an extFields key: a short plain ASCII key (no escapes: every peer's) is taken from a small
+ * table of the keys read lately (same text, same str: no allocation, its hash already computed); any other
+ * goes through j_string */
+#define JKEY_CACHE 64
+#define JKEY_MAX 32
+static PyObject *jkey_cache[JKEY_CACHE];
+static int j_key(jcur *c, PyObject **out) {
+    const unsigned char *s = c->p + 1, *q = s;
+    while (q < c->end && !j_scan[*q]) q++;
+    Py_ssize_t n = q - s;
+    if (q >= c->end || *q != '"' || n == 0 || n > JKEY_MAX) return j_string(c, out, 1);
+    unsigned slot = ((unsigned)n * 31u + s[0] * 7u + s[n - 1] + s[n / 2] * 3u) % JKEY_CACHE;
+    PyObject *k = jkey_cache[slot];
+    if (k != NULL && PyUnicode_GET_LENGTH(k) == n && memcmp(PyUnicode_1BYTE_DATA(k), s, n) == 0) {
+        *out = Py_NewRef(k);
+    } else {
+        k = PyUnicode_DecodeASCII((const char *)s, n, NULL);
+        if (k == NULL) return J_ERROR;  /* ASCII by the scan: only a memory error */
+        Py_XSETREF(jkey_cache[slot], Py_NewRef(k));
+        *out = k;
+    }
+    c->p = q + 1;
+    return J_OK;
+}
+
 /* extFields' object of strings into a new dict */
 static int j_ext(jcur *c, PyObject **out) {
     c->p++;  /* '{' */
@@ -3094,7 +3119,7 @@ static int j_ext(jcur *c, PyObject **out) {
         int rc;
         j_ws(c);
         if (c->p >= c->end || *c->p != '"') { Py_DECREF(d); return J_GIVE_WAY; }
-        if ((rc = j_string(c, &k, 1)) != J_OK) { Py_DECREF(d); return rc; }
+        if ((rc = j_key(c, &k)) != J_OK) { Py_DECREF(d); return rc; }
         j_ws(c);
         if (c->p >= c->end || *c->p != ':') { Py_DECREF(k); Py_DECREF(d); return J_GIVE_WAY; }
         c->p++;

@@ -32,6 +32,8 @@ _SEND_STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
 }
 _OK_CODES = tuple(_SEND_STATUS)
+_INT_TEXT = {i: str(i) for i in range(-1, 1024)}  # str(i) of small ints (a send's queue id and flags)
+_INT_OF = {t: i for i, t in _INT_TEXT.items()}  # int(t) of their canonical texts (a response's queue id)
 _VALID_TOPICS_MAX = 1024  # topic names `send` remembers as validated (then it starts over)
 _STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
 
@@ -329,15 +331,17 @@ class Producer:
                 queue_id = self._stream_queue(topic, stream)
         # the header's values as the strings RemotingCommand.request would make of them (same bytes), built
         # here so that the request needs no conversion pass; anything but plain ints goes through request()
+        text = _INT_TEXT.get  # str() of the small ints, made once
         plain = (flag.__class__ is int and sys_flag.__class__ is int and reconsume.__class__ is int
                  and (expected_version is None or expected_version.__class__ is int))
         if plain:
-            sys_flag_s, flag_s, reconsume_s = str(sys_flag), str(flag), str(reconsume)
+            sys_flag_s, flag_s, reconsume_s = (text(sys_flag) or str(sys_flag), text(flag) or str(flag),
+                                               text(reconsume) or str(reconsume))
         for attempt in range(1 + self.retry_times_when_send_failed):
             addr, q = self._pick(topic, queue_id, avoid)
             fast = plain and q.__class__ is int
             if fast:
-                ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": "4", "e": str(q),
+                ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": "4", "e": text(q) or str(q),
                        "f": sys_flag_s, "g": str(int(time.time() * 1000)), "h": flag_s, "i": props,
                        "j": reconsume_s, "k": "false"}
             else:
@@ -379,7 +383,10 @@ class Producer:
                 raise ConcurrencyError(r.remark or "stream version conflict", stream or "", expected_version,
                                        int(current) if current is not None else None)
             version = x.get("streamVersion")
-            return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""), int(x.get("queueId", q)),
+            qid = x.get("queueId")
+            queue = _INT_OF.get(qid) if qid is not None else None  # int() of a small one's text, from a table
+            return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""),
+                              queue if queue is not None else int(q if qid is None else qid),
                               int(x.get("queueOffset", -1)), topic, addr,
                               int(version) if version is not None else None)
         assert last is not None

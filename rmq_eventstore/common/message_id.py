@@ -70,11 +70,14 @@ def create_message_id(store_host: bytes, port: int, commit_log_offset: int) -> s
 def join_message_ids(store_host: bytes, port: int, offsets: list[int]) -> str:
     """A batch's offsetMsgIds, comma-joined as RocketMQ answers them (`join_message_ids_py`, the reference;
     the C loop of `_native` when active)."""
-    if native is not None and hasattr(native, "join_message_ids"):
-        r = native.join_message_ids(store_host, port, offsets)
+    if _native_join is not None:
+        r = _native_join(store_host, port, offsets)
         if r is not None:
             return r
     return join_message_ids_py(store_host, port, offsets)
+
+
+_native_join = getattr(native, "join_message_ids", None) if native is not None else None  # looked up once
 
 
 def join_message_ids_py(store_host: bytes, port: int, offsets: list[int]) -> str:

@@ -229,6 +229,24 @@ typedef struct {
     int64_t next;
 } queue_slot;
 
+/* `f"{topic}-{queue_id}"`, the key of the store's queue offset table (a new reference): the strings made
+ * lately are kept (a small table by queue id), as PyUnicode_FromFormat costs ~2,000 instructions a put */
+#define QKEY_CACHE 64
+static struct { PyObject *topic, *qkey; int qid; } qkey_cache[QKEY_CACHE];
+static PyObject *queue_key(PyObject *topic, int qid) {
+    unsigned slot = (unsigned)qid % QKEY_CACHE;
+    PyObject *t = qkey_cache[slot].topic;
+    if (t != NULL && qkey_cache[slot].qid == qid &&
+        (t == topic || (PyUnicode_GET_LENGTH(t) == PyUnicode_GET_LENGTH(topic) && PyUnicode_Compare(t, topic) == 0)))
+        return Py_NewRef(qkey_cache[slot].qkey);
+    PyObject *k = PyUnicode_FromFormat("%U-%d", topic, qid);
+    if (k == NULL) return NULL;
+    Py_XSETREF(qkey_cache[slot].topic, Py_NewRef(topic));
+    Py_XSETREF(qkey_cache[slot].qkey, Py_NewRef(k));
+    qkey_cache[slot].qid = qid;
+    return k;
+}
+
 #define MAX_QUEUES 4096
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -514,7 +532,7 @@ static PyObject *encode_plain_batch(PyObject *self, PyObject *args) {
                 queues = nq;
                 cap_queues *= 2;
             }
-            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            PyObject *qkey = queue_key(topic, (int)r->qid);
             if (qkey == NULL) goto fail;
             PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
             int64_t start = 0;
@@ -817,16 +835,55 @@ static int find_prop(const char *u, Py_ssize_t n, const char *name, Py_ssize_t n
     return 0;
 }
 
-static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
-    PyObject *msgs, *queue_table, *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
-    long long base, now, max_body, max_record;
+/* the encoder's network context (the arguments after `now`), parsed; its objects borrowed from the tuple */
+typedef struct {
+    PyObject *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
     const char *store_addr; Py_ssize_t addr_len;
     int store_port, append_crc;
-    if (!PyArg_ParseTuple(args, "OO!LLO!y#iLLO!OO!OUp", &msgs, &PyDict_Type, &queue_table, &base, &now,
-                          &PyDict_Type, &topics, &store_addr, &addr_len, &store_port, &max_body, &max_record,
-                          &PyDict_Type, &tags_cache, &tags_fn, &PyType_Type, &request_type, &parse_host,
-                          &schedule_topic, &append_crc))
+    long long max_body, max_record;
+} net_ctx;
+
+#define NET_CTX_FORMAT "O!y#iLLO!OO!OUp"
+#define NET_CTX_ARGS(c) &PyDict_Type, &(c)->topics, &(c)->store_addr, &(c)->addr_len, &(c)->store_port, \
+    &(c)->max_body, &(c)->max_record, &PyDict_Type, &(c)->tags_cache, &(c)->tags_fn, &PyType_Type,     \
+    &(c)->request_type, &(c)->parse_host, &(c)->schedule_topic, &(c)->append_crc
+
+static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long long base, long long now,
+                                    const net_ctx *ctx);
+
+static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *queue_table;
+    long long base, now;
+    net_ctx c;
+    if (!PyArg_ParseTuple(args, "OO!LL" NET_CTX_FORMAT, &msgs, &PyDict_Type, &queue_table, &base, &now,
+                          NET_CTX_ARGS(&c)))
         return NULL;
+    return encode_network_run(msgs, queue_table, base, now, &c);
+}
+
+/* append_one_net's context tuple parsed as encode_network_batch parses it; the last one parsed is kept
+ * (with a reference: the pointers into it stay valid), as the encoder hands the same tuple every put */
+static PyObject *net_ctx_tuple = NULL;
+static net_ctx net_ctx_parsed;
+static int net_ctx_of(PyObject *tuple, net_ctx *out) {
+    if (tuple != net_ctx_tuple) {
+        net_ctx c;
+        if (!PyArg_ParseTuple(tuple, NET_CTX_FORMAT, NET_CTX_ARGS(&c))) return -1;
+        Py_XSETREF(net_ctx_tuple, Py_NewRef(tuple));
+        net_ctx_parsed = c;
+    }
+    *out = net_ctx_parsed;
+    return 0;
+}
+
+static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long long base, long long now,
+                                    const net_ctx *ctx) {
+    PyObject *topics = ctx->topics, *tags_cache = ctx->tags_cache, *tags_fn = ctx->tags_fn,
+             *request_type = ctx->request_type, *parse_host = ctx->parse_host, *schedule_topic = ctx->schedule_topic;
+    long long max_body = ctx->max_body, max_record = ctx->max_record;
+    const char *store_addr = ctx->store_addr;
+    Py_ssize_t addr_len = ctx->addr_len;
+    int store_port = ctx->store_port, append_crc = ctx->append_crc;
     const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
     if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
@@ -944,7 +1001,7 @@ static PyObject *encode_network_batch(PyObject *self, PyObject *args) {
                 queues = nq;
                 cap_queues *= 2;
             }
-            PyObject *qkey = PyUnicode_FromFormat("%U-%d", topic, (int)r->qid);
+            PyObject *qkey = queue_key(topic, (int)r->qid);
             if (qkey == NULL) goto fail;
             PyObject *cur = PyDict_GetItemWithError(queue_table, qkey);
             int64_t start = 0;
@@ -2778,10 +2835,18 @@ static int rbuf_int(rbuf *b, PyObject *o) {
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%lld", v);
-    return rbuf_put(b, tmp, n);
+    char tmp[24], *e = tmp + sizeof tmp, *d = e;  /* the digits by hand: snprintf costs ~1,300 instructions */
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do { *--d = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--d = '-';
+    return rbuf_put(b, d, e - d);
 }
+
+/* the bytes json.JSONEncoder(ensure_ascii=False) escapes: control characters, '"' and '\\' */
+static const unsigned char jstr_esc[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    0, 0, 1, ['\\'] = 1,
+};
 
 /* a str as json.JSONEncoder(ensure_ascii=False) writes it, in UTF-8; 0 (error cleared) when it is no
  * exact str or does not encode (a lone surrogate: the reference raises, so it decides) */
@@ -2795,8 +2860,11 @@ static int rbuf_jstr(rbuf *b, PyObject *o) {
     *d++ = '"';
     static const char hex[] = "0123456789abcdef";
     for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t run = i;  /* a run of bytes written as they are, copied at once */
+        while (i < n && !jstr_esc[(unsigned char)s[i]]) i++;
+        if (i > run) { memcpy(d, s + run, i - run); d += i - run; }
+        if (i == n) break;
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') { *d++ = c; continue; }
         *d++ = '\\';
         switch (c) {
         case '"': *d++ = '"'; break;
@@ -2892,14 +2960,28 @@ static inline int j_hex4(const unsigned char *p, uint32_t *out) {
     return 1;
 }
 
+/* the bytes j_string stops at: control characters, '"', '\\' and non-ASCII */
+static const unsigned char j_scan[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
 /* the string at c->p (its opening quote); *out a new str, or NULL with want_value 0 (only checked) */
 static int j_string(jcur *c, PyObject **out, int want_value) {
     const unsigned char *s = ++c->p, *q = s;
     int escaped = 0, ascii = 1;
-    while (q < c->end && *q != '"') {
+    for (;;) {
+        while (q < c->end && !j_scan[*q]) q++;  /* plain ASCII: one table look-up a byte */
+        if (q >= c->end || *q == '"') break;
         if (*q == '\\') { escaped = 1; q += 2; continue; }
         if (*q < 0x20) return J_GIVE_WAY;  /* json's strict mode refuses control characters */
-        if (*q >= 0x80) ascii = 0;
+        ascii = 0;  /* >= 0x80 */
         q++;
     }
     if (q >= c->end) return J_GIVE_WAY;
@@ -3000,6 +3082,31 @@ static inline int key_is(const unsigned char *k, Py_ssize_t n, const char *name,
     return n == m && memcmp(k, name, m) == 0;
 }
 
+/* j_string for an extFields key: a short plain ASCII key (no escapes: every peer's) is taken from a small
+ * table of the keys read lately (same text, same str: no allocation, its hash already computed); any other
+ * goes through j_string */
+#define JKEY_CACHE 64
+#define JKEY_MAX 32
+static PyObject *jkey_cache[JKEY_CACHE];
+static int j_key(jcur *c, PyObject **out) {
+    const unsigned char *s = c->p + 1, *q = s;
+    while (q < c->end && !j_scan[*q]) q++;
+    Py_ssize_t n = q - s;
+    if (q >= c->end || *q != '"' || n == 0 || n > JKEY_MAX) return j_string(c, out, 1);
+    unsigned slot = ((unsigned)n * 31u + s[0] * 7u + s[n - 1] + s[n / 2] * 3u) % JKEY_CACHE;
+    PyObject *k = jkey_cache[slot];
+    if (k != NULL && PyUnicode_GET_LENGTH(k) == n && memcmp(PyUnicode_1BYTE_DATA(k), s, n) == 0) {
+        *out = Py_NewRef(k);
+    } else {
+        k = PyUnicode_DecodeASCII((const char *)s, n, NULL);
+        if (k == NULL) return J_ERROR;  /* ASCII by the scan: only a memory error */
+        Py_XSETREF(jkey_cache[slot], Py_NewRef(k));
+        *out = k;
+    }
+    c->p = q + 1;
+    return J_OK;
+}
+
 /* extFields' object of strings into a new dict */
 static int j_ext(jcur *c, PyObject **out) {
     c->p++;  /* '{' */
@@ -3012,7 +3119,7 @@ static int j_ext(jcur *c, PyObject **out) {
         int rc;
         j_ws(c);
         if (c->p >= c->end || *c->p != '"') { Py_DECREF(d); return J_GIVE_WAY; }
-        if ((rc = j_string(c, &k, 1)) != J_OK) { Py_DECREF(d); return rc; }
+        if ((rc = j_key(c, &k)) != J_OK) { Py_DECREF(d); return rc; }
         j_ws(c);
         if (c->p >= c->end || *c->p != ':') { Py_DECREF(k); Py_DECREF(d); return J_GIVE_WAY; }
         c->p++;
@@ -4196,18 +4303,17 @@ static PyObject *append_one_net(PyObject *self, PyObject *const *args, Py_ssize_
     if (got <= 0) goto done;
     got = single_stamp(&sp, 0);  /* encode_network_batch may call Python (tags, born host) */
     if (got < 0) goto done;
-    /* encode_network_batch((msg,), table, base, now, *netctx) */
-    PyObject *eargs = PyTuple_New(15);
-    if (eargs == NULL) { got = -1; goto done; }
+    /* encode_network_batch((msg,), table, base, now, *netctx), without building and parsing its arguments */
+    net_ctx nc;
+    if (!PyDict_Check(sp.table)) {  /* what the O! of encode_network_batch checked */
+        PyErr_SetString(PyExc_TypeError, "the queue table must be a dict");
+        got = -1; goto done;
+    }
+    if (net_ctx_of(ctx, &nc) < 0) { got = -1; goto done; }
     PyObject *one = PyTuple_Pack(1, msg);
-    if (one == NULL) { Py_DECREF(eargs); got = -1; goto done; }
-    PyTuple_SET_ITEM(eargs, 0, one);
-    PyTuple_SET_ITEM(eargs, 1, Py_NewRef(sp.table));
-    PyTuple_SET_ITEM(eargs, 2, Py_NewRef(sp.base_obj));
-    PyTuple_SET_ITEM(eargs, 3, Py_NewRef(sp.now_obj));
-    for (int i = 0; i < 11; i++) PyTuple_SET_ITEM(eargs, 4 + i, Py_NewRef(PyTuple_GET_ITEM(ctx, i)));
-    enc = encode_network_batch(NULL, eargs);
-    Py_DECREF(eargs);
+    if (one == NULL) { got = -1; goto done; }
+    enc = encode_network_run(one, sp.table, sp.base, sp.now, &nc);
+    Py_DECREF(one);
     if (enc == NULL) { got = -1; goto done; }
     if (enc == Py_None) { got = 0; goto done; }
     /* (data, [request], [offset], [uniq], {key: q + 1}, q) */

@@ -363,6 +363,17 @@ def test_uniq_id_counter_increments():
     assert len(prefixes) == 1
 
 
+def test_uniq_id_counter_text_is_four_hex_digits():
+    """`create`'s counter text (from a table of byte pairs) is `{counter:04X}` at every byte boundary."""
+    gen = codec.UniqueIdGenerator(ip=bytes([127, 0, 0, 1]), pid=1)
+    gen.create()  # the same millisecond from here on is the fast path; a later one re-claims
+    for c in (0, 1, 0xF, 0x10, 0xFF, 0x100, 0x0A0B, 0xABCD, 0xFF00, 0xFFFF):
+        gen._counter = c
+        gen._time_used = 0
+        uid = gen.create()
+        assert uid[-4:] == f"{c:04X}" and len(uid) == 32
+
+
 def test_uniq_ids_unique_in_bulk():
     gen = codec.UniqueIdGenerator(ip=bytes([127, 0, 0, 1]), pid=1)
     ids = gen.create_many(100_000) + [gen.create() for _ in range(1000)] + gen.create_many(70_000)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmq_eventstore.client.producer import Producer
-from rmq_eventstore.common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC
+from rmq_eventstore.common import Message, codec
+from rmq_eventstore.common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, TopicValidationError
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 
 
@@ -85,3 +86,23 @@ def test_a_plain_send_skips_the_conversion(monkeypatch: pytest.MonkeyPatch) -> N
     assert called == []
     p._send("Topic", None, RequestCode.SEND_MESSAGE_V2, b"b", "", True, 0, 0, "ID", False, None)
     assert called == [1]
+
+
+def test_send_validates_each_topic_once_and_refuses_bad_ones_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rmq_eventstore.client import producer as producer_mod
+
+    checked: list[object] = []
+    real = producer_mod.validate_topic
+    monkeypatch.setattr(producer_mod, "validate_topic", lambda t: checked.append(t) or real(t))
+    p = _producer()
+    p._ids = codec.UniqueIdGenerator()
+    p._valid_topics = set()
+    for _ in range(3):
+        assert p.send(Message("Topic", b"x")).status == "SEND_OK"
+        with pytest.raises(TopicValidationError):
+            p.send(Message("bad topic!", b"x"))
+    assert checked == ["Topic", "bad topic!", "bad topic!", "bad topic!"]
+    monkeypatch.setattr(producer_mod, "_VALID_TOPICS_MAX", 2)
+    for t in ("A", "B", "C", "A"):
+        p.send(Message(t, b"x"))
+    assert checked[4:] == ["A", "B", "C", "A"]  # forgotten when the set filled up, then validated again

@@ -5,6 +5,7 @@ the broker arrive while the connection is idle, and failures reach every waiter.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -203,3 +204,74 @@ def test_a_lost_connection_fails_waiters_and_is_noticed_idle(tmp_path: Path) -> 
             assert idle_conn.closed  # noticed without any request
             with pytest.raises(RemotingError):
                 idle_conn.invoke(RemotingCommand.request(RequestCode.HEART_BEAT, body=b"{}"), 1.0)
+
+
+@pytest.fixture
+def silent_peer() -> Iterator[str]:
+    """A peer that accepts connections and never answers (nor closes them)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(5)
+        for s in (*accepted, srv):
+            s.close()
+
+
+def _wait_in_thread(rc: RemotingClient, addr: str, timeout: float) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rc.invoke(addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "t", "queueId": 0}), timeout)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.3)  # the lone caller is in its blocking recv by now
+    return t, errors
+
+
+def test_a_lone_caller_times_out_on_time(silent_peer: str, client: RemotingClient) -> None:
+    """The caller reading its own response blocks in recv, bounded by the socket's receive timeout."""
+    for timeout in (0.5, 0.2):  # a shorter timeout than the one the socket has: set again
+        t0 = time.monotonic()
+        with pytest.raises(RemotingTimeoutError):
+            client.invoke(silent_peer, RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "t"}), timeout)
+        assert timeout - 0.01 <= time.monotonic() - t0 < timeout + 1.0
+
+
+def test_a_failure_elsewhere_wakes_the_caller_blocked_in_recv(silent_peer: str, client: RemotingClient) -> None:
+    """Another caller's timeout fails the connection: the one blocked in its recv hears of it at once."""
+    t, errors = _wait_in_thread(client, silent_peer, 30)
+    t0 = time.monotonic()
+    with pytest.raises(RemotingTimeoutError):
+        client.invoke(silent_peer, RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "t"}), 0.3)
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5
+    assert len(errors) == 1 and isinstance(errors[0], RemotingError), errors
+
+
+def test_close_wakes_the_caller_blocked_in_recv(silent_peer: str) -> None:
+    rc = RemotingClient()
+    t, errors = _wait_in_thread(rc, silent_peer, 30)
+    t0 = time.monotonic()
+    rc.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5
+    assert len(errors) == 1 and isinstance(errors[0], RemotingError), errors

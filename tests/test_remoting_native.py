@@ -79,6 +79,18 @@ def test_encode_handles_the_plain_shapes() -> None:
         assert _native.remoting_encode(c) == c.encode_py()
 
 
+def test_encode_writes_the_edge_integers_and_escapes() -> None:
+    """The C encoder's digits (by hand, not snprintf) at the ends of the 64-bit range and around powers of
+    ten, and its escapes at the start, middle and end of a string and in runs."""
+    for v in (0, -1, 1, 9, 10, -10, 99, 100, 2**31 - 1, -2**31, 2**63 - 1, -2**63, 10**18, -10**18):
+        c = RemotingCommand(v, {}, b"", v, 0, None, "JAVA", v)
+        assert _native.remoting_encode(c) == c.encode_py(), v
+    for s in ("", "\x01", "a\x01", "\x01a", "\x01\x02", '""', "\\\\", "a\tb\nc\rd\be\ff", "\x7f\x1f é\x00",
+              "UNIQ_KEY\x01ABC\x02WAIT\x01true\x02" * 20):
+        c = RemotingCommand(1, {s: s}, b"", 1, 0, s)
+        assert _native.remoting_encode(c) == c.encode_py(), s
+
+
 def test_encode_gives_way_for_an_int_that_formats_itself() -> None:
     """`{code:d}` of an int subclass with its own __format__ is not int's digits: Python writes it."""
 

@@ -92,6 +92,7 @@ PLAIN = [
     {"f": "1"},  # compressed flag: not a transaction bit
     {"m": "false"},  # what the Java client sends for a single message
     {"l": "16", "n": "broker-a"},
+    {"e": " 2 ", "h": "+7", "j": "007", "d": "08", "l": "0_1"},  # not the small ints' canonical texts: int()
 ]
 
 
@@ -129,6 +130,8 @@ DECLINED = {
     "queue out of range": dict(e="4"),
     "queueId missing": dict(e=None),
     "queueId not an int": dict(e="one"),
+    "queueId a float": dict(e="1.0"),
+    "flag not an int": dict(h="0x1"),
     "bornTimestamp missing": dict(g=None),
     "topic missing": dict(b=None),
     "batch by its V1 name": dict(batch="true"),

@@ -308,3 +308,22 @@ def test_put_one_takes_and_releases_its_locks_as_threading_does(tmp_path: Path) 
         assert s.get_max_offset_in_queue("TopicL", 0) == 7  # 1 + 2 + 2 + the failed hand-off's + 1
     finally:
         s.shutdown()
+
+
+def test_network_puts_keep_queues_apart_whose_keys_share_a_cache_slot(tmp_path: Path) -> None:
+    """The native network put caches the queue table's `topic-queue` keys by queue id modulo 64: topics
+    and queue ids that share a slot (1, 65, 129; two topics) still count their own queue offsets."""
+    s = open_store(tmp_path / "s", auto_create_uniq_key=False)
+    try:
+        want: collections.Counter = collections.Counter()
+        for i in range(240):
+            topic, qid = ("TopicA", "TopicB")[i // 3 % 2], (1, 65, 129)[i % 3]
+            m = Message(topic=topic, body=b"x" * (i % 50), queue_id=qid,
+                        properties_string=f"KEYS\x01k{i}\x02UNIQ_KEY\x01{i:032X}\x02")
+            r = s.put_message(m)
+            assert r.is_ok(), (i, r)
+            assert r.append_result.logics_offset == want[(topic, qid)], (i, topic, qid)
+            want[(topic, qid)] += 1
+        assert s.commit_log.topic_queue_table == {f"{t}-{q}": n for (t, q), n in want.items()}
+    finally:
+        s.shutdown()

@@ -39,12 +39,15 @@ from typing import Any
 from ..common.broker_file import remove_broker_file_if_ours, write_broker_file
 from ..remoting import (
     DEFAULT_MAX_FRAME_SIZE,
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
     FrameDecoder,
     FrameError,
     RemotingCommand,
     RequestCode,
     ResponseCode,
 )
+from ..remoting import command as _command
 from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
@@ -131,7 +134,7 @@ class Connection(asyncio.Protocol):
             return
         if len(commands) == 1:
             cmd = commands[0]
-            if not cmd.is_response:
+            if not cmd.flag & FLAG_RESPONSE:  # `is_response`, without the property's call
                 self.server.handle(self, cmd)
             return
         # Several requests in one read (a pipelining client): the responses answered at once are gathered
@@ -286,8 +289,14 @@ class BrokerServer:
                     log.exception("request %d failed", cmd.code)
                     result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
                 if result is not None:
-                    if not cmd.is_oneway:
-                        conn.write(result)
+                    if not cmd.flag & FLAG_ONEWAY:  # `is_oneway` and `conn.write`, without their calls
+                        enc = _command._native_encode
+                        frame = (enc(result) if enc is not None else None) or result.encode()
+                        out = conn._out
+                        if out is not None:
+                            out.append(frame)
+                        else:
+                            conn._write_frame(frame)
                     return
             self._respond(conn, cmd, broker.process(cmd, conn))
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread

@@ -32,6 +32,9 @@ _SEND_STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
 }
 _OK_CODES = tuple(_SEND_STATUS)
+_INT_TEXT = {i: str(i) for i in range(-1, 1024)}  # str(i) of small ints (a send's queue id and flags)
+_INT_OF = {t: i for i, t in _INT_TEXT.items()}  # int(t) of their canonical texts (a response's queue id)
+_VALID_TOPICS_MAX = 1024  # topic names `send` remembers as validated (then it starts over)
 _STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
 
 
@@ -101,6 +104,7 @@ class Producer:
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._ids = codec.UniqueIdGenerator()
         self._rr = itertools.count()
+        self._valid_topics: set[str] = set()  # topics `send` validated already (a name stays valid)
 
     def _make_base(self, namesrv_addr: str, timeout: float, access_key: str | None,
                    secret_key: str | None) -> ClientBase:
@@ -178,9 +182,14 @@ class Producer:
         `deliver_at` (an aware datetime, or epoch milliseconds) or `delay` (a timedelta) makes it a timer
         message (`TIMER_DELIVER_MS`): held by the broker and delivered on its topic when due, to the
         broker's `timerPrecisionMs`, at most `timerMaxDelaySec` ahead."""
-        validate_topic(msg.topic)
+        topic = msg.topic
+        if topic.__class__ is not str or topic not in self._valid_topics:
+            validate_topic(topic)
+            if len(self._valid_topics) >= _VALID_TOPICS_MAX:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
-        due = _deliver_ms(deliver_at, delay)
+        due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:
             if delay_level:
                 raise ValueError("give either delay_level or deliver_at/delay, not both")
@@ -304,10 +313,11 @@ class Producer:
               while_waiting: Callable[[], None] | None = None) -> SendResult:
         timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
         work = [while_waiting] if while_waiting is not None else []  # run once, by the first request written
+        if work:  # (the closure only when there is something to run: a plain send makes none)
 
-        def run_once() -> None:
-            if work:
-                work.pop()()
+            def run_once() -> None:
+                if work:
+                    work.pop()()
 
         avoid = None
         last: Exception | None = None
@@ -321,15 +331,17 @@ class Producer:
                 queue_id = self._stream_queue(topic, stream)
         # the header's values as the strings RemotingCommand.request would make of them (same bytes), built
         # here so that the request needs no conversion pass; anything but plain ints goes through request()
+        text = _INT_TEXT.get  # str() of the small ints, made once
         plain = (flag.__class__ is int and sys_flag.__class__ is int and reconsume.__class__ is int
                  and (expected_version is None or expected_version.__class__ is int))
         if plain:
-            sys_flag_s, flag_s, reconsume_s = str(sys_flag), str(flag), str(reconsume)
+            sys_flag_s, flag_s, reconsume_s = (text(sys_flag) or str(sys_flag), text(flag) or str(flag),
+                                               text(reconsume) or str(reconsume))
         for attempt in range(1 + self.retry_times_when_send_failed):
             addr, q = self._pick(topic, queue_id, avoid)
             fast = plain and q.__class__ is int
             if fast:
-                ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": "4", "e": str(q),
+                ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": "4", "e": text(q) or str(q),
                        "f": sys_flag_s, "g": str(int(time.time() * 1000)), "h": flag_s, "i": props,
                        "j": reconsume_s, "k": "false"}
             else:
@@ -371,7 +383,10 @@ class Producer:
                 raise ConcurrencyError(r.remark or "stream version conflict", stream or "", expected_version,
                                        int(current) if current is not None else None)
             version = x.get("streamVersion")
-            return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""), int(x.get("queueId", q)),
+            qid = x.get("queueId")
+            queue = _INT_OF.get(qid) if qid is not None else None  # int() of a small one's text, from a table
+            return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""),
+                              queue if queue is not None else int(q if qid is None else qid),
                               int(x.get("queueOffset", -1)), topic, addr,
                               int(version) if version is not None else None)
         assert last is not None

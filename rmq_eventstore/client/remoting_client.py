@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 
 from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
+from ..remoting import command as _command
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ class _Pending:
 
 
 READ_BUFFER_SIZE = 1 << 18  # bytes read at most per recv
+RCVTIMEO_SLACK = 0.05  # a caller's blocking recv may outlast its deadline by this much (see _recv_some)
+_TIMEVAL = struct.Struct("@ll")  # struct timeval (tv_sec, tv_usec) for SO_RCVTIMEO
 IDLE_READ_SECONDS = 0.05  # the idle reader takes over the socket after this long without a waiting caller
 
 
@@ -74,7 +78,9 @@ class ClientConnection:
     (no wake-up of another thread per request), while any number of threads may wait at once, each for
     its own opaque: a long-polling pull never delays a send. When no caller has waited for a while, an
     idle reader thread holds the role, so requests from the broker (NOTIFY_CONSUMER_IDS_CHANGED) and a
-    closed connection are noticed promptly; it yields the role to the next caller at once.
+    closed connection are noticed promptly; it yields the role to the next caller at once. A caller holding
+    the role blocks in `recv` itself (`_recv_some`: no `poll` first), so a failure shuts the socket down to
+    wake it.
     """
 
     def __init__(self, address: str, connect_timeout: float = 3.0,
@@ -97,6 +103,7 @@ class ClientConnection:
         self._decoder = FrameDecoder(CLIENT_MAX_FRAME_SIZE, CLIENT_MAX_FRAME_SIZE)
         self._rbuf = bytearray(READ_BUFFER_SIZE)  # read by the read role's holder only: one at a time
         self._rview = memoryview(self._rbuf)
+        self._rcvtimeo = 0.0  # the socket's SO_RCVTIMEO in seconds (0: none, the recv blocks until data)
         self._error: RemotingError | None = None
         self._on_request = on_request
         self._wake_r, self._wake_w = socket.socketpair()
@@ -136,6 +143,31 @@ class ClientConnection:
             n = self.sock.recv_into(self._rbuf)
         except OSError as e:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
+        return self._dispatch(n)
+
+    def _recv_some(self, timeout: float) -> bool:
+        """`_read_some` for a caller holding the read role: a blocking `recv` bounded by the socket's
+        SO_RCVTIMEO, without a `poll` first (one system call per response instead of two). Nothing but the
+        socket can wake it: `_fail` and `close` shut the socket down, which ends the `recv` (EOF); the idle
+        reader, which other callers wake through the wake-up pair, reads through `_read_some` instead.
+        SO_RCVTIMEO is set again only when `timeout` is not within RCVTIMEO_SLACK below the value set (a
+        run of calls with the same timeout sets it once), so a read may outlast `timeout` by that slack."""
+        if not self._rcvtimeo - RCVTIMEO_SLACK <= timeout <= self._rcvtimeo:
+            t = max(timeout, 0.001)
+            sec = int(t)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                 _TIMEVAL.pack(sec, int((t - sec) * 1e6)))
+            self._rcvtimeo = t
+        try:
+            n = self.sock.recv_into(self._rbuf)
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            return False
+        except OSError as e:
+            raise RemotingError(f"connection to {self.address} lost: {e}") from e
+        return self._dispatch(n)
+
+    def _dispatch(self, n: int) -> bool:
+        """The `n` bytes just read into the buffer: every complete frame dispatched (EOF when 0)."""
         if not n:
             raise RemotingError(f"connection to {self.address} closed")
         data = self._rview[:n].tobytes()
@@ -180,6 +212,10 @@ class ClientConnection:
                 if slot.event is not None:
                     slot.event.set()
         self._wake()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # ends a caller's blocking recv (closing alone does not)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -245,7 +281,7 @@ class ClientConnection:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RemotingTimeoutError("timeout")
-                self._read_some(remaining)
+                self._recv_some(remaining)
         except RemotingTimeoutError:
             raise
         except RemotingError as e:
@@ -303,7 +339,8 @@ class ClientConnection:
 
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
         instead of two): the lone caller's path."""
-        frame = cmd.encode()
+        enc = _command._native_encode  # `cmd.encode()` without its Python frame (None: it decides)
+        frame = (enc(cmd) if enc is not None else None) or cmd.encode()
         slot = _Pending(while_waiting is None)
         with self._lock:
             if self.closed:
@@ -314,13 +351,15 @@ class ClientConnection:
                 self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
-            self._send(frame)
-        except RemotingError:
+            with self._send_lock:  # `_send`, inline
+                self.sock.sendall(frame)
+        except OSError as e:
+            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
             if lead:
                 self._release_read_role()
-            raise
+            raise RemotingError(f"send to {self.address} failed: {e}") from e
         if while_waiting is not None:
             while_waiting()
         return self._finish(cmd, slot, deadline, timeout, lead)
@@ -440,7 +479,10 @@ class RemotingClient:
                while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
         if self._sign is not None:
             self._sign(cmd)
-        return self.connection(address).invoke(cmd, timeout, while_waiting)
+        c = self._conns.get(address)  # `connection`'s first step, here: one call less per request
+        if c is None or c.closed:
+            c = self.connection(address)
+        return c.invoke(cmd, timeout, while_waiting)
 
     def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:
         """`ClientConnection.invoke_many`: several requests in one write, their responses in order."""

@@ -471,7 +471,10 @@ class MappedFileQueue:
 
     def get_max_offset(self) -> int:
         files = self.mapped_files
-        return files[-1].file_from_offset + files[-1].get_read_position() if files else 0
+        if not files:
+            return 0
+        f = files[-1]  # its get_read_position(), inline: the dispatch asks for this a few times a send
+        return f.file_from_offset + (f.committed_position if f.transient else f.wrote_position)
 
     def get_max_wrote_position(self) -> int:
         files = self.mapped_files

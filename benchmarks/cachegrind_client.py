@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Instructions our client process executes per synchronous send, counted by valgrind's cachegrind
+(deterministic, unlike this VM's clocks).
+
+    python benchmarks/cachegrind_client.py [single|trivial] ... [--n 2000] [--base 400] [--callgrind DIR]
+
+The broker (`serve_in_thread`, bench_broker.py's settings) runs in a child process NOT under valgrind;
+the client (`Producer.send` of one 200-byte message, bench_broker.py's messages, round-robin queues;
+`trivial`: a GET_MAX_OFFSET through `RemotingClient.invoke`) runs twice under
+`valgrind --tool=cachegrind --cache-sim=no`, once for `--base` requests and once for `--n`. Per request =
+(instructions of the long run - of the short run) / (n - base): import, start-up, route look-up, making
+the messages (n in both runs) and shut-down cancel out. `--callgrind DIR` also keeps a callgrind profile of the long run in DIR (read it
+with `callgrind_annotate --inclusive=yes`). A profiling tool: nothing is compared and nothing is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_broker import BROKER_CONFIG  # noqa: E402
+
+BROKER = r"""
+import json, sys
+from rmq_eventstore.broker.server import serve_in_thread
+running = serve_in_thread(sys.argv[1], announce=False, **json.loads(sys.argv[2]))
+print(json.dumps({"namesrv": running.namesrv_address}), flush=True)
+sys.stdin.readline()
+running.close()
+"""
+
+CLIENT = r"""
+import sys
+sys.path.insert(0, sys.argv[4])
+from benchmarks.bench_broker import BODIES, TAG
+from rmq_eventstore.client import Message, Producer
+from rmq_eventstore.remoting import RemotingCommand, RequestCode
+namesrv, phase, n, made = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[5])
+with Producer(namesrv, "cg-producer", send_timeout_ms=60_000) as p:
+    p.send(Message("Profile", BODIES[0], tags=TAG, keys=["warm"]))
+    # as many messages made in every run (`made`), so that their cost cancels out of the difference
+    msgs = [Message("Profile", BODIES[i & 1023], tags=TAG, keys=[f"k{i:010d}"]) for i in range(made)][:n]
+    if phase == "single":
+        send = p.send
+        for m in msgs:
+            send(m)
+    elif phase == "trivial":
+        addr, _q = p._pick("Profile", 0, None)
+        remoting = p._base.remoting
+        for _ in range(n):
+            remoting.invoke(addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET,
+                                                          {"topic": "Profile", "queueId": 0}), timeout=60)
+    else:
+        raise SystemExit(f"unknown phase {phase!r}")
+"""
+
+
+def _instructions(out_file: Path) -> int:
+    for line in out_file.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no summary line in {out_file}")
+
+
+def run_once(namesrv: str, phase: str, n: int, made: int, root: Path, callgrind: Path | None = None) -> int:
+    """Total instructions of a client process that made `n` requests of `phase`."""
+    out = Path(tempfile.mkdtemp(prefix="cg-client-", dir=root)) / "cachegrind.out"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONMALLOC="malloc")
+    tool = (["--tool=callgrind", f"--callgrind-out-file={callgrind / f'callgrind.{phase}.out'}"] if callgrind
+            else ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"])
+    subprocess.run(["valgrind", *tool, sys.executable, "-c", CLIENT, namesrv, phase, str(n), str(REPO), str(made)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env=env)
+    return 0 if callgrind else _instructions(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("phases", nargs="*", default=["single"])
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--base", type=int, default=400)
+    ap.add_argument("--callgrind", type=Path, default=None, help="also keep a callgrind profile here")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="cachegrind-client-"))
+    broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root / "store"), json.dumps(BROKER_CONFIG)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              cwd=REPO, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    try:
+        namesrv = json.loads(broker.stdout.readline())["namesrv"]
+        for phase in args.phases:
+            small = run_once(namesrv, phase, args.base, args.n, root)
+            large = run_once(namesrv, phase, args.n, args.n, root)
+            per = (large - small) / (args.n - args.base)
+            print(f"{phase:8s} {per:12,.0f} instructions per request (client process; {args.base} vs {args.n})",
+                  flush=True)
+            if args.callgrind is not None:
+                args.callgrind.mkdir(parents=True, exist_ok=True)
+                run_once(namesrv, phase, args.n, args.n, root, args.callgrind)
+    finally:
+        broker.stdin.write("quit\n")
+        broker.stdin.flush()
+        try:
+            broker.wait(60)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

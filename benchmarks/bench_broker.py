@@ -54,7 +54,7 @@ PULL_BATCH = 32
 BIG_PULL = 256  # our broker runs with max_transfer_count_on_message_in_memory=256 to allow it
 BROKER_CONFIG = {"max_transfer_count_on_message_in_memory": BIG_PULL}
 
-FULL = dict(reps=3, single=5_000, batch=100_000, batch_size=100, wake=1000, rabbit_confirm=5_000)
+FULL = dict(reps=5, single=5_000, batch=100_000, batch_size=100, wake=1000, rabbit_confirm=5_000)
 QUICK = dict(reps=1, single=1_000, batch=20_000, batch_size=100, wake=50, rabbit_confirm=1_000)
 
 rng = random.Random(SEED)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_broker import BODIES, BROKER_CONFIG, TAG  # noqa: E402
 
-CHILD = r"""
+BROKER_CHILD = r"""
 import json, sys
 from rmq_eventstore.broker.server import serve_in_thread
 running = serve_in_thread(sys.argv[1], announce=False, **json.loads(sys.argv[2]))
@@ -42,7 +42,8 @@ running.close()
 """
 
 
-def _instructions(out_file: Path) -> int:
+def instructions(out_file: Path) -> int:
+    """The total of a cachegrind output file (its `summary:` line)."""
     for line in out_file.read_text().splitlines():
         if line.startswith("summary:"):
             return int(line.split()[1])
@@ -60,7 +61,7 @@ def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
     tool = (["--tool=callgrind", f"--callgrind-out-file={out}"] if keep is not None
             else ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"])
     proc = subprocess.Popen(["valgrind", *tool,
-                             sys.executable, "-c", CHILD, str(Path(path) / "store"), json.dumps(BROKER_CONFIG)],
+                             sys.executable, "-c", BROKER_CHILD, str(Path(path) / "store"), json.dumps(BROKER_CONFIG)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=REPO, env=env)
     try:
@@ -80,24 +81,19 @@ def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
             elif phase == "fill":  # only what the pop phases send first (theirs minus this: the POP + ACK)
                 for i in range(0, n, 100):
                     p.send_batch(msgs[i:i + 100], queue_id=0)
-            elif phase == "pop1":
+            elif phase in ("pop1", "pop32"):  # pop1: each message acked alone; pop32: one BATCH_ACK a pop
                 for i in range(0, n, 100):
                     p.send_batch(msgs[i:i + 100], queue_id=0)
+                size = int(phase[3:])
                 with PopConsumer(namesrv, "cg-pop", timeout_ms=60_000) as c:
                     got = 0
                     while got < n:
-                        popped = c.pop("Profile", max_nums=1, invisible_time=60_000)
-                        for m in popped:
-                            c.ack(m)
-                        got += len(popped) or 1
-            elif phase == "pop32":  # n messages popped 32 at a time, each batch acked by one BATCH_ACK
-                for i in range(0, n, 100):
-                    p.send_batch(msgs[i:i + 100], queue_id=0)
-                with PopConsumer(namesrv, "cg-pop", timeout_ms=60_000) as c:
-                    got = 0
-                    while got < n:
-                        popped = c.pop("Profile", max_nums=32, invisible_time=60_000)
-                        c.ack_batch(popped)
+                        popped = c.pop("Profile", max_nums=size, invisible_time=60_000)
+                        if size == 1:
+                            for m in popped:
+                                c.ack(m)
+                        else:
+                            c.ack_batch(popped)
                         got += len(popped) or 1
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
@@ -107,7 +103,7 @@ def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
         if keep is not None:
             shutil.copy(out, keep)
             return 0
-        return _instructions(out)
+        return instructions(out)
     finally:
         if proc.poll() is None:
             proc.kill()

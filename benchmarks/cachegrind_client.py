@@ -28,15 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_broker import BROKER_CONFIG  # noqa: E402
-
-BROKER = r"""
-import json, sys
-from rmq_eventstore.broker.server import serve_in_thread
-running = serve_in_thread(sys.argv[1], announce=False, **json.loads(sys.argv[2]))
-print(json.dumps({"namesrv": running.namesrv_address}), flush=True)
-sys.stdin.readline()
-running.close()
-"""
+from benchmarks.cachegrind_broker import BROKER_CHILD, instructions  # noqa: E402
 
 CLIENT = r"""
 import sys
@@ -64,13 +56,6 @@ with Producer(namesrv, "cg-producer", send_timeout_ms=60_000) as p:
 """
 
 
-def _instructions(out_file: Path) -> int:
-    for line in out_file.read_text().splitlines():
-        if line.startswith("summary:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no summary line in {out_file}")
-
-
 def run_once(namesrv: str, phase: str, n: int, made: int, root: Path, callgrind: Path | None = None) -> int:
     """Total instructions of a client process that made `n` requests of `phase`."""
     out = Path(tempfile.mkdtemp(prefix="cg-client-", dir=root)) / "cachegrind.out"
@@ -79,7 +64,7 @@ def run_once(namesrv: str, phase: str, n: int, made: int, root: Path, callgrind:
             else ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"])
     subprocess.run(["valgrind", *tool, sys.executable, "-c", CLIENT, namesrv, phase, str(n), str(REPO), str(made)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env=env)
-    return 0 if callgrind else _instructions(out)
+    return 0 if callgrind else instructions(out)
 
 
 def main() -> int:
@@ -93,7 +78,7 @@ def main() -> int:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
     root = Path(tempfile.mkdtemp(prefix="cachegrind-client-"))
-    broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root / "store"), json.dumps(BROKER_CONFIG)],
+    broker = subprocess.Popen([sys.executable, "-c", BROKER_CHILD, str(root / "store"), json.dumps(BROKER_CONFIG)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                               cwd=REPO, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     try:

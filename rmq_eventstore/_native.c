@@ -4741,19 +4741,13 @@ static PyObject *pop_ack_scan(PyObject *self, PyObject *args) {
             if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < 2
                 || !PyList_CheckExact(PyTuple_GET_ITEM(entry, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)))
                 goto stop;
-            Py_XDECREF(prev_entry);
-            Py_XDECREF(prev_prefix);
-            Py_XDECREF(prev_t);
-            prev_entry = NULL;
-            prev_prefix = NULL;
-            prev_t = NULL;
+            Py_CLEAR(prev_entry);
+            Py_CLEAR(prev_prefix);
+            Py_CLEAR(prev_t);
             if (PyUnicode_CheckExact(t)) { /* a str subclass is looked up every time */
-                Py_INCREF(entry);
-                Py_INCREF(prefix);
-                Py_INCREF(t);
-                prev_entry = entry;
-                prev_prefix = prefix;
-                prev_t = t;
+                prev_entry = Py_NewRef(entry);
+                prev_prefix = Py_NewRef(prefix);
+                prev_t = Py_NewRef(t);
                 int overflow = 0;
                 prev_start = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, 0), &overflow);
                 if (prev_start == -1 && PyErr_Occurred())

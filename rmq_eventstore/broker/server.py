@@ -47,7 +47,6 @@ from ..remoting import (
     RequestCode,
     ResponseCode,
 )
-from ..remoting import command as _command
 from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
@@ -289,14 +288,8 @@ class BrokerServer:
                     log.exception("request %d failed", cmd.code)
                     result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
                 if result is not None:
-                    if not cmd.flag & FLAG_ONEWAY:  # `is_oneway` and `conn.write`, without their calls
-                        enc = _command._native_encode
-                        frame = (enc(result) if enc is not None else None) or result.encode()
-                        out = conn._out
-                        if out is not None:
-                            out.append(frame)
-                        else:
-                            conn._write_frame(frame)
+                    if not cmd.flag & FLAG_ONEWAY:  # `is_oneway`, without the property's call
+                        conn.write(result)
                     return
             self._respond(conn, cmd, broker.process(cmd, conn))
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread

@@ -10,11 +10,9 @@ property; the message keeps the topic it was popped for, even when it came from 
 
 from __future__ import annotations
 
-import json
-
 from ..common import MessageExt
 from ..common.native import native
-from ..common.pop import ExtraInfo, int_run, offsets_text, pop_retry_topic
+from ..common.pop import BatchAck, ExtraInfo, bits_text, pop_retry_topic
 from ..common.properties import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_POP_CK,
@@ -28,7 +26,6 @@ from .remoting_client import MQBrokerError
 
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
 _POP_MESSAGE, _BATCH_ACK_MESSAGE = RequestCode.POP_MESSAGE, RequestCode.BATCH_ACK_MESSAGE
-_dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=...) without a new encoder per call
 
 
 def _parse_starts(info: str) -> dict[tuple[bool, int], int]:
@@ -118,11 +115,6 @@ def pop_ack_scan_py(msgs: list[MessageExt], i: int, cls: type, lead: str,
             return i
         entry[1].append(num - entry[0])
     return len(msgs)
-
-
-def _bits_text(bits: list[int]) -> str:
-    """`",".join(map(str, bits))`: a run of consecutive ints (a whole pop acked) by the C loop."""
-    return offsets_text(bits[0], bits[0] + len(bits)) if int_run(bits) else ",".join(map(str, bits))
 
 
 _set_handles = native.pop_set_handles if native is not None else pop_set_handles_py
@@ -270,10 +262,8 @@ class PopConsumer:
                 entry = entries.get(key)
                 if entry is None:
                     topic = pop_retry_topic(self.group, m.topic) if extra.retry else m.topic
-                    # BatchAck.to_dict's keys and values, in its order (ints as json writes them)
-                    head = (f'{{"c":{_dumps(self.group)},"t":{_dumps(topic)},"r":"{1 if extra.retry else 0}",'
-                            f'"so":{extra.ck_queue_offset},"q":{extra.queue_id},"rq":{extra.revive_qid},'
-                            f'"pt":{extra.pop_time},"it":{extra.invisible_time},"b":[')
+                    head = BatchAck.json_head(self.group, topic, extra.retry, extra.ck_queue_offset, extra.queue_id,
+                                              extra.revive_qid, extra.pop_time, extra.invisible_time)
                     entry = entries[key] = (extra.ck_queue_offset, [], head)
                     by_broker.setdefault(self._base.broker_for(m.topic), []).append(entry)
                 entry[1].append(extra.queue_offset - extra.ck_queue_offset)
@@ -282,7 +272,7 @@ class PopConsumer:
             if i < n:  # the messages after it whose entry is known
                 i = _ack_scan(msgs, i, MessageExt, _LEAD, entries)
         return {addr: RemotingCommand(_BATCH_ACK_MESSAGE, {}, (
-            '{"acks":[' + ",".join([f"{head}{_bits_text(bits)}]}}" for _, bits, head in acks]) + "]}"
+            '{"acks":[' + ",".join([f"{head}{bits_text(bits)}]}}" for _, bits, head in acks]) + "]}"
         ).encode(), next_opaque()) for addr, acks in by_broker.items()}
 
     def change_invisible_time(self, msg: MessageExt, invisible_time: int) -> MessageExt:

@@ -19,6 +19,7 @@ from ..common.properties import (
     PROPERTY_TIMER_DELIVER_MS,
     set_property,
 )
+from ..common.small_ints import INT_TEXT, TEXT_INT
 from ..common.stream import validate_stream_id
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
@@ -32,8 +33,6 @@ _SEND_STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
 }
 _OK_CODES = tuple(_SEND_STATUS)
-_INT_TEXT = {i: str(i) for i in range(-1, 1024)}  # str(i) of small ints (a send's queue id and flags)
-_INT_OF = {t: i for i, t in _INT_TEXT.items()}  # int(t) of their canonical texts (a response's queue id)
 _VALID_TOPICS_MAX = 1024  # topic names `send` remembers as validated (then it starts over)
 _STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
 
@@ -331,7 +330,7 @@ class Producer:
                 queue_id = self._stream_queue(topic, stream)
         # the header's values as the strings RemotingCommand.request would make of them (same bytes), built
         # here so that the request needs no conversion pass; anything but plain ints goes through request()
-        text = _INT_TEXT.get  # str() of the small ints, made once
+        text = INT_TEXT.get  # str() of the small ints, made once
         plain = (flag.__class__ is int and sys_flag.__class__ is int and reconsume.__class__ is int
                  and (expected_version is None or expected_version.__class__ is int))
         if plain:
@@ -384,7 +383,7 @@ class Producer:
                                        int(current) if current is not None else None)
             version = x.get("streamVersion")
             qid = x.get("queueId")
-            queue = _INT_OF.get(qid) if qid is not None else None  # int() of a small one's text, from a table
+            queue = TEXT_INT.get(qid) if qid is not None else None  # int() of a small one's text, from a table
             return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""),
                               queue if queue is not None else int(q if qid is None else qid),
                               int(x.get("queueOffset", -1)), topic, addr,

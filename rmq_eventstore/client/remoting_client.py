@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 
 from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
-from ..remoting import command as _command
 
 log = logging.getLogger(__name__)
 
@@ -339,8 +338,7 @@ class ClientConnection:
 
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
         instead of two): the lone caller's path."""
-        enc = _command._native_encode  # `cmd.encode()` without its Python frame (None: it decides)
-        frame = (enc(cmd) if enc is not None else None) or cmd.encode()
+        frame = cmd.encode()
         slot = _Pending(while_waiting is None)
         with self._lock:
             if self.closed:
@@ -351,15 +349,13 @@ class ClientConnection:
                 self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
-            with self._send_lock:  # `_send`, inline
-                self.sock.sendall(frame)
-        except OSError as e:
-            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
+            self._send(frame)
+        except RemotingError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
             if lead:
                 self._release_read_role()
-            raise RemotingError(f"send to {self.address} failed: {e}") from e
+            raise
         if while_waiting is not None:
             while_waiting()
         return self._finish(cmd, slot, deadline, timeout, lead)
@@ -479,10 +475,7 @@ class RemotingClient:
                while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
         if self._sign is not None:
             self._sign(cmd)
-        c = self._conns.get(address)  # `connection`'s first step, here: one call less per request
-        if c is None or c.closed:
-            c = self.connection(address)
-        return c.invoke(cmd, timeout, while_waiting)
+        return self.connection(address).invoke(cmd, timeout, while_waiting)
 
     def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:
         """`ClientConnection.invoke_many`: several requests in one write, their responses in order."""

@@ -15,6 +15,7 @@ ACK_TAG = "ack"
 BATCH_ACK_TAG = "bAck"
 REVIVE_GROUP = "CID_RMQ_SYS_REVIVE_GROUP"
 REVIVE_QUEUE_NUM = 8
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # compact, as `BatchAck.json_head` writes strings
 
 
 def revive_topic(cluster: str) -> str:
@@ -176,7 +177,20 @@ class BatchAck:
                 "q": self.queue_id, "rq": self.revive_qid, "pt": self.pop_time, "it": self.invisible_time,
                 "b": self.bits}
 
+    @staticmethod
+    def json_head(group: str, topic: str, retry: bool, start_offset: int, queue_id: int, revive_qid: int,
+                  pop_time: int, invisible_time: int) -> str:
+        """`to_dict()`'s compact JSON up to the bits' opening `[` (the same keys, order and values), for a
+        client that writes a BATCH_ACK body as text: head + `bits_text(bits)` + `]}` is one entry."""
+        return (f'{{"c":{_dumps(group)},"t":{_dumps(topic)},"r":"{1 if retry else 0}","so":{start_offset},'
+                f'"q":{queue_id},"rq":{revive_qid},"pt":{pop_time},"it":{invisible_time},"b":[')
+
     @classmethod
     def from_dict(cls, d: dict) -> BatchAck:
         return cls(str(d["c"]), str(d["t"]), str(d.get("r", "0")) == "1", int(d["so"]), int(d["q"]), int(d["rq"]),
                    int(d["pt"]), int(d.get("it", 0)), bitset_indexes(d.get("b", [])))
+
+
+def bits_text(bits: list[int]) -> str:
+    """`",".join(map(str, bits))`; a run of consecutive ints (a whole pop acked) is written by the C loop."""
+    return offsets_text(bits[0], bits[0] + len(bits)) if int_run(bits) else ",".join(map(str, bits))

@@ -690,12 +690,7 @@ class CommitLog:
 
     # -- read -----------------------------------------------------------------------------------
     def get_max_offset(self) -> int:
-        # MappedFileQueue.get_max_offset, inline: the dispatch asks for this a few times a send
-        files = self.mapped_file_queue.mapped_files
-        if not files:
-            return 0
-        f = files[-1]
-        return f.file_from_offset + (f.committed_position if f.transient else f.wrote_position)
+        return self.mapped_file_queue.get_max_offset()
 
     def get_min_offset(self) -> int:
         mf = self.mapped_file_queue.get_first_mapped_file()

@@ -26,6 +26,7 @@ from ...common.properties import (
     set_property,
 )
 from ...common.rng import rng
+from ...common.small_ints import INT_TEXT, TEXT_INT
 from ...common.stream import StreamIdError, validate_stream_id
 from ...common.topic import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -52,8 +53,6 @@ _join_ids = codec.join_message_ids
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
 _SUCCESS = int(ResponseCode.SUCCESS)
 _TRANSACTION_BITS = codec.TRANSACTION_ROLLBACK_TYPE  # both transaction bits of sysFlag (0xC)
-_SMALL_INTS = {str(i): i for i in range(-1, 1024)}  # int(s) of the canonical texts of small ints (the lane's)
-_INT_TEXT = {i: t for t, i in _SMALL_INTS.items()}  # and str(i) of those ints
 # header keys of a SEND_MESSAGE_V2 that the lane leaves to the full path: streams and conditional appends,
 # and the V1 names of fields the full path falls back to when a short name is missing
 _LANE_EXTENSIONS = ("streamId", "expectedVersion", "streams", "batch", "properties", "maxReconsumeTimes",
@@ -135,7 +134,7 @@ class SendMessageProcessor:
                 return None
         try:
             # the small ones (queue id, flags, "4" queues: nearly always) read from a table, int() for the rest
-            small = _SMALL_INTS.get
+            small = TEXT_INT.get
             e, f, h, j = x["e"], x["f"], x["h"], x["j"]
             queue_id, sys_flag, flag, reconsume = small(e), small(f), small(h), small(j)
             if queue_id is None:
@@ -169,7 +168,7 @@ class SendMessageProcessor:
             code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
             return req.response(code, f"{res.status.name}: {res.reason}" if res.reason else res.status.name)
         ext = {"msgId": _join_ids(a.store_host, a.store_port, a.offsets) if a.offsets else a.msg_id,
-               "queueId": _INT_TEXT.get(queue_id) or str(queue_id), "queueOffset": str(a.logics_offset),
+               "queueId": INT_TEXT.get(queue_id) or str(queue_id), "queueOffset": str(a.logics_offset),
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         return RemotingCommand(_SUCCESS, ext, b"", req.opaque, FLAG_RESPONSE, None, "JAVA", req.version)
 

@@ -11,6 +11,7 @@ and index bytes). The functions are called directly, so the file also runs (and 
 from __future__ import annotations
 
 import collections
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,37 @@ def test_uniq_create_is_create_fast_path() -> None:
         ids.append(i or g.create())  # as the put path: create() claims each new millisecond
     assert len(set(ids)) == len(ids) and all(len(i) == 32 and i == i.upper() for i in ids)
     assert fast > 10000  # the fast path is taken
+
+
+class _DictGenerator:
+    """A generator-shaped object whose fields are plain attributes, not UniqueIdGenerator's slots."""
+
+    def __init__(self, far: int) -> None:
+        self._lock = threading.Lock()
+        self._time, self._time_used, self._counter, self._head, self._head_time = far, 0, 5, "AB" * 14, far
+
+
+def test_uniq_create_reads_the_generators_slots_and_declines_other_shapes() -> None:
+    """`uniq_create` reads and writes UniqueIdGenerator's slots by offset (a subclass's too); an object with
+    the same fields as plain attributes, or with a slot unset, is declined (None, nothing changed), so the
+    put path falls back to `create()`."""
+    far = 1 << 60
+
+    class Sub(UniqueIdGenerator):
+        __slots__ = ("extra",)
+
+    for g in (UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7), Sub(ip=b"\x0a\x00\x00\x01", pid=7)):
+        g._time, g._time_used, g._counter, g._head, g._head_time = far, 0, 5, "AB" * 14, far
+        assert _native.uniq_create(g) == "AB" * 14 + "0005"
+        assert _gen_state(g) == (far, 1, 6, "AB" * 14, far)
+    d = _DictGenerator(far)
+    assert _native.uniq_create(d) is None and _gen_state(d) == (far, 0, 5, "AB" * 14, far)
+    assert _native.uniq_create(UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)) is None  # no head yet: create()
+    g = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+    g._time, g._time_used, g._counter, g._head_time = far, 0, 5, far
+    del g._head
+    assert _native.uniq_create(g) is None
+    assert _native.uniq_create(UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)) is None  # after a declined type
 
 
 class _Cols(codec.DispatchColumns):

@@ -122,7 +122,12 @@ class UniqueIdGenerator:
     """`MessageClientIDSetter`: UNIQ_KEY = ip(4|16) + pid(2) + random(4) + ms since month start(4) + counter(2).
 
     The first three fields are a per-process prefix; ids are 32 upper-case hex characters for IPv4.
+    Its state is in slots, which `_native.uniq_create` (a single put's id) reads and writes by offset
+    instead of by attribute look-up.
     """
+
+    __slots__ = ("_ip", "_pid", "_salt", "_prefix", "_counter", "_lock", "_month_start", "_next_month", "_time",
+                 "_time_used", "_head", "_head_time")
 
     def __init__(self, ip: bytes | None = None, pid: int | None = None) -> None:
         self._ip = ip if ip is not None else _local_ip()

@@ -302,7 +302,13 @@ def test_failed_marker_insert_rolls_the_half_message_back_at_once(event_store, m
     taken = producer._ids.create()
     EventTransaction.objects.create(transaction_id=taken, store_alias=event_store.alias, topic=OrderEvent.topic,
                                     outcome=EventTransaction.COMMIT)
-    monkeypatch.setattr(producer._ids, "create", lambda: taken)
+    class Taken(type(producer._ids)):  # the generator keeps its state in slots: no instance attribute to patch
+        __slots__ = ()
+
+        def create(self) -> str:
+            return taken
+
+    monkeypatch.setattr(producer, "_ids", Taken())
     with pytest.raises(IntegrityError), transaction.atomic():
         OrderEvent.objects.append({"number": "F-1"}, keys="F-1", stream="order-F-1", expected_version=0)
     monkeypatch.undo()

@@ -16,6 +16,8 @@ from .native import native
 from .rng import rng
 from .tags import _to_signed32
 
+_native_uniq = getattr(native, "uniq_create", None)  # create()'s fast path in C, or None
+
 _ID_TAIL = struct.Struct(">iq")  # port + offset in a message id
 _HEX2 = [f"{i:02X}" for i in range(256)]  # a counter's two bytes as text: cheaper than `{c:04X}` per id
 
@@ -176,6 +178,10 @@ class UniqueIdGenerator:
         return runs
 
     def create(self) -> str:
+        if _native_uniq is not None:  # the same fast path in C (the producer's and the broker's ids)
+            uid = _native_uniq(self)
+            if uid is not None:
+                return uid
         now = int(time.time() * 1000)
         with self._lock:  # the fast path of _claim(1): same millisecond (or a later one) as the last claim
             if now > self._time:

@@ -1376,6 +1376,7 @@ done:
  *                   phy int64, ts int64) -> (written, slots newly used, begin phy offset or None, begin ts)
  * IndexFile._put_hash once per entry, in order, into the mapped file (entries and slot table; the caller
  * writes the header): the bytes putKey would leave, entry after entry. */
+#define INDEX_NOGIL_MIN 256  /* entries from which put_index_entries lets other threads run meanwhile */
 static PyObject *put_index_entries(PyObject *self, PyObject *args) {
     Py_buffer mm, hb, pb, tb;
     Py_ssize_t entries_base, slots, index_num, count;
@@ -1404,10 +1405,12 @@ static PyObject *put_index_entries(PyObject *self, PyObject *args) {
         memcpy(&h, hs + i, 4);
         if (h < 0) { PyErr_SetString(PyExc_ValueError, "negative key hash"); goto out; }
     }
-    /* The entries are written without the GIL (page faults on fresh index pages then overlap with the put
-       thread). Only the dispatch thread writes the last index file; a reader (select_by_hash) follows a
-       slot to its entry, so each entry is stored before its slot points at it (release fence). */
-    Py_BEGIN_ALLOW_THREADS
+    /* A long run of entries is written without the GIL (page faults on fresh index pages then overlap with
+       the put thread); a short one (a dispatch pass of a few records) keeps it: handing the GIL over and
+       taking it back costs more than the writes, and with another thread running it waits out that thread's
+       switch interval. Only the dispatch thread writes the last index file; a reader (select_by_hash)
+       follows a slot to its entry, so each entry is stored before its slot points at it (release fence). */
+    PyThreadState *ts_save = k >= INDEX_NOGIL_MIN ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < k; i++, count++) {
         int32_t h;
         int64_t phy, t;
@@ -1429,7 +1432,7 @@ static PyObject *put_index_entries(PyObject *self, PyObject *args) {
         if (count <= 1) { begin_phy = phy; begin_ts = t; begin_set = 1; }
         if (sv == 0) used++;
     }
-    Py_END_ALLOW_THREADS
+    if (ts_save != NULL) PyEval_RestoreThread(ts_save);
     if (begin_set) result = Py_BuildValue("(nnLL)", k, used, (long long)begin_phy, begin_ts);
     else result = Py_BuildValue("(nnOL)", k, used, Py_None, begin_ts);
 out:
@@ -1605,9 +1608,11 @@ static PyObject *crc32_py(PyObject *self, PyObject *args) {
     unsigned int value = 0;
     if (!PyArg_ParseTuple(args, "y*|I", &view, &value)) return NULL;
     uint32_t c;
-    Py_BEGIN_ALLOW_THREADS
-    c = crc32_update(value, view.buf, view.len);
-    Py_END_ALLOW_THREADS
+    if (view.len >= 65536) {  /* a short one keeps the GIL (see put_index_entries) */
+        Py_BEGIN_ALLOW_THREADS
+        c = crc32_update(value, view.buf, view.len);
+        Py_END_ALLOW_THREADS
+    } else c = crc32_update(value, view.buf, view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(c);
 }

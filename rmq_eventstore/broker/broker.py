@@ -117,10 +117,12 @@ class Broker:
         self.pull_processor = PullMessageProcessor(self)
         self.namesrv_processor = NameServerProcessor(self)
         pop, extension = PopMessageProcessor(self), ExtensionProcessor(self)
-        self._quick_processors: dict[int, Any] = {RequestCode.POP_MESSAGE: pop, RequestCode.QUERY_STREAM: extension}
+        end = EndTransactionProcessor(self)
+        self._quick_processors: dict[int, Any] = {RequestCode.POP_MESSAGE: pop, RequestCode.QUERY_STREAM: extension,
+                                                  RequestCode.END_TRANSACTION: end}
         for processor in (self.send_processor, self.pull_processor, QueryMessageProcessor(self),
                           ConsumerManageProcessor(self), ClientManageProcessor(self), AdminBrokerProcessor(self),
-                          EndTransactionProcessor(self), extension, pop, AckMessageProcessor(self)):
+                          end, extension, pop, AckMessageProcessor(self)):
             for code in processor.CODES:
                 self.register_processor(code, processor)
         for code in self.namesrv_processor.CODES:
@@ -212,9 +214,10 @@ class Broker:
         return self._run(self._processors, request, channel)
 
     def process_now(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
-        """Serve a POP_MESSAGE or QUERY_STREAM without blocking: its response, or None when it would wait (a
-        POP that found nothing and may wait for an arrival, a stream read that must wait for the dispatcher
-        or may be long), or when ACL is on; then serve it with `process`, on a thread that may block."""
+        """Serve a POP_MESSAGE, QUERY_STREAM or END_TRANSACTION without blocking: its response, or None when
+        it would wait (a POP that found nothing and may wait for an arrival, a stream read that must wait for
+        the dispatcher or may be long, an end that must wait for a lock or the dispatcher), or when ACL is on;
+        then serve it with `process`, on a thread that may block."""
         if self.acl is not None and channel is not None:
             return None  # checked and served on the blocking path, as every request under ACL
         processor = self._quick_processors.get(request.code)

@@ -61,8 +61,10 @@ _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, 
 _WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
                               RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
-_BLOCKING_CODES = frozenset({RequestCode.END_TRANSACTION, RequestCode.DELETE_TOPIC_IN_BROKER})
-_QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM})  # tried on the loop first
+_BLOCKING_CODES = frozenset({RequestCode.DELETE_TOPIC_IN_BROKER})
+# tried on the loop first (`Broker.process_now`), on a thread when they would wait
+_QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM, RequestCode.END_TRANSACTION})
+_END = RequestCode.END_TRANSACTION
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 EVENT_LOOP_ENV = "RMQ_EVENTSTORE_EVENT_LOOP"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -218,8 +220,11 @@ class BrokerServer:
         self.loop_thread_id = 0  # the thread running `loop`
         self._servers: list[asyncio.AbstractServer] = []
         sync = broker.store.config.flush_disk_type == FlushDiskType.SYNC_FLUSH
-        # requests that may wait (a flush, index lookups) run on threads, never on the event loop
-        self._offload = (_WRITE_CODES | {RequestCode.POP_MESSAGE} if sync else frozenset()) | _BLOCKING_CODES
+        # requests that may wait (a flush, a topic deletion) run on threads, never on the event loop; with
+        # SYNC_FLUSH a write waits for the disk, so every write is served on a thread (an END writes too).
+        # An END's look-ups of earlier ends read the index through the page cache, as a pull reads the
+        # commitlog on the loop; an END that would wait for a lock or the dispatcher goes to a thread.
+        self._offload = (_WRITE_CODES | {RequestCode.POP_MESSAGE, _END} if sync else frozenset()) | _BLOCKING_CODES
         self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
             64, "broker-blocking")  # POP long polls wait here
         # writes served on the loop dispatch their records on the loop too, once the responses of that loop
@@ -293,6 +298,8 @@ class BrokerServer:
                     return
             self._respond(conn, cmd, broker.process(cmd, conn))
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
+            if cmd.code == _END and not self._dispatch_held:  # its records are dispatched here too, as a send's
+                self._hold_dispatch()
             result = broker.process_now(cmd, conn)
             if result is None:
                 self._spawn(conn, self._offloaded(conn, cmd))

@@ -27,7 +27,9 @@ class EndTransactionProcessor:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
-    def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
+    def process(self, req: RemotingCommand, channel: Any, wait: bool = True) -> RemotingCommand | None:
+        """The answer (written back only to a two-way request); with `wait` False, None instead of waiting
+        (see `TransactionalMessageService.end`): the server then ends the transaction on a worker thread."""
         kind = req.get_int("commitOrRollback")
         from_check = req.get_bool("fromTransactionCheck", False)
         group = req.get_str("producerGroup")
@@ -45,5 +47,7 @@ class EndTransactionProcessor:
             log.warning("END_TRANSACTION from %s refused: %s", getattr(channel, "remote_address", "in-process"),
                         error.remark)
             return req.response(error.code, error.remark)
-        result = service.end(half, kind == codec.TRANSACTION_COMMIT_TYPE)
+        result = service.end(half, kind == codec.TRANSACTION_COMMIT_TYPE, wait)
+        if result is None:
+            return None
         return req.response(result.code, result.remark)

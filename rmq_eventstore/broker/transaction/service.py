@@ -31,6 +31,7 @@ from ...common.properties import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_STREAM_ID,
     PROPERTY_TRANSACTION_CHECK_TIMES,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
@@ -121,28 +122,50 @@ class TransactionalMessageService:
                                    f"{msg.queue_offset}")
         return msg, None
 
-    def end(self, half: MessageExt, commit: bool) -> EndResult:
-        """Commit or roll back the transaction of `half`; idempotent per transaction id."""
+    def end(self, half: MessageExt, commit: bool, wait: bool = True) -> EndResult | None:
+        """Commit or roll back the transaction of `half`; idempotent per transaction id. With `wait` False,
+        None (nothing done) instead of waiting: for the dispatcher to reach the records written before this
+        broker started (the look-up of earlier ends needs them indexed), for the service's lock, or for a
+        stream's lock (a stream transaction); the caller then ends it on a thread that may wait."""
         txid = transaction_id(half)
-        with self._lock:
-            outcome, op_written = self._outcome(txid, half)
-            changed = False
-            if outcome is None:
-                if commit:
-                    r = self.store.put_message(self._commit_message(half))
-                    if not r.is_ok():
-                        return EndResult(ResponseCode.SYSTEM_ERROR,
-                                         f"commit failed: {r.status.name} {r.reason or ''}".rstrip())
-                outcome = COMMIT if commit else ROLLBACK
-                self._remember(txid, outcome, False)
-                changed = True
-            if not op_written:
-                self._put_op(half, txid, outcome)
+        if wait:
+            with self._lock:
+                done = self._decide(half, txid, commit)
+        else:
+            if (half.properties.get(PROPERTY_STREAM_ID)
+                    or self.store.reput_message_service.dispatched_offset < self._boot_offset
+                    or not self._lock.acquire(blocking=False)):
+                return None
+            try:
+                done = self._decide(half, txid, commit)
+            finally:
+                self._lock.release()
+        if done.__class__ is EndResult:
+            return done  # type: ignore[return-value]
+        outcome, changed = done  # type: ignore[misc]
         self.broker.stream_versions.release(half, outcome == COMMIT)
         if outcome == DISCARDED:
             return EndResult(ResponseCode.SYSTEM_ERROR,
                              f"transaction {txid} was discarded after too many check-backs", outcome)
         return EndResult(ResponseCode.SUCCESS, None, outcome, changed)
+
+    def _decide(self, half: MessageExt, txid: str, commit: bool) -> tuple[str, bool] | EndResult:
+        """Under the lock: the transaction's outcome (this end's, or an earlier one's) and whether this end
+        decided it, its records written; or the error to answer when the commit could not be written."""
+        outcome, op_written = self._outcome(txid, half)
+        changed = False
+        if outcome is None:
+            if commit:
+                r = self.store.put_message(self._commit_message(half))
+                if not r.is_ok():
+                    return EndResult(ResponseCode.SYSTEM_ERROR,
+                                     f"commit failed: {r.status.name} {r.reason or ''}".rstrip())
+            outcome = COMMIT if commit else ROLLBACK
+            self._remember(txid, outcome, False)
+            changed = True
+        if not op_written:
+            self._put_op(half, txid, outcome)
+        return outcome, changed
 
     def outcome(self, half: MessageExt) -> str | None:
         """COMMIT, ROLLBACK, DISCARDED, or None while the transaction is open."""

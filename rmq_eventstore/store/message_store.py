@@ -262,6 +262,11 @@ class MessageStore:
                                           config.max_msgs_num_batch, on_index_file_full=self._on_index_file_full)
         self.checkpoint: StoreCheckpoint | None = None
         self.reput_message_service = ReputMessageService(self.commit_log, self._dispatch)
+        # `_dispatch`'s common case (single puts going in order into the current files) in one native call:
+        # the parts it reads and writes, in the order `_native.dispatch_singles` expects them
+        self.reput_message_service.set_fast_pass((self.commit_log.mapped_file_queue, self.consume_queue_table,
+                                                  self.topic_deletions, self.index_service, config, self,
+                                                  self._dispatch_lock))
         self.commit_log.on_appended = self.reput_message_service.notify_appended
         self._lock_fd: int | None = None
         self._lock_key = (0, 0)

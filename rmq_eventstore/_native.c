@@ -4893,14 +4893,14 @@ static PyObject *int_run(PyObject *self, PyObject *value) {
 enum { D_MAPPED_FILES, D_FROM, D_WROTE, D_COMMITTED, D_TRANSIENT, D_REPUT_FROM, D_DISPATCHED, D_PENDING, D_PCOUNT,
        D_SIGNALLED, D_LISTENERS, D_CUTOFFS, D_FILES, D_READ_ONLY, D_MFQ, D_MAXPHYS, D_FIRST_CREATE, D_FILE_SIZE,
        D_WRITE_VIEW, D_INDEX_COUNT, D_INDEX_NUM, D_SLOT_NUM, D_ENTRIES_BASE, D_BEGIN_TS, D_END_TS, D_BEGIN_PHY,
-       D_END_PHY, D_SLOT_COUNT, D_MM, D_DIRTY, D_CHECKPOINT, D_LOGICS_TS, D_POPLEFT, D_INDEX_ENABLE, D_N };
+       D_END_PHY, D_SLOT_COUNT, D_MM, D_DIRTY, D_CHECKPOINT, D_LOGICS_TS, D_POPLEFT, D_INDEX_ENABLE, D_GATED, D_N };
 static const char *d_strs[D_N] = {
     "mapped_files", "file_from_offset", "wrote_position", "committed_position", "transient", "reput_from_offset",
     "dispatched_offset", "_pending", "_pending_count", "_signalled", "listeners", "cutoffs", "_files", "read_only",
     "mapped_file_queue", "_max_physic_offset", "first_create_in_queue", "file_size", "_write_view", "_index_count",
     "index_num", "hash_slot_num", "_entries_base", "_begin_timestamp", "_end_timestamp", "_begin_phy_offset",
     "_end_phy_offset", "_hash_slot_count", "mm", "_dirty", "checkpoint", "logics_msg_timestamp", "popleft",
-    "message_index_enable"};
+    "message_index_enable", "_gated"};
 static PyObject *d_names[D_N];
 
 typedef struct {
@@ -5081,6 +5081,62 @@ static int ds_queue_open(ds_queue *q, PyObject *cq) {
     return 1;
 }
 
+/* the arrival listeners' news of a pass ({(topic, queue id): next queue offset} of the queues it wrote to), or
+ * NULL without an error when no listener is to be called: reput.listeners is empty and no gated listener's
+ * gate (`_gated`: (fn, obj, attr or None, queues or None), ReputMessageService.add_listener) is open */
+static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
+    PyObject *ls = PyObject_GetAttr(reput, d_names[D_LISTENERS]);
+    if (ls == NULL) return NULL;
+    int need = PyObject_IsTrue(ls);
+    Py_DECREF(ls);
+    if (need < 0) return NULL;
+    PyObject *gated = PyObject_GetAttr(reput, d_names[D_GATED]);
+    if (gated == NULL) return NULL;
+    PyObject *grown = NULL;
+    if (!PyList_CheckExact(gated)) need = 1;  /* not ours to read: let Python look */
+    if (!need && PyList_GET_SIZE(gated) == 0) goto done;
+    grown = PyDict_New();
+    if (grown == NULL) goto done;
+    for (Py_ssize_t j = 0; j < nq; j++) {
+        if (qs[j].wrote == qs[j].wrote0) continue;
+        PyObject *key = Py_BuildValue("(OL)", qs[j].topic, (long long)qs[j].qid);
+        PyObject *nv = PyLong_FromLongLong(qs[j].last_cq + 1);
+        int bad = key == NULL || nv == NULL || PyDict_SetItem(grown, key, nv) < 0;
+        Py_XDECREF(key); Py_XDECREF(nv);
+        if (bad) { Py_CLEAR(grown); goto done; }
+    }
+    for (Py_ssize_t i = 0; !need && i < PyList_GET_SIZE(gated); i++) {
+        PyObject *g = PyList_GET_ITEM(gated, i);
+        if (!PyTuple_CheckExact(g) || PyTuple_GET_SIZE(g) != 4) { need = 1; break; }
+        PyObject *obj = PyTuple_GET_ITEM(g, 1), *attr = PyTuple_GET_ITEM(g, 2), *queues = PyTuple_GET_ITEM(g, 3);
+        int open_ = 1;
+        if (attr != Py_None) {
+            PyObject *v = PyObject_GetAttr(obj, attr);
+            if (v == NULL) { Py_CLEAR(grown); goto done; }
+            open_ = PyObject_IsTrue(v);
+            Py_DECREF(v);
+            if (open_ < 0) { Py_CLEAR(grown); goto done; }
+        }
+        if (open_ && queues != Py_None) {
+            if (!PyFrozenSet_CheckExact(queues)) { need = 1; break; }
+            open_ = 0;
+            PyObject *it = PyObject_GetIter(queues), *k;
+            if (it == NULL) { Py_CLEAR(grown); goto done; }
+            while (!open_ && (k = PyIter_Next(it)) != NULL) {
+                open_ = PyDict_Contains(grown, k);
+                Py_DECREF(k);
+            }
+            Py_DECREF(it);
+            if (open_ < 0 || PyErr_Occurred()) { Py_CLEAR(grown); goto done; }
+        }
+        if (open_) need = 1;
+    }
+    if (!need) Py_CLEAR(grown);
+done:
+    Py_DECREF(gated);
+    return grown;
+}
+
 /* dispatch_singles(reput, ctx, here) -> (taken, grown or None, behind)
  * ctx = (commit log's MappedFileQueue, consume_queue_table, topic_deletions, index_service, store config,
  *        store (its checkpoint), dispatch lock). Takes the single puts' requests at the head of
@@ -5259,23 +5315,8 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
             single_set_i64(reput, d_names[D_REPUT_FROM], offset) < 0 ||
             single_set_i64(reput, d_names[D_DISPATCHED], offset) < 0)
             goto fail;
-        PyObject *ls = PyObject_GetAttr(reput, d_names[D_LISTENERS]);
-        if (ls == NULL) goto fail;
-        int any = PyObject_IsTrue(ls);
-        Py_DECREF(ls);
-        if (any < 0) goto fail;
-        if (any) {
-            grown = PyDict_New();
-            if (grown == NULL) goto fail;
-            for (Py_ssize_t j = 0; j < nq; j++) {
-                if (qs[j].wrote == qs[j].wrote0) continue;
-                PyObject *key = Py_BuildValue("(OL)", qs[j].topic, (long long)qs[j].qid);
-                PyObject *nv = PyLong_FromLongLong(qs[j].last_cq + 1);
-                int bad = key == NULL || nv == NULL || PyDict_SetItem(grown, key, nv) < 0;
-                Py_XDECREF(key); Py_XDECREF(nv);
-                if (bad) goto fail;
-            }
-        }
+        grown = ds_grown(reput, qs, nq);
+        if (grown == NULL && PyErr_Occurred()) goto fail;
         dispatched = offset;
     }
     fl_release(dlock);

@@ -340,3 +340,29 @@ def test_native_dispatch_here_clears_the_hold_when_nothing_is_left(tmp_path, mon
     assert not svc._signalled and not svc._wakeup.is_set() and svc.behind() == 0
     assert store.get_max_offset_in_queue("Held", 0) == 4 and store.get_max_offset_in_queue("HeldNew", 0) == 1
     store.shutdown()
+
+
+def test_gated_listeners_are_called_only_while_their_gate_is_open(twin):
+    """`add_message_arriving_listener(when=(obj, attr))` is called only while the attribute is true, with
+    `queues=` only when one of them grew; the native pass and the Python pass call the same ones with the same
+    news (the ungated listener of the twin hears every pass)."""
+    for topic, qid in (("Plain", 0), ("Timer", 0), ("Timer", 1)):
+        twin.put(Message(topic=topic, body=b"first", queue_id=qid))
+    twin.dispatch()
+    calls: dict[str, list] = {"fast": [], "ref": []}
+    gates = {}
+    for name, s in (("fast", twin.fast), ("ref", twin.ref)):
+        gates[name] = gate = type("Gate", (), {"waiting": 0})()
+        s.add_message_arriving_listener(lambda g, n=name: calls[n].append(("when", g)), when=(gate, "waiting"))
+        s.add_message_arriving_listener(lambda g, n=name: calls[n].append(("queues", g)), queues=[("Timer", 0)])
+    steps = [("Plain", 0, 0), ("Plain", 0, 1), ("Timer", 1, 0), ("Timer", 0, 0), ("Timer", 0, 2), ("Plain", 0, 0)]
+    for topic, qid, waiting in steps:
+        for g in gates.values():
+            g.waiting = waiting
+        twin.put(Message(topic=topic, body=b"b", queue_id=qid))
+        twin.dispatch()
+    assert calls["fast"] == calls["ref"] == [
+        ("when", {("Plain", 0): 3}), ("queues", {("Timer", 0): 2}), ("when", {("Timer", 0): 3}),
+        ("queues", {("Timer", 0): 3})]
+    assert twin.native_taken >= 6
+    twin.assert_same()

@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..common import codec
@@ -49,6 +49,9 @@ class ReputMessageService:
         self.reput_from_offset = 0  # next record to take
         self.dispatched_offset = 0  # everything before it is in the consume queues and index
         self.listeners: list[Callable[[dict[tuple[str, int], int]], None]] = []
+        # listeners called only while a condition holds (add_listener): (fn, obj, attr, queues)
+        self._gated: list[tuple[Callable[[dict[tuple[str, int], int]], None], object, str | None,
+                                frozenset[tuple[str, int]] | None]] = []
         self._pending: collections.deque = collections.deque()
         self._pending_count = 0
         self._wakeup = threading.Event()
@@ -96,6 +99,19 @@ class ReputMessageService:
         if not self._signalled:  # the first hand-off since the loop last looked wakes it, later ones do not
             self._signalled = True
             self._wakeup.set()
+
+    def add_listener(self, fn: Callable[[dict[tuple[str, int], int]], None], when: tuple[object, str] | None = None,
+                     queues: Iterable[tuple[str, int]] | None = None) -> None:
+        """Call `fn({(topic, queue id): next queue offset, ...})` after each pass that dispatched records, or,
+        with `when=(obj, attr)`, only while `getattr(obj, attr)` is true (read without any lock: for a
+        listener that does nothing otherwise, such as one that wakes waiters and counts them), and with
+        `queues` only when one of those queues grew. A gate spares the pass a Python call per listener (the
+        native pass looks at the gates in C); what a listener is told is the same."""
+        if when is None and queues is None:
+            self.listeners.append(fn)
+        else:
+            self._gated.append((fn, when[0] if when else None, when[1] if when else None,
+                                frozenset(queues) if queues is not None else None))
 
     def wakeup(self) -> None:
         self._wakeup.set()
@@ -147,13 +163,19 @@ class ReputMessageService:
 
     def _passed(self, grown: dict[tuple[str, int], int] | None) -> None:
         """After a pass that dispatched records: the arrival listeners hear which queues grew (`grown`, None
-        when there are no listeners), `wait_for` waiters are woken."""
+        when no listener is to be called), `wait_for` waiters are woken."""
         if grown is not None:
             for fn in self.listeners:
                 try:
                     fn(grown)
                 except Exception:  # a listener must never stop dispatch
                     log.exception("arrival listener failed")
+            for fn, obj, attr, queues in self._gated:
+                if (attr is None or getattr(obj, attr)) and (queues is None or not queues.isdisjoint(grown)):
+                    try:
+                        fn(grown)
+                    except Exception:
+                        log.exception("arrival listener failed")
         if self._progress_waiters:  # read without the lock: a waiter looks again every 50 ms anyway
             with self._progress:
                 self._progress.notify_all()
@@ -308,7 +330,7 @@ class ReputMessageService:
             if reqs:
                 total += len(reqs)
                 grown: dict[tuple[str, int], int] | None = None
-                if self.listeners:
+                if self.listeners or self._gated:
                     if reqs.__class__ is DispatchColumns:
                         grown = reqs.grown()  # type: ignore[union-attr]
                     else:

@@ -32,6 +32,8 @@
  *   pop_ack_scan        BatchAck bits (client/pop_consumer.py; their own block above the method table)
  *   offsets_text,       a run of queue offsets as text (POP's msgOffsetInfo, the POP buffer journal) and the
  *   int_run             check that a BatchAck's bits are consecutive ints (common/pop.py; block above the table)
+ *   dispatch_singles    ReputMessageService's pass over single puts: consume-queue units, index entries, checkpoint
+ *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -4926,6 +4928,478 @@ static PyObject *int_run(PyObject *self, PyObject *value) {
 }
 /* ============================ end of POP offsets ===================================================== */
 
+/* ============================================================================================== */
+/* THE DISPATCH PASS (issue 16, branch dispatch-native): a dispatch pass over single puts in one call */
+/*  dispatch_singles: ReputMessageService's pass (take_pending, MessageStore._dispatch: the consume    */
+/*  queue units and the index entries, the checkpoint's logics time) for the common case: requests     */
+/*  that single puts handed over alone, each going in order into its queue's current consume-queue     */
+/*  file and into the current index file. It stops before the first record that is anything else      */
+/*  (a chunk of several, columns, a BLANK, a transaction record, a topic with a deletion cutoff, a      */
+/*  queue not created yet, a consume-queue or index file that is full, new, read-only or closed, a key  */
+/*  with a lone surrogate); the general Python pass takes it from there, so what it covers gets the     */
+/*  Python path's bytes by construction (tests/test_dispatch_native.py compares the two stores).        */
+/* ============================================================================================== */
+#define DS_MAX_TAKE 256     /* records per call */
+#define DS_MAX_QUEUES 16    /* distinct queues per call */
+#define DS_MAX_KEYS 64      /* index entries per record */
+
+enum { D_MAPPED_FILES, D_FROM, D_WROTE, D_COMMITTED, D_TRANSIENT, D_REPUT_FROM, D_DISPATCHED, D_PENDING, D_PCOUNT,
+       D_SIGNALLED, D_LISTENERS, D_CUTOFFS, D_FILES, D_READ_ONLY, D_MFQ, D_MAXPHYS, D_FIRST_CREATE, D_FILE_SIZE,
+       D_WRITE_VIEW, D_INDEX_COUNT, D_INDEX_NUM, D_SLOT_NUM, D_ENTRIES_BASE, D_BEGIN_TS, D_END_TS, D_BEGIN_PHY,
+       D_END_PHY, D_SLOT_COUNT, D_MM, D_DIRTY, D_CHECKPOINT, D_LOGICS_TS, D_POPLEFT, D_INDEX_ENABLE, D_GATED, D_N };
+static const char *d_strs[D_N] = {
+    "mapped_files", "file_from_offset", "wrote_position", "committed_position", "transient", "reput_from_offset",
+    "dispatched_offset", "_pending", "_pending_count", "_signalled", "listeners", "cutoffs", "_files", "read_only",
+    "mapped_file_queue", "_max_physic_offset", "first_create_in_queue", "file_size", "_write_view", "_index_count",
+    "index_num", "hash_slot_num", "_entries_base", "_begin_timestamp", "_end_timestamp", "_begin_phy_offset",
+    "_end_phy_offset", "_hash_slot_count", "mm", "_dirty", "checkpoint", "logics_msg_timestamp", "popleft",
+    "message_index_enable", "_gated"};
+static PyObject *d_names[D_N];
+
+typedef struct {
+    PyObject *cq, *topic, *mf;  /* new references */
+    int64_t qid, wrote, wrote0, file_size, max_phys, last_cq;
+    Py_buffer view;
+    int has_view;
+} ds_queue;
+
+/* an attribute's truth: 1, 0, or -1 (error set) */
+static int ds_truth(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* the commit log's readable end (MappedFileQueue.get_max_offset): 1, 0 when not plain ints, -1 on error */
+static int ds_max_offset(PyObject *mfq, int64_t *out) {
+    PyObject *files = PyObject_GetAttr(mfq, d_names[D_MAPPED_FILES]);
+    if (files == NULL) return -1;
+    int got = 1;
+    if (!PyList_CheckExact(files)) got = 0;
+    else if (PyList_GET_SIZE(files) == 0) *out = 0;
+    else {
+        PyObject *f = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
+        Py_INCREF(f);
+        int64_t from, pos;
+        int tr = ds_truth(f, d_names[D_TRANSIENT]);
+        if (tr < 0) got = -1;
+        if (got > 0) got = single_attr_i64(f, d_names[D_FROM], 0, INT64_MAX / 2, &from);
+        if (got > 0) got = single_attr_i64(f, d_names[tr ? D_COMMITTED : D_WROTE], 0, INT64_MAX / 2, &pos);
+        if (got > 0) *out = from + pos;
+        Py_DECREF(f);
+    }
+    Py_DECREF(files);
+    return got;
+}
+
+/* the index keys of one record (IndexService.build_index: topic#uniqKey, then topic#token per non-empty KEYS
+ * token), as index_keys hashes them: the count, or -1 when index_keys would decline (the caller stops) */
+static int ds_record_hashes(PyObject *topic, PyObject *uniq, PyObject *keys, int32_t *out) {
+    uint32_t topic_hash = 0;
+    if (java_hash_append(topic, 0, PyUnicode_GET_LENGTH(topic), &topic_hash) < 0) return -1;
+    topic_hash = 31u * topic_hash + '#';
+    int m = 0;
+    if (uniq != Py_None) {
+        if (!PyUnicode_CheckExact(uniq)) return -1;
+        uint32_t h = topic_hash;
+        if (java_hash_append(uniq, 0, PyUnicode_GET_LENGTH(uniq), &h) < 0) return -1;
+        out[m++] = index_hash(h);
+    }
+    if (keys != Py_None) {
+        if (!PyUnicode_CheckExact(keys)) return -1;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(keys), start = 0;
+        int kind = PyUnicode_KIND(keys);
+        const void *d = PyUnicode_DATA(keys);
+        for (Py_ssize_t j = 0; j <= len; j++) {
+            if (kind == PyUnicode_1BYTE_KIND && j < len) {
+                const void *sp = memchr((const char *)d + j, ' ', (size_t)(len - j));
+                j = sp != NULL ? (Py_ssize_t)((const char *)sp - (const char *)d) : len;
+            }
+            if (j == len || PyUnicode_READ(kind, d, j) == ' ') {
+                if (j > start) {
+                    if (m == DS_MAX_KEYS) return -1;
+                    uint32_t h = topic_hash;
+                    if (java_hash_append(keys, start, j, &h) < 0) return -1;
+                    out[m++] = index_hash(h);
+                }
+                start = j + 1;
+            }
+        }
+    }
+    return m;
+}
+
+/* the state of the last index file a pass writes (IndexFile's header fields and mapping) */
+typedef struct {
+    PyObject *f;  /* new reference, or NULL: no index this pass */
+    Py_buffer mm;
+    int has_mm;
+    int64_t count, count0, index_num, slots, entries_base, begin_ts, end_ts, begin_phy, end_phy, slot_count;
+} ds_index;
+
+/* open the last index file for writing: 1, 0 (the general path decides: none, full, read-only, closed,
+ * unusual values), -1 on error */
+static int ds_index_open(ds_index *ix, PyObject *service) {
+    int ro = ds_truth(service, d_names[D_READ_ONLY]);
+    if (ro != 0) return ro < 0 ? -1 : 0;
+    PyObject *files = PyObject_GetAttr(service, d_names[D_FILES]);
+    if (files == NULL) return -1;
+    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
+    ix->f = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
+    Py_DECREF(files);
+    PyObject *f = ix->f;
+    ro = ds_truth(f, d_names[D_READ_ONLY]);
+    if (ro != 0) return ro < 0 ? -1 : 0;
+    int got = single_attr_i64(f, d_names[D_INDEX_COUNT], 1, INT32_MAX, &ix->count);
+    if (got > 0) got = single_attr_i64(f, d_names[D_INDEX_NUM], 1, INT32_MAX, &ix->index_num);
+    if (got > 0) got = single_attr_i64(f, d_names[D_SLOT_NUM], 1, INT32_MAX, &ix->slots);
+    if (got > 0) got = single_attr_i64(f, d_names[D_ENTRIES_BASE], 40, INT64_MAX / 4, &ix->entries_base);
+    if (got > 0) got = single_attr_i64(f, d_names[D_BEGIN_TS], INT64_MIN, INT64_MAX, &ix->begin_ts);
+    if (got > 0) got = single_attr_i64(f, d_names[D_END_TS], INT64_MIN, INT64_MAX, &ix->end_ts);
+    if (got > 0) got = single_attr_i64(f, d_names[D_BEGIN_PHY], INT64_MIN, INT64_MAX, &ix->begin_phy);
+    if (got > 0) got = single_attr_i64(f, d_names[D_END_PHY], INT64_MIN, INT64_MAX, &ix->end_phy);
+    if (got > 0) got = single_attr_i64(f, d_names[D_SLOT_COUNT], INT32_MIN, INT32_MAX, &ix->slot_count);
+    if (got <= 0) return got;
+    if (ix->count >= ix->index_num || ix->entries_base != 40 + ix->slots * 4) return 0;  /* full: a new file */
+    PyObject *mm = PyObject_GetAttr(f, d_names[D_MM]);
+    if (mm == NULL) return -1;
+    if (mm == Py_None || PyObject_GetBuffer(mm, &ix->mm, PyBUF_WRITABLE) < 0) {  /* closed: the general path says */
+        PyErr_Clear();
+        Py_DECREF(mm);
+        return 0;
+    }
+    Py_DECREF(mm);
+    ix->has_mm = 1;
+    if (ix->entries_base + ix->index_num * 20 > ix->mm.len) return 0;
+    ix->count0 = ix->count;
+    return 1;
+}
+
+/* IndexFile._put_hash for one entry (put_index_entries' loop body); returns 1 when its slot was empty */
+static inline int ds_put_entry(ds_index *ix, int32_t h, int64_t phy, int64_t t) {
+    unsigned char *base = ix->mm.buf;
+    unsigned char *slot = base + 40 + (Py_ssize_t)(h % ix->slots) * 4;
+    int64_t sv = get_i32(slot);
+    if (sv <= 0 || sv > ix->count) sv = 0;
+    int64_t td = 0;
+    if (ix->begin_ts > 0) {
+        int64_t diff = (int64_t)((uint64_t)t - (uint64_t)ix->begin_ts);  /* wraps like Java long */
+        td = diff < 0 ? 0 : (diff / 1000 > INT32_MAX ? INT32_MAX : diff / 1000);
+    }
+    unsigned char *e = base + ix->entries_base + ix->count * 20;
+    put_i32(e, h); put_i64(e + 4, phy); put_i32(e + 12, (int32_t)td); put_i32(e + 16, (int32_t)sv);
+    __atomic_thread_fence(__ATOMIC_RELEASE);  /* a reader following the slot finds the entry written */
+    put_i32(slot, (int32_t)ix->count);
+    if (ix->count <= 1) { ix->begin_phy = phy; ix->begin_ts = t; }
+    ix->count++;
+    ix->end_phy = phy;
+    ix->end_ts = t;
+    return sv == 0;
+}
+
+/* a queue's consume-queue state for this pass: 1, 0 (the general path decides), -1 on error */
+static int ds_queue_open(ds_queue *q, PyObject *cq) {
+    q->cq = Py_NewRef(cq);
+    int ro = ds_truth(cq, d_names[D_READ_ONLY]);
+    if (ro != 0) return ro < 0 ? -1 : 0;
+    int got = single_attr_i64(cq, d_names[D_MAXPHYS], INT64_MIN, INT64_MAX, &q->max_phys);
+    if (got <= 0) return got;
+    PyObject *mfq = PyObject_GetAttr(cq, d_names[D_MFQ]);
+    if (mfq == NULL) return -1;
+    PyObject *files = PyObject_GetAttr(mfq, d_names[D_MAPPED_FILES]);
+    Py_DECREF(mfq);
+    if (files == NULL) return -1;
+    if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
+    q->mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
+    Py_DECREF(files);
+    int64_t from;
+    got = single_attr_i64(q->mf, d_names[D_WROTE], 0, INT32_MAX, &q->wrote);
+    if (got > 0) got = single_attr_i64(q->mf, d_names[D_FILE_SIZE], 0, INT32_MAX, &q->file_size);
+    if (got > 0) got = single_attr_i64(q->mf, d_names[D_FROM], 0, INT64_MAX / 2, &from);
+    if (got <= 0) return got;
+    if (q->wrote == 0) {  /* a new first file of the queue (fillPreBlank): the general path */
+        int fc = ds_truth(q->mf, d_names[D_FIRST_CREATE]);
+        if (fc != 0) return fc < 0 ? -1 : 0;
+    }
+    PyObject *view = PyObject_GetAttr(q->mf, d_names[D_WRITE_VIEW]);
+    if (view == NULL) return -1;
+    if (PyObject_GetBuffer(view, &q->view, PyBUF_WRITABLE) < 0) { PyErr_Clear(); Py_DECREF(view); return 0; }
+    Py_DECREF(view);
+    q->has_view = 1;
+    if (q->view.len < q->file_size) return 0;
+    q->wrote0 = q->wrote;
+    q->last_cq = (from + q->wrote) / 20 - 1;  /* the queue offset the next unit must have, less one */
+    return 1;
+}
+
+/* the arrival listeners' news of a pass ({(topic, queue id): next queue offset} of the queues it wrote to), or
+ * NULL without an error when no listener is to be called: reput.listeners is empty and no gated listener's
+ * gate (`_gated`: (fn, obj, attr or None, queues or None), ReputMessageService.add_listener) is open */
+static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
+    PyObject *ls = PyObject_GetAttr(reput, d_names[D_LISTENERS]);
+    if (ls == NULL) return NULL;
+    int need = PyObject_IsTrue(ls);
+    Py_DECREF(ls);
+    if (need < 0) return NULL;
+    PyObject *gated = PyObject_GetAttr(reput, d_names[D_GATED]);
+    if (gated == NULL) return NULL;
+    PyObject *grown = NULL;
+    if (!PyList_CheckExact(gated)) need = 1;  /* not ours to read: let Python look */
+    if (!need && PyList_GET_SIZE(gated) == 0) goto done;
+    grown = PyDict_New();
+    if (grown == NULL) goto done;
+    for (Py_ssize_t j = 0; j < nq; j++) {
+        if (qs[j].wrote == qs[j].wrote0) continue;
+        PyObject *key = Py_BuildValue("(OL)", qs[j].topic, (long long)qs[j].qid);
+        PyObject *nv = PyLong_FromLongLong(qs[j].last_cq + 1);
+        int bad = key == NULL || nv == NULL || PyDict_SetItem(grown, key, nv) < 0;
+        Py_XDECREF(key); Py_XDECREF(nv);
+        if (bad) { Py_CLEAR(grown); goto done; }
+    }
+    for (Py_ssize_t i = 0; !need && i < PyList_GET_SIZE(gated); i++) {
+        PyObject *g = PyList_GET_ITEM(gated, i);
+        if (!PyTuple_CheckExact(g) || PyTuple_GET_SIZE(g) != 4) { need = 1; break; }
+        PyObject *obj = PyTuple_GET_ITEM(g, 1), *attr = PyTuple_GET_ITEM(g, 2), *queues = PyTuple_GET_ITEM(g, 3);
+        int open_ = 1;
+        if (attr != Py_None) {
+            PyObject *v = PyObject_GetAttr(obj, attr);
+            if (v == NULL) { Py_CLEAR(grown); goto done; }
+            open_ = PyObject_IsTrue(v);
+            Py_DECREF(v);
+            if (open_ < 0) { Py_CLEAR(grown); goto done; }
+        }
+        if (open_ && queues != Py_None) {
+            if (!PyFrozenSet_CheckExact(queues)) { need = 1; break; }
+            open_ = 0;
+            PyObject *it = PyObject_GetIter(queues), *k;
+            if (it == NULL) { Py_CLEAR(grown); goto done; }
+            while (!open_ && (k = PyIter_Next(it)) != NULL) {
+                open_ = PyDict_Contains(grown, k);
+                Py_DECREF(k);
+            }
+            Py_DECREF(it);
+            if (open_ < 0 || PyErr_Occurred()) { Py_CLEAR(grown); goto done; }
+        }
+        if (open_) need = 1;
+    }
+    if (!need) Py_CLEAR(grown);
+done:
+    Py_DECREF(gated);
+    return grown;
+}
+
+/* dispatch_singles(reput, ctx, here) -> (taken, grown or None, behind)
+ * ctx = (commit log's MappedFileQueue, consume_queue_table, topic_deletions, index_service, store config,
+ *        store (its checkpoint), dispatch lock). Takes the single puts' requests at the head of
+ * reput._pending that start at reput_from_offset and end by the commit log's readable end, writes their
+ * consume-queue units and index entries (under the dispatch lock), the checkpoint's logics time, and moves
+ * reput_from_offset, dispatched_offset and _pending_count; stops before anything else. `grown` is the
+ * arrival listeners' {(topic, queue id): next queue offset} when reput.listeners is not empty and records
+ * were taken; `behind` the bytes still written and not dispatched after the pass. With `here` (the calling
+ * thread promised the pass, ReputMessageService.dispatch_here) and nothing behind, `_signalled` is cleared
+ * in the same step (no thread can put between that look and the clearing). */
+static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != 7) {
+        PyErr_SetString(PyExc_TypeError, "dispatch_singles(reput, ctx, here)");
+        return NULL;
+    }
+    if (d_names[D_N - 1] == NULL) {
+        for (int i = 0; i < D_N; i++) {
+            PyObject *n = PyUnicode_InternFromString(d_strs[i]);
+            if (n == NULL) return NULL;
+            d_names[i] = n;
+        }
+        if (single_names() < 0) return NULL;
+    }
+    fl_check();
+    PyObject *reput = args[0], *ctx = args[1];
+    int here = PyObject_IsTrue(args[2]);
+    if (here < 0) return NULL;
+    PyObject *cl_mfq = PyTuple_GET_ITEM(ctx, 0), *table = PyTuple_GET_ITEM(ctx, 1),
+             *deletions = PyTuple_GET_ITEM(ctx, 2), *index_service = PyTuple_GET_ITEM(ctx, 3),
+             *config = PyTuple_GET_ITEM(ctx, 4), *store = PyTuple_GET_ITEM(ctx, 5), *dlock = PyTuple_GET_ITEM(ctx, 6);
+    PyObject *pend = NULL, *cut = NULL, *result = NULL, *grown = NULL, *reqs[DS_MAX_TAKE];
+    ds_queue qs[DS_MAX_QUEUES];
+    ds_index ix;
+    memset(&ix, 0, sizeof ix);
+    Py_ssize_t nq = 0, npeek = 0, taken = 0;
+    int locked = 0, got;
+    int64_t limit, offset, dispatched, pcount, last_ts = 0, slots_used = 0;
+    if (!PyDict_CheckExact(table)) goto decline;
+    got = ds_max_offset(cl_mfq, &limit);
+    if (got > 0) got = single_attr_i64(reput, d_names[D_REPUT_FROM], INT64_MIN, INT64_MAX / 2, &offset);
+    if (got > 0) got = single_attr_i64(reput, d_names[D_DISPATCHED], INT64_MIN, INT64_MAX / 2, &dispatched);
+    if (got > 0) got = single_attr_i64(reput, d_names[D_PCOUNT], 0, INT64_MAX / 2, &pcount);
+    if (got < 0) goto fail;
+    if (got == 0) goto decline;
+    if (offset >= limit) goto finish;
+    pend = PyObject_GetAttr(reput, d_names[D_PENDING]);
+    if (pend == NULL) goto fail;
+    {   /* the leading requests alone, contiguous from `offset`, ending by `limit` */
+        Py_ssize_t n = PyObject_Length(pend);
+        if (n < 0) goto fail;
+        int64_t at = offset;
+        while (npeek < n && npeek < DS_MAX_TAKE) {
+            PyObject *r = PySequence_GetItem(pend, npeek);
+            if (r == NULL) goto fail;
+            int64_t start, size;
+            if (!PyTuple_Check(r) || PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) != 12 ||
+                !as_i64(PyTuple_GET_ITEM(r, 2), 0, INT64_MAX / 2, &start) ||
+                !as_i64(PyTuple_GET_ITEM(r, 3), 1, INT32_MAX, &size) || start != at || start + size > limit) {
+                Py_DECREF(r);
+                break;
+            }
+            reqs[npeek++] = r;
+            at = start + size;
+        }
+    }
+    if (npeek == 0) goto decline;
+    {
+        int en = ds_truth(config, d_names[D_INDEX_ENABLE]);
+        if (en < 0) goto fail;
+        if (en) {
+            got = ds_index_open(&ix, index_service);
+            if (got < 0) goto fail;
+            if (got == 0) goto decline;  /* no file, a full or closed one: the general path (which makes one) */
+        }
+    }
+    cut = PyObject_GetAttr(deletions, d_names[D_CUTOFFS]);
+    if (cut == NULL) goto fail;
+    if (!PyDict_CheckExact(cut)) goto decline;
+    if (fl_acquire(dlock) < 0) goto fail;
+    locked = 1;
+    for (; taken < npeek; taken++) {
+        PyObject *r = reqs[taken];
+        PyObject *topic = PyTuple_GET_ITEM(r, 0), *qido = PyTuple_GET_ITEM(r, 1);
+        int64_t qid, off, size, tags, ts, cqo, sys_flag;
+        if (!PyUnicode_CheckExact(topic) || !as_i64(qido, INT32_MIN, INT32_MAX, &qid) ||
+            !as_i64(PyTuple_GET_ITEM(r, 2), 0, INT64_MAX / 2, &off) ||
+            !as_i64(PyTuple_GET_ITEM(r, 3), 1, INT32_MAX, &size) ||
+            !as_i64(PyTuple_GET_ITEM(r, 4), INT64_MIN, INT64_MAX, &tags) ||
+            !as_i64(PyTuple_GET_ITEM(r, 5), INT64_MIN, INT64_MAX, &ts) ||
+            !as_i64(PyTuple_GET_ITEM(r, 6), 0, INT64_MAX / 32, &cqo) ||
+            !as_i64(PyTuple_GET_ITEM(r, 9), INT64_MIN, INT64_MAX, &sys_flag))
+            break;
+        if (sys_flag & 0x4) break;  /* a prepared or rolled-back transaction record: the general path */
+        if (PyDict_GET_SIZE(cut)) {
+            int c = PyDict_Contains(cut, topic);
+            if (c < 0) goto fail;
+            if (c) break;
+        }
+        /* its queue: one of this pass's, else from the table (a queue not created yet: the general path) */
+        ds_queue *q = NULL;
+        for (Py_ssize_t j = 0; j < nq; j++)
+            if (qs[j].qid == qid && (qs[j].topic == topic || PyUnicode_Compare(qs[j].topic, topic) == 0)) {
+                q = &qs[j];
+                break;
+            }
+        if (q == NULL) {
+            if (nq == DS_MAX_QUEUES) break;
+            PyObject *queues = PyDict_GetItemWithError(table, topic);
+            if (queues == NULL && PyErr_Occurred()) goto fail;
+            if (queues == NULL || !PyDict_CheckExact(queues)) break;
+            PyObject *cq = PyDict_GetItemWithError(queues, qido);
+            if (cq == NULL) {
+                if (PyErr_Occurred()) goto fail;
+                break;
+            }
+            q = &qs[nq++];
+            memset(q, 0, sizeof *q);
+            q->topic = Py_NewRef(topic);
+            q->qid = qid;
+            got = ds_queue_open(q, cq);
+            if (got < 0) goto fail;
+            if (got == 0) { q->qid = INT64_MIN; break; }  /* kept for the clean-up; matches no later record */
+        }
+        /* _put_in_order_native's checks: room in the current file, the next queue offset, a later record */
+        if (q->wrote + 20 > q->file_size || cqo != q->last_cq + 1 || off + size <= q->max_phys) break;
+        int32_t hs[DS_MAX_KEYS];
+        int m = 0;
+        if (ix.f != NULL && off >= ix.end_phy) {  /* build_index skips what the last file already holds */
+            m = ds_record_hashes(topic, PyTuple_GET_ITEM(r, 8), PyTuple_GET_ITEM(r, 7), hs);
+            if (m < 0) break;
+            if (ix.count + m > ix.index_num) break;  /* the file fills up: the general path rolls it */
+        }
+        unsigned char *u = (unsigned char *)q->view.buf + q->wrote;
+        put_i64(u, off); put_i32(u + 8, (int32_t)size); put_i64(u + 12, tags);
+        q->wrote += 20;
+        q->max_phys = off + size;
+        q->last_cq = cqo;
+        for (int k = 0; k < m; k++) slots_used += ds_put_entry(&ix, hs[k], off, ts);
+        last_ts = ts;
+        offset = off + size;
+    }
+    /* write back what Python reads: each file's write position, each queue's last record end, the index
+     * file's header (the six fields _after_put writes), the checkpoint's logics time, the reput's offsets */
+    for (Py_ssize_t j = 0; j < nq; j++) {
+        if (qs[j].wrote == qs[j].wrote0) continue;
+        if (single_set_i64(qs[j].mf, d_names[D_WROTE], qs[j].wrote) < 0 ||
+            single_set_i64(qs[j].cq, d_names[D_MAXPHYS], qs[j].max_phys) < 0)
+            goto fail;
+    }
+    if (ix.f != NULL && ix.count != ix.count0) {
+        unsigned char *hp = ix.mm.buf;
+        ix.slot_count += slots_used;
+        put_i64(hp, ix.begin_ts); put_i64(hp + 8, ix.end_ts); put_i64(hp + 16, ix.begin_phy);
+        put_i64(hp + 24, ix.end_phy); put_i32(hp + 32, (int32_t)ix.slot_count); put_i32(hp + 36, (int32_t)ix.count);
+        if (single_set_i64(ix.f, d_names[D_BEGIN_TS], ix.begin_ts) < 0 ||
+            single_set_i64(ix.f, d_names[D_END_TS], ix.end_ts) < 0 ||
+            single_set_i64(ix.f, d_names[D_BEGIN_PHY], ix.begin_phy) < 0 ||
+            single_set_i64(ix.f, d_names[D_END_PHY], ix.end_phy) < 0 ||
+            single_set_i64(ix.f, d_names[D_SLOT_COUNT], ix.slot_count) < 0 ||
+            single_set_i64(ix.f, d_names[D_INDEX_COUNT], ix.count) < 0 ||
+            PyObject_SetAttr(ix.f, d_names[D_DIRTY], Py_True) < 0)
+            goto fail;
+    }
+    if (taken) {
+        PyObject *cp = PyObject_GetAttr(store, d_names[D_CHECKPOINT]);
+        if (cp == NULL) goto fail;
+        int rc = cp == Py_None ? 0 : single_set_i64(cp, d_names[D_LOGICS_TS], last_ts);
+        Py_DECREF(cp);
+        if (rc < 0) goto fail;
+        for (Py_ssize_t i = 0; i < taken; i++) {
+            PyObject *p = PyObject_CallMethodNoArgs(pend, d_names[D_POPLEFT]);
+            if (p == NULL) goto fail;
+            Py_DECREF(p);
+        }
+        if (single_set_i64(reput, d_names[D_PCOUNT], pcount - taken) < 0 ||
+            single_set_i64(reput, d_names[D_REPUT_FROM], offset) < 0 ||
+            single_set_i64(reput, d_names[D_DISPATCHED], offset) < 0)
+            goto fail;
+        grown = ds_grown(reput, qs, nq);
+        if (grown == NULL && PyErr_Occurred()) goto fail;
+        dispatched = offset;
+    }
+    fl_release(dlock);
+    locked = 0;
+finish:
+    got = ds_max_offset(cl_mfq, &limit);  /* again: the dispatch lock may have waited, the GIL released */
+    if (got < 0) goto fail;
+    if (got == 0) limit = dispatched + 1;  /* unknown: say something is behind, the general path looks */
+    if (here && limit <= dispatched && PyObject_SetAttr(reput, d_names[D_SIGNALLED], Py_False) < 0) goto fail;
+    result = Py_BuildValue("(nOL)", taken, grown != NULL ? grown : Py_None, (long long)(limit - dispatched));
+    goto done;
+decline:
+    result = Py_BuildValue("(nOL)", (Py_ssize_t)0, Py_None, (long long)1);
+    goto done;
+fail:
+    result = NULL;
+done:
+    if (locked && fl_release(dlock) < 0) Py_CLEAR(result);
+    for (Py_ssize_t i = 0; i < npeek; i++) Py_DECREF(reqs[i]);
+    for (Py_ssize_t j = 0; j < nq; j++) {
+        if (qs[j].has_view) PyBuffer_Release(&qs[j].view);
+        Py_XDECREF(qs[j].cq); Py_XDECREF(qs[j].mf); Py_XDECREF(qs[j].topic);
+    }
+    if (ix.has_mm) PyBuffer_Release(&ix.mm);
+    Py_XDECREF(ix.f);
+    Py_XDECREF(grown); Py_XDECREF(pend); Py_XDECREF(cut);
+    return result;
+}
+/* ============================ end of THE DISPATCH PASS =============================================== */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -4999,6 +5473,9 @@ static PyMethodDef methods[] = {
     /* POP offsets (broker/pop_service.py, pop_buffer.py, common/pop.py): the block above the table */
     {"offsets_text", offsets_text, METH_VARARGS, "offsets_text(start, stop) -> ','.join(map(str, range(start, stop)))."},
     {"int_run", int_run, METH_O, "int_run(value) -> value is a non-empty list of exact ints, each the one before + 1."},
+    /* THE DISPATCH PASS (branch dispatch-native): the block above the table */
+    {"dispatch_singles", (PyCFunction)(void (*)(void))dispatch_singles, METH_FASTCALL,
+     "ReputMessageService's pass over single puts' requests: (taken, grown or None, bytes behind)."},
     {NULL, NULL, 0, NULL},
 };
 

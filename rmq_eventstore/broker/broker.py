@@ -148,7 +148,8 @@ class Broker:
         if self._started:
             return
         self._started = True
-        self.store.add_message_arriving_listener(self.hold_service.notify_message_arriving)
+        self.store.add_message_arriving_listener(self.hold_service.notify_message_arriving,
+                                                 when=(self.hold_service, "_waiters"))  # only with held pulls
         tcm = self.topic_manager.file
         if self.config.auto_create_topic_enable and AUTO_CREATE_TOPIC_KEY_TOPIC not in tcm:
             perm = PermName.PERM_READ | PermName.PERM_WRITE | PermName.PERM_INHERIT

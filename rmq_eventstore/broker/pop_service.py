@@ -157,7 +157,7 @@ class PopService:
             self.buffer.journal.reset([], {})
         elif os.path.exists(journal):  # recovered: its lines must not be applied again by a later start
             os.remove(journal)
-        self.store.add_message_arriving_listener(self._on_arrival)
+        self.store.add_message_arriving_listener(self._on_arrival, when=(self, "_arrival_waiting"))  # POPs waiting
         self._thread = threading.Thread(target=self._revive_loop, name="PopReviveService", daemon=True)
         self._thread.start()
 

@@ -14,7 +14,7 @@ import shutil
 import struct
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +262,11 @@ class MessageStore:
                                           config.max_msgs_num_batch, on_index_file_full=self._on_index_file_full)
         self.checkpoint: StoreCheckpoint | None = None
         self.reput_message_service = ReputMessageService(self.commit_log, self._dispatch)
+        # `_dispatch`'s common case (single puts going in order into the current files) in one native call:
+        # the parts it reads and writes, in the order `_native.dispatch_singles` expects them
+        self.reput_message_service.set_fast_pass((self.commit_log.mapped_file_queue, self.consume_queue_table,
+                                                  self.topic_deletions, self.index_service, config, self,
+                                                  self._dispatch_lock))
         self.commit_log.on_appended = self.reput_message_service.notify_appended
         self._lock_fd: int | None = None
         self._lock_key = (0, 0)
@@ -746,13 +751,17 @@ class MessageStore:
         self._deletions_min_offset = low
         self.topic_deletions.forget_before(max(low, 0) if scan else None)
 
-    def add_message_arriving_listener(self, listener: Callable[[dict[tuple[str, int], int]], None]) -> None:
+    def add_message_arriving_listener(self, listener: Callable[[dict[tuple[str, int], int]], None],
+                                      when: tuple[object, str] | None = None,
+                                      queues: Iterable[tuple[str, int]] | None = None) -> None:
         """Call `listener({(topic, queue_id): new max queue offset, ...})` after each dispatched batch.
 
         This is RocketMQ's `MessageArrivingListener` hook, batched: a broker's long polling wakes the
-        pulls waiting on those queues. It runs on the reput thread and must not block.
+        pulls waiting on those queues. It runs on the dispatching thread and must not block. `when=(obj,
+        attr)`: only while `getattr(obj, attr)` is true; `queues`: only when one of them grew
+        (`ReputMessageService.add_listener`: a listener with nothing to do is not called at all).
         """
-        self.reput_message_service.listeners.append(listener)
+        self.reput_message_service.add_listener(listener, when, queues)
 
     def wait_for_dispatch(self, timeout: float = 5.0) -> bool:
         """Block until every record written so far is in the consume queues and index."""

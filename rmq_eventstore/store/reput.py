@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..common import codec
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # _take_pending's walk over request chunks in C (one chunk per single put), else the loop below
 _take_requests = getattr(codec.native, "take_requests", None)
+# a pass over single puts' requests in one C call (MessageStore._dispatch's common case), else the Python pass
+_dispatch_singles = getattr(codec.native, "dispatch_singles", None)
 MAX_PENDING = 500_000  # above this the put path stops handing over requests; reput parses instead
 MAX_BATCH = 8192
 REPUT_INTERVAL = 0.0005  # seconds between dispatch passes while messages keep arriving
@@ -47,6 +49,9 @@ class ReputMessageService:
         self.reput_from_offset = 0  # next record to take
         self.dispatched_offset = 0  # everything before it is in the consume queues and index
         self.listeners: list[Callable[[dict[tuple[str, int], int]], None]] = []
+        # listeners called only while a condition holds (add_listener): (fn, obj, attr, queues)
+        self._gated: list[tuple[Callable[[dict[tuple[str, int], int]], None], object, str | None,
+                                frozenset[tuple[str, int]] | None]] = []
         self._pending: collections.deque = collections.deque()
         self._pending_count = 0
         self._wakeup = threading.Event()
@@ -60,6 +65,19 @@ class ReputMessageService:
         self._lock = threading.Lock()  # one do_reput at a time
         self.errors = 0
         self.after_pass: Callable[[], None] | None = None  # run by the thread after a pass that dispatched
+        self._max_offset = commit_log.mapped_file_queue.get_max_offset  # the commit log's readable end
+        self._fast_ctx: tuple | None = None  # set_fast_pass
+        self._fast_for: Callable | None = None
+
+    def set_fast_pass(self, ctx: tuple) -> None:
+        """Let passes take the single puts' requests at the head of the hand-offs in one native call
+        (`_native.dispatch_singles`, which writes what `self.dispatch` would: the owner's consume-queue units,
+        index entries and checkpoint time; `ctx` names the owner's parts, see MessageStore). Only while
+        `self.dispatch` is the dispatcher given now (a test that replaces it gets the Python pass), and only
+        with the native core; anything the call does not cover goes through `self.dispatch` as before."""
+        if _dispatch_singles is not None:
+            self._fast_ctx = ctx
+            self._fast_for = self.dispatch
 
     # -- hand-off from the put path ---------------------------------------------------------------
     def notify_appended(self, start: int, end: int, requests: list | tuple) -> None:
@@ -82,6 +100,19 @@ class ReputMessageService:
             self._signalled = True
             self._wakeup.set()
 
+    def add_listener(self, fn: Callable[[dict[tuple[str, int], int]], None], when: tuple[object, str] | None = None,
+                     queues: Iterable[tuple[str, int]] | None = None) -> None:
+        """Call `fn({(topic, queue id): next queue offset, ...})` after each pass that dispatched records, or,
+        with `when=(obj, attr)`, only while `getattr(obj, attr)` is true (read without any lock: for a
+        listener that does nothing otherwise, such as one that wakes waiters and counts them), and with
+        `queues` only when one of those queues grew. A gate spares the pass a Python call per listener (the
+        native pass looks at the gates in C); what a listener is told is the same."""
+        if when is None and queues is None:
+            self.listeners.append(fn)
+        else:
+            self._gated.append((fn, when[0] if when else None, when[1] if when else None,
+                                frozenset(queues) if queues is not None else None))
+
     def wakeup(self) -> None:
         self._wakeup.set()
 
@@ -100,10 +131,24 @@ class ReputMessageService:
         at it), then hand-offs wake the thread again, and it is woken if anything is left behind. Returns
         the number of records dispatched here; a failure is logged and left to the thread to retry."""
         n = 0
-        # nothing written since the last pass (an ack the POP buffer matched): no pass, no lock
-        if self.commit_log.get_max_offset() > self.dispatched_offset and self._lock.acquire(blocking=False):
+        ctx = self._fast_ctx
+        if ctx is not None and self.dispatch is self._fast_for and self._lock.acquire(blocking=False):
+            # the common case in one C call, which also clears `_signalled` when nothing is left behind
             try:
-                n = self._reput_locked(one_pass=True)
+                n, grown, behind = _dispatch_singles(self, ctx, True)
+            except Exception:
+                self.errors += 1
+                log.exception("reput on the calling thread failed at %d", self.reput_from_offset)
+                grown, behind = None, 1
+            finally:
+                self._lock.release()
+            if grown is not None or (n and self._progress_waiters):
+                self._passed(grown)
+            if behind <= 0:
+                return n
+        if self._lock.acquire(blocking=False):
+            try:
+                n += self._reput_locked(one_pass=True)
             except Exception:
                 self.errors += 1
                 log.exception("reput on the calling thread failed at %d", self.reput_from_offset)
@@ -111,15 +156,34 @@ class ReputMessageService:
                 self._lock.release()
         self._signalled = False
         # a put after the pass saw `_signalled` still set and woke nobody: its end is published by now
-        if self.commit_log.get_max_offset() > self.dispatched_offset:
+        if self._max_offset() > self.dispatched_offset:
             self._signalled = True
             self._wakeup.set()
         return n
 
+    def _passed(self, grown: dict[tuple[str, int], int] | None) -> None:
+        """After a pass that dispatched records: the arrival listeners hear which queues grew (`grown`, None
+        when no listener is to be called), `wait_for` waiters are woken."""
+        if grown is not None:
+            for fn in self.listeners:
+                try:
+                    fn(grown)
+                except Exception:  # a listener must never stop dispatch
+                    log.exception("arrival listener failed")
+            for fn, obj, attr, queues in self._gated:
+                if (attr is None or getattr(obj, attr)) and (queues is None or not queues.isdisjoint(grown)):
+                    try:
+                        fn(grown)
+                    except Exception:
+                        log.exception("arrival listener failed")
+        if self._progress_waiters:  # read without the lock: a waiter looks again every 50 ms anyway
+            with self._progress:
+                self._progress.notify_all()
+
     # -- the loop ---------------------------------------------------------------------------------
     def behind(self) -> int:
         """Bytes written but not yet dispatched (`dispatchBehindBytes`)."""
-        return self.commit_log.get_max_offset() - self.dispatched_offset
+        return self._max_offset() - self.dispatched_offset
 
     def is_caught_up(self) -> bool:
         return self.behind() <= 0
@@ -227,8 +291,17 @@ class ReputMessageService:
 
     def _reput_locked(self, one_pass: bool = False) -> int:
         total = 0
+        ctx = self._fast_ctx if self.dispatch is self._fast_for else None
         while True:
-            limit = self.commit_log.get_max_offset()
+            if ctx is not None:  # the single puts' requests at the head, in one C call
+                n, grown, behind = _dispatch_singles(self, ctx, False)
+                if n:
+                    total += n
+                    self._passed(grown)
+                    if one_pass or behind <= 0:
+                        break
+                    continue
+            limit = self._max_offset()
             if self.reput_from_offset >= limit:
                 break
             before = self.reput_from_offset
@@ -256,19 +329,16 @@ class ReputMessageService:
             self.dispatched_offset = self.reput_from_offset
             if reqs:
                 total += len(reqs)
-                if self.listeners:
-                    grown: dict[tuple[str, int], int] = {}
+                grown: dict[tuple[str, int], int] | None = None
+                if self.listeners or self._gated:
                     if reqs.__class__ is DispatchColumns:
                         grown = reqs.grown()  # type: ignore[union-attr]
                     else:
+                        grown = {}
                         for r in reqs:
                             grown[(r.topic, r.queue_id)] = r.consume_queue_offset + 1
-                    for fn in self.listeners:
-                        try:
-                            fn(grown)
-                        except Exception:  # a listener must never stop dispatch
-                            log.exception("arrival listener failed")
-            if self._progress_waiters:  # read without the lock: a waiter looks again every 50 ms anyway
+                self._passed(grown)
+            elif self._progress_waiters:
                 with self._progress:
                     self._progress.notify_all()
             if one_pass:
@@ -299,7 +369,7 @@ class ReputMessageService:
 
     def wait_for(self, offset: int | None = None, timeout: float = 5.0) -> bool:
         """Block until everything up to `offset` (default: the current end) is dispatched."""
-        target = self.commit_log.get_max_offset() if offset is None else offset
+        target = self._max_offset() if offset is None else offset
         self._wakeup.set()
         deadline = time.monotonic() + timeout
         with self._progress:

@@ -174,7 +174,7 @@ class TimerMessageStore:
             log.info("timer store: %d timer-log units replayed onto the wheel", replayed)
 
     def start(self) -> None:
-        self.store.add_message_arriving_listener(self._on_arrival)
+        self.store.add_message_arriving_listener(self._on_arrival, queues=[(TIMER_TOPIC, 0)])
         for target, name in ((self._enqueue_loop, "TimerEnqueueService"), (self._dequeue_loop, "TimerDequeueService")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()

@@ -336,7 +336,8 @@ class _Watcher:
         if state is TransactionState.COMMIT:
             with self._lock:
                 self._committed[txid] = (p.store, p.db, p.sent.topic, time.monotonic())
-        self._wake.set()
+        # no wake-up of the watcher: its next sweep (WATCH_INTERVAL) cleans up. Waking it per commit made it
+        # take the GIL from the request thread at its next blocking call, for a sweep with nothing to do.
 
     def ended_recently(self, txid: str) -> bool:
         with self._lock:

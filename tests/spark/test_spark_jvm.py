@@ -75,6 +75,54 @@ def batch_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def window_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 MiB segments of small records, records that outgrow the reader's 1 MiB copy window, and a last
+    segment mostly preallocated zeros: batches end at the row cap inside a window and at a window's end,
+    a record larger than the window is read whole, and the ranges in the zeros find no record. Tags and
+    property names repeat, then come in thousands of distinct ones and a 200-byte name."""
+    root = tmp_path_factory.mktemp("jvm") / "windows"
+    with MessageStore.open(root, mapped_file_size_commit_log=8 << 20, message_index_enable=False) as store:
+        n = 0
+        for b in range(60):
+            big = b in (7, 31)
+            msgs = [Message(topic=f"W{i % 3}", body=bytes([65 + i % 26]) * ((1_500_000 + 700_000 * (b == 31))
+                                                                            if big and i == 5 else 20 + i % 90),
+                            tags=f"t{i % 5}" if b % 3 else f"u{n + i}", keys=f"k{n + i}", queue_id=i % 2,
+                            properties={f"p{n + i}": "v", "L" * 200: "long name"} if b % 4 == 1 else None)
+                    for i in range(500)]
+            n += len(msgs)
+            assert store.put_messages(msgs).is_ok()
+        store.wait_for_dispatch()
+    return root
+
+
+def test_copy_windows_and_large_records(jspark: Any, window_store: Path) -> None:
+    got = same(jspark, window_store)
+    assert len(got) == 30_000
+    assert max(len(r["body"]) for r in got) == 2_200_000
+    assert len({r["tags"] for r in got}) > 10_000 and sum("L" * 200 in r["properties"] for r in got) == 7500
+    assert len(os.listdir(window_store / "commitlog")) == 2
+    assert same(jspark, window_store, splitSize=3_000_000) == got
+
+
+def test_odd_property_strings(jspark: Any, window_store: Path, tmp_path: Path) -> None:
+    """Properties that `string_to_properties` splits in its own way, made in place (same lengths): a value
+    that is 0x01, a segment without 0x01 (dropped) followed by a value holding 0x01, an empty value."""
+    root = tmp_path / "odd"
+    shutil.copytree(window_store, root)
+    seg = _segment_of(root, 0)
+    data = bytearray(seg.read_bytes())
+    at = 0
+    for i, repl in enumerate([b"\x01\x01\x02", b"\x02v\x01", b"\x01\x02\x02"] * 3):
+        at = data.index(b"\x01v\x02", at + 1 + 1000 * i)
+        data[at:at + 3] = repl
+    seg.write_bytes(bytes(data))
+    got = same(jspark, root)
+    assert sum(r["properties"].get("v", "").startswith("L" * 200 + "\x01") for r in got) == 3
+    assert sum("\x01" in r["properties"].values() for r in got) == 3
+
+
 def test_engine_store_equals_python_source(jspark: Any, engine_store: Path) -> None:
     got = same(jspark, engine_store)
     assert len(got) > 1800

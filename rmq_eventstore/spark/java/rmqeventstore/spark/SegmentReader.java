@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.VarHandle;
+import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
@@ -34,8 +35,9 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * {@code string_to_properties}: the last duplicate wins at the first one's place, text that is not
  * UTF-8 decoded with replacement characters, {@code msg_id} the offsetMsgId).
  *
- * <p>The segment is mapped read-only; each batch's bytes are copied once into a heap array (so a live
- * writer cannot change a record between validation and copy) and decoded from there.
+ * <p>The segment is mapped read-only; its bytes are copied a window (1 MiB) at a time into a heap array,
+ * where the walk, the validation and the decode read them (so a live writer cannot change a record in
+ * between), and zeroed space is skipped with a vectorised compare when a range re-synchronises.
  */
 final class SegmentReader implements PartitionReader<ColumnarBatch> {
   static final int MAGIC_V1 = 0xDAA320A7;
@@ -44,11 +46,12 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   static final int BORNHOST_V6 = 0x10;
   static final int STOREHOST_V6 = 0x20;
   static final int MAX_ROWS = 4096;
-  static final int MAX_BYTES = 8 << 20;
+  static final int WINDOW = 1 << 20;  // bytes copied from the mapping at a time (a batch lies in one window)
 
   private static final VarHandle INT = MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.BIG_ENDIAN);
   private static final VarHandle LONG = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.BIG_ENDIAN);
   private static final VarHandle SHORT = MethodHandles.byteArrayViewVarHandle(short[].class, ByteOrder.BIG_ENDIAN);
+  private static final ByteBuffer ZEROS = ByteBuffer.allocateDirect(1 << 16);
   private static final byte[] HEX = "0123456789ABCDEF".getBytes(StandardCharsets.US_ASCII);
   private static final byte[] TAGS = "TAGS".getBytes(StandardCharsets.US_ASCII);
   private static final byte[] KEYS = "KEYS".getBytes(StandardCharsets.US_ASCII);
@@ -64,7 +67,9 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
   private int stop;
   private boolean done;
 
-  private byte[] buf = new byte[1 << 16];
+  private byte[] buf = new byte[0];
+  private int bufPos;  // file position of buf[0]
+  private int bufLen;  // bytes of the file in buf
   private final int[] starts = new int[MAX_ROWS];
   // by position in the full schema, null where the column is not read (pruned): the fixed-width columns,
   // the string and binary ones, and the properties map
@@ -146,13 +151,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
       if (n == 0) {
         continue;  // walk() set done
       }
-      int base = starts[0];
-      int span = pos - base;
-      if (buf.length < span) {
-        buf = new byte[Math.max(span, buf.length * 2)];
-      }
-      mm.get(base, buf, 0, span);
-      int rows = decode(n, base);
+      int rows = decode(n, bufPos);
       if (rows > 0) {
         return true;
       }
@@ -171,23 +170,41 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     channel.close();
   }
 
-  /** Record starts from {@code pos} into {@code starts} ({@code decode.walk}); sets {@code done} at the end. */
+  /**
+   * Record starts from {@code pos} into {@code starts} ({@code decode.walk}); sets {@code done} at the end.
+   * The records walked lie in {@code buf}, which holds the bytes of the file from {@code bufPos}: they are
+   * copied from the mapping a window at a time (one sequential copy, then the walk and the decode read the
+   * heap copy; a batch never spans two windows, so a live writer cannot change a record in between).
+   */
   private int walk() {
     int n = 0;
     int p = pos;
-    long budget = (long) p + MAX_BYTES;
     boolean broke = false;
-    while (p < stop && n < MAX_ROWS && p < budget) {
+    while (p < stop && n < MAX_ROWS) {
       if (limit - p < 8) {
         broke = true;  // zeroed tail or damage: the range ends either way
         break;
       }
-      int total = mm.getInt(p);
-      int magic = mm.getInt(p + 4);
+      int off = p - bufPos;
+      if (off + 8 > bufLen) {
+        if (n > 0) {
+          break;  // the next batch starts a new window
+        }
+        fill(p, 8);
+        off = 0;
+      }
+      int total = (int) INT.get(buf, off);
+      int magic = (int) INT.get(buf, off + 4);
       if (magic == MAGIC_V1 || magic == MAGIC_V2) {
         if (total <= 0 || (long) p + total > limit) {
           broke = true;
           break;
+        }
+        if (off + total > bufLen) {
+          if (n > 0) {
+            break;
+          }
+          fill(p, total);
         }
         starts[n++] = p;
         p += total;
@@ -201,6 +218,17 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     }
     pos = p;
     return n;
+  }
+
+  /** Copies the mapping from {@code at} into {@code buf}: a window (or {@code need} bytes, if more). */
+  private void fill(int at, int need) {
+    int len = Math.max(need, Math.min(WINDOW, limit - at));
+    if (buf.length < len) {
+      buf = new byte[Math.max(len, buf.length * 2)];
+    }
+    mm.get(at, buf, 0, len);
+    bufPos = at;
+    bufLen = len;
   }
 
   /** Header size up to and including BODYLEN (88 for IPv4 hosts), from the record's SYSFLAG. */
@@ -257,7 +285,14 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     while ((long) i + 4 <= limit && i - 4 < before) {
       // skip eight bytes at a time while none of them is 0xDA, the first byte of both magic codes
       if ((long) i + 8 <= limit) {
-        long x = mm.getLong(i) ^ 0xDADADADADADADADAL;
+        long w = mm.getLong(i);
+        if (w == 0) {  // zeroed space (a segment's preallocated tail): skip the zero run, vectorised
+          int len = Math.min(ZEROS.capacity(), limit - i);
+          int m = mm.slice(i, len).mismatch(ZEROS.slice(0, len));
+          i += m < 0 ? len : m;  // no magic code starts at a zero byte
+          continue;
+        }
+        long x = w ^ 0xDADADADADADADADAL;
         if (((x - 0x0101010101010101L) & ~x & 0x8080808080808080L) == 0) {
           i += 8;
           continue;

@@ -146,6 +146,38 @@ def test_long_polling_wakes_on_arrival(broker: RunningBroker) -> None:
         assert c.pop("tasks", invisible_time=1000, poll_time=200) == []
 
 
+def test_a_message_dispatched_between_a_pops_look_and_its_wait_is_popped_at_once(broker: RunningBroker) -> None:
+    """A pop that found nothing counts itself as waiting only after its look; a record dispatched in between
+    wakes nobody (the arrival listener calls no one while no pop waits). The pop must notice it and look
+    again at once, not wait out its 0.5 s re-look: here the record is put and dispatched right after the
+    first look (in the pop's own thread, so the timing is exact)."""
+    ns = broker.namesrv_address
+    send(ns, "tasks", 1)
+    broker.store.wait_for_dispatch()
+    service = broker.broker.pop_service
+    with PopConsumer(ns, "workers") as c:
+        c.ack(c.pop("tasks", invisible_time=1000)[0])
+        real = service._pop_once
+        looks = []
+
+        def look_then_arrive(*a: object) -> object:
+            result = real(*a)
+            looks.append(time.monotonic())
+            if len(looks) == 1:
+                assert result.count == 0
+                assert broker.broker.put_message(Message("tasks", b"late", keys="late"))[0] == ResponseCode.SUCCESS
+                assert broker.store.wait_for_dispatch()
+            return result
+
+        service._pop_once = look_then_arrive  # type: ignore[method-assign]
+        try:
+            got = service.pop("workers", "tasks", -1, 1, 1000, poll_time_ms=5000)
+        finally:
+            service._pop_once = real  # type: ignore[method-assign]
+        assert got.count == 1
+        assert looks[1] - looks[0] < 0.25  # looked again at once (the wait would have been 0.5 s)
+
+
 def test_tag_expressions(broker: RunningBroker) -> None:
     ns = broker.namesrv_address
     send(ns, "tagged", 3, tags="A")

@@ -255,7 +255,9 @@ class PopService:
         if poll_time_ms <= 0:
             return self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
         deadline = time.monotonic() + poll_time_ms / 1000.0
+        reput = self.store.reput_message_service
         while True:
+            seen = reput.dispatched_offset
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
             if result.count or self._stop.is_set():
                 return result
@@ -265,7 +267,12 @@ class PopService:
             with self._arrival:
                 self._arrival_waiting += 1
                 try:
-                    self._arrival.wait(min(remaining, 0.5))
+                    # Records dispatched since the look above came before this pop was counted as waiting, so
+                    # their pass did not wake it (`_on_arrival` calls nobody when no pop waits): look again
+                    # at once instead of waiting out the 0.5 s. A pass after this point sees the count and
+                    # wakes it (the dispatcher moves `dispatched_offset` before it calls the listeners).
+                    if reput.dispatched_offset == seen:
+                        self._arrival.wait(min(remaining, 0.5))
                 finally:
                     self._arrival_waiting -= 1
             if alive is not None and not alive():

@@ -34,6 +34,8 @@
  *   int_run             check that a BatchAck's bits are consecutive ints (common/pop.py; block above the table)
  *   dispatch_singles    ReputMessageService's pass over single puts: consume-queue units, index entries, checkpoint
  *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
+ *   send_lane           SendMessageProcessor.lane: a plain SEND_MESSAGE_V2 checked, decorated, stored and answered
+ *                       (its frame) in one call (block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -5400,6 +5402,316 @@ done:
 }
 /* ============================ end of THE DISPATCH PASS =============================================== */
 
+/* ============================================================================================== */
+/* THE SEND LANE (issue 16, branch lane-native): SendMessageProcessor.lane in one C call.             */
+/*  send_lane(cmd, born_host, ctx) serves a plain SEND_MESSAGE_V2 as the Python lane does (its checks, */
+/*  in its order, declining before anything changed; the decoration: UNIQ_KEY when missing, CLUSTER;  */
+/*  the Message; store.put_message, whose native path is put_one) and writes the response frame itself */
+/*  (the bytes RemotingCommand.encode gives the Python lane's response). Returns                       */
+/*   - None: not served, nothing changed (the Python lane, SendMessageProcessor.lane, decides);       */
+/*   - bytes: the response frame of a stored message;                                                  */
+/*   - (PutMessageResult, queue_id): stored or refused but not answered here (a refusal, an unusual    */
+/*     result): SendMessageProcessor.lane_answer builds the response as the lane does.                */
+/*  ctx = SendMessageProcessor.lane_context(): (processor, topics data version, store, UNIQ_KEY         */
+/*  generator, UNIQ_KEY marker, CLUSTER marker, CLUSTER property text). Reads the processor's           */
+/*  _lane_counter, _lane_timestamp and _lane_routes and store.config.auto_create_uniq_key by name.     */
+/*  Reference: SendMessageProcessor.lane (tests/test_send_lane_native.py compares them).               */
+/* ============================================================================================== */
+enum { SL_B, SL_I, SL_M, SL_E, SL_F, SL_G, SL_H, SL_J, SL_L, SL_D,
+       SL_X0, SL_X1, SL_X2, SL_X3, SL_X4, SL_X5, SL_X6,
+       SL_COUNTER, SL_TIMESTAMP, SL_LCOUNTER, SL_LTIMESTAMP, SL_ROUTES, SL_CONFIG, SL_AUTO_UNIQ, SL_PUT, SL_CREATE,
+       SL_DELAY, SL_TIMER, SL_TRAN, SL_NAMES };
+static const char *sl_texts[SL_NAMES] = {
+    "b", "i", "m", "e", "f", "g", "h", "j", "l", "d",
+    /* _LANE_EXTENSIONS: header keys the lane leaves to the full path */
+    "streamId", "expectedVersion", "streams", "batch", "properties", "maxReconsumeTimes", "defaultTopicQueueNums",
+    "counter", "timestamp", "_lane_counter", "_lane_timestamp", "_lane_routes", "config", "auto_create_uniq_key",
+    "put_message", "create",
+    "DELAY", "TIMER_", "TRAN_MSG\x01",
+};
+static PyObject *sl_names[SL_NAMES];
+
+static int sl_init(void) {
+    if (sl_names[SL_NAMES - 1] != NULL) return 0;
+    for (int i = 0; i < SL_NAMES; i++) {
+        PyObject *n = PyUnicode_InternFromString(sl_texts[i]);
+        if (n == NULL) return -1;
+        sl_names[i] = n;
+    }
+    return 0;
+}
+
+/* needle (ASCII) in s: memmem over a one-byte string, the str method otherwise */
+static int sl_contains(PyObject *s, PyObject *needle) {
+    if (PyUnicode_KIND(s) == PyUnicode_1BYTE_KIND) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(needle), m = PyUnicode_GET_LENGTH(s);
+        if (n > m) return 0;
+        return memmem(PyUnicode_1BYTE_DATA(s), m, PyUnicode_1BYTE_DATA(needle), n) != NULL;
+    }
+    return PyUnicode_Contains(s, needle);
+}
+
+/* a header int as the canonical decimal text int() reads: [-]digits (at most 18); 0 for anything else
+ * (the Python lane then decides: int() may still read it, or refuse it) */
+static int sl_int(PyObject *v, long long *out) {
+    if (v == NULL || !PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return 0;
+    const char *p = (const char *)PyUnicode_1BYTE_DATA(v);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v), i = 0;
+    int neg = 0;
+    if (n > 0 && p[0] == '-') { neg = 1; i = 1; }
+    if (n - i < 1 || n - i > 18) return 0;
+    long long r = 0;
+    for (; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return 0;
+        r = r * 10 + (p[i] - '0');
+    }
+    *out = neg ? -r : r;
+    return 1;
+}
+
+static int sl_eq(PyObject *a, PyObject *b) {  /* a == b for the version stamps (ints): 1, 0, -1 error */
+    if (a == b) return 1;
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+static inline char *sl_digits(char *e, long long v) {  /* decimal text of v ending at e; returns its start */
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    char *d = e;
+    do { *--d = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--d = '-';
+    return d;
+}
+
+/* props decorated as SendMessageProcessor._decorated does: UNIQ_KEY (uniq not NULL) then CLUSTER appended
+ * when absent, a separator first when props does not end with one. New reference. */
+static PyObject *sl_decorate(PyObject *props, PyObject *uniq_marker, PyObject *uniq, PyObject *cluster_marker,
+                             PyObject *cluster) {
+    PyObject *parts[6];
+    int k = 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(props);
+    int ends_sep = n > 0 && PyUnicode_READ_CHAR(props, n - 1) == 2;
+    parts[k++] = props;
+    static PyObject *sep = NULL;
+    if (sep == NULL && (sep = PyUnicode_FromStringAndSize("\x02", 1)) == NULL) return NULL;
+    if (uniq != NULL) {
+        if (n > 0 && !ends_sep) parts[k++] = sep;
+        parts[k++] = uniq_marker; parts[k++] = uniq; parts[k++] = sep;
+        ends_sep = 1; n = 1;
+    }
+    if (cluster != NULL) {
+        if (n > 0 && !ends_sep) parts[k++] = sep;
+        parts[k++] = cluster;
+    }
+    if (k == 1) return Py_NewRef(props);
+    Py_ssize_t total = 0;
+    Py_UCS4 maxc = 127;
+    int one_byte = 1;
+    for (int i = 0; i < k; i++) {
+        if (!PyUnicode_CheckExact(parts[i])) { PyErr_SetString(PyExc_TypeError, "send_lane: a property text is not a str"); return NULL; }
+        total += PyUnicode_GET_LENGTH(parts[i]);
+        if (PyUnicode_KIND(parts[i]) != PyUnicode_1BYTE_KIND) one_byte = 0;
+        else if (!PyUnicode_IS_ASCII(parts[i])) maxc = 255;
+    }
+    if (!one_byte) {  /* wide characters: str concatenation, as the Python lane */
+        PyObject *acc = Py_NewRef(parts[0]);
+        for (int i = 1; i < k && acc != NULL; i++) Py_SETREF(acc, PyUnicode_Concat(acc, parts[i]));
+        return acc;
+    }
+    PyObject *s = PyUnicode_New(total, maxc);
+    if (s == NULL) return NULL;
+    Py_UCS1 *w = PyUnicode_1BYTE_DATA(s);
+    for (int i = 0; i < k; i++) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(parts[i]);
+        memcpy(w, PyUnicode_1BYTE_DATA(parts[i]), len);
+        w += len;
+    }
+    return s;
+}
+
+/* the frame of RemotingCommand(SUCCESS, {msgId, queueId, queueOffset, MSG_REGION, TRACE_ON}, b"", opaque,
+ * FLAG_RESPONSE, None, "JAVA", version).encode(); None when a field is not of the plain kind */
+static PyObject *sl_frame(PyObject *cmd, PyObject *res, long long queue_id) {
+    if (pmr_type == NULL || Py_TYPE(res) != pmr_type) Py_RETURN_NONE;
+    PyObject *status = *(PyObject **)((char *)res + pmr_off[0]), *a = *(PyObject **)((char *)res + pmr_off[1]);
+    if (status != pmr_ok || a == NULL || Py_TYPE(a) != amr_type) Py_RETURN_NONE;
+    PyObject *host = *(PyObject **)((char *)a + amr_off[A_STORE_HOST]), *port = *(PyObject **)((char *)a + amr_off[A_STORE_PORT]),
+             *offs = *(PyObject **)((char *)a + amr_off[A_OFFSETS]), *lo = *(PyObject **)((char *)a + amr_off[A_LOGICS_OFFSET]);
+    int64_t port_v, off_v, lo_v;
+    if (host == NULL || !PyBytes_CheckExact(host) || PyBytes_GET_SIZE(host) > 16 || port == NULL ||
+        !as_i64(port, INT32_MIN, INT32_MAX, &port_v) || offs == NULL || !PyList_CheckExact(offs) ||
+        PyList_GET_SIZE(offs) != 1 || !as_i64(PyList_GET_ITEM(offs, 0), INT64_MIN, INT64_MAX, &off_v) ||
+        lo == NULL || !as_i64(lo, INT64_MIN, INT64_MAX, &lo_v))
+        Py_RETURN_NONE;
+    PyObject *opaque = rc_get(cmd, RC_OPAQUE), *version = rc_get(cmd, RC_VERSION);
+    if (opaque == NULL || version == NULL) Py_RETURN_NONE;
+    rbuf b;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;
+#define SL_PUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    int ok = SL_PUT("{\"code\":0,\"language\":\"JAVA\",\"version\":") && rbuf_int(&b, version) &&
+             SL_PUT(",\"opaque\":") && rbuf_int(&b, opaque) && SL_PUT(",\"flag\":1,\"extFields\":{\"msgId\":\"");
+    if (ok) {  /* join_message_ids of one offset: host, port, offset in upper-case hex */
+        static const char hex[] = "0123456789ABCDEF";
+        unsigned char id[2 * (16 + 12)], *w = id, pb[4], ob[8];
+        const unsigned char *h = (const unsigned char *)PyBytes_AS_STRING(host);
+        for (Py_ssize_t j = 0; j < PyBytes_GET_SIZE(host); j++) { *w++ = hex[h[j] >> 4]; *w++ = hex[h[j] & 15]; }
+        put_i32(pb, (int32_t)port_v);
+        for (int j = 0; j < 4; j++) { *w++ = hex[pb[j] >> 4]; *w++ = hex[pb[j] & 15]; }
+        put_i64(ob, off_v);
+        for (int j = 0; j < 8; j++) { *w++ = hex[ob[j] >> 4]; *w++ = hex[ob[j] & 15]; }
+        char t1[24], t2[24];
+        char *q = sl_digits(t1 + sizeof t1, queue_id), *o = sl_digits(t2 + sizeof t2, lo_v);
+        ok = rbuf_put(&b, id, w - id) && SL_PUT("\",\"queueId\":\"") && rbuf_put(&b, q, t1 + sizeof t1 - q) &&
+             SL_PUT("\",\"queueOffset\":\"") && rbuf_put(&b, o, t2 + sizeof t2 - o) &&
+             SL_PUT("\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
+    }
+#undef SL_PUT
+    PyObject *frame = NULL;
+    if (ok) {
+        put_i32(b.p, (int32_t)(b.len - 4));
+        put_i32(b.p + 4, (int32_t)(b.len - 8));
+        frame = PyBytes_FromStringAndSize((const char *)b.p, b.len);
+    } else if (!PyErr_Occurred()) frame = Py_NewRef(Py_None);
+    else if (!PyErr_ExceptionMatches(PyExc_MemoryError)) { PyErr_Clear(); frame = Py_NewRef(Py_None); }
+    rbuf_free(&b);
+    return frame;
+}
+
+static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 7) {
+        PyErr_SetString(PyExc_TypeError, "send_lane(cmd, born_host, ctx: 7-tuple)");
+        return NULL;
+    }
+    if (sl_init() < 0) return NULL;
+    PyObject *cmd = args[0], *born_host = args[1], *ctx = args[2];
+    if (rc_type == NULL || Py_TYPE(cmd) != rc_type || message_type == NULL || pmr_type == NULL) Py_RETURN_NONE;
+    PyObject *proc = PyTuple_GET_ITEM(ctx, 0), *dv = PyTuple_GET_ITEM(ctx, 1), *store = PyTuple_GET_ITEM(ctx, 2),
+             *gen = PyTuple_GET_ITEM(ctx, 3), *uniq_marker = PyTuple_GET_ITEM(ctx, 4),
+             *cluster_marker = PyTuple_GET_ITEM(ctx, 5), *cluster = PyTuple_GET_ITEM(ctx, 6);
+    if (!PyUnicode_CheckExact(uniq_marker) || !PyUnicode_CheckExact(cluster_marker) ||
+        !PyUnicode_IS_ASCII(uniq_marker) || !PyUnicode_IS_ASCII(cluster_marker))
+        Py_RETURN_NONE;
+    PyObject *x = rc_get(cmd, RC_EXT), *body = rc_get(cmd, RC_BODY);
+    if (x == NULL || !PyDict_CheckExact(x) || body == NULL || !PyBytes_CheckExact(body)) Py_RETURN_NONE;
+    PyObject *topic = PyDict_GetItemWithError(x, sl_names[SL_B]);  /* borrowed */
+    if (topic == NULL) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
+    if (!PyUnicode_CheckExact(topic)) Py_RETURN_NONE;
+    /* the routes are those of the topics' current version (else the Python lane makes them again) */
+    PyObject *st[5] = {PyObject_GetAttr(dv, sl_names[SL_COUNTER]), PyObject_GetAttr(proc, sl_names[SL_LCOUNTER]),
+                       PyObject_GetAttr(dv, sl_names[SL_TIMESTAMP]), PyObject_GetAttr(proc, sl_names[SL_LTIMESTAMP]),
+                       PyObject_GetAttr(proc, sl_names[SL_ROUTES])};
+    PyObject *result = NULL, *route = NULL, *props = NULL, *uniq = NULL, *decorated = NULL, *msg = NULL, *res = NULL;
+    PyObject *ints[5] = {NULL, NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 5; i++) if (st[i] == NULL) goto done;
+    int same = sl_eq(st[0], st[1]);
+    if (same == 1) same = sl_eq(st[2], st[3]);
+    if (same < 0) goto done;
+    if (same == 0 || !PyDict_CheckExact(st[4])) goto decline;
+    route = PyDict_GetItemWithError(st[4], topic);
+    if (route == NULL) { if (PyErr_Occurred()) goto done; goto decline; }
+    Py_INCREF(route);
+    int64_t nqueues;
+    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 2 ||
+        !as_i64(PyTuple_GET_ITEM(route, 1), INT64_MIN, INT64_MAX, &nqueues))
+        goto decline;
+    /* props = x.get("i") or "" */
+    props = PyDict_GetItemWithError(x, sl_names[SL_I]);
+    if (props == NULL && PyErr_Occurred()) goto done;
+    if (props == NULL) props = PyUnicode_New(0, 0);
+    else if (!PyUnicode_CheckExact(props)) { props = NULL; goto decline; }
+    else Py_INCREF(props);
+    if (props == NULL) goto done;
+    PyObject *m = PyDict_GetItemWithError(x, sl_names[SL_M]);
+    if (m == NULL && PyErr_Occurred()) goto done;
+    if (m != NULL && !(PyUnicode_CheckExact(m) && PyUnicode_GET_LENGTH(m) == 5 && PyUnicode_IS_ASCII(m) &&
+                       memcmp(PyUnicode_1BYTE_DATA(m), "false", 5) == 0))
+        goto decline;  /* a batch, or a text only Boolean.parseBoolean reads: the Python lane's */
+    for (int i = SL_DELAY; i <= SL_TRAN; i++) {
+        int c = sl_contains(props, sl_names[i]);
+        if (c < 0) goto done;
+        if (c) goto decline;
+    }
+    for (int i = SL_X0; i <= SL_X6; i++) {
+        int c = PyDict_Contains(x, sl_names[i]);
+        if (c < 0) goto done;
+        if (c) goto decline;
+    }
+    long long v[5];  /* e f h j g: queue id, sys flag, flag, reconsume times, born timestamp */
+    static const int keys[5] = {SL_E, SL_F, SL_H, SL_J, SL_G};
+    for (int i = 0; i < 5; i++) {
+        PyObject *t = PyDict_GetItemWithError(x, sl_names[keys[i]]);
+        if (t == NULL && PyErr_Occurred()) goto done;
+        if (!sl_int(t, &v[i])) goto decline;
+    }
+    for (int i = SL_L; i <= SL_D; i++) {  /* unused here, but int() must read them when not empty */
+        PyObject *t = PyDict_GetItemWithError(x, sl_names[i]);
+        long long ignored;
+        if (t == NULL && PyErr_Occurred()) goto done;
+        if (t != NULL && !(PyUnicode_CheckExact(t) && PyUnicode_GET_LENGTH(t) == 0) && !sl_int(t, &ignored)) goto decline;
+    }
+    long long queue_id = v[0], sys_flag = v[1];
+    if (sys_flag & 0xC) goto decline;  /* a transaction bit */
+    if (queue_id < 0 || queue_id >= nqueues) goto decline;  /* a random queue, or the full path's refusal */
+    /* the decoration: UNIQ_KEY when missing (and the store makes them), CLUSTER when missing */
+    PyObject *cfg = PyObject_GetAttr(store, sl_names[SL_CONFIG]);
+    if (cfg == NULL) goto done;
+    PyObject *auto_obj = PyObject_GetAttr(cfg, sl_names[SL_AUTO_UNIQ]);
+    Py_DECREF(cfg);
+    if (auto_obj == NULL) goto done;
+    int auto_uniq = PyObject_IsTrue(auto_obj);
+    Py_DECREF(auto_obj);
+    if (auto_uniq < 0) goto done;
+    if (auto_uniq) {
+        int c = sl_contains(props, uniq_marker);
+        if (c < 0) goto done;
+        if (!c) {
+            uniq = uniq_create(NULL, gen);
+            if (uniq == Py_None) { Py_DECREF(uniq); uniq = PyObject_CallMethodNoArgs(gen, sl_names[SL_CREATE]); }
+            if (uniq == NULL) goto done;
+        }
+    }
+    int has_cluster = sl_contains(props, cluster_marker);
+    if (has_cluster < 0) goto done;
+    decorated = sl_decorate(props, uniq_marker, uniq, cluster_marker, has_cluster ? NULL : cluster);
+    if (decorated == NULL) goto done;
+    /* Message(topic, body, None, None, queue_id, flag, None, sys_flag, born_ts, born_host, reconsume, 0, props) */
+    for (int i = 0; i < 5; i++) if ((ints[i] = PyLong_FromLongLong(v[i])) == NULL) goto done;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) goto done;
+    msg = message_type->tp_alloc(message_type, 0);
+    if (msg == NULL) { Py_DECREF(zero); goto done; }
+    PyObject *fv[F_COUNT];
+    fv[F_TOPIC] = Py_NewRef(topic);
+    fv[F_BODY] = Py_NewRef(body);
+    fv[F_TAGS] = Py_NewRef(Py_None);
+    fv[F_KEYS] = Py_NewRef(Py_None);
+    fv[F_QUEUE_ID] = Py_NewRef(ints[0]);
+    fv[F_FLAG] = Py_NewRef(ints[2]);
+    fv[F_PROPERTIES] = Py_NewRef(Py_None);
+    fv[F_SYS_FLAG] = Py_NewRef(ints[1]);
+    fv[F_BORN_TIMESTAMP] = Py_NewRef(ints[4]);
+    fv[F_BORN_HOST] = Py_NewRef(PyUnicode_Check(born_host) && PyUnicode_GET_LENGTH(born_host) == 0 ? Py_None : born_host);
+    fv[F_RECONSUME_TIMES] = Py_NewRef(ints[3]);
+    fv[F_PREPARED_TX] = zero;
+    fv[F_PROPERTIES_STRING] = Py_NewRef(decorated);
+    fv[F_UNIQ_KEY] = Py_NewRef(Py_None);
+    fv[F_FORCE_V2] = Py_NewRef(Py_False);
+    for (int f = 0; f < F_COUNT; f++) *(PyObject **)((char *)msg + field_offsets[f]) = fv[f];
+    /* store.put_message(msg): its native path is put_one */
+    PyObject *call[2] = {store, msg};
+    res = PyObject_VectorcallMethod(sl_names[SL_PUT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (res == NULL) goto done;
+    result = sl_frame(cmd, res, queue_id);
+    if (result == Py_None) { Py_DECREF(result); result = Py_BuildValue("(OO)", res, ints[0]); }
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 5; i++) { Py_XDECREF(st[i]); Py_XDECREF(ints[i]); }
+    Py_XDECREF(route); Py_XDECREF(props); Py_XDECREF(uniq); Py_XDECREF(decorated); Py_XDECREF(msg); Py_XDECREF(res);
+    return result;
+}
+/* ============================ end of THE SEND LANE ================================================== */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -5476,6 +5788,9 @@ static PyMethodDef methods[] = {
     /* THE DISPATCH PASS (branch dispatch-native): the block above the table */
     {"dispatch_singles", (PyCFunction)(void (*)(void))dispatch_singles, METH_FASTCALL,
      "ReputMessageService's pass over single puts' requests: (taken, grown or None, bytes behind)."},
+    /* THE SEND LANE (branch lane-native): the block above the table */
+    {"send_lane", (PyCFunction)(void (*)(void))send_lane, METH_FASTCALL,
+     "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (result, queue_id)."},
     {NULL, NULL, 0, NULL},
 };
 

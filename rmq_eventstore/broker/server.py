@@ -52,6 +52,7 @@ from .broker import Broker
 from .config import BrokerConfig
 from .long_polling import PullHold
 from .processor.pop import give_back_popped
+from .processor.send import NATIVE_LANE
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +234,10 @@ class BrokerServer:
         self._inline_writes = _WRITE_CODES - self._offload
         self._dispatch_held = False
         self._send_lane = broker.send_processor.lane
+        # the plain send's lane in C (SendMessageProcessor.serve_lane, inline): the response frame in one call
+        self._native_lane = NATIVE_LANE
+        self._lane_ctx = broker.send_processor.lane_context()
+        self._lane_answer = broker.send_processor.lane_answer
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -287,8 +292,21 @@ class BrokerServer:
             if not self._dispatch_held:
                 self._hold_dispatch()
             if cmd.code == _SEND_V2 and broker.acl is None:  # a plain send: the short path when it serves it
-                try:
-                    result = self._send_lane(cmd, conn)
+                try:  # the C lane first (the response frame, or None: not its to serve), then the Python one
+                    native = self._native_lane
+                    result = native(cmd, conn.remote_address, self._lane_ctx) if native is not None else None
+                    if result is None:
+                        result = self._send_lane(cmd, conn)
+                    elif result.__class__ is bytes:
+                        if not cmd.flag & FLAG_ONEWAY:
+                            out = conn._out
+                            if out is not None:
+                                out.append(result)
+                            else:
+                                conn._write_frame(result)
+                        return
+                    else:  # stored or refused, answered by the Python lane's code
+                        result = self._lane_answer(cmd, *result)
                 except Exception as e:  # as Broker.process answers a processor's failure
                     log.exception("request %d failed", cmd.code)
                     result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")

@@ -1,0 +1,186 @@
+"""The C lane of plain sends (`_native.send_lane`, through `SendMessageProcessor.serve_lane`, what the server
+does inline) against the Python lane (`SendMessageProcessor.lane`, the reference): for a spread of requests
+(queue ids, flags, properties with and without UNIQ_KEY or CLUSTER, narrow and wide characters, born hosts)
+the same response frame bytes and the same stored records; for every request the Python lane leaves to the
+full path or would read differently (non-canonical integers, a random queue), nothing stored and the Python
+lane's answer; a refused put answered as the Python lane answers it. Real stores on real files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmq_eventstore.broker import Broker
+from rmq_eventstore.broker.processor.send import NATIVE_LANE
+from rmq_eventstore.common import codec
+from rmq_eventstore.common.rng import rng
+from rmq_eventstore.common.topic_config import PermName
+from rmq_eventstore.remoting import RemotingCommand, ResponseCode
+from tests.test_send_lane import DECLINED, PLAIN, TOPIC, _broker, _records, _send
+
+
+class Host:
+    """A channel with the given peer address (or none at all)."""
+
+    def __init__(self, address: str | None) -> None:
+        if address is not None:
+            self.remote_address = address
+
+
+@pytest.fixture
+def c_broker(tmp_path: Path) -> Iterator[Broker]:
+    yield from _broker(tmp_path / "c")
+
+
+@pytest.fixture
+def py_broker(tmp_path: Path) -> Iterator[Broker]:
+    yield from _broker(tmp_path / "py")
+
+
+def _frame(r: RemotingCommand | bytes | None) -> bytes | None:
+    return r if r is None or isinstance(r, bytes) else r.encode()
+
+
+UNIQ = "UNIQ_KEY\x01AC1100010000000000000000000001\x02"
+SPREAD: list[dict[str, Any]] = [
+    *PLAIN,
+    {"e": "2", "h": "-5", "j": "15", "f": "3", "g": "-1"},  # negative flag and timestamp: canonical texts
+    {"e": "0", "f": "16", "h": "2147483647", "g": "999999999999999999"},
+    {"i": "KEYS\x01k1 k2\x02TAGS\x01t\x02"},
+    {"i": "CLUSTER\x01mine\x02"},  # CLUSTER kept, UNIQ_KEY added after it
+    {"i": "UNIQ_KEY\x01ID\x02CLUSTER\x01c\x02"},  # nothing added
+    {"i": "KEYS\x01caf\xe9\x02"},  # Latin-1: one byte a character, not ASCII
+    {"i": "KEYS\x01\u6d88\u606f"},  # wide characters, no trailing separator
+    {"i": "KEYS\x01\U0001f600\x02" + UNIQ},
+    {"i": "\x02"},  # a lone separator
+    {"m": "false", "l": "", "d": ""},  # empty optional integers: not read
+    {"k": "true", "n": "broker-a", "o": "x"},  # fields neither lane reads
+]
+HOSTS = ["10.1.2.3:45678", "[::1]:9876", "", None]
+
+
+@pytest.mark.parametrize("fields", SPREAD, ids=[str(i) for i in range(len(SPREAD))])
+def test_the_c_lane_stores_and_answers_what_the_python_lane_does(c_broker: Broker, py_broker: Broker,
+                                                                 fields: dict[str, Any]) -> None:
+    for b in (c_broker, py_broker):  # the topic's route is made by the Python lane (the C lane only reads it)
+        assert b.send_processor.lane(_send(), Host("10.9.8.7:1")) is not None
+    served = 0
+    for i, host in enumerate(HOSTS):
+        body = (b"", b"hello", bytes(range(256)) * 8, b"x" * 30000)[i]
+        rng.seed(5)
+        got = c_broker.send_processor.serve_lane(_send(body=body, **fields), Host(host))
+        rng.seed(5)
+        want = py_broker.send_processor.lane(_send(body=body, **fields), Host(host))
+        assert want is not None and want.code == ResponseCode.SUCCESS
+        assert _frame(got) == want.encode()
+        served += isinstance(got, bytes)
+    c_broker.store.reput_message_service.wait_for()
+    py_broker.store.reput_message_service.wait_for()
+    generated = "UNIQ_KEY" not in _send(**fields).ext_fields["i"]
+    assert _records(c_broker, generated) == _records(py_broker, generated)
+    assert sum(c_broker.store.get_max_offset_in_queue(TOPIC, q) for q in range(4)) == len(HOSTS) + 1
+    ext = _send(**fields).ext_fields
+    canonical = all(ext[k] == str(int(ext[k])) for k in "efghj") and int(ext["e"]) >= 0 and all(
+        ext.get(k, "") in ("", str(int(ext.get(k) or 0))) for k in "ld")
+    if NATIVE_LANE is not None and canonical:
+        assert served == len(HOSTS), "the C lane declined a plain send"
+
+
+@pytest.mark.parametrize("fields", DECLINED.values(), ids=DECLINED.keys())
+def test_the_c_lane_declines_what_the_python_lane_leaves_to_the_full_path(c_broker: Broker,
+                                                                          fields: dict[str, Any]) -> None:
+    end = c_broker.store.get_max_phy_offset()
+    sp = c_broker.send_processor
+    if NATIVE_LANE is not None:
+        sp.lane(_send(), Host("1.2.3.4:5"))  # the topic's route is made
+        end = c_broker.store.get_max_phy_offset()
+        assert NATIVE_LANE(_send(**fields), "1.2.3.4:5", sp.lane_context()) is None
+    assert sp.serve_lane(_send(**fields), Host("1.2.3.4:5")) is None
+    assert c_broker.store.get_max_phy_offset() == end  # nothing stored
+
+
+@pytest.mark.parametrize("topic", ["%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX",
+                                   "rmq_sys_wheel_timer", "NotCreatedYet", "bad topic!", "TBW102"])
+def test_the_c_lane_declines_special_and_unknown_topics(c_broker: Broker, topic: str) -> None:
+    if topic.startswith("%RETRY%"):
+        c_broker.create_topic(topic, 1, 1)
+    end = c_broker.store.get_max_phy_offset()
+    assert c_broker.send_processor.serve_lane(_send(topic=topic), Host("1.2.3.4:5")) is None
+    assert c_broker.store.get_max_phy_offset() == end
+
+
+def test_the_c_lane_leaves_a_new_topic_version_to_the_python_lane(c_broker: Broker) -> None:
+    sp = c_broker.send_processor
+    ctx = sp.lane_context()
+    if NATIVE_LANE is not None:
+        assert NATIVE_LANE(_send(), "10.9.8.7:1", ctx) is None  # no route made yet: the Python lane makes it
+        assert isinstance(sp.serve_lane(_send(), Host("10.9.8.7:1")), RemotingCommand)
+        assert isinstance(NATIVE_LANE(_send(), "10.9.8.7:1", ctx), bytes)
+    else:
+        assert isinstance(sp.serve_lane(_send(), Host("10.9.8.7:1")), RemotingCommand)
+    c_broker.create_topic(TOPIC, 4, 4, perm=PermName.PERM_READ)  # read-only now: the version moved
+    if NATIVE_LANE is not None:
+        assert NATIVE_LANE(_send(), "10.9.8.7:1", ctx) is None
+    assert sp.serve_lane(_send(), Host("10.9.8.7:1")) is None
+    c_broker.create_topic(TOPIC, 2, 2)  # writeable again, two queues
+    assert _frame(sp.serve_lane(_send(e="1"), Host("10.9.8.7:1"))) is not None
+    assert sp.serve_lane(_send(e="2"), Host("10.9.8.7:1")) is None  # out of range now
+    if NATIVE_LANE is not None:
+        assert isinstance(NATIVE_LANE(_send(e="1"), "10.9.8.7:1", ctx), bytes)
+
+
+def test_a_refused_put_is_answered_as_the_python_lane_answers_it(c_broker: Broker, py_broker: Broker) -> None:
+    for b in (c_broker, py_broker):
+        b.send_processor.lane(_send(), Host("10.9.8.7:1"))  # routes made while the stores run
+        b.store.shutdown()
+    got = c_broker.send_processor.serve_lane(_send(), Host("10.9.8.7:1"))
+    want = py_broker.send_processor.lane(_send(), Host("10.9.8.7:1"))
+    assert want is not None and want.code == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert isinstance(got, RemotingCommand) and got.encode() == want.encode()
+
+
+def test_a_born_host_that_is_no_address_is_refused_as_the_python_lane_refuses_it(c_broker: Broker,
+                                                                                py_broker: Broker) -> None:
+    for b in (c_broker, py_broker):
+        b.send_processor.lane(_send(), Host("10.9.8.7:1"))
+    for host in ("somewhere:1", "10.1.1.1", "[::1]"):
+        got = c_broker.send_processor.serve_lane(_send(), Host(host))
+        want = py_broker.send_processor.lane(_send(), Host(host))
+        assert want is not None and want.code == ResponseCode.MESSAGE_ILLEGAL
+        assert isinstance(got, RemotingCommand) and got.encode() == want.encode()
+
+
+def test_a_store_without_generated_ids_gets_none(tmp_path: Path) -> None:
+    """auto_create_uniq_key off: a send without UNIQ_KEY is stored without one, by both lanes."""
+    from rmq_eventstore.store import MessageStore
+    from tests.conftest import SMALL_GEOMETRY
+
+    stores = []
+    for name in ("c", "py"):
+        s = MessageStore.open(tmp_path / name, store_host="127.0.0.1:10911", auto_create_uniq_key=False,
+                              **SMALL_GEOMETRY)
+        b = Broker(s)
+        b.start()
+        b.create_topic(TOPIC, 4, 4)
+        stores.append((s, b))
+    try:
+        (_, cb), (_, pb) = stores
+        for _ in range(2):
+            got = cb.send_processor.serve_lane(_send(i="TAGS\x01t\x02"), Host("10.9.8.7:1"))
+            want = pb.send_processor.lane(_send(i="TAGS\x01t\x02"), Host("10.9.8.7:1"))
+            assert want is not None and _frame(got) == want.encode()
+        for s, _ in stores:
+            s.reput_message_service.wait_for()
+        assert _records(cb) == _records(pb)
+        assert all("UNIQ_KEY" not in r[6] for r in _records(cb))
+    finally:
+        for s, b in stores:
+            b.shutdown()
+            s.shutdown()
+
+
+def test_the_c_lane_is_used_with_the_native_core() -> None:
+    assert (NATIVE_LANE is not None) == (codec.batch_native is not None)

@@ -5413,19 +5413,18 @@ done:
 /*   - (PutMessageResult, queue_id): stored or refused but not answered here (a refusal, an unusual    */
 /*     result): SendMessageProcessor.lane_answer builds the response as the lane does.                */
 /*  ctx = SendMessageProcessor.lane_context(): (processor, topics data version, store, UNIQ_KEY         */
-/*  generator, UNIQ_KEY marker, CLUSTER marker, CLUSTER property text). Reads the processor's           */
-/*  _lane_counter, _lane_timestamp and _lane_routes and store.config.auto_create_uniq_key by name.     */
+/*  generator, UNIQ_KEY marker, CLUSTER marker, CLUSTER property text, store config). Reads the         */
+/*  processor's _lane_counter, _lane_timestamp and _lane_routes and the config's auto_create_uniq_key   */
+/*  by name.                                                                                           */
 /*  Reference: SendMessageProcessor.lane (tests/test_send_lane_native.py compares them).               */
 /* ============================================================================================== */
-enum { SL_B, SL_I, SL_M, SL_E, SL_F, SL_G, SL_H, SL_J, SL_L, SL_D,
-       SL_X0, SL_X1, SL_X2, SL_X3, SL_X4, SL_X5, SL_X6,
-       SL_COUNTER, SL_TIMESTAMP, SL_LCOUNTER, SL_LTIMESTAMP, SL_ROUTES, SL_CONFIG, SL_AUTO_UNIQ, SL_PUT, SL_CREATE,
+enum { SL_X0, SL_X1, SL_X2, SL_X3, SL_X4, SL_X5, SL_X6,
+       SL_COUNTER, SL_TIMESTAMP, SL_LCOUNTER, SL_LTIMESTAMP, SL_ROUTES, SL_AUTO_UNIQ, SL_PUT, SL_CREATE,
        SL_DELAY, SL_TIMER, SL_TRAN, SL_NAMES };
 static const char *sl_texts[SL_NAMES] = {
-    "b", "i", "m", "e", "f", "g", "h", "j", "l", "d",
     /* _LANE_EXTENSIONS: header keys the lane leaves to the full path */
     "streamId", "expectedVersion", "streams", "batch", "properties", "maxReconsumeTimes", "defaultTopicQueueNums",
-    "counter", "timestamp", "_lane_counter", "_lane_timestamp", "_lane_routes", "config", "auto_create_uniq_key",
+    "counter", "timestamp", "_lane_counter", "_lane_timestamp", "_lane_routes", "auto_create_uniq_key",
     "put_message", "create",
     "DELAY", "TIMER_", "TRAN_MSG\x01",
 };
@@ -5439,16 +5438,6 @@ static int sl_init(void) {
         sl_names[i] = n;
     }
     return 0;
-}
-
-/* needle (ASCII) in s: memmem over a one-byte string, the str method otherwise */
-static int sl_contains(PyObject *s, PyObject *needle) {
-    if (PyUnicode_KIND(s) == PyUnicode_1BYTE_KIND) {
-        Py_ssize_t n = PyUnicode_GET_LENGTH(needle), m = PyUnicode_GET_LENGTH(s);
-        if (n > m) return 0;
-        return memmem(PyUnicode_1BYTE_DATA(s), m, PyUnicode_1BYTE_DATA(needle), n) != NULL;
-    }
-    return PyUnicode_Contains(s, needle);
 }
 
 /* a header int as the canonical decimal text int() reads: [-]digits (at most 18); 0 for anything else
@@ -5576,9 +5565,40 @@ static PyObject *sl_frame(PyObject *cmd, PyObject *res, long long queue_id) {
     return frame;
 }
 
+/* what the lane looks for in a properties string: the markers it declines (DELAY, TIMER_, TRAN_MSG) and
+ * the two it adds when absent; one pass over a one-byte string, str.__contains__ otherwise. -1: error */
+enum { SLP_DECLINE = 1, SLP_UNIQ = 2, SLP_CLUSTER = 4 };
+static int sl_props_scan(PyObject *props, PyObject *uniq_marker, PyObject *cluster_marker) {
+    int found = 0;
+    if (PyUnicode_KIND(props) == PyUnicode_1BYTE_KIND) {
+        const char *p = (const char *)PyUnicode_1BYTE_DATA(props);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(props);
+        const char *um = (const char *)PyUnicode_1BYTE_DATA(uniq_marker), *cm = (const char *)PyUnicode_1BYTE_DATA(cluster_marker);
+        Py_ssize_t ul = PyUnicode_GET_LENGTH(uniq_marker), cl = PyUnicode_GET_LENGTH(cluster_marker);
+#define SL_AT(lit) (n - i >= (Py_ssize_t)sizeof(lit) - 1 && memcmp(p + i, lit, sizeof(lit) - 1) == 0)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            char c = p[i];
+            if (c == 'D') { if (SL_AT("DELAY")) return SLP_DECLINE; }
+            else if (c == 'T') { if (SL_AT("TIMER_") || SL_AT("TRAN_MSG\x01")) return SLP_DECLINE; }
+            if (ul > 0 && c == um[0] && n - i >= ul && memcmp(p + i, um, ul) == 0) found |= SLP_UNIQ;
+            if (cl > 0 && c == cm[0] && n - i >= cl && memcmp(p + i, cm, cl) == 0) found |= SLP_CLUSTER;
+        }
+#undef SL_AT
+        return found;
+    }
+    for (int i = SL_DELAY; i <= SL_TRAN; i++) {
+        int c = PyUnicode_Contains(props, sl_names[i]);
+        if (c < 0) return -1;
+        if (c) return SLP_DECLINE;
+    }
+    int u = PyUnicode_Contains(props, uniq_marker), c = u < 0 ? -1 : PyUnicode_Contains(props, cluster_marker);
+    if (u < 0 || c < 0) return -1;
+    return (u ? SLP_UNIQ : 0) | (c ? SLP_CLUSTER : 0);
+}
+
 static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 7) {
-        PyErr_SetString(PyExc_TypeError, "send_lane(cmd, born_host, ctx: 7-tuple)");
+    if (nargs != 3 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "send_lane(cmd, born_host, ctx: 8-tuple)");
         return NULL;
     }
     if (sl_init() < 0) return NULL;
@@ -5586,15 +5606,36 @@ static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (rc_type == NULL || Py_TYPE(cmd) != rc_type || message_type == NULL || pmr_type == NULL) Py_RETURN_NONE;
     PyObject *proc = PyTuple_GET_ITEM(ctx, 0), *dv = PyTuple_GET_ITEM(ctx, 1), *store = PyTuple_GET_ITEM(ctx, 2),
              *gen = PyTuple_GET_ITEM(ctx, 3), *uniq_marker = PyTuple_GET_ITEM(ctx, 4),
-             *cluster_marker = PyTuple_GET_ITEM(ctx, 5), *cluster = PyTuple_GET_ITEM(ctx, 6);
+             *cluster_marker = PyTuple_GET_ITEM(ctx, 5), *cluster = PyTuple_GET_ITEM(ctx, 6),
+             *cfg = PyTuple_GET_ITEM(ctx, 7);
     if (!PyUnicode_CheckExact(uniq_marker) || !PyUnicode_CheckExact(cluster_marker) ||
         !PyUnicode_IS_ASCII(uniq_marker) || !PyUnicode_IS_ASCII(cluster_marker))
         Py_RETURN_NONE;
     PyObject *x = rc_get(cmd, RC_EXT), *body = rc_get(cmd, RC_BODY);
     if (x == NULL || !PyDict_CheckExact(x) || body == NULL || !PyBytes_CheckExact(body)) Py_RETURN_NONE;
-    PyObject *topic = PyDict_GetItemWithError(x, sl_names[SL_B]);  /* borrowed */
-    if (topic == NULL) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
-    if (!PyUnicode_CheckExact(topic)) Py_RETURN_NONE;
+    /* one pass over the header: the one-letter fields by letter; a V1 name or an extension of ours the lane
+     * leaves to the full path (_LANE_EXTENSIONS) declines. Borrowed: nothing changes the dict meanwhile. */
+    PyObject *fl[26] = {NULL};
+    {
+        Py_ssize_t it = 0;
+        PyObject *k, *val;
+        while (PyDict_Next(x, &it, &k, &val)) {
+            if (!PyUnicode_CheckExact(k)) Py_RETURN_NONE;
+            Py_ssize_t kl = PyUnicode_GET_LENGTH(k);
+            if (kl == 1) {
+                Py_UCS4 c = PyUnicode_READ_CHAR(k, 0);
+                if (c >= 'a' && c <= 'z') fl[c - 'a'] = val;
+                continue;
+            }
+            if (kl < 5 || kl > 21 || !PyUnicode_IS_ASCII(k)) continue;
+            for (int i = SL_X0; i <= SL_X6; i++)
+                if (PyUnicode_GET_LENGTH(sl_names[i]) == kl &&
+                    memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), PyUnicode_1BYTE_DATA(k), kl) == 0)
+                    Py_RETURN_NONE;
+        }
+    }
+    PyObject *topic = fl['b' - 'a'];
+    if (topic == NULL || !PyUnicode_CheckExact(topic)) Py_RETURN_NONE;
     /* the routes are those of the topics' current version (else the Python lane makes them again) */
     PyObject *st[5] = {PyObject_GetAttr(dv, sl_names[SL_COUNTER]), PyObject_GetAttr(proc, sl_names[SL_LCOUNTER]),
                        PyObject_GetAttr(dv, sl_names[SL_TIMESTAMP]), PyObject_GetAttr(proc, sl_names[SL_LTIMESTAMP]),
@@ -5614,64 +5655,42 @@ static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nar
         !as_i64(PyTuple_GET_ITEM(route, 1), INT64_MIN, INT64_MAX, &nqueues))
         goto decline;
     /* props = x.get("i") or "" */
-    props = PyDict_GetItemWithError(x, sl_names[SL_I]);
-    if (props == NULL && PyErr_Occurred()) goto done;
+    props = fl['i' - 'a'];
     if (props == NULL) props = PyUnicode_New(0, 0);
     else if (!PyUnicode_CheckExact(props)) { props = NULL; goto decline; }
     else Py_INCREF(props);
     if (props == NULL) goto done;
-    PyObject *m = PyDict_GetItemWithError(x, sl_names[SL_M]);
-    if (m == NULL && PyErr_Occurred()) goto done;
+    PyObject *m = fl['m' - 'a'];
     if (m != NULL && !(PyUnicode_CheckExact(m) && PyUnicode_GET_LENGTH(m) == 5 && PyUnicode_IS_ASCII(m) &&
                        memcmp(PyUnicode_1BYTE_DATA(m), "false", 5) == 0))
         goto decline;  /* a batch, or a text only Boolean.parseBoolean reads: the Python lane's */
-    for (int i = SL_DELAY; i <= SL_TRAN; i++) {
-        int c = sl_contains(props, sl_names[i]);
-        if (c < 0) goto done;
-        if (c) goto decline;
-    }
-    for (int i = SL_X0; i <= SL_X6; i++) {
-        int c = PyDict_Contains(x, sl_names[i]);
-        if (c < 0) goto done;
-        if (c) goto decline;
-    }
+    int found = sl_props_scan(props, uniq_marker, cluster_marker);
+    if (found < 0) goto done;
+    if (found & SLP_DECLINE) goto decline;
     long long v[5];  /* e f h j g: queue id, sys flag, flag, reconsume times, born timestamp */
-    static const int keys[5] = {SL_E, SL_F, SL_H, SL_J, SL_G};
-    for (int i = 0; i < 5; i++) {
-        PyObject *t = PyDict_GetItemWithError(x, sl_names[keys[i]]);
-        if (t == NULL && PyErr_Occurred()) goto done;
-        if (!sl_int(t, &v[i])) goto decline;
-    }
-    for (int i = SL_L; i <= SL_D; i++) {  /* unused here, but int() must read them when not empty */
-        PyObject *t = PyDict_GetItemWithError(x, sl_names[i]);
+    static const char keys[5] = {'e', 'f', 'h', 'j', 'g'};
+    for (int i = 0; i < 5; i++)
+        if (!sl_int(fl[keys[i] - 'a'], &v[i])) goto decline;
+    for (int i = 0; i < 2; i++) {  /* l, d: unused here, but int() must read them when not empty */
+        PyObject *t = fl[(i == 0 ? 'l' : 'd') - 'a'];
         long long ignored;
-        if (t == NULL && PyErr_Occurred()) goto done;
         if (t != NULL && !(PyUnicode_CheckExact(t) && PyUnicode_GET_LENGTH(t) == 0) && !sl_int(t, &ignored)) goto decline;
     }
     long long queue_id = v[0], sys_flag = v[1];
     if (sys_flag & 0xC) goto decline;  /* a transaction bit */
     if (queue_id < 0 || queue_id >= nqueues) goto decline;  /* a random queue, or the full path's refusal */
     /* the decoration: UNIQ_KEY when missing (and the store makes them), CLUSTER when missing */
-    PyObject *cfg = PyObject_GetAttr(store, sl_names[SL_CONFIG]);
-    if (cfg == NULL) goto done;
     PyObject *auto_obj = PyObject_GetAttr(cfg, sl_names[SL_AUTO_UNIQ]);
-    Py_DECREF(cfg);
     if (auto_obj == NULL) goto done;
     int auto_uniq = PyObject_IsTrue(auto_obj);
     Py_DECREF(auto_obj);
     if (auto_uniq < 0) goto done;
-    if (auto_uniq) {
-        int c = sl_contains(props, uniq_marker);
-        if (c < 0) goto done;
-        if (!c) {
-            uniq = uniq_create(NULL, gen);
-            if (uniq == Py_None) { Py_DECREF(uniq); uniq = PyObject_CallMethodNoArgs(gen, sl_names[SL_CREATE]); }
-            if (uniq == NULL) goto done;
-        }
+    if (auto_uniq && !(found & SLP_UNIQ)) {
+        uniq = uniq_create(NULL, gen);
+        if (uniq == Py_None) { Py_DECREF(uniq); uniq = PyObject_CallMethodNoArgs(gen, sl_names[SL_CREATE]); }
+        if (uniq == NULL) goto done;
     }
-    int has_cluster = sl_contains(props, cluster_marker);
-    if (has_cluster < 0) goto done;
-    decorated = sl_decorate(props, uniq_marker, uniq, cluster_marker, has_cluster ? NULL : cluster);
+    decorated = sl_decorate(props, uniq_marker, uniq, cluster_marker, (found & SLP_CLUSTER) ? NULL : cluster);
     if (decorated == NULL) goto done;
     /* Message(topic, body, None, None, queue_id, flag, None, sys_flag, born_ts, born_host, reconsume, 0, props) */
     for (int i = 0; i < 5; i++) if ((ints[i] = PyLong_FromLongLong(v[i])) == NULL) goto done;

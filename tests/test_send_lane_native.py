@@ -56,6 +56,9 @@ SPREAD: list[dict[str, Any]] = [
     {"i": "KEYS\x01\u6d88\u606f"},  # wide characters, no trailing separator
     {"i": "KEYS\x01\U0001f600\x02" + UNIQ},
     {"i": "\x02"},  # a lone separator
+    {"i": "MYCLUSTER\x01x\x02KEYS\x01UNIQ_KEY\x02"},  # markers as substrings: CLUSTER found, UNIQ_KEY not
+    {"i": "TAGS\x01DELA\x02KEYS\x01TIMER TRAN_MSG\x02D"},  # near misses of the declined names, a 'D' at the end
+    {"i": "KEYS\x01\u6d88\x02CLUSTER\x01c"},  # wide characters, CLUSTER found
     {"m": "false", "l": "", "d": ""},  # empty optional integers: not read
     {"k": "true", "n": "broker-a", "o": "x"},  # fields neither lane reads
 ]
@@ -79,7 +82,7 @@ def test_the_c_lane_stores_and_answers_what_the_python_lane_does(c_broker: Broke
         served += isinstance(got, bytes)
     c_broker.store.reput_message_service.wait_for()
     py_broker.store.reput_message_service.wait_for()
-    generated = "UNIQ_KEY" not in _send(**fields).ext_fields["i"]
+    generated = "UNIQ_KEY\x01" not in _send(**fields).ext_fields["i"]
     assert _records(c_broker, generated) == _records(py_broker, generated)
     assert sum(c_broker.store.get_max_offset_in_queue(TOPIC, q) for q in range(4)) == len(HOSTS) + 1
     ext = _send(**fields).ext_fields
@@ -100,6 +103,18 @@ def test_the_c_lane_declines_what_the_python_lane_leaves_to_the_full_path(c_brok
         assert NATIVE_LANE(_send(**fields), "1.2.3.4:5", sp.lane_context()) is None
     assert sp.serve_lane(_send(**fields), Host("1.2.3.4:5")) is None
     assert c_broker.store.get_max_phy_offset() == end  # nothing stored
+
+
+@pytest.mark.parametrize("props", ["KEYS\x01\u6d88\x02DELAY\x013\x02", "\u6d88TIMER_DELIVER_MS\x011\x02",
+                                   "KEYS\x01caf\xe9\x02TRAN_MSG\x01true\x02", "DELAY", "xTIMER_"])
+def test_the_c_lane_declines_delays_timers_and_half_messages_in_any_text(c_broker: Broker, props: str) -> None:
+    sp = c_broker.send_processor
+    sp.lane(_send(), Host("1.2.3.4:5"))
+    end = c_broker.store.get_max_phy_offset()
+    if NATIVE_LANE is not None:
+        assert NATIVE_LANE(_send(i=props), "1.2.3.4:5", sp.lane_context()) is None
+    assert sp.serve_lane(_send(i=props), Host("1.2.3.4:5")) is None
+    assert c_broker.store.get_max_phy_offset() == end
 
 
 @pytest.mark.parametrize("topic", ["%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX",

@@ -185,9 +185,11 @@ class SendMessageProcessor:
     def lane_context(self) -> tuple[Any, ...]:
         """The fixed arguments of the C lane (`_native.send_lane(req, born_host, ctx)`): this processor (its
         routes and their version stamp are read by name), the topics' data version, the store, the UNIQ_KEY
-        generator, the UNIQ_KEY and CLUSTER markers and the CLUSTER property text `_decorated` appends."""
-        return (self, self._topics_version, self.broker.store, self._uniq_ids, self._uniq_marker,
-                self._cluster_marker, self._cluster)
+        generator, the UNIQ_KEY and CLUSTER markers, the CLUSTER property text `_decorated` appends and the
+        store's config (its `auto_create_uniq_key` is read at each send)."""
+        store = self.broker.store
+        return (self, self._topics_version, store, self._uniq_ids, self._uniq_marker, self._cluster_marker,
+                self._cluster, store.config)
 
     def serve_lane(self, req: RemotingCommand, channel: Any) -> RemotingCommand | bytes | None:
         """A plain SEND_MESSAGE_V2 answered by the C lane when it serves it (the response frame, bytes), else by

@@ -5442,11 +5442,10 @@ static int sl_init(void) {
 
 /* a header int as the canonical decimal text int() reads: [-]digits (at most 18); 0 for anything else
  * (the Python lane then decides: int() may still read it, or refuse it) */
-static int sl_int(PyObject *v, long long *out) {
-    if (v == NULL || !PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return 0;
-    const char *p = (const char *)PyUnicode_1BYTE_DATA(v);
-    Py_ssize_t n = PyUnicode_GET_LENGTH(v), i = 0;
+static int sl_int_span(const char *p, Py_ssize_t n, long long *out) {
+    Py_ssize_t i = 0;
     int neg = 0;
+    if (p == NULL) return 0;
     if (n > 0 && p[0] == '-') { neg = 1; i = 1; }
     if (n - i < 1 || n - i > 18) return 0;
     long long r = 0;
@@ -5518,8 +5517,8 @@ static PyObject *sl_decorate(PyObject *props, PyObject *uniq_marker, PyObject *u
 }
 
 /* the frame of RemotingCommand(SUCCESS, {msgId, queueId, queueOffset, MSG_REGION, TRACE_ON}, b"", opaque,
- * FLAG_RESPONSE, None, "JAVA", version).encode(); None when a field is not of the plain kind */
-static PyObject *sl_frame(PyObject *cmd, PyObject *res, long long queue_id) {
+ * FLAG_RESPONSE, None, "JAVA", version).encode(); None when the result is not the plain kind */
+static PyObject *sl_frame(long long opaque, long long version, PyObject *res, long long queue_id) {
     if (pmr_type == NULL || Py_TYPE(res) != pmr_type) Py_RETURN_NONE;
     PyObject *status = *(PyObject **)((char *)res + pmr_off[0]), *a = *(PyObject **)((char *)res + pmr_off[1]);
     if (status != pmr_ok || a == NULL || Py_TYPE(a) != amr_type) Py_RETURN_NONE;
@@ -5531,39 +5530,46 @@ static PyObject *sl_frame(PyObject *cmd, PyObject *res, long long queue_id) {
         PyList_GET_SIZE(offs) != 1 || !as_i64(PyList_GET_ITEM(offs, 0), INT64_MIN, INT64_MAX, &off_v) ||
         lo == NULL || !as_i64(lo, INT64_MIN, INT64_MAX, &lo_v))
         Py_RETURN_NONE;
-    PyObject *opaque = rc_get(cmd, RC_OPAQUE), *version = rc_get(cmd, RC_VERSION);
-    if (opaque == NULL || version == NULL) Py_RETURN_NONE;
-    rbuf b;
-    b.p = b.small; b.len = 8; b.cap = sizeof b.small;
-#define SL_PUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
-    int ok = SL_PUT("{\"code\":0,\"language\":\"JAVA\",\"version\":") && rbuf_int(&b, version) &&
-             SL_PUT(",\"opaque\":") && rbuf_int(&b, opaque) && SL_PUT(",\"flag\":1,\"extFields\":{\"msgId\":\"");
-    if (ok) {  /* join_message_ids of one offset: host, port, offset in upper-case hex */
-        static const char hex[] = "0123456789ABCDEF";
-        unsigned char id[2 * (16 + 12)], *w = id, pb[4], ob[8];
-        const unsigned char *h = (const unsigned char *)PyBytes_AS_STRING(host);
-        for (Py_ssize_t j = 0; j < PyBytes_GET_SIZE(host); j++) { *w++ = hex[h[j] >> 4]; *w++ = hex[h[j] & 15]; }
-        put_i32(pb, (int32_t)port_v);
-        for (int j = 0; j < 4; j++) { *w++ = hex[pb[j] >> 4]; *w++ = hex[pb[j] & 15]; }
-        put_i64(ob, off_v);
-        for (int j = 0; j < 8; j++) { *w++ = hex[ob[j] >> 4]; *w++ = hex[ob[j] & 15]; }
-        char t1[24], t2[24];
-        char *q = sl_digits(t1 + sizeof t1, queue_id), *o = sl_digits(t2 + sizeof t2, lo_v);
-        ok = rbuf_put(&b, id, w - id) && SL_PUT("\",\"queueId\":\"") && rbuf_put(&b, q, t1 + sizeof t1 - q) &&
-             SL_PUT("\",\"queueOffset\":\"") && rbuf_put(&b, o, t2 + sizeof t2 - o) &&
-             SL_PUT("\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
-    }
-#undef SL_PUT
-    PyObject *frame = NULL;
-    if (ok) {
-        put_i32(b.p, (int32_t)(b.len - 4));
-        put_i32(b.p + 4, (int32_t)(b.len - 8));
-        frame = PyBytes_FromStringAndSize((const char *)b.p, b.len);
-    } else if (!PyErr_Occurred()) frame = Py_NewRef(Py_None);
-    else if (!PyErr_ExceptionMatches(PyExc_MemoryError)) { PyErr_Clear(); frame = Py_NewRef(Py_None); }
-    rbuf_free(&b);
-    return frame;
+    /* {"code":0,"language":"JAVA","version":V,"opaque":O,"flag":1,"extFields":{"msgId":"..","queueId":"..",
+     *  "queueOffset":"..","MSG_REGION":"DefaultRegion","TRACE_ON":"true"},"serializeTypeCurrentRPC":"JSON"} */
+    static const char p1[] = "{\"code\":0,\"language\":\"JAVA\",\"version\":", p2[] = ",\"opaque\":",
+                      p3[] = ",\"flag\":1,\"extFields\":{\"msgId\":\"", p4[] = "\",\"queueId\":\"",
+                      p5[] = "\",\"queueOffset\":\"",
+                      p6[] = "\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"},\"serializeTypeCurrentRPC\":\"JSON\"}";
+    static const char hex[] = "0123456789ABCDEF";
+    char buf[8 + sizeof p1 + sizeof p2 + sizeof p3 + sizeof p4 + sizeof p5 + sizeof p6 + 4 * 24 + 2 * 28], *w = buf + 8;
+    char t[24], *d;
+#define SL_LIT(lit) (memcpy(w, lit, sizeof(lit) - 1), w += sizeof(lit) - 1)
+#define SL_NUM(v) (d = sl_digits(t + sizeof t, v), memcpy(w, d, t + sizeof t - d), w += t + sizeof t - d)
+    SL_LIT(p1); SL_NUM(version); SL_LIT(p2); SL_NUM(opaque); SL_LIT(p3);
+    const unsigned char *h = (const unsigned char *)PyBytes_AS_STRING(host);  /* join_message_ids of one offset */
+    for (Py_ssize_t j = 0; j < PyBytes_GET_SIZE(host); j++) { *w++ = hex[h[j] >> 4]; *w++ = hex[h[j] & 15]; }
+    unsigned char pb[4], ob[8];
+    put_i32(pb, (int32_t)port_v);
+    for (int j = 0; j < 4; j++) { *w++ = hex[pb[j] >> 4]; *w++ = hex[pb[j] & 15]; }
+    put_i64(ob, off_v);
+    for (int j = 0; j < 8; j++) { *w++ = hex[ob[j] >> 4]; *w++ = hex[ob[j] & 15]; }
+    SL_LIT(p4); SL_NUM(queue_id); SL_LIT(p5); SL_NUM(lo_v); SL_LIT(p6);
+#undef SL_LIT
+#undef SL_NUM
+    Py_ssize_t len = w - buf;
+    put_i32((unsigned char *)buf, (int32_t)(len - 4));
+    put_i32((unsigned char *)buf + 4, (int32_t)(len - 8));
+    return PyBytes_FromStringAndSize(buf, len);
 }
+
+/* a plain send's fields, from a RemotingCommand (send_lane) or straight from its frame (send_frame) */
+enum { SLF_E, SLF_F, SLF_H, SLF_J, SLF_G, SLF_L, SLF_D, SLF_M, SLF_SPANS };
+typedef struct {
+    PyObject *topic, *props;           /* borrowed str or NULL (absent) */
+    const char *sp[SLF_SPANS];         /* the ASCII texts of the other fields (NULL: absent or not ASCII) */
+    Py_ssize_t sl[SLF_SPANS];
+    int present[SLF_SPANS];
+    long long opaque, version;
+} sl_req;
+
+static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObject *ctx, PyObject *hold,
+                          PyObject **res_out, long long *qid_out);
 
 /* what the lane looks for in a properties string: the markers it declines (DELAY, TIMER_, TRAN_MSG) and
  * the two it adds when absent; one pass over a one-byte string, str.__contains__ otherwise. -1: error */
@@ -5596,14 +5602,19 @@ static int sl_props_scan(PyObject *props, PyObject *uniq_marker, PyObject *clust
     return (u ? SLP_UNIQ : 0) | (c ? SLP_CLUSTER : 0);
 }
 
-static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 8) {
-        PyErr_SetString(PyExc_TypeError, "send_lane(cmd, born_host, ctx: 8-tuple)");
+/* the lane's checks in its order (None before anything changed when one fails), then hold() (unless None:
+ * the server's dispatch hold, which must precede the put), the decoration, the Message, store.put_message and
+ * the response frame. Returns the frame, None (declined), or NULL (error); *res_out: the put's result when
+ * the frame could not be written (a refusal, an unusual result) */
+static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObject *ctx, PyObject *hold,
+                          PyObject **res_out, long long *qid_out) {
+    *res_out = NULL;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 8) {
+        PyErr_SetString(PyExc_TypeError, "the lane context must be an 8-tuple");
         return NULL;
     }
     if (sl_init() < 0) return NULL;
-    PyObject *cmd = args[0], *born_host = args[1], *ctx = args[2];
-    if (rc_type == NULL || Py_TYPE(cmd) != rc_type || message_type == NULL || pmr_type == NULL) Py_RETURN_NONE;
+    if (message_type == NULL || pmr_type == NULL) Py_RETURN_NONE;
     PyObject *proc = PyTuple_GET_ITEM(ctx, 0), *dv = PyTuple_GET_ITEM(ctx, 1), *store = PyTuple_GET_ITEM(ctx, 2),
              *gen = PyTuple_GET_ITEM(ctx, 3), *uniq_marker = PyTuple_GET_ITEM(ctx, 4),
              *cluster_marker = PyTuple_GET_ITEM(ctx, 5), *cluster = PyTuple_GET_ITEM(ctx, 6),
@@ -5611,30 +5622,7 @@ static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (!PyUnicode_CheckExact(uniq_marker) || !PyUnicode_CheckExact(cluster_marker) ||
         !PyUnicode_IS_ASCII(uniq_marker) || !PyUnicode_IS_ASCII(cluster_marker))
         Py_RETURN_NONE;
-    PyObject *x = rc_get(cmd, RC_EXT), *body = rc_get(cmd, RC_BODY);
-    if (x == NULL || !PyDict_CheckExact(x) || body == NULL || !PyBytes_CheckExact(body)) Py_RETURN_NONE;
-    /* one pass over the header: the one-letter fields by letter; a V1 name or an extension of ours the lane
-     * leaves to the full path (_LANE_EXTENSIONS) declines. Borrowed: nothing changes the dict meanwhile. */
-    PyObject *fl[26] = {NULL};
-    {
-        Py_ssize_t it = 0;
-        PyObject *k, *val;
-        while (PyDict_Next(x, &it, &k, &val)) {
-            if (!PyUnicode_CheckExact(k)) Py_RETURN_NONE;
-            Py_ssize_t kl = PyUnicode_GET_LENGTH(k);
-            if (kl == 1) {
-                Py_UCS4 c = PyUnicode_READ_CHAR(k, 0);
-                if (c >= 'a' && c <= 'z') fl[c - 'a'] = val;
-                continue;
-            }
-            if (kl < 5 || kl > 21 || !PyUnicode_IS_ASCII(k)) continue;
-            for (int i = SL_X0; i <= SL_X6; i++)
-                if (PyUnicode_GET_LENGTH(sl_names[i]) == kl &&
-                    memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), PyUnicode_1BYTE_DATA(k), kl) == 0)
-                    Py_RETURN_NONE;
-        }
-    }
-    PyObject *topic = fl['b' - 'a'];
+    PyObject *topic = r->topic;
     if (topic == NULL || !PyUnicode_CheckExact(topic)) Py_RETURN_NONE;
     /* the routes are those of the topics' current version (else the Python lane makes them again) */
     PyObject *st[5] = {PyObject_GetAttr(dv, sl_names[SL_COUNTER]), PyObject_GetAttr(proc, sl_names[SL_LCOUNTER]),
@@ -5655,30 +5643,32 @@ static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nar
         !as_i64(PyTuple_GET_ITEM(route, 1), INT64_MIN, INT64_MAX, &nqueues))
         goto decline;
     /* props = x.get("i") or "" */
-    props = fl['i' - 'a'];
+    props = r->props;
     if (props == NULL) props = PyUnicode_New(0, 0);
     else if (!PyUnicode_CheckExact(props)) { props = NULL; goto decline; }
     else Py_INCREF(props);
     if (props == NULL) goto done;
-    PyObject *m = fl['m' - 'a'];
-    if (m != NULL && !(PyUnicode_CheckExact(m) && PyUnicode_GET_LENGTH(m) == 5 && PyUnicode_IS_ASCII(m) &&
-                       memcmp(PyUnicode_1BYTE_DATA(m), "false", 5) == 0))
+    if (r->present[SLF_M] && !(r->sp[SLF_M] != NULL && r->sl[SLF_M] == 5 && memcmp(r->sp[SLF_M], "false", 5) == 0))
         goto decline;  /* a batch, or a text only Boolean.parseBoolean reads: the Python lane's */
     int found = sl_props_scan(props, uniq_marker, cluster_marker);
     if (found < 0) goto done;
     if (found & SLP_DECLINE) goto decline;
     long long v[5];  /* e f h j g: queue id, sys flag, flag, reconsume times, born timestamp */
-    static const char keys[5] = {'e', 'f', 'h', 'j', 'g'};
     for (int i = 0; i < 5; i++)
-        if (!sl_int(fl[keys[i] - 'a'], &v[i])) goto decline;
-    for (int i = 0; i < 2; i++) {  /* l, d: unused here, but int() must read them when not empty */
-        PyObject *t = fl[(i == 0 ? 'l' : 'd') - 'a'];
+        if (!sl_int_span(r->sp[i], r->sl[i], &v[i])) goto decline;
+    for (int i = SLF_L; i <= SLF_D; i++) {  /* unused here, but int() must read them when not empty */
         long long ignored;
-        if (t != NULL && !(PyUnicode_CheckExact(t) && PyUnicode_GET_LENGTH(t) == 0) && !sl_int(t, &ignored)) goto decline;
+        if (r->present[i] && !(r->sp[i] != NULL && r->sl[i] == 0) && !sl_int_span(r->sp[i], r->sl[i], &ignored))
+            goto decline;
     }
     long long queue_id = v[0], sys_flag = v[1];
     if (sys_flag & 0xC) goto decline;  /* a transaction bit */
     if (queue_id < 0 || queue_id >= nqueues) goto decline;  /* a random queue, or the full path's refusal */
+    if (hold != Py_None) {  /* served here from now on */
+        PyObject *h = PyObject_CallNoArgs(hold);
+        if (h == NULL) goto done;
+        Py_DECREF(h);
+    }
     /* the decoration: UNIQ_KEY when missing (and the store makes them), CLUSTER when missing */
     PyObject *auto_obj = PyObject_GetAttr(cfg, sl_names[SL_AUTO_UNIQ]);
     if (auto_obj == NULL) goto done;
@@ -5719,14 +5709,260 @@ static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *call[2] = {store, msg};
     res = PyObject_VectorcallMethod(sl_names[SL_PUT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (res == NULL) goto done;
-    result = sl_frame(cmd, res, queue_id);
-    if (result == Py_None) { Py_DECREF(result); result = Py_BuildValue("(OO)", res, ints[0]); }
+    result = sl_frame(r->opaque, r->version, res, queue_id);
+    if (result == Py_None) { *res_out = Py_NewRef(res); *qid_out = queue_id; }
     goto done;
 decline:
     result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < 5; i++) { Py_XDECREF(st[i]); Py_XDECREF(ints[i]); }
     Py_XDECREF(route); Py_XDECREF(props); Py_XDECREF(uniq); Py_XDECREF(decorated); Py_XDECREF(msg); Py_XDECREF(res);
+    return result;
+}
+
+/* the ASCII text of a header value (NULL when it is not an ASCII str: the int checks then decline) */
+static inline void sl_span_of(sl_req *r, int i, PyObject *v) {
+    r->present[i] = 1;
+    if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v)) {
+        r->sp[i] = (const char *)PyUnicode_1BYTE_DATA(v);
+        r->sl[i] = PyUnicode_GET_LENGTH(v);
+    }
+}
+
+static PyObject *sl_result(PyObject *frame, PyObject *first, PyObject *res, long long qid) {
+    /* frame, or (first, res, queue_id) when the put's result is answered in Python, or None */
+    if (frame == NULL || res == NULL) { Py_XDECREF(res); return frame; }
+    Py_DECREF(frame);  /* None */
+    PyObject *t = Py_BuildValue("(OOL)", first, res, qid);
+    Py_DECREF(res);
+    return t;
+}
+
+/* send_lane(cmd, born_host, ctx): None, the response frame, or (cmd, PutMessageResult, queue_id) */
+static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "send_lane(cmd, born_host, ctx)");
+        return NULL;
+    }
+    if (sl_init() < 0) return NULL;
+    PyObject *cmd = args[0];
+    if (rc_type == NULL || Py_TYPE(cmd) != rc_type) Py_RETURN_NONE;
+    PyObject *x = rc_get(cmd, RC_EXT), *body = rc_get(cmd, RC_BODY), *op = rc_get(cmd, RC_OPAQUE),
+             *ver = rc_get(cmd, RC_VERSION);
+    sl_req r;
+    memset(&r, 0, sizeof r);
+    int64_t o64, v64;
+    if (x == NULL || !PyDict_CheckExact(x) || body == NULL || !PyBytes_CheckExact(body) || op == NULL ||
+        ver == NULL || !as_i64(op, INT64_MIN, INT64_MAX, &o64) || !as_i64(ver, INT64_MIN, INT64_MAX, &v64))
+        Py_RETURN_NONE;
+    r.opaque = o64; r.version = v64;
+    /* one pass over the header: the one-letter fields by letter; a V1 name or an extension of ours the lane
+     * leaves to the full path (_LANE_EXTENSIONS) declines. Borrowed: nothing changes the dict meanwhile. */
+    Py_ssize_t it = 0;
+    PyObject *k, *val;
+    while (PyDict_Next(x, &it, &k, &val)) {
+        if (!PyUnicode_CheckExact(k)) Py_RETURN_NONE;
+        Py_ssize_t kl = PyUnicode_GET_LENGTH(k);
+        if (kl == 1) {
+            switch (PyUnicode_READ_CHAR(k, 0)) {
+            case 'b': r.topic = val; break;
+            case 'i': r.props = val; break;
+            case 'e': sl_span_of(&r, SLF_E, val); break;
+            case 'f': sl_span_of(&r, SLF_F, val); break;
+            case 'h': sl_span_of(&r, SLF_H, val); break;
+            case 'j': sl_span_of(&r, SLF_J, val); break;
+            case 'g': sl_span_of(&r, SLF_G, val); break;
+            case 'l': sl_span_of(&r, SLF_L, val); break;
+            case 'd': sl_span_of(&r, SLF_D, val); break;
+            case 'm': sl_span_of(&r, SLF_M, val); break;
+            default: break;
+            }
+            continue;
+        }
+        if (kl < 5 || kl > 21 || !PyUnicode_IS_ASCII(k)) continue;
+        for (int i = SL_X0; i <= SL_X6; i++)
+            if (PyUnicode_GET_LENGTH(sl_names[i]) == kl &&
+                memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), PyUnicode_1BYTE_DATA(k), kl) == 0)
+                Py_RETURN_NONE;
+    }
+    PyObject *res;
+    long long qid;
+    PyObject *frame = sl_serve(&r, body, args[1], args[2], Py_None, &res, &qid);
+    return sl_result(frame, cmd, res, qid);
+}
+
+/* send_frame(data, born_host, (ctx, hold, max_frame, max_header, buffered)): the same for a read that is exactly one
+ * SEND_MESSAGE_V2 frame, read straight from its bytes (no RemotingCommand, no extFields dict, no strings but
+ * the topic and the properties). Takes a subset of what the C frame decoder takes (a JSON header of the plain
+ * shape whose extFields are strings with plain ASCII keys, the integer fields without escapes), a request
+ * (not a response, not one-way), while the connection's decoder holds nothing (`buffered`, its bytearray,
+ * is empty); anything else is None before anything changed, and the caller decodes the read as before. hold() is called once the send is the lane's, before its put. Returns None, the
+ * response frame, or (command, PutMessageResult, queue_id) (the command decoded as the decoder would). */
+static PyObject *send_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 5 ||
+        !PyByteArray_Check(PyTuple_GET_ITEM(args[2], 4))) {
+        PyErr_SetString(PyExc_TypeError, "send_frame(data, born_host, (ctx, hold, max_frame, max_header, buffered))");
+        return NULL;
+    }
+    if (sl_init() < 0) return NULL;
+    PyObject *data = args[0], *fctx = args[2];
+    if (!PyBytes_CheckExact(data) || rc_type == NULL || PyByteArray_GET_SIZE(PyTuple_GET_ITEM(fctx, 4)) != 0)
+        Py_RETURN_NONE;  /* the decoder holds part of a frame: its read */
+    Py_ssize_t max_frame = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 2)), max_header = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 3));
+    if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (n < 8) Py_RETURN_NONE;
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen <= 0 ||
+        ((word >> 24) & 0xFF) != 0 || n != 4 + (Py_ssize_t)length)
+        Py_RETURN_NONE;  /* not exactly one JSON frame: the decoder's */
+    const unsigned char *h = base + 8;
+    jcur c = {h, h + hlen};
+    sl_req r;
+    memset(&r, 0, sizeof r);
+    long long code = 0, flag = 0, opaque = 0, version = 0;
+    int have_code = 0, rc;
+    PyObject *topic = NULL, *props = NULL, *result = NULL;
+    /* the header object: as j_header, keeping only what the lane reads */
+    if (hlen < 2 || *c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != '"') goto decline;
+        const unsigned char *k = c.p + 1;
+        if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        Py_ssize_t kn = c.p - 1 - k;
+        if (memchr(k, '\\', kn) != NULL) goto decline;
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != ':') goto decline;
+        c.p++;
+        j_ws(&c);
+        if (c.p >= c.end) goto decline;
+        long long *iv = NULL;
+        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
+        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
+        else if (key_is(k, kn, "flag", 4)) iv = &flag;
+        else if (key_is(k, kn, "version", 7)) iv = &version;
+        if (iv != NULL) {
+            if ((rc = j_int(&c, iv)) != J_OK) goto fail_rc;
+            if (*iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) goto decline;
+            if (iv == &code && code != 310) goto decline;  /* another request (code comes first): at once */
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"') goto decline;
+            if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') goto decline;
+            /* a new extFields object replaces an earlier one (json keeps the last) */
+            Py_CLEAR(topic); Py_CLEAR(props);
+            memset(r.sp, 0, sizeof r.sp); memset(r.sl, 0, sizeof r.sl); memset(r.present, 0, sizeof r.present);
+            c.p++;
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;
+                const unsigned char *ek = c.p + 1, *q = ek;
+                while (q < c.end && !j_scan[*q]) q++;  /* a plain ASCII key, else the decoder's */
+                if (q >= c.end || *q != '"') goto decline;
+                Py_ssize_t ekn = q - ek;
+                c.p = q + 1;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') goto decline;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;  /* a value not a string: the decoder's */
+                int slot = -1;
+                if (ekn == 1) {
+                    switch (ek[0]) {
+                    case 'e': slot = SLF_E; break;
+                    case 'f': slot = SLF_F; break;
+                    case 'h': slot = SLF_H; break;
+                    case 'j': slot = SLF_J; break;
+                    case 'g': slot = SLF_G; break;
+                    case 'l': slot = SLF_L; break;
+                    case 'd': slot = SLF_D; break;
+                    case 'm': slot = SLF_M; break;
+                    default: break;
+                    }
+                } else if (ekn >= 5 && ekn <= 21) {
+                    for (int i = SL_X0; i <= SL_X6; i++)
+                        if (PyUnicode_GET_LENGTH(sl_names[i]) == ekn && memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), ek, ekn) == 0)
+                            goto decline;
+                }
+                if (ekn == 1 && (ek[0] == 'b' || ek[0] == 'i')) {
+                    PyObject *v = NULL;
+                    if ((rc = j_string(&c, &v, 1)) != J_OK) goto fail_rc;
+                    Py_XSETREF(*(ek[0] == 'b' ? &topic : &props), v);
+                } else {
+                    const unsigned char *vs = c.p + 1;
+                    if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+                    if (slot >= 0) {
+                        Py_ssize_t vn = c.p - 1 - vs;
+                        r.present[slot] = 1;
+                        r.sp[slot] = NULL; r.sl[slot] = 0;
+                        const unsigned char *z = vs;
+                        while (z < vs + vn && !j_scan[*z]) z++;  /* plain ASCII, no escapes: its text as it is */
+                        if (z == vs + vn) { r.sp[slot] = (const char *)vs; r.sl[slot] = vn; }
+                    }
+                }
+                j_ws(&c);
+                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+                if (c.p < c.end && *c.p == '}') { c.p++; break; }
+                goto decline;
+            }
+        } else {  /* another field: checked, not kept (as j_header) */
+            long long ignored;
+            unsigned char ch = *c.p;
+            if (ch == '"') { if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc; }
+            else if (ch == 't') { if (!j_literal(&c, "true", 4)) goto decline; }
+            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) goto decline; }
+            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) goto decline; }
+            else if ((rc = j_int(&c, &ignored)) != J_OK) goto fail_rc;
+        }
+        j_ws(&c);
+        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        goto decline;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 310 || (flag & 3) != 0) goto decline;  /* SEND_MESSAGE_V2 requests */
+    r.topic = topic; r.props = props; r.opaque = opaque; r.version = version;
+    {
+        PyObject *body = PyBytes_FromStringAndSize((const char *)h + hlen, n - 8 - hlen);
+        if (body == NULL) goto done;
+        PyObject *res;
+        long long qid;
+        PyObject *frame = sl_serve(&r, body, args[1], PyTuple_GET_ITEM(fctx, 0), PyTuple_GET_ITEM(fctx, 1), &res, &qid);
+        Py_DECREF(body);
+        if (frame != NULL && res != NULL) {  /* answered in Python: the command, as the decoder makes it */
+            PyObject *dargs = Py_BuildValue("(Onnn)", data, (Py_ssize_t)0, max_frame, max_header);
+            PyObject *got = dargs != NULL ? remoting_decode(NULL, dargs) : NULL, *cmd = NULL;
+            Py_XDECREF(dargs);
+            if (got != NULL && PyTuple_Check(got) && PyList_Check(PyTuple_GET_ITEM(got, 0)) &&
+                PyList_GET_SIZE(PyTuple_GET_ITEM(got, 0)) == 1)
+                cmd = PyList_GET_ITEM(PyTuple_GET_ITEM(got, 0), 0);
+            if (cmd == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "send_frame: the served frame does not decode");
+                Py_XDECREF(got); Py_DECREF(frame); Py_DECREF(res);
+                goto done;
+            }
+            result = sl_result(frame, cmd, res, qid);
+            Py_DECREF(got);
+            goto done;
+        }
+        result = frame;
+        goto done;
+    }
+fail_rc:
+    if (rc == J_ERROR) goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(topic); Py_XDECREF(props);
     return result;
 }
 /* ============================ end of THE SEND LANE ================================================== */
@@ -5809,7 +6045,9 @@ static PyMethodDef methods[] = {
      "ReputMessageService's pass over single puts' requests: (taken, grown or None, bytes behind)."},
     /* THE SEND LANE (branch lane-native): the block above the table */
     {"send_lane", (PyCFunction)(void (*)(void))send_lane, METH_FASTCALL,
-     "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (result, queue_id)."},
+     "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (cmd, result, queue_id)."},
+    {"send_frame", (PyCFunction)(void (*)(void))send_frame, METH_FASTCALL,
+     "send_lane for a read that is one SEND_MESSAGE_V2 frame, from its bytes: None, the frame, or (cmd, result, qid)."},
     {NULL, NULL, 0, NULL},
 };
 

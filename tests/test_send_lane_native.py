@@ -7,6 +7,8 @@ lane's answer; a refused put answered as the Python lane answers it. Real stores
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,20 @@ from typing import Any
 import pytest
 
 from rmq_eventstore.broker import Broker
-from rmq_eventstore.broker.processor.send import NATIVE_LANE
+from rmq_eventstore.broker.processor.send import NATIVE_FRAME_LANE, NATIVE_LANE
+from rmq_eventstore.broker.server import serve_in_thread
+from rmq_eventstore.client import Message, Producer
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.rng import rng
 from rmq_eventstore.common.topic_config import PermName
-from rmq_eventstore.remoting import RemotingCommand, ResponseCode
+from rmq_eventstore.remoting import (
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_HEADER_SIZE,
+    FrameDecoder,
+    RemotingCommand,
+    ResponseCode,
+)
+from tests.conftest import SMALL_GEOMETRY
 from tests.test_send_lane import DECLINED, PLAIN, TOPIC, _broker, _records, _send
 
 
@@ -171,7 +182,6 @@ def test_a_born_host_that_is_no_address_is_refused_as_the_python_lane_refuses_it
 def test_a_store_without_generated_ids_gets_none(tmp_path: Path) -> None:
     """auto_create_uniq_key off: a send without UNIQ_KEY is stored without one, by both lanes."""
     from rmq_eventstore.store import MessageStore
-    from tests.conftest import SMALL_GEOMETRY
 
     stores = []
     for name in ("c", "py"):
@@ -199,3 +209,142 @@ def test_a_store_without_generated_ids_gets_none(tmp_path: Path) -> None:
 
 def test_the_c_lane_is_used_with_the_native_core() -> None:
     assert (NATIVE_LANE is not None) == (codec.batch_native is not None)
+
+
+# -- the lane straight from the frame's bytes (`_native.send_frame`, the server's data_received) ------------------
+
+def _frame_bytes(header: str, body: bytes = b"hello") -> bytes:
+    h = header.encode("utf-8", "surrogatepass")
+    return struct.pack(">ii", 4 + len(h) + len(body), len(h)) + h + body
+
+
+def _header(ext: dict[str, str] | str, code: int = 310, flag: int = 0, extra: str = "") -> str:
+    ext_text = ext if isinstance(ext, str) else json.dumps(ext, ensure_ascii=False, separators=(",", ":"))
+    return (f'{{"code":{code},"language":"JAVA","version":435,"opaque":99,"flag":{flag}{extra},'
+            f'"extFields":{ext_text},"serializeTypeCurrentRPC":"JSON"}}')
+
+
+def _frame_lane(b: Broker, data: bytes, host: str = "10.1.2.3:4") -> tuple[Any, int]:
+    holds = []
+    got = NATIVE_FRAME_LANE(data, host, (b.send_processor.lane_context(), lambda: holds.append(1),
+                                         DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_SIZE, bytearray()))
+    return got, len(holds)
+
+
+def _ext(**fields: Any) -> dict[str, str]:
+    return _send(**fields).ext_fields
+
+
+FRAMES = {
+    "plain": _header(_ext()),
+    "no properties": _header(_ext(i="")),
+    "wide properties": _header(_ext(i="KEYS\x01\u6d88\u606f\x02")),
+    "escaped topic text": _header(_ext()).replace('"b":"LaneTopic"', '"b":"Lane\\u0054opic"'),
+    "spaces around": _header(_ext()).replace('"e":"1"', '"e" :  "1" ').replace("{", "{ ", 1),
+    "duplicate field: the last": _header('{"e":"0","b":"LaneTopic","e":"3","f":"0","g":"5","h":"0","j":"0",'
+                                         '"i":"UNIQ_KEY\\u0001X\\u0002"}'),
+    "two extFields: the last": _header('{"e":"9"}').replace(
+        '"extFields":{"e":"9"}', '"extFields":{"e":"9"},"extFields":' + json.dumps(_ext(), separators=(",", ":"))),
+    "remark and other fields": _header(_ext(), extra=',"remark":"r\\n","x":null,"y":true,"z":-3,"w":"s"'),
+    "unknown ext fields": _header(_ext(k="false", n="broker-a", zz="\u00e9")),
+}
+
+
+@pytest.mark.parametrize("header", FRAMES.values(), ids=FRAMES.keys())
+def test_the_frame_lane_answers_what_the_python_lane_answers_for_the_decoded_frame(
+        c_broker: Broker, py_broker: Broker, header: str) -> None:
+    for b in (c_broker, py_broker):
+        assert b.send_processor.lane(_send(), Host("10.9.8.7:1")) is not None
+    data = _frame_bytes(header)
+    (cmd,) = FrameDecoder().feed(data)
+    want = py_broker.send_processor.lane(cmd, Host("10.1.2.3:4"))
+    assert want is not None and want.code == ResponseCode.SUCCESS
+    if NATIVE_FRAME_LANE is None:
+        return
+    got, holds = _frame_lane(c_broker, data)
+    assert isinstance(got, bytes) and got == want.encode()
+    assert holds == 1
+    for b in (c_broker, py_broker):
+        b.store.reput_message_service.wait_for()
+    generated = "UNIQ_KEY\x01" not in (cmd.ext_fields.get("i") or "")
+    assert _records(c_broker, generated) == _records(py_broker, generated)
+
+
+NOT_FRAMES = {
+    "a response": _frame_bytes(_header(_ext(), flag=1)),
+    "one-way": _frame_bytes(_header(_ext(), flag=2)),
+    "another request": _frame_bytes(_header(_ext(), code=10)),
+    "an int field escaped": _frame_bytes(_header(_ext()).replace('"e":"1"', '"e":"\\u0031"')),
+    "a number in extFields": _frame_bytes(_header(_ext()).replace('"e":"1"', '"e":1')),
+    "a key escaped": _frame_bytes(_header(_ext()).replace('"e":"1"', '"\\u0065":"1"')),
+    "a non-ASCII key": _frame_bytes(_header(_ext(**{"\u00e9": "x"}))),
+    "a stream append": _frame_bytes(_header(_ext(streamId="s-1"))),
+    "a V1 name": _frame_bytes(_header(_ext(batch="false"))),
+    "a batch": _frame_bytes(_header(_ext(m="true"))),
+    "a delay": _frame_bytes(_header(_ext(i="DELAY\x013\x02"))),
+    "a random queue": _frame_bytes(_header(_ext(e="-1"))),
+    "two frames": _frame_bytes(_header(_ext())) * 2,
+    "a frame and a half": _frame_bytes(_header(_ext())) + b"\x00\x00",
+    "half a frame": _frame_bytes(_header(_ext()))[:-1],
+    "a binary header": struct.pack(">ii", 4 + 20, 0x01000014) + bytes(20),
+    "a float": _frame_bytes(_header(_ext(), extra=',"q":1.5')),
+    "remark null": _frame_bytes(_header(_ext(), extra=',"remark":null')),
+    "no code": _frame_bytes(_header(_ext()).replace('"code":310,', "")),
+    "trailing text": _frame_bytes(_header(_ext()) + "x"),
+    "an unknown topic": _frame_bytes(_header(_ext(b="NotCreatedYet"))),
+}
+
+
+@pytest.mark.parametrize("data", NOT_FRAMES.values(), ids=NOT_FRAMES.keys())
+def test_the_frame_lane_declines_anything_else_before_any_change(c_broker: Broker, data: bytes) -> None:
+    c_broker.send_processor.lane(_send(), Host("10.9.8.7:1"))
+    end = c_broker.store.get_max_phy_offset()
+    if NATIVE_FRAME_LANE is not None:
+        assert _frame_lane(c_broker, data) == (None, 0)
+    assert c_broker.store.get_max_phy_offset() == end
+
+
+def test_the_frame_lane_leaves_a_read_to_a_decoder_holding_part_of_a_frame(c_broker: Broker) -> None:
+    c_broker.send_processor.lane(_send(), Host("10.9.8.7:1"))
+    end = c_broker.store.get_max_phy_offset()
+    if NATIVE_FRAME_LANE is not None:
+        fctx = (c_broker.send_processor.lane_context(), lambda: None, DEFAULT_MAX_FRAME_SIZE,
+                DEFAULT_MAX_HEADER_SIZE, bytearray(b"\x00\x00"))
+        assert NATIVE_FRAME_LANE(_frame_bytes(_header(_ext())), "10.1.2.3:4", fctx) is None
+    assert c_broker.store.get_max_phy_offset() == end
+
+
+def test_the_frame_lane_answers_a_refused_put_with_the_decoded_command(c_broker: Broker) -> None:
+    c_broker.send_processor.lane(_send(), Host("10.9.8.7:1"))
+    data = _frame_bytes(_header(_ext()))
+    if NATIVE_FRAME_LANE is None:
+        return
+    got, holds = _frame_lane(c_broker, data, host="nowhere:1")  # not an address: MESSAGE_ILLEGAL
+    assert isinstance(got, tuple) and holds == 1
+    cmd, res, queue_id = got
+    assert cmd.encode() == FrameDecoder().feed(data)[0].encode() and queue_id == 1
+    answer = c_broker.send_processor.lane_answer(cmd, res, queue_id)
+    assert answer.code == ResponseCode.MESSAGE_ILLEGAL and answer.opaque == 99
+
+
+def test_a_broker_serves_sends_from_their_frames(tmp_path: Path) -> None:
+    """Over a real socket: our producer's sends, one at a time, are answered as before (offsets, ids)."""
+    with serve_in_thread(tmp_path / "s", announce=False, **SMALL_GEOMETRY) as running:
+        running.broker.create_topic(TOPIC, 4, 4)
+        served = []
+        lane = running.server._frame_lane
+        if lane is not None:
+            def counted(*args: Any) -> Any:
+                got = lane(*args)
+                served.append(isinstance(got, bytes))
+                return got
+            running.server._frame_lane = counted
+        with Producer(running.namesrv_address, "frame-producer") as p:
+            results = [p.send(Message(TOPIC, b"m%d" % i, keys=[f"k{i}"]), queue_id=i % 4) for i in range(12)]
+        assert [r.queue_offset for r in results] == [i // 4 for i in range(12)]
+        if lane is not None:  # all but the first (whose route the Python lane makes) from their frames
+            assert served.count(True) >= 11
+        running.store.reput_message_service.wait_for()
+        for r in results:
+            m = running.store.look_message_by_offset(int(r.offset_msg_id[-16:], 16))
+            assert m is not None and m.properties_string.count("UNIQ_KEY\x01" + r.msg_id) == 1

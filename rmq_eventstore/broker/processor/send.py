@@ -54,6 +54,8 @@ _join_ids = codec.join_message_ids
 # command slots) and the batch block's Message check (it fills every Message slot, as decode_batch_messages)
 NATIVE_LANE = (codec.native.send_lane if codec.batch_native is not None and hasattr(codec.native, "send_lane")
                else None)
+# ... and for a read that is exactly one SEND_MESSAGE_V2 frame, from its bytes (the server's data_received)
+NATIVE_FRAME_LANE = codec.native.send_frame if NATIVE_LANE is not None else None
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
 _SUCCESS = int(ResponseCode.SUCCESS)
 _TRANSACTION_BITS = codec.TRANSACTION_ROLLBACK_TYPE  # both transaction bits of sysFlag (0xC)
@@ -171,8 +173,8 @@ class SendMessageProcessor:
 
     def lane_answer(self, req: RemotingCommand, res: Any, queue_id: int) -> RemotingCommand:
         """The lane's response to a put's result (`res`, a PutMessageResult): the refusal with its status, or
-        SUCCESS with the offsetMsgId, queue id and queue offset. Also what the C lane hands back for any
-        result it does not answer itself."""
+        SUCCESS with the offsetMsgId, queue id and queue offset. Also what answers the (request, result,
+        queue id) the C lane hands back for a result it does not answer itself."""
         a = res.append_result
         if res.status is not _PUT_OK or a is None:
             code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
@@ -197,7 +199,7 @@ class SendMessageProcessor:
         if NATIVE_LANE is not None:
             got = NATIVE_LANE(req, getattr(channel, "remote_address", None) or "", self.lane_context())
             if got is not None:
-                return got if got.__class__ is bytes else self.lane_answer(req, *got)
+                return got if got.__class__ is bytes else self.lane_answer(*got)
         return self.lane(req, channel)
 
     def _decorated(self, props: str, auto_uniq: bool) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.processor.send import NATIVE_FRAME_LANE, NATIVE_LANE
@@ -247,6 +249,12 @@ FRAMES = {
         '"extFields":{"e":"9"}', '"extFields":{"e":"9"},"extFields":' + json.dumps(_ext(), separators=(",", ":"))),
     "remark and other fields": _header(_ext(), extra=',"remark":"r\\n","x":null,"y":true,"z":-3,"w":"s"'),
     "unknown ext fields": _header(_ext(k="false", n="broker-a", zz="\u00e9")),
+    "every escape in the properties": _header(_ext()).replace(
+        '"i":"', '"i":"KEYS\\u0001a\\"b\\\\c\\/d\\b\\f\\n\\r\\t\\u007F\\u0041\\u0002'),
+    "a non-ASCII escape in the properties": _header(_ext()).replace('"i":"', '"i":"KEYS\\u0001\\u00e9\\u0002'),
+    "a surrogate pair in the properties": _header(_ext()).replace('"i":"', '"i":"KEYS\\u0001\\ud83d\\ude00\\u0002'),
+    "raw UTF-8 in the properties": _header(_ext(i="KEYS\x01caf\u00e9 \u6d88\x02" + UNIQ)),
+    "an escaped topic ending": _header(_ext()).replace('"b":"LaneTopic"', '"b":"LaneTopi\\u0063"'),
 }
 
 
@@ -348,3 +356,31 @@ def test_a_broker_serves_sends_from_their_frames(tmp_path: Path) -> None:
         for r in results:
             m = running.store.look_message_by_offset(int(r.offset_msg_id[-16:], 16))
             assert m is not None and m.properties_string.count("UNIQ_KEY\x01" + r.msg_id) == 1
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.sampled_from("ab \x01\x02\"\\/\b\f\n\r\t\x7f\x80\u00e9\u6d88\U0001f600\ud800"), max_size=24),
+       ascii_only=st.booleans())
+def test_the_frame_lane_reads_any_properties_text_as_the_decoder_does(c_broker: Broker, py_broker: Broker,
+                                                                      text: str, ascii_only: bool) -> None:
+    for b in (c_broker, py_broker):
+        b.send_processor.lane(_send(), Host("10.9.8.7:1"))
+    props = "KEYS\x01" + text + "\x02" + UNIQ
+    ext_text = json.dumps(_ext(i=props), ensure_ascii=ascii_only, separators=(",", ":"))
+    data = _frame_bytes(_header(ext_text))
+    (cmd,) = FrameDecoder().feed(data)
+    want = py_broker.send_processor.lane(cmd, Host("10.1.2.3:4"))
+    assert want is not None
+    if NATIVE_FRAME_LANE is None:
+        return
+    got, _ = _frame_lane(c_broker, data)
+    if isinstance(got, tuple):  # refused by the store (a lone surrogate): answered by the Python lane's code
+        assert want.code != ResponseCode.SUCCESS
+        assert c_broker.send_processor.lane_answer(*got).encode() == want.encode()
+        return
+    assert isinstance(got, bytes) and got == want.encode()
+    for b in (c_broker, py_broker):
+        b.store.reput_message_service.wait_for()
+    last = [b.store.get_message("g", TOPIC, 1, b.store.get_max_offset_in_queue(TOPIC, 1) - 1, 1).messages[0]
+            for b in (c_broker, py_broker)]
+    assert last[0].properties_string == last[1].properties_string == cmd.ext_fields["i"] + "CLUSTER\x01DefaultCluster\x02"

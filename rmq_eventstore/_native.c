@@ -34,6 +34,8 @@
  *   int_run             check that a BatchAck's bits are consecutive ints (common/pop.py; block above the table)
  *   dispatch_singles    ReputMessageService's pass over single puts: consume-queue units, index entries, checkpoint
  *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
+ *   send_lane           SendMessageProcessor.lane: a plain SEND_MESSAGE_V2 checked, decorated, stored and answered
+ *                       (its frame) in one call (block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -5400,6 +5402,571 @@ done:
 }
 /* ============================ end of THE DISPATCH PASS =============================================== */
 
+/* ============================================================================================== */
+/* THE SEND LANE (issue 16, branch lane-native): SendMessageProcessor.lane in one C call.             */
+/*  send_lane(cmd, born_host, ctx) serves a plain SEND_MESSAGE_V2 as the Python lane does (its checks, */
+/*  in its order, declining before anything changed; the decoration: UNIQ_KEY when missing, CLUSTER;  */
+/*  the Message; store.put_message, whose native path is put_one) and writes the response frame itself */
+/*  (the bytes RemotingCommand.encode gives the Python lane's response). Returns                       */
+/*   - None: not served, nothing changed (the Python lane, SendMessageProcessor.lane, decides);       */
+/*   - bytes: the response frame of a stored message;                                                  */
+/*   - (PutMessageResult, queue_id): stored or refused but not answered here (a refusal, an unusual    */
+/*     result): SendMessageProcessor.lane_answer builds the response as the lane does.                */
+/*  ctx = SendMessageProcessor.lane_context(): (processor, topics data version, store, UNIQ_KEY         */
+/*  generator, UNIQ_KEY marker, CLUSTER marker, CLUSTER property text, store config). Reads the         */
+/*  processor's _lane_counter, _lane_timestamp and _lane_routes and the config's auto_create_uniq_key   */
+/*  by name.                                                                                           */
+/*  Reference: SendMessageProcessor.lane (tests/test_send_lane_native.py compares them).               */
+/* ============================================================================================== */
+enum { SL_X0, SL_X1, SL_X2, SL_X3, SL_X4, SL_X5, SL_X6,
+       SL_COUNTER, SL_TIMESTAMP, SL_LCOUNTER, SL_LTIMESTAMP, SL_ROUTES, SL_AUTO_UNIQ, SL_PUT, SL_CREATE,
+       SL_DELAY, SL_TIMER, SL_TRAN, SL_NAMES };
+static const char *sl_texts[SL_NAMES] = {
+    /* _LANE_EXTENSIONS: header keys the lane leaves to the full path */
+    "streamId", "expectedVersion", "streams", "batch", "properties", "maxReconsumeTimes", "defaultTopicQueueNums",
+    "counter", "timestamp", "_lane_counter", "_lane_timestamp", "_lane_routes", "auto_create_uniq_key",
+    "put_message", "create",
+    "DELAY", "TIMER_", "TRAN_MSG\x01",
+};
+static PyObject *sl_names[SL_NAMES];
+
+static int sl_init(void) {
+    if (sl_names[SL_NAMES - 1] != NULL) return 0;
+    for (int i = 0; i < SL_NAMES; i++) {
+        PyObject *n = PyUnicode_InternFromString(sl_texts[i]);
+        if (n == NULL) return -1;
+        sl_names[i] = n;
+    }
+    return 0;
+}
+
+/* a header int as the canonical decimal text int() reads: [-]digits (at most 18); 0 for anything else
+ * (the Python lane then decides: int() may still read it, or refuse it) */
+static int sl_int_span(const char *p, Py_ssize_t n, long long *out) {
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (p == NULL) return 0;
+    if (n > 0 && p[0] == '-') { neg = 1; i = 1; }
+    if (n - i < 1 || n - i > 18) return 0;
+    long long r = 0;
+    for (; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return 0;
+        r = r * 10 + (p[i] - '0');
+    }
+    *out = neg ? -r : r;
+    return 1;
+}
+
+static int sl_eq(PyObject *a, PyObject *b) {  /* a == b for the version stamps (ints): 1, 0, -1 error */
+    if (a == b) return 1;
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+static inline char *sl_digits(char *e, long long v) {  /* decimal text of v ending at e; returns its start */
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    char *d = e;
+    do { *--d = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--d = '-';
+    return d;
+}
+
+/* props decorated as SendMessageProcessor._decorated does: UNIQ_KEY (uniq not NULL) then CLUSTER appended
+ * when absent, a separator first when props does not end with one. New reference. */
+static PyObject *sl_decorate(PyObject *props, PyObject *uniq_marker, PyObject *uniq, PyObject *cluster_marker,
+                             PyObject *cluster) {
+    PyObject *parts[6];
+    int k = 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(props);
+    int ends_sep = n > 0 && PyUnicode_READ_CHAR(props, n - 1) == 2;
+    parts[k++] = props;
+    static PyObject *sep = NULL;
+    if (sep == NULL && (sep = PyUnicode_FromStringAndSize("\x02", 1)) == NULL) return NULL;
+    if (uniq != NULL) {
+        if (n > 0 && !ends_sep) parts[k++] = sep;
+        parts[k++] = uniq_marker; parts[k++] = uniq; parts[k++] = sep;
+        ends_sep = 1; n = 1;
+    }
+    if (cluster != NULL) {
+        if (n > 0 && !ends_sep) parts[k++] = sep;
+        parts[k++] = cluster;
+    }
+    if (k == 1) return Py_NewRef(props);
+    Py_ssize_t total = 0;
+    Py_UCS4 maxc = 127;
+    int one_byte = 1;
+    for (int i = 0; i < k; i++) {
+        if (!PyUnicode_CheckExact(parts[i])) { PyErr_SetString(PyExc_TypeError, "send_lane: a property text is not a str"); return NULL; }
+        total += PyUnicode_GET_LENGTH(parts[i]);
+        if (PyUnicode_KIND(parts[i]) != PyUnicode_1BYTE_KIND) one_byte = 0;
+        else if (!PyUnicode_IS_ASCII(parts[i])) maxc = 255;
+    }
+    if (!one_byte) {  /* wide characters: str concatenation, as the Python lane */
+        PyObject *acc = Py_NewRef(parts[0]);
+        for (int i = 1; i < k && acc != NULL; i++) Py_SETREF(acc, PyUnicode_Concat(acc, parts[i]));
+        return acc;
+    }
+    PyObject *s = PyUnicode_New(total, maxc);
+    if (s == NULL) return NULL;
+    Py_UCS1 *w = PyUnicode_1BYTE_DATA(s);
+    for (int i = 0; i < k; i++) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(parts[i]);
+        memcpy(w, PyUnicode_1BYTE_DATA(parts[i]), len);
+        w += len;
+    }
+    return s;
+}
+
+/* the frame of RemotingCommand(SUCCESS, {msgId, queueId, queueOffset, MSG_REGION, TRACE_ON}, b"", opaque,
+ * FLAG_RESPONSE, None, "JAVA", version).encode(); None when the result is not the plain kind */
+static PyObject *sl_frame(long long opaque, long long version, PyObject *res, long long queue_id) {
+    if (pmr_type == NULL || Py_TYPE(res) != pmr_type) Py_RETURN_NONE;
+    PyObject *status = *(PyObject **)((char *)res + pmr_off[0]), *a = *(PyObject **)((char *)res + pmr_off[1]);
+    if (status != pmr_ok || a == NULL || Py_TYPE(a) != amr_type) Py_RETURN_NONE;
+    PyObject *host = *(PyObject **)((char *)a + amr_off[A_STORE_HOST]), *port = *(PyObject **)((char *)a + amr_off[A_STORE_PORT]),
+             *offs = *(PyObject **)((char *)a + amr_off[A_OFFSETS]), *lo = *(PyObject **)((char *)a + amr_off[A_LOGICS_OFFSET]);
+    int64_t port_v, off_v, lo_v;
+    if (host == NULL || !PyBytes_CheckExact(host) || PyBytes_GET_SIZE(host) > 16 || port == NULL ||
+        !as_i64(port, INT32_MIN, INT32_MAX, &port_v) || offs == NULL || !PyList_CheckExact(offs) ||
+        PyList_GET_SIZE(offs) != 1 || !as_i64(PyList_GET_ITEM(offs, 0), INT64_MIN, INT64_MAX, &off_v) ||
+        lo == NULL || !as_i64(lo, INT64_MIN, INT64_MAX, &lo_v))
+        Py_RETURN_NONE;
+    /* {"code":0,"language":"JAVA","version":V,"opaque":O,"flag":1,"extFields":{"msgId":"..","queueId":"..",
+     *  "queueOffset":"..","MSG_REGION":"DefaultRegion","TRACE_ON":"true"},"serializeTypeCurrentRPC":"JSON"} */
+    static const char p1[] = "{\"code\":0,\"language\":\"JAVA\",\"version\":", p2[] = ",\"opaque\":",
+                      p3[] = ",\"flag\":1,\"extFields\":{\"msgId\":\"", p4[] = "\",\"queueId\":\"",
+                      p5[] = "\",\"queueOffset\":\"",
+                      p6[] = "\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"},\"serializeTypeCurrentRPC\":\"JSON\"}";
+    static const char hex[] = "0123456789ABCDEF";
+    char buf[8 + sizeof p1 + sizeof p2 + sizeof p3 + sizeof p4 + sizeof p5 + sizeof p6 + 4 * 24 + 2 * 28], *w = buf + 8;
+    char t[24], *d;
+#define SL_LIT(lit) (memcpy(w, lit, sizeof(lit) - 1), w += sizeof(lit) - 1)
+#define SL_NUM(v) (d = sl_digits(t + sizeof t, v), memcpy(w, d, t + sizeof t - d), w += t + sizeof t - d)
+    SL_LIT(p1); SL_NUM(version); SL_LIT(p2); SL_NUM(opaque); SL_LIT(p3);
+    const unsigned char *h = (const unsigned char *)PyBytes_AS_STRING(host);  /* join_message_ids of one offset */
+    for (Py_ssize_t j = 0; j < PyBytes_GET_SIZE(host); j++) { *w++ = hex[h[j] >> 4]; *w++ = hex[h[j] & 15]; }
+    unsigned char pb[4], ob[8];
+    put_i32(pb, (int32_t)port_v);
+    for (int j = 0; j < 4; j++) { *w++ = hex[pb[j] >> 4]; *w++ = hex[pb[j] & 15]; }
+    put_i64(ob, off_v);
+    for (int j = 0; j < 8; j++) { *w++ = hex[ob[j] >> 4]; *w++ = hex[ob[j] & 15]; }
+    SL_LIT(p4); SL_NUM(queue_id); SL_LIT(p5); SL_NUM(lo_v); SL_LIT(p6);
+#undef SL_LIT
+#undef SL_NUM
+    Py_ssize_t len = w - buf;
+    put_i32((unsigned char *)buf, (int32_t)(len - 4));
+    put_i32((unsigned char *)buf + 4, (int32_t)(len - 8));
+    return PyBytes_FromStringAndSize(buf, len);
+}
+
+/* a plain send's fields, from a RemotingCommand (send_lane) or straight from its frame (send_frame) */
+enum { SLF_E, SLF_F, SLF_H, SLF_J, SLF_G, SLF_L, SLF_D, SLF_M, SLF_SPANS };
+typedef struct {
+    PyObject *topic, *props;           /* borrowed str or NULL (absent) */
+    const char *sp[SLF_SPANS];         /* the ASCII texts of the other fields (NULL: absent or not ASCII) */
+    Py_ssize_t sl[SLF_SPANS];
+    int present[SLF_SPANS];
+    long long opaque, version;
+} sl_req;
+
+static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObject *ctx, PyObject *hold,
+                          PyObject **res_out, long long *qid_out);
+
+/* what the lane looks for in a properties string: the markers it declines (DELAY, TIMER_, TRAN_MSG) and
+ * the two it adds when absent; one pass over a one-byte string, str.__contains__ otherwise. -1: error */
+enum { SLP_DECLINE = 1, SLP_UNIQ = 2, SLP_CLUSTER = 4 };
+static int sl_props_scan(PyObject *props, PyObject *uniq_marker, PyObject *cluster_marker) {
+    int found = 0;
+    if (PyUnicode_KIND(props) == PyUnicode_1BYTE_KIND) {
+        const char *p = (const char *)PyUnicode_1BYTE_DATA(props);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(props);
+        const char *um = (const char *)PyUnicode_1BYTE_DATA(uniq_marker), *cm = (const char *)PyUnicode_1BYTE_DATA(cluster_marker);
+        Py_ssize_t ul = PyUnicode_GET_LENGTH(uniq_marker), cl = PyUnicode_GET_LENGTH(cluster_marker);
+#define SL_AT(lit) (n - i >= (Py_ssize_t)sizeof(lit) - 1 && memcmp(p + i, lit, sizeof(lit) - 1) == 0)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            char c = p[i];
+            if (c == 'D') { if (SL_AT("DELAY")) return SLP_DECLINE; }
+            else if (c == 'T') { if (SL_AT("TIMER_") || SL_AT("TRAN_MSG\x01")) return SLP_DECLINE; }
+            if (ul > 0 && c == um[0] && n - i >= ul && memcmp(p + i, um, ul) == 0) found |= SLP_UNIQ;
+            if (cl > 0 && c == cm[0] && n - i >= cl && memcmp(p + i, cm, cl) == 0) found |= SLP_CLUSTER;
+        }
+#undef SL_AT
+        return found;
+    }
+    for (int i = SL_DELAY; i <= SL_TRAN; i++) {
+        int c = PyUnicode_Contains(props, sl_names[i]);
+        if (c < 0) return -1;
+        if (c) return SLP_DECLINE;
+    }
+    int u = PyUnicode_Contains(props, uniq_marker), c = u < 0 ? -1 : PyUnicode_Contains(props, cluster_marker);
+    if (u < 0 || c < 0) return -1;
+    return (u ? SLP_UNIQ : 0) | (c ? SLP_CLUSTER : 0);
+}
+
+/* the lane's checks in its order (None before anything changed when one fails), then hold() (unless None:
+ * the server's dispatch hold, which must precede the put), the decoration, the Message, store.put_message and
+ * the response frame. Returns the frame, None (declined), or NULL (error); *res_out: the put's result when
+ * the frame could not be written (a refusal, an unusual result) */
+static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObject *ctx, PyObject *hold,
+                          PyObject **res_out, long long *qid_out) {
+    *res_out = NULL;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 8) {
+        PyErr_SetString(PyExc_TypeError, "the lane context must be an 8-tuple");
+        return NULL;
+    }
+    if (sl_init() < 0) return NULL;
+    if (message_type == NULL || pmr_type == NULL) Py_RETURN_NONE;
+    PyObject *proc = PyTuple_GET_ITEM(ctx, 0), *dv = PyTuple_GET_ITEM(ctx, 1), *store = PyTuple_GET_ITEM(ctx, 2),
+             *gen = PyTuple_GET_ITEM(ctx, 3), *uniq_marker = PyTuple_GET_ITEM(ctx, 4),
+             *cluster_marker = PyTuple_GET_ITEM(ctx, 5), *cluster = PyTuple_GET_ITEM(ctx, 6),
+             *cfg = PyTuple_GET_ITEM(ctx, 7);
+    if (!PyUnicode_CheckExact(uniq_marker) || !PyUnicode_CheckExact(cluster_marker) ||
+        !PyUnicode_IS_ASCII(uniq_marker) || !PyUnicode_IS_ASCII(cluster_marker))
+        Py_RETURN_NONE;
+    PyObject *topic = r->topic;
+    if (topic == NULL || !PyUnicode_CheckExact(topic)) Py_RETURN_NONE;
+    /* the routes are those of the topics' current version (else the Python lane makes them again) */
+    PyObject *st[5] = {PyObject_GetAttr(dv, sl_names[SL_COUNTER]), PyObject_GetAttr(proc, sl_names[SL_LCOUNTER]),
+                       PyObject_GetAttr(dv, sl_names[SL_TIMESTAMP]), PyObject_GetAttr(proc, sl_names[SL_LTIMESTAMP]),
+                       PyObject_GetAttr(proc, sl_names[SL_ROUTES])};
+    PyObject *result = NULL, *route = NULL, *props = NULL, *uniq = NULL, *decorated = NULL, *msg = NULL, *res = NULL;
+    PyObject *ints[5] = {NULL, NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 5; i++) if (st[i] == NULL) goto done;
+    int same = sl_eq(st[0], st[1]);
+    if (same == 1) same = sl_eq(st[2], st[3]);
+    if (same < 0) goto done;
+    if (same == 0 || !PyDict_CheckExact(st[4])) goto decline;
+    route = PyDict_GetItemWithError(st[4], topic);
+    if (route == NULL) { if (PyErr_Occurred()) goto done; goto decline; }
+    Py_INCREF(route);
+    int64_t nqueues;
+    if (!PyTuple_CheckExact(route) || PyTuple_GET_SIZE(route) != 2 ||
+        !as_i64(PyTuple_GET_ITEM(route, 1), INT64_MIN, INT64_MAX, &nqueues))
+        goto decline;
+    /* props = x.get("i") or "" */
+    props = r->props;
+    if (props == NULL) props = PyUnicode_New(0, 0);
+    else if (!PyUnicode_CheckExact(props)) { props = NULL; goto decline; }
+    else Py_INCREF(props);
+    if (props == NULL) goto done;
+    if (r->present[SLF_M] && !(r->sp[SLF_M] != NULL && r->sl[SLF_M] == 5 && memcmp(r->sp[SLF_M], "false", 5) == 0))
+        goto decline;  /* a batch, or a text only Boolean.parseBoolean reads: the Python lane's */
+    int found = sl_props_scan(props, uniq_marker, cluster_marker);
+    if (found < 0) goto done;
+    if (found & SLP_DECLINE) goto decline;
+    long long v[5];  /* e f h j g: queue id, sys flag, flag, reconsume times, born timestamp */
+    for (int i = 0; i < 5; i++)
+        if (!sl_int_span(r->sp[i], r->sl[i], &v[i])) goto decline;
+    for (int i = SLF_L; i <= SLF_D; i++) {  /* unused here, but int() must read them when not empty */
+        long long ignored;
+        if (r->present[i] && !(r->sp[i] != NULL && r->sl[i] == 0) && !sl_int_span(r->sp[i], r->sl[i], &ignored))
+            goto decline;
+    }
+    long long queue_id = v[0], sys_flag = v[1];
+    if (sys_flag & 0xC) goto decline;  /* a transaction bit */
+    if (queue_id < 0 || queue_id >= nqueues) goto decline;  /* a random queue, or the full path's refusal */
+    if (hold != Py_None) {  /* served here from now on */
+        PyObject *h = PyObject_CallNoArgs(hold);
+        if (h == NULL) goto done;
+        Py_DECREF(h);
+    }
+    /* the decoration: UNIQ_KEY when missing (and the store makes them), CLUSTER when missing */
+    PyObject *auto_obj = PyObject_GetAttr(cfg, sl_names[SL_AUTO_UNIQ]);
+    if (auto_obj == NULL) goto done;
+    int auto_uniq = PyObject_IsTrue(auto_obj);
+    Py_DECREF(auto_obj);
+    if (auto_uniq < 0) goto done;
+    if (auto_uniq && !(found & SLP_UNIQ)) {
+        uniq = uniq_create(NULL, gen);
+        if (uniq == Py_None) { Py_DECREF(uniq); uniq = PyObject_CallMethodNoArgs(gen, sl_names[SL_CREATE]); }
+        if (uniq == NULL) goto done;
+    }
+    decorated = sl_decorate(props, uniq_marker, uniq, cluster_marker, (found & SLP_CLUSTER) ? NULL : cluster);
+    if (decorated == NULL) goto done;
+    /* Message(topic, body, None, None, queue_id, flag, None, sys_flag, born_ts, born_host, reconsume, 0, props) */
+    for (int i = 0; i < 5; i++) if ((ints[i] = PyLong_FromLongLong(v[i])) == NULL) goto done;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) goto done;
+    msg = message_type->tp_alloc(message_type, 0);
+    if (msg == NULL) { Py_DECREF(zero); goto done; }
+    PyObject *fv[F_COUNT];
+    fv[F_TOPIC] = Py_NewRef(topic);
+    fv[F_BODY] = Py_NewRef(body);
+    fv[F_TAGS] = Py_NewRef(Py_None);
+    fv[F_KEYS] = Py_NewRef(Py_None);
+    fv[F_QUEUE_ID] = Py_NewRef(ints[0]);
+    fv[F_FLAG] = Py_NewRef(ints[2]);
+    fv[F_PROPERTIES] = Py_NewRef(Py_None);
+    fv[F_SYS_FLAG] = Py_NewRef(ints[1]);
+    fv[F_BORN_TIMESTAMP] = Py_NewRef(ints[4]);
+    fv[F_BORN_HOST] = Py_NewRef(PyUnicode_Check(born_host) && PyUnicode_GET_LENGTH(born_host) == 0 ? Py_None : born_host);
+    fv[F_RECONSUME_TIMES] = Py_NewRef(ints[3]);
+    fv[F_PREPARED_TX] = zero;
+    fv[F_PROPERTIES_STRING] = Py_NewRef(decorated);
+    fv[F_UNIQ_KEY] = Py_NewRef(Py_None);
+    fv[F_FORCE_V2] = Py_NewRef(Py_False);
+    for (int f = 0; f < F_COUNT; f++) *(PyObject **)((char *)msg + field_offsets[f]) = fv[f];
+    /* store.put_message(msg): its native path is put_one */
+    PyObject *call[2] = {store, msg};
+    res = PyObject_VectorcallMethod(sl_names[SL_PUT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (res == NULL) goto done;
+    result = sl_frame(r->opaque, r->version, res, queue_id);
+    if (result == Py_None) { *res_out = Py_NewRef(res); *qid_out = queue_id; }
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 5; i++) { Py_XDECREF(st[i]); Py_XDECREF(ints[i]); }
+    Py_XDECREF(route); Py_XDECREF(props); Py_XDECREF(uniq); Py_XDECREF(decorated); Py_XDECREF(msg); Py_XDECREF(res);
+    return result;
+}
+
+/* the ASCII text of a header value (NULL when it is not an ASCII str: the int checks then decline) */
+static inline void sl_span_of(sl_req *r, int i, PyObject *v) {
+    r->present[i] = 1;
+    if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v)) {
+        r->sp[i] = (const char *)PyUnicode_1BYTE_DATA(v);
+        r->sl[i] = PyUnicode_GET_LENGTH(v);
+    }
+}
+
+static PyObject *sl_result(PyObject *frame, PyObject *first, PyObject *res, long long qid) {
+    /* frame, or (first, res, queue_id) when the put's result is answered in Python, or None */
+    if (frame == NULL || res == NULL) { Py_XDECREF(res); return frame; }
+    Py_DECREF(frame);  /* None */
+    PyObject *t = Py_BuildValue("(OOL)", first, res, qid);
+    Py_DECREF(res);
+    return t;
+}
+
+/* send_lane(cmd, born_host, ctx): None, the response frame, or (cmd, PutMessageResult, queue_id) */
+static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "send_lane(cmd, born_host, ctx)");
+        return NULL;
+    }
+    if (sl_init() < 0) return NULL;
+    PyObject *cmd = args[0];
+    if (rc_type == NULL || Py_TYPE(cmd) != rc_type) Py_RETURN_NONE;
+    PyObject *x = rc_get(cmd, RC_EXT), *body = rc_get(cmd, RC_BODY), *op = rc_get(cmd, RC_OPAQUE),
+             *ver = rc_get(cmd, RC_VERSION);
+    sl_req r;
+    memset(&r, 0, sizeof r);
+    int64_t o64, v64;
+    if (x == NULL || !PyDict_CheckExact(x) || body == NULL || !PyBytes_CheckExact(body) || op == NULL ||
+        ver == NULL || !as_i64(op, INT64_MIN, INT64_MAX, &o64) || !as_i64(ver, INT64_MIN, INT64_MAX, &v64))
+        Py_RETURN_NONE;
+    r.opaque = o64; r.version = v64;
+    /* one pass over the header: the one-letter fields by letter; a V1 name or an extension of ours the lane
+     * leaves to the full path (_LANE_EXTENSIONS) declines. Borrowed: nothing changes the dict meanwhile. */
+    Py_ssize_t it = 0;
+    PyObject *k, *val;
+    while (PyDict_Next(x, &it, &k, &val)) {
+        if (!PyUnicode_CheckExact(k)) Py_RETURN_NONE;
+        Py_ssize_t kl = PyUnicode_GET_LENGTH(k);
+        if (kl == 1) {
+            switch (PyUnicode_READ_CHAR(k, 0)) {
+            case 'b': r.topic = val; break;
+            case 'i': r.props = val; break;
+            case 'e': sl_span_of(&r, SLF_E, val); break;
+            case 'f': sl_span_of(&r, SLF_F, val); break;
+            case 'h': sl_span_of(&r, SLF_H, val); break;
+            case 'j': sl_span_of(&r, SLF_J, val); break;
+            case 'g': sl_span_of(&r, SLF_G, val); break;
+            case 'l': sl_span_of(&r, SLF_L, val); break;
+            case 'd': sl_span_of(&r, SLF_D, val); break;
+            case 'm': sl_span_of(&r, SLF_M, val); break;
+            default: break;
+            }
+            continue;
+        }
+        if (kl < 5 || kl > 21 || !PyUnicode_IS_ASCII(k)) continue;
+        for (int i = SL_X0; i <= SL_X6; i++)
+            if (PyUnicode_GET_LENGTH(sl_names[i]) == kl &&
+                memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), PyUnicode_1BYTE_DATA(k), kl) == 0)
+                Py_RETURN_NONE;
+    }
+    PyObject *res;
+    long long qid;
+    PyObject *frame = sl_serve(&r, body, args[1], args[2], Py_None, &res, &qid);
+    return sl_result(frame, cmd, res, qid);
+}
+
+/* send_frame(data, born_host, (ctx, hold, max_frame, max_header, buffered)): the same for a read that is exactly one
+ * SEND_MESSAGE_V2 frame, read straight from its bytes (no RemotingCommand, no extFields dict, no strings but
+ * the topic and the properties). Takes a subset of what the C frame decoder takes (a JSON header of the plain
+ * shape whose extFields are strings with plain ASCII keys, the integer fields without escapes), a request
+ * (not a response, not one-way), while the connection's decoder holds nothing (`buffered`, its bytearray,
+ * is empty); anything else is None before anything changed, and the caller decodes the read as before. hold() is called once the send is the lane's, before its put. Returns None, the
+ * response frame, or (command, PutMessageResult, queue_id) (the command decoded as the decoder would). */
+static PyObject *send_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 5 ||
+        !PyByteArray_Check(PyTuple_GET_ITEM(args[2], 4))) {
+        PyErr_SetString(PyExc_TypeError, "send_frame(data, born_host, (ctx, hold, max_frame, max_header, buffered))");
+        return NULL;
+    }
+    if (sl_init() < 0) return NULL;
+    PyObject *data = args[0], *fctx = args[2];
+    if (!PyBytes_CheckExact(data) || rc_type == NULL || PyByteArray_GET_SIZE(PyTuple_GET_ITEM(fctx, 4)) != 0)
+        Py_RETURN_NONE;  /* the decoder holds part of a frame: its read */
+    Py_ssize_t max_frame = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 2)), max_header = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 3));
+    if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (n < 8) Py_RETURN_NONE;
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen <= 0 ||
+        ((word >> 24) & 0xFF) != 0 || n != 4 + (Py_ssize_t)length)
+        Py_RETURN_NONE;  /* not exactly one JSON frame: the decoder's */
+    const unsigned char *h = base + 8;
+    jcur c = {h, h + hlen};
+    sl_req r;
+    memset(&r, 0, sizeof r);
+    long long code = 0, flag = 0, opaque = 0, version = 0;
+    int have_code = 0, rc;
+    PyObject *topic = NULL, *props = NULL, *result = NULL;
+    /* the header object: as j_header, keeping only what the lane reads */
+    if (hlen < 2 || *c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != '"') goto decline;
+        const unsigned char *k = c.p + 1;
+        if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        Py_ssize_t kn = c.p - 1 - k;
+        if (memchr(k, '\\', kn) != NULL) goto decline;
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != ':') goto decline;
+        c.p++;
+        j_ws(&c);
+        if (c.p >= c.end) goto decline;
+        long long *iv = NULL;
+        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
+        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
+        else if (key_is(k, kn, "flag", 4)) iv = &flag;
+        else if (key_is(k, kn, "version", 7)) iv = &version;
+        if (iv != NULL) {
+            if ((rc = j_int(&c, iv)) != J_OK) goto fail_rc;
+            if (*iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) goto decline;
+            if (iv == &code && code != 310) goto decline;  /* another request (code comes first): at once */
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"') goto decline;
+            if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') goto decline;
+            /* a new extFields object replaces an earlier one (json keeps the last) */
+            Py_CLEAR(topic); Py_CLEAR(props);
+            memset(r.sp, 0, sizeof r.sp); memset(r.sl, 0, sizeof r.sl); memset(r.present, 0, sizeof r.present);
+            c.p++;
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;
+                const unsigned char *ek = c.p + 1, *q = ek;
+                while (q < c.end && !j_scan[*q]) q++;  /* a plain ASCII key, else the decoder's */
+                if (q >= c.end || *q != '"') goto decline;
+                Py_ssize_t ekn = q - ek;
+                c.p = q + 1;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') goto decline;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;  /* a value not a string: the decoder's */
+                int slot = -1;
+                if (ekn == 1) {
+                    switch (ek[0]) {
+                    case 'e': slot = SLF_E; break;
+                    case 'f': slot = SLF_F; break;
+                    case 'h': slot = SLF_H; break;
+                    case 'j': slot = SLF_J; break;
+                    case 'g': slot = SLF_G; break;
+                    case 'l': slot = SLF_L; break;
+                    case 'd': slot = SLF_D; break;
+                    case 'm': slot = SLF_M; break;
+                    default: break;
+                    }
+                } else if (ekn >= 5 && ekn <= 21) {
+                    for (int i = SL_X0; i <= SL_X6; i++)
+                        if (PyUnicode_GET_LENGTH(sl_names[i]) == ekn && memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), ek, ekn) == 0)
+                            goto decline;
+                }
+                if (ekn == 1 && (ek[0] == 'b' || ek[0] == 'i')) {
+                    PyObject *v = NULL;
+                    if ((rc = j_string(&c, &v, 1)) != J_OK) goto fail_rc;
+                    Py_XSETREF(*(ek[0] == 'b' ? &topic : &props), v);
+                } else {
+                    const unsigned char *vs = c.p + 1;
+                    if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+                    if (slot >= 0) {
+                        Py_ssize_t vn = c.p - 1 - vs;
+                        r.present[slot] = 1;
+                        r.sp[slot] = NULL; r.sl[slot] = 0;
+                        const unsigned char *z = vs;
+                        while (z < vs + vn && !j_scan[*z]) z++;  /* plain ASCII, no escapes: its text as it is */
+                        if (z == vs + vn) { r.sp[slot] = (const char *)vs; r.sl[slot] = vn; }
+                    }
+                }
+                j_ws(&c);
+                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+                if (c.p < c.end && *c.p == '}') { c.p++; break; }
+                goto decline;
+            }
+        } else {  /* another field: checked, not kept (as j_header) */
+            long long ignored;
+            unsigned char ch = *c.p;
+            if (ch == '"') { if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc; }
+            else if (ch == 't') { if (!j_literal(&c, "true", 4)) goto decline; }
+            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) goto decline; }
+            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) goto decline; }
+            else if ((rc = j_int(&c, &ignored)) != J_OK) goto fail_rc;
+        }
+        j_ws(&c);
+        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        goto decline;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 310 || (flag & 3) != 0) goto decline;  /* SEND_MESSAGE_V2 requests */
+    r.topic = topic; r.props = props; r.opaque = opaque; r.version = version;
+    {
+        PyObject *body = PyBytes_FromStringAndSize((const char *)h + hlen, n - 8 - hlen);
+        if (body == NULL) goto done;
+        PyObject *res;
+        long long qid;
+        PyObject *frame = sl_serve(&r, body, args[1], PyTuple_GET_ITEM(fctx, 0), PyTuple_GET_ITEM(fctx, 1), &res, &qid);
+        Py_DECREF(body);
+        if (frame != NULL && res != NULL) {  /* answered in Python: the command, as the decoder makes it */
+            PyObject *dargs = Py_BuildValue("(Onnn)", data, (Py_ssize_t)0, max_frame, max_header);
+            PyObject *got = dargs != NULL ? remoting_decode(NULL, dargs) : NULL, *cmd = NULL;
+            Py_XDECREF(dargs);
+            if (got != NULL && PyTuple_Check(got) && PyList_Check(PyTuple_GET_ITEM(got, 0)) &&
+                PyList_GET_SIZE(PyTuple_GET_ITEM(got, 0)) == 1)
+                cmd = PyList_GET_ITEM(PyTuple_GET_ITEM(got, 0), 0);
+            if (cmd == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "send_frame: the served frame does not decode");
+                Py_XDECREF(got); Py_DECREF(frame); Py_DECREF(res);
+                goto done;
+            }
+            result = sl_result(frame, cmd, res, qid);
+            Py_DECREF(got);
+            goto done;
+        }
+        result = frame;
+        goto done;
+    }
+fail_rc:
+    if (rc == J_ERROR) goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(topic); Py_XDECREF(props);
+    return result;
+}
+/* ============================ end of THE SEND LANE ================================================== */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -5476,6 +6043,11 @@ static PyMethodDef methods[] = {
     /* THE DISPATCH PASS (branch dispatch-native): the block above the table */
     {"dispatch_singles", (PyCFunction)(void (*)(void))dispatch_singles, METH_FASTCALL,
      "ReputMessageService's pass over single puts' requests: (taken, grown or None, bytes behind)."},
+    /* THE SEND LANE (branch lane-native): the block above the table */
+    {"send_lane", (PyCFunction)(void (*)(void))send_lane, METH_FASTCALL,
+     "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (cmd, result, queue_id)."},
+    {"send_frame", (PyCFunction)(void (*)(void))send_frame, METH_FASTCALL,
+     "send_lane for a read that is one SEND_MESSAGE_V2 frame, from its bytes: None, the frame, or (cmd, result, qid)."},
     {NULL, NULL, 0, NULL},
 };
 

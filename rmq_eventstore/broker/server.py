@@ -52,6 +52,7 @@ from .broker import Broker
 from .config import BrokerConfig
 from .long_polling import PullHold
 from .processor.pop import give_back_popped
+from .processor.send import NATIVE_FRAME_LANE, NATIVE_LANE
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,11 @@ class Connection(asyncio.Protocol):
         self.tasks: set[asyncio.Task] = set()
         self.last_active = 0.0
         self._out: list[bytes] | None = None  # while a read's requests are served: their response frames
+        # a read that is one plain SEND_MESSAGE_V2 frame is served from its bytes (`_native.send_frame`); its
+        # fixed arguments, with the decoder's buffer (a bytearray it keeps for good: empty between frames)
+        self._frame_lane = None if namesrv else server._frame_lane
+        self._frame_args = (server._lane_ctx, server._hold_for_send, self.decoder.max_frame_size,
+                            self.decoder.max_header_size, self.decoder._buf)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -126,7 +132,22 @@ class Connection(asyncio.Protocol):
         self.server.last_connection_change = time.monotonic()
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = self.server.loop.time()
+        server = self.server
+        self.last_active = server.loop.time()
+        lane = self._frame_lane
+        if lane is not None and server.broker.acl is None:
+            # a read that is one plain SEND_MESSAGE_V2 frame (what a producer waiting for each answer sends) is
+            # served from its bytes in one C call; None: not that, nothing done, decoded and handled below
+            try:
+                got = lane(data, self.remote_address, self._frame_args)
+            except Exception as e:  # as `handle` answers the lane's failure
+                log.exception("request %d failed", _SEND_V2)
+                cmd = self.decoder.feed(data)[0]
+                got = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+            if got is not None:
+                self._write_frame(got if got.__class__ is bytes else
+                                  (server._lane_answer(*got) if got.__class__ is tuple else got).encode())
+                return
         try:
             commands = self.decoder.feed(data)
         except FrameError as e:
@@ -233,6 +254,13 @@ class BrokerServer:
         self._inline_writes = _WRITE_CODES - self._offload
         self._dispatch_held = False
         self._send_lane = broker.send_processor.lane
+        # the plain send's lane in C (SendMessageProcessor.serve_lane, inline): the response frame in one call
+        self._native_lane = NATIVE_LANE
+        self._send_inline = _SEND_V2 in self._inline_writes  # SEND_MESSAGE_V2 served on the loop (not SYNC_FLUSH)
+        # a read that is one plain SEND_MESSAGE_V2 frame: served from its bytes (Connection.data_received)
+        self._frame_lane = NATIVE_FRAME_LANE if self._send_inline else None
+        self._lane_ctx = broker.send_processor.lane_context()
+        self._lane_answer = broker.send_processor.lane_answer
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -279,23 +307,41 @@ class BrokerServer:
 
     def handle(self, conn: Connection, cmd: RemotingCommand) -> None:
         broker = self.broker
-        if conn.namesrv:
+        if cmd.code == _SEND_V2 and self._send_inline and not conn.namesrv:  # first: what producers send
+            if not self._dispatch_held and self._reput.hold_wakeups():  # `_hold_dispatch`, inline
+                self._dispatch_held = True
+                self.loop.call_soon(self._dispatch_here)
+            if broker.acl is None:  # a plain send: the short path when it serves it
+                try:  # the C lane first (the response frame, or None: not its to serve), then the Python one
+                    native = self._native_lane
+                    result = native(cmd, conn.remote_address, self._lane_ctx) if native is not None else None
+                    if result is None:
+                        result = self._send_lane(cmd, conn)
+                    elif result.__class__ is bytes:
+                        if not cmd.flag & FLAG_ONEWAY:  # `is_oneway`, without the property's call
+                            out = conn._out
+                            if out is not None:
+                                out.append(result)
+                            else:
+                                conn._write_frame(result)
+                        return
+                    else:  # stored or refused, answered by the Python lane's code
+                        result = self._lane_answer(*result)
+                except Exception as e:  # as Broker.process answers a processor's failure
+                    log.exception("request %d failed", cmd.code)
+                    result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+                if result is not None:
+                    if not cmd.flag & FLAG_ONEWAY:
+                        conn.write(result)
+                    return
+            self._respond(conn, cmd, broker.process(cmd, conn))
+        elif conn.namesrv:
             self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
         elif cmd.code in self._offload:
             self._spawn(conn, self._offloaded(conn, cmd))
         elif cmd.code in self._inline_writes:
             if not self._dispatch_held:
                 self._hold_dispatch()
-            if cmd.code == _SEND_V2 and broker.acl is None:  # a plain send: the short path when it serves it
-                try:
-                    result = self._send_lane(cmd, conn)
-                except Exception as e:  # as Broker.process answers a processor's failure
-                    log.exception("request %d failed", cmd.code)
-                    result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
-                if result is not None:
-                    if not cmd.flag & FLAG_ONEWAY:  # `is_oneway`, without the property's call
-                        conn.write(result)
-                    return
             self._respond(conn, cmd, broker.process(cmd, conn))
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
             if cmd.code == _END and not self._dispatch_held:  # its records are dispatched here too, as a send's
@@ -307,6 +353,12 @@ class BrokerServer:
                 conn.write(result)
         else:
             self._respond(conn, cmd, broker.process(cmd, conn))
+
+    def _hold_for_send(self) -> None:
+        """What `handle` does before a send it serves on the loop: the dispatch held for this iteration."""
+        if not self._dispatch_held and self._reput.hold_wakeups():
+            self._dispatch_held = True
+            self.loop.call_soon(self._dispatch_here)
 
     def _hold_dispatch(self) -> None:
         """A write is served on the loop: its records (and those of the other writes of this loop iteration)

@@ -50,6 +50,12 @@ _TRAN_MARKER = f"{PROPERTY_TRANSACTION_PREPARED}{codec.NAME_VALUE_SEPARATOR}"
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _join_ids = codec.join_message_ids
+# SendMessageProcessor.lane in C (`_native.send_lane`): with the native core, its remoting codec (the frame and
+# command slots) and the batch block's Message check (it fills every Message slot, as decode_batch_messages)
+NATIVE_LANE = (codec.native.send_lane if codec.batch_native is not None and hasattr(codec.native, "send_lane")
+               else None)
+# ... and for a read that is exactly one SEND_MESSAGE_V2 frame, from its bytes (the server's data_received)
+NATIVE_FRAME_LANE = codec.native.send_frame if NATIVE_LANE is not None else None
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
 _SUCCESS = int(ResponseCode.SUCCESS)
 _TRANSACTION_BITS = codec.TRANSACTION_ROLLBACK_TYPE  # both transaction bits of sysFlag (0xC)
@@ -163,6 +169,12 @@ class SendMessageProcessor:
         props = self._decorated(props, store.config.auto_create_uniq_key)
         res = store.put_message(Message(topic, req.body, None, None, queue_id, flag, None, sys_flag, born_ts,
                                         getattr(channel, "remote_address", None) or None, reconsume, 0, props))
+        return self.lane_answer(req, res, queue_id)
+
+    def lane_answer(self, req: RemotingCommand, res: Any, queue_id: int) -> RemotingCommand:
+        """The lane's response to a put's result (`res`, a PutMessageResult): the refusal with its status, or
+        SUCCESS with the offsetMsgId, queue id and queue offset. Also what answers the (request, result,
+        queue id) the C lane hands back for a result it does not answer itself."""
         a = res.append_result
         if res.status is not _PUT_OK or a is None:
             code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
@@ -171,6 +183,24 @@ class SendMessageProcessor:
                "queueId": INT_TEXT.get(queue_id) or str(queue_id), "queueOffset": str(a.logics_offset),
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
         return RemotingCommand(_SUCCESS, ext, b"", req.opaque, FLAG_RESPONSE, None, "JAVA", req.version)
+
+    def lane_context(self) -> tuple[Any, ...]:
+        """The fixed arguments of the C lane (`_native.send_lane(req, born_host, ctx)`): this processor (its
+        routes and their version stamp are read by name), the topics' data version, the store, the UNIQ_KEY
+        generator, the UNIQ_KEY and CLUSTER markers, the CLUSTER property text `_decorated` appends and the
+        store's config (its `auto_create_uniq_key` is read at each send)."""
+        store = self.broker.store
+        return (self, self._topics_version, store, self._uniq_ids, self._uniq_marker, self._cluster_marker,
+                self._cluster, store.config)
+
+    def serve_lane(self, req: RemotingCommand, channel: Any) -> RemotingCommand | bytes | None:
+        """A plain SEND_MESSAGE_V2 answered by the C lane when it serves it (the response frame, bytes), else by
+        `lane` (a RemotingCommand, or None: the full path's). What `BrokerServer.handle` does inline."""
+        if NATIVE_LANE is not None:
+            got = NATIVE_LANE(req, getattr(channel, "remote_address", None) or "", self.lane_context())
+            if got is not None:
+                return got if got.__class__ is bytes else self.lane_answer(*got)
+        return self.lane(req, channel)
 
     def _decorated(self, props: str, auto_uniq: bool) -> str:
         """The properties a sent message is stored with: a UNIQ_KEY when it has none (and `auto_uniq`), the

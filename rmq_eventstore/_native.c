@@ -5400,6 +5400,278 @@ done:
 }
 /* ============================ end of THE DISPATCH PASS =============================================== */
 
+/* ============================================================================================== */
+/* THE CLIENT SEND (issue 16, branch client-send): a producer's single send without a             */
+/* RemotingCommand on either side of the wire (client/producer.py's fast path).                    */
+/*   client_send_frame  the SEND_MESSAGE_V2 request frame of one Message, straight from its fields: */
+/*                      what Producer._properties + the ext dict + RemotingCommand.encode make      */
+/*                      (tests/test_client_send_native.py compares them byte for byte)              */
+/*   client_send_take   a lone caller's read holding exactly its own SUCCESS response: the three    */
+/*                      values SendResult needs, without decoding a RemotingCommand                 */
+/* Both decline (None, nothing done) for anything but the plain shapes; Python then decides.       */
+/* ============================================================================================== */
+
+/* int(time.time() * 1000), with the same clock and the same double arithmetic as CPython 3.11's
+ * time.time() (_PyTime_GetSystemClock, _PyTime_AsSecondsDouble), so the same value */
+static long long cs_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    double d;
+    if (ns % 1000000000LL == 0) d = (double)(ns / 1000000000LL);
+    else { d = (double)ns; d /= 1e9; }
+    return (long long)(d * 1000.0);
+}
+
+/* a decimal int64 */
+static int cs_put_ll(rbuf *b, long long v) {
+    char tmp[24], *e = tmp + sizeof tmp, *d = e;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do { *--d = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--d = '-';
+    return rbuf_put(b, d, e - d);
+}
+
+/* an exact int as a quoted JSON string of its decimal text (str(v)); 0 when no exact int within 64 bits */
+static int cs_put_qint(rbuf *b, PyObject *o) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+    return rbuf_put(b, "\"", 1) && cs_put_ll(b, v) && rbuf_put(b, "\"", 1);
+}
+
+/* name \x01 utf8(value) \x02; 0 (error cleared) when value does not encode (a lone surrogate) */
+static int cs_prop(rbuf *b, const char *name, Py_ssize_t nl, PyObject *value) {
+    Py_ssize_t vl;
+    const char *v = PyUnicode_AsUTF8AndSize(value, &vl);
+    if (v == NULL) { PyErr_Clear(); return 0; }
+    if (!rbuf_grow(b, nl + vl + 2)) return 0;
+    memcpy(b->p + b->len, name, nl); b->len += nl;
+    b->p[b->len++] = 1;
+    memcpy(b->p + b->len, v, vl); b->len += vl;
+    b->p[b->len++] = 2;
+    return 1;
+}
+
+/* UTF-8 bytes as the quoted JSON string rbuf_jstr writes of their str */
+static int cs_jraw(rbuf *b, const unsigned char *s, Py_ssize_t n) {
+    if (!rbuf_grow(b, n * 6 + 2)) return 0;
+    unsigned char *d = b->p + b->len;
+    *d++ = '"';
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t run = i;
+        while (i < n && !jstr_esc[s[i]]) i++;
+        if (i > run) { memcpy(d, s + run, i - run); d += i - run; }
+        if (i == n) break;
+        unsigned char c = s[i];
+        *d++ = '\\';
+        switch (c) {
+        case '"': *d++ = '"'; break;
+        case '\\': *d++ = '\\'; break;
+        case '\b': *d++ = 'b'; break;
+        case '\f': *d++ = 'f'; break;
+        case '\n': *d++ = 'n'; break;
+        case '\r': *d++ = 'r'; break;
+        case '\t': *d++ = 't'; break;
+        default: *d++ = 'u'; *d++ = '0'; *d++ = '0'; *d++ = hex[c >> 4]; *d++ = hex[c & 15];
+        }
+    }
+    *d++ = '"';
+    b->len = d - b->p;
+    return 1;
+}
+
+/* The properties Producer._properties sends for a Message without a properties_string, delay level 0:
+ * build_properties_string(msg, uniq) (TAGS, KEYS, UNIQ_KEY, then the properties dict but those three),
+ * then WAIT=true unless "WAIT\x01" is in them. 0 (nothing to raise) when a field is not of the common
+ * types (str tags, str or list/tuple of str keys, dict of str properties, None values skipped) or a text
+ * does not encode; -1 on a memory error. */
+static int cs_props(rbuf *b, PyObject *m, PyObject *uniq) {
+    PyObject *tags = field(m, F_TAGS), *keys = field(m, F_KEYS), *props = field(m, F_PROPERTIES);
+    if (tags == NULL || keys == NULL || props == NULL) return 0;
+    if (tags != Py_None) {
+        if (!PyUnicode_CheckExact(tags)) return 0;
+        if (PyUnicode_GET_LENGTH(tags) && !cs_prop(b, "TAGS", 4, tags)) return PyErr_Occurred() ? -1 : 0;
+    }
+    if (keys != Py_None) {
+        if (PyUnicode_CheckExact(keys)) {
+            if (PyUnicode_GET_LENGTH(keys) && !cs_prop(b, "KEYS", 4, keys)) return PyErr_Occurred() ? -1 : 0;
+        } else if (PyList_CheckExact(keys) || PyTuple_CheckExact(keys)) {
+            Py_ssize_t nk = PySequence_Fast_GET_SIZE(keys);
+            PyObject **ki = PySequence_Fast_ITEMS(keys);
+            if (nk > 0) {  /* KEYS \x01 " ".join(keys) \x02, unless the join is empty */
+                Py_ssize_t start = b->len;
+                if (!rbuf_put(b, "KEYS\x01", 5)) return -1;
+                Py_ssize_t vstart = b->len;
+                for (Py_ssize_t j = 0; j < nk; j++) {
+                    if (!PyUnicode_CheckExact(ki[j])) return 0;
+                    Py_ssize_t kl;
+                    const char *kv = PyUnicode_AsUTF8AndSize(ki[j], &kl);
+                    if (kv == NULL) { PyErr_Clear(); return 0; }
+                    if ((j > 0 && !rbuf_put(b, " ", 1)) || !rbuf_put(b, kv, kl)) return -1;
+                }
+                if (b->len == vstart) b->len = start;
+                else if (!rbuf_put(b, "\x02", 1)) return -1;
+            }
+        } else {
+            return 0;
+        }
+    }
+    if (!PyUnicode_CheckExact(uniq)) return 0;
+    if (PyUnicode_GET_LENGTH(uniq) && !cs_prop(b, "UNIQ_KEY", 8, uniq)) return PyErr_Occurred() ? -1 : 0;
+    if (props != Py_None) {
+        if (!PyDict_CheckExact(props)) return 0;
+        Py_ssize_t dp = 0;
+        PyObject *dk, *dv;
+        while (PyDict_Next(props, &dp, &dk, &dv)) {
+            if (dv == Py_None) continue;
+            if (!PyUnicode_CheckExact(dk) || !PyUnicode_CheckExact(dv)) return 0;
+            if (PyUnicode_CompareWithASCIIString(dk, "TAGS") == 0 || PyUnicode_CompareWithASCIIString(dk, "KEYS") == 0
+                || PyUnicode_CompareWithASCIIString(dk, "UNIQ_KEY") == 0)
+                continue;
+            Py_ssize_t kl;
+            const char *kn = PyUnicode_AsUTF8AndSize(dk, &kl);
+            if (kn == NULL) { PyErr_Clear(); return 0; }
+            if (!cs_prop(b, kn, kl, dv)) return PyErr_Occurred() ? -1 : 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i + 5 <= b->len; i++)
+        if (b->p[i] == 'W' && memcmp(b->p + i, "WAIT\x01", 5) == 0) return 1;
+    return rbuf_put(b, "WAIT\x01true\x02", 10) ? 1 : -1;
+}
+
+/* client_send_frame(msg, uniq, group, queue_id, opaque, born_ms or None) -> frame bytes or None.
+ * The SEND_MESSAGE_V2 request Producer.send writes for a Message `msg` without a properties_string (delay
+ * level 0, no stream, no timer): RemotingCommand(310, {"a": group, "b": msg.topic, "c": "TBW102", "d": "4",
+ * "e": str(queue_id), "f": str(msg.sys_flag), "g": str(born_ms), "h": str(msg.flag), "i": properties, "j":
+ * str(msg.reconsume_times), "k": "false"}, msg.body, opaque).encode(), `uniq` the UNIQ_KEY (the caller's
+ * msg.uniq_key or a new id); born_ms None: int(time.time() * 1000) now. None for anything else: another
+ * type, a body that is not bytes, an int field that is not an exact int within 64 bits, a text that does
+ * not encode, a frame over 2 GiB. */
+static PyObject *client_send_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "client_send_frame takes 6 arguments");
+        return NULL;
+    }
+    PyObject *m = args[0], *uniq = args[1], *group = args[2], *q = args[3], *opaque = args[4], *born = args[5];
+    if (message_type == NULL || Py_TYPE(m) != message_type) Py_RETURN_NONE;
+    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING),
+             *flag = field(m, F_FLAG), *sys_flag = field(m, F_SYS_FLAG), *reconsume = field(m, F_RECONSUME_TIMES);
+    if (topic == NULL || body == NULL || ps != Py_None || flag == NULL || sys_flag == NULL || reconsume == NULL
+        || !PyBytes_CheckExact(body) || !PyLong_CheckExact(opaque))
+        Py_RETURN_NONE;
+    long long born_ms;
+    if (born == Py_None) born_ms = cs_now_ms();
+    else {
+        int overflow;
+        if (!PyLong_CheckExact(born)) Py_RETURN_NONE;
+        born_ms = PyLong_AsLongLongAndOverflow(born, &overflow);
+        if (overflow || (born_ms == -1 && PyErr_Occurred())) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
+    rbuf pb, b;
+    pb.p = pb.small; pb.len = 0; pb.cap = sizeof pb.small;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;  /* the two length words first */
+    PyObject *res = NULL;
+    int r = cs_props(&pb, m, uniq);
+    if (r <= 0) goto done;
+#define CPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    r = CPUT("{\"code\":310,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, opaque)
+        && CPUT(",\"flag\":0,\"extFields\":{\"a\":") && rbuf_jstr(&b, group)
+        && CPUT(",\"b\":") && rbuf_jstr(&b, topic) && CPUT(",\"c\":\"TBW102\",\"d\":\"4\",\"e\":") && cs_put_qint(&b, q)
+        && CPUT(",\"f\":") && cs_put_qint(&b, sys_flag) && CPUT(",\"g\":\"") && cs_put_ll(&b, born_ms)
+        && CPUT("\",\"h\":") && cs_put_qint(&b, flag) && CPUT(",\"i\":") && cs_jraw(&b, pb.p, pb.len)
+        && CPUT(",\"j\":") && cs_put_qint(&b, reconsume) && CPUT(",\"k\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
+#undef CPUT
+    if (!r) goto done;
+    Py_ssize_t blen = PyBytes_GET_SIZE(body), hlen = b.len - 8;
+    if ((long long)hlen + 4 + blen > 0x7FFFFFFF) goto done;
+    put_i32(b.p, (int32_t)(4 + hlen + blen));
+    put_i32(b.p + 4, (int32_t)hlen);
+    res = PyBytes_FromStringAndSize(NULL, b.len + blen);
+    if (res != NULL) {
+        memcpy(PyBytes_AS_STRING(res), b.p, b.len);
+        memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
+    }
+done:
+    rbuf_free(&pb);
+    rbuf_free(&b);
+    if (res == NULL) {
+        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+
+/* client_send_take(buf, n, opaque) -> (msgId, queue id or None, queue offset) or None.
+ * buf[:n] (a bytearray: what a lone caller's recv just read, nothing buffered before it) is exactly one
+ * JSON frame in the plain shape FrameDecoder decodes in C (remoting_decode), a response (flag bit 0) to
+ * `opaque` with code SUCCESS (0) and no streamVersion among its extFields: then the values Producer._send
+ * makes of it, x.get("msgId", ""), int(x["queueId"]) (None when absent) and int(x.get("queueOffset", -1)),
+ * computed as those calls compute them. None, nothing consumed, for anything else (another shape, another
+ * code, a text int() refuses): the caller feeds the bytes to the FrameDecoder as before. */
+static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (rc_type == NULL || nargs != 3 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])
+        || !PyLong_CheckExact(args[2]))
+        Py_RETURN_NONE;  /* rc_type: remoting_init not called (RMQ_EVENTSTORE_PURE=1) */
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long long want = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (n < 8 || n > PyByteArray_GET_SIZE(args[0])) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
+        || hlen > 1024 * 1024)
+        Py_RETURN_NONE;
+    PyObject *cmd = NULL;
+    int rc = j_header(base + 8, hlen, &cmd);
+    if (rc == J_ERROR) return NULL;
+    if (rc != J_OK) Py_RETURN_NONE;
+    PyObject *res = NULL, *ext = rc_get(cmd, RC_EXT);
+    long long code = PyLong_AsLongLong(rc_get(cmd, RC_CODE)), op = PyLong_AsLongLong(rc_get(cmd, RC_OPAQUE)),
+              flag = PyLong_AsLongLong(rc_get(cmd, RC_FLAG));
+    if (code != 0 || op != want || !(flag & 1) || !PyDict_CheckExact(ext)) goto decline;
+    static PyObject *k_msg_id, *k_queue_id, *k_queue_offset, *k_stream_version, *empty;
+    if (k_msg_id == NULL) {
+        k_msg_id = PyUnicode_InternFromString("msgId");
+        k_queue_id = PyUnicode_InternFromString("queueId");
+        k_queue_offset = PyUnicode_InternFromString("queueOffset");
+        k_stream_version = PyUnicode_InternFromString("streamVersion");
+        empty = PyUnicode_New(0, 127);
+        if (!k_msg_id || !k_queue_id || !k_queue_offset || !k_stream_version || !empty) goto fail;
+    }
+    if (PyDict_GetItemWithError(ext, k_stream_version) != NULL || PyErr_Occurred()) goto decline;
+    PyObject *mid = PyDict_GetItemWithError(ext, k_msg_id);
+    if (mid == NULL && PyErr_Occurred()) goto decline;
+    PyObject *qid = PyDict_GetItemWithError(ext, k_queue_id);
+    if (qid == NULL && PyErr_Occurred()) goto decline;
+    PyObject *qoff = PyDict_GetItemWithError(ext, k_queue_offset);
+    if (qoff == NULL && PyErr_Occurred()) goto decline;
+    PyObject *qv = qid != NULL ? PyLong_FromUnicodeObject(qid, 10) : Py_NewRef(Py_None);
+    if (qv == NULL) goto decline;
+    PyObject *ov = qoff != NULL ? PyLong_FromUnicodeObject(qoff, 10) : PyLong_FromLong(-1);
+    if (ov == NULL) { Py_DECREF(qv); goto decline; }
+    res = PyTuple_New(3);
+    if (res == NULL) { Py_DECREF(qv); Py_DECREF(ov); goto fail; }
+    PyTuple_SET_ITEM(res, 0, Py_NewRef(mid != NULL ? mid : empty));
+    PyTuple_SET_ITEM(res, 1, qv);
+    PyTuple_SET_ITEM(res, 2, ov);
+    Py_DECREF(cmd);
+    return res;
+decline:
+    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) goto fail;
+    PyErr_Clear();
+    Py_DECREF(cmd);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(cmd);
+    return NULL;
+}
+/* ============================ end of THE CLIENT SEND ================================================= */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -5476,6 +5748,11 @@ static PyMethodDef methods[] = {
     /* THE DISPATCH PASS (branch dispatch-native): the block above the table */
     {"dispatch_singles", (PyCFunction)(void (*)(void))dispatch_singles, METH_FASTCALL,
      "ReputMessageService's pass over single puts' requests: (taken, grown or None, bytes behind)."},
+    /* THE CLIENT SEND (branch client-send): the block above the table */
+    {"client_send_frame", (PyCFunction)(void (*)(void))client_send_frame, METH_FASTCALL,
+     "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms): Producer.send's SEND_MESSAGE_V2 frame, or None."},
+    {"client_send_take", (PyCFunction)(void (*)(void))client_send_take, METH_FASTCALL,
+     "client_send_take(buf, n, opaque): (msgId, queue id or None, queue offset) of a lone SUCCESS response, or None."},
     {NULL, NULL, 0, NULL},
 };
 

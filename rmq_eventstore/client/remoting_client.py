@@ -15,11 +15,13 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
 
 log = logging.getLogger(__name__)
 
+_monotonic = time.monotonic
 CLIENT_MAX_FRAME_SIZE = 512 * 1024 * 1024  # a query by key may return 32 records of up to 4 MiB + headroom
 
 
@@ -152,11 +154,7 @@ class ClientConnection:
         SO_RCVTIMEO is set again only when `timeout` is not within RCVTIMEO_SLACK below the value set (a
         run of calls with the same timeout sets it once), so a read may outlast `timeout` by that slack."""
         if not self._rcvtimeo - RCVTIMEO_SLACK <= timeout <= self._rcvtimeo:
-            t = max(timeout, 0.001)
-            sec = int(t)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                                 _TIMEVAL.pack(sec, int((t - sec) * 1e6)))
-            self._rcvtimeo = t
+            self._set_rcvtimeo(timeout)
         try:
             n = self.sock.recv_into(self._rbuf)
         except BlockingIOError:  # SO_RCVTIMEO ran out
@@ -164,6 +162,13 @@ class ClientConnection:
         except OSError as e:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
         return self._dispatch(n)
+
+    def _set_rcvtimeo(self, timeout: float) -> None:
+        """SO_RCVTIMEO := `timeout` (at least 1 ms), remembered in `_rcvtimeo`."""
+        t = max(timeout, 0.001)
+        sec = int(t)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(sec, int((t - sec) * 1e6)))
+        self._rcvtimeo = t
 
     def _dispatch(self, n: int) -> bool:
         """The `n` bytes just read into the buffer: every complete frame dispatched (EOF when 0)."""
@@ -250,9 +255,10 @@ class ClientConnection:
         except OSError:
             pass
 
-    def _await(self, slot: _Pending, deadline: float, lead: bool = False) -> None:
+    def _await(self, slot: _Pending, deadline: float, lead: bool = False, first: int | OSError | None = None) -> None:
         """Wait for `slot`'s response, reading the socket whenever nobody else does (`lead`: the caller
-        holds the read role already)."""
+        holds the read role already; `first`: holding it, it read that many bytes into the buffer already,
+        not dispatched yet, or its read failed with that error)."""
         while not lead:
             with self._lock:
                 slot.ready = True
@@ -276,6 +282,10 @@ class ClientConnection:
                         return
                     raise RemotingTimeoutError("timeout")
         try:
+            if first is not None:
+                if first.__class__ is not int:
+                    raise RemotingError(f"connection to {self.address} lost: {first}") from first
+                self._dispatch(first)  # type: ignore[arg-type]
             while not slot.done:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -358,7 +368,63 @@ class ClientConnection:
             raise
         if while_waiting is not None:
             while_waiting()
-        return self._finish(cmd, slot, deadline, timeout, lead)
+        return self._finish(cmd.opaque, cmd.code, slot, deadline, timeout, lead)
+
+    def invoke_frame(self, frame: bytes, opaque: int, code: int, timeout: float,
+                     take: Callable[[bytearray, int, int], Any] | None = None) -> Any:
+        """`invoke` of a request encoded already (`frame`, its `opaque` and request `code`): the producer's
+        single send, which builds its frame in one C call (`Producer.send`).
+
+        A lone caller (it takes the read role as it registers its request) makes its first read here and
+        asks `take(buffer, n, opaque)` about it: when that read is exactly its response, in a shape `take`
+        covers, take's answer is returned (no RemotingCommand decoded; the slot dropped and the read role
+        released in one lock round, as `_dispatch` and `_release_read_role` would). Anything else (other
+        frames in the read, a partial one, a shape `take` declines, an error, another caller reading) goes
+        on exactly as `invoke`, and the answer is the response RemotingCommand."""
+        slot = _Pending()
+        lock = self._lock
+        with lock:
+            if self.closed:
+                raise self._error or RemotingError(f"connection to {self.address} is closed")
+            self._pending[opaque] = slot
+            lead = not self._reader_busy
+            if lead:
+                self._reader_busy = True
+        deadline = _monotonic() + timeout
+        try:
+            self._send(frame)
+        except RemotingError:
+            with lock:
+                self._pending.pop(opaque, None)
+            if lead:
+                self._release_read_role()
+            raise
+        first: int | OSError | None = None
+        if lead and take is not None and not self._decoder._buf:
+            remaining = deadline - _monotonic()
+            if remaining > 0:  # else _await raises the timeout
+                if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo:
+                    self._set_rcvtimeo(remaining)
+                try:
+                    n = self.sock.recv_into(self._rbuf)
+                except BlockingIOError:  # SO_RCVTIMEO ran out: _await looks at the deadline and reads again
+                    pass
+                except OSError as e:
+                    first = e
+                else:
+                    if n:
+                        got = take(self._rbuf, n, opaque)
+                        if got is not None:
+                            with lock:
+                                self._pending.pop(opaque, None)
+                                self._reader_busy = False
+                                self._idle_reading = False
+                                self._last_read = _monotonic()
+                                if self._pending:
+                                    self._hand_on()
+                            return got
+                    first = n
+        return self._finish(opaque, code, slot, deadline, timeout, lead, first)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers
@@ -377,16 +443,18 @@ class ClientConnection:
                 for cmd in cmds:
                     self._pending.pop(cmd.opaque, None)
             raise
-        return [self._finish(cmd, slot, deadline, timeout) for cmd, slot in zip(cmds, slots, strict=True)]
+        return [self._finish(cmd.opaque, cmd.code, slot, deadline, timeout)
+                for cmd, slot in zip(cmds, slots, strict=True)]
 
-    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float,
-                lead: bool = False) -> RemotingCommand:
-        """The response to `cmd`, sent already: wait for it up to `deadline` (`lead`: holding the read role)."""
+    def _finish(self, opaque: int, code: int, slot: _Pending, deadline: float, timeout: float,
+                lead: bool = False, first: int | OSError | None = None) -> RemotingCommand:
+        """The response to the request (`opaque`, `code`) sent already: wait for it up to `deadline`
+        (`lead`: holding the read role; `first`: see `_await`)."""
         try:
-            self._await(slot, deadline, lead)
+            self._await(slot, deadline, lead, first)
         except RemotingTimeoutError:
             with self._lock:
-                self._pending.pop(cmd.opaque, None)
+                self._pending.pop(opaque, None)
             self._kick()
             if not slot.done:
                 # Close the connection, as RocketMQ's client does (clientCloseSocketIfTimeout, true by default):
@@ -394,10 +462,10 @@ class ClientConnection:
                 # network stall, a half-open connection after a NAT forgot it), and the next request should
                 # connect afresh rather than wait on the same dead socket again. Requests still waiting on it
                 # fail at once.
-                self._fail(RemotingTimeoutError(f"connection to {self.address} closed: request {cmd.code} "
+                self._fail(RemotingTimeoutError(f"connection to {self.address} closed: request {code} "
                                                 f"unanswered in {timeout:.1f}s"))
                 raise RemotingTimeoutError(
-                    f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s") from None
+                    f"no response from {self.address} to request {code} in {timeout:.1f}s") from None
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None

@@ -46,6 +46,7 @@ _loads = json.loads
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads ends up in
 _JSON_WS = " \t\n\r"
 _opaque_counter = itertools.count(1)
+OPAQUES = _opaque_counter  # next_opaque's counter, for a caller that inlines it: next(OPAQUES) & 0x7FFFFFFF
 
 
 def next_opaque() -> int:

@@ -5605,17 +5605,33 @@ done:
     return res;
 }
 
+/* a JSON string value at c->p that is plain digits, "-?[0-9]{1,18}", as int() reads it; 0 for any other
+ * (int() may still take it, with spaces, '+', '_' or other digits: the caller declines, Python decides) */
+static int cs_digits(jcur *c, long long *out) {
+    const unsigned char *p = c->p + 1, *e = c->end;
+    int neg = 0;
+    if (p < e && *p == '-') { neg = 1; p++; }
+    const unsigned char *d = p;
+    long long v = 0;
+    while (p < e && *p >= '0' && *p <= '9' && p - d < 18) { v = v * 10 + (*p - '0'); p++; }
+    if (p == d || p >= e || *p != '"') return 0;
+    c->p = p + 1;
+    *out = neg ? -v : v;
+    return 1;
+}
+
 /* client_send_take(buf, n, opaque) -> (msgId, queue id or None, queue offset) or None.
  * buf[:n] (a bytearray: what a lone caller's recv just read, nothing buffered before it) is exactly one
- * JSON frame in the plain shape FrameDecoder decodes in C (remoting_decode), a response (flag bit 0) to
- * `opaque` with code SUCCESS (0) and no streamVersion among its extFields: then the values Producer._send
- * makes of it, x.get("msgId", ""), int(x["queueId"]) (None when absent) and int(x.get("queueOffset", -1)),
- * computed as those calls compute them. None, nothing consumed, for anything else (another shape, another
- * code, a text int() refuses): the caller feeds the bytes to the FrameDecoder as before. */
+ * JSON frame in the plain shape FrameDecoder decodes in C (remoting_decode's j_header: the same grammar, read
+ * without building the command), a response (flag bit 0) to `opaque` with code SUCCESS (0) and no
+ * streamVersion among its extFields: then the values Producer._send makes of it, x.get("msgId", ""),
+ * int(x["queueId"]) (None when absent) and int(x.get("queueOffset", -1)), for plain-digit texts. None,
+ * nothing consumed, for anything else (another shape or code, escapes in a key, other digit texts): the
+ * caller feeds the bytes to the FrameDecoder as before. Duplicate keys: the last one counts, as in the dict. */
 static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (rc_type == NULL || nargs != 3 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])
         || !PyLong_CheckExact(args[2]))
-        Py_RETURN_NONE;  /* rc_type: remoting_init not called (RMQ_EVENTSTORE_PURE=1) */
+        Py_RETURN_NONE;  /* rc_type: remoting_init not called (RMQ_EVENTSTORE_PURE=1), so the codec is Python's */
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     long long want = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
@@ -5626,49 +5642,106 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
     if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
         || hlen > 1024 * 1024)
         Py_RETURN_NONE;
-    PyObject *cmd = NULL;
-    int rc = j_header(base + 8, hlen, &cmd);
-    if (rc == J_ERROR) return NULL;
-    if (rc != J_OK) Py_RETURN_NONE;
-    PyObject *res = NULL, *ext = rc_get(cmd, RC_EXT);
-    long long code = PyLong_AsLongLong(rc_get(cmd, RC_CODE)), op = PyLong_AsLongLong(rc_get(cmd, RC_OPAQUE)),
-              flag = PyLong_AsLongLong(rc_get(cmd, RC_FLAG));
-    if (code != 0 || op != want || !(flag & 1) || !PyDict_CheckExact(ext)) goto decline;
-    static PyObject *k_msg_id, *k_queue_id, *k_queue_offset, *k_stream_version, *empty;
-    if (k_msg_id == NULL) {
-        k_msg_id = PyUnicode_InternFromString("msgId");
-        k_queue_id = PyUnicode_InternFromString("queueId");
-        k_queue_offset = PyUnicode_InternFromString("queueOffset");
-        k_stream_version = PyUnicode_InternFromString("streamVersion");
-        empty = PyUnicode_New(0, 127);
-        if (!k_msg_id || !k_queue_id || !k_queue_offset || !k_stream_version || !empty) goto fail;
+    jcur c = {base + 8, base + 8 + hlen};
+    long long code = 0, opaque = 0, flag = 0, qid = 0, qoff = -1, ignored;
+    int have_code = 0, have_qid = 0;
+    const unsigned char *mid = NULL, *mid_end = NULL;  /* msgId's string, quotes included */
+    if (hlen < 2 || *c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+        const unsigned char *k = c.p + 1;
+        if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+        Py_ssize_t kn = c.p - 1 - k;
+        if (memchr(k, '\\', kn) != NULL) Py_RETURN_NONE;
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
+        c.p++;
+        j_ws(&c);
+        if (c.p >= c.end) Py_RETURN_NONE;
+        long long *iv = NULL;
+        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
+        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
+        else if (key_is(k, kn, "flag", 4)) iv = &flag;
+        else if (key_is(k, kn, "version", 7)) iv = &ignored;
+        if (iv != NULL) {
+            if (j_int(&c, iv) != J_OK || *iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) Py_RETURN_NONE;
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"' || j_string(&c, NULL, 0) != J_OK) goto give_way;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') Py_RETURN_NONE;
+            c.p++;
+            mid = NULL; have_qid = 0; qoff = -1;  /* a later extFields replaces an earlier one */
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+                const unsigned char *ek = c.p + 1;
+                if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+                Py_ssize_t ekn = c.p - 1 - ek;
+                if (memchr(ek, '\\', ekn) != NULL) Py_RETURN_NONE;  /* an escaped key: the dict decides */
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+                if (key_is(ek, ekn, "queueId", 7)) {
+                    if (!cs_digits(&c, &qid)) Py_RETURN_NONE;
+                    have_qid = 1;
+                } else if (key_is(ek, ekn, "queueOffset", 11)) {
+                    if (!cs_digits(&c, &qoff)) Py_RETURN_NONE;
+                } else if (key_is(ek, ekn, "streamVersion", 13)) {
+                    Py_RETURN_NONE;
+                } else {
+                    const unsigned char *v = c.p;
+                    if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+                    if (key_is(ek, ekn, "msgId", 5)) { mid = v; mid_end = c.p; }
+                }
+                j_ws(&c);
+                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+                if (c.p < c.end && *c.p == '}') { c.p++; break; }
+                Py_RETURN_NONE;
+            }
+        } else {  /* another field: checked, not kept (as j_header) */
+            unsigned char ch = *c.p;
+            if (ch == '"') { if (j_string(&c, NULL, 0) != J_OK) goto give_way; }
+            else if (ch == 't') { if (!j_literal(&c, "true", 4)) Py_RETURN_NONE; }
+            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) Py_RETURN_NONE; }
+            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) Py_RETURN_NONE; }
+            else if (!j_int(&c, &ignored)) Py_RETURN_NONE;
+        }
+        j_ws(&c);
+        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        Py_RETURN_NONE;
     }
-    if (PyDict_GetItemWithError(ext, k_stream_version) != NULL || PyErr_Occurred()) goto decline;
-    PyObject *mid = PyDict_GetItemWithError(ext, k_msg_id);
-    if (mid == NULL && PyErr_Occurred()) goto decline;
-    PyObject *qid = PyDict_GetItemWithError(ext, k_queue_id);
-    if (qid == NULL && PyErr_Occurred()) goto decline;
-    PyObject *qoff = PyDict_GetItemWithError(ext, k_queue_offset);
-    if (qoff == NULL && PyErr_Occurred()) goto decline;
-    PyObject *qv = qid != NULL ? PyLong_FromUnicodeObject(qid, 10) : Py_NewRef(Py_None);
-    if (qv == NULL) goto decline;
-    PyObject *ov = qoff != NULL ? PyLong_FromUnicodeObject(qoff, 10) : PyLong_FromLong(-1);
-    if (ov == NULL) { Py_DECREF(qv); goto decline; }
-    res = PyTuple_New(3);
-    if (res == NULL) { Py_DECREF(qv); Py_DECREF(ov); goto fail; }
-    PyTuple_SET_ITEM(res, 0, Py_NewRef(mid != NULL ? mid : empty));
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 0 || opaque != want || !(flag & 1)) Py_RETURN_NONE;
+    PyObject *ms;
+    if (mid != NULL) {
+        jcur mc = {mid, mid_end};
+        if (j_string(&mc, &ms, 1) != J_OK) goto give_way;
+    } else {
+        ms = PyUnicode_New(0, 127);
+        if (ms == NULL) return NULL;
+    }
+    PyObject *qv = have_qid ? PyLong_FromLongLong(qid) : Py_NewRef(Py_None), *ov = PyLong_FromLongLong(qoff);
+    PyObject *res = qv != NULL && ov != NULL ? PyTuple_New(3) : NULL;
+    if (res == NULL) { Py_DECREF(ms); Py_XDECREF(qv); Py_XDECREF(ov); return NULL; }
+    PyTuple_SET_ITEM(res, 0, ms);
     PyTuple_SET_ITEM(res, 1, qv);
     PyTuple_SET_ITEM(res, 2, ov);
-    Py_DECREF(cmd);
     return res;
-decline:
-    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) goto fail;
-    PyErr_Clear();
-    Py_DECREF(cmd);
+give_way:
+    if (PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+        PyErr_Clear();
+    }
     Py_RETURN_NONE;
-fail:
-    Py_DECREF(cmd);
-    return NULL;
 }
 /* ============================ end of THE CLIENT SEND ================================================= */
 

@@ -46,6 +46,7 @@ _monotonic = time.monotonic
 _native = codec.native if codec.native is not None and hasattr(codec.native, "client_send_frame") else None
 _send_frame = _native.client_send_frame if _native is not None else None
 _send_take = _native.client_send_take if _native is not None else None
+_uniq_create = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's C fast path (None: declined)
 _FAST_BASES: dict[type, bool] = {}  # client base class -> whether send's fast path may bypass its invoke/route
 
 
@@ -238,7 +239,8 @@ class Producer:
         bytes and result as the general path, in one frame here and one in the connection. Whatever it does
         not cover goes on in `_send` from where it stands: a message the C frame declines (odd field types:
         on the queue picked already), a RemotingError (the retry on another queue)."""
-        uniq = msg.uniq_key or self._ids.create()
+        ids = self._ids
+        uniq = msg.uniq_key or (_uniq_create is not None and _uniq_create(ids)) or ids.create()
         addr, q = queues[next(self._rr) % len(queues)]
         opaque = next(OPAQUES) & 0x7FFFFFFF
         frame = _send_frame(msg, uniq, self.group, q, opaque, None)  # type: ignore[misc]

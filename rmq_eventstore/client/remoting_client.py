@@ -54,14 +54,12 @@ class _Pending:
     one); it is made, cleared, set and `done` changed only under the connection's lock, so a waiter that
     finds `done` False there and then blocks on its event is always woken."""
 
-    __slots__ = ("event", "response", "error", "done", "ready")
-
-    def __init__(self, ready: bool = True) -> None:
-        self.event: threading.Event | None = None
-        self.response: RemotingCommand | None = None
-        self.error: Exception | None = None
-        self.done = False
-        self.ready = ready  # its caller waits (may be handed the read role); False while it runs while_waiting
+    # class-level defaults, no __init__: making one per request costs an allocation, not a Python frame
+    event: threading.Event | None = None
+    response: RemotingCommand | None = None
+    error: Exception | None = None
+    done = False
+    ready = True  # its caller waits (may be handed the read role); False while it runs while_waiting
 
 
 READ_BUFFER_SIZE = 1 << 18  # bytes read at most per recv
@@ -349,7 +347,9 @@ class ClientConnection:
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
         instead of two): the lone caller's path."""
         frame = cmd.encode()
-        slot = _Pending(while_waiting is None)
+        slot = _Pending()
+        if while_waiting is not None:
+            slot.ready = False
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
@@ -383,22 +383,31 @@ class ClientConnection:
         on exactly as `invoke`, and the answer is the response RemotingCommand."""
         slot = _Pending()
         lock = self._lock
-        with lock:
+        lock.acquire()  # (acquire/release rather than `with`: no bound __enter__/__exit__ made per request)
+        try:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[opaque] = slot
             lead = not self._reader_busy
             if lead:
                 self._reader_busy = True
+        finally:
+            lock.release()
         deadline = _monotonic() + timeout
+        send_lock = self._send_lock
         try:
-            self._send(frame)
-        except RemotingError:
+            send_lock.acquire()  # _send, inline
+            try:
+                self.sock.sendall(frame)
+            finally:
+                send_lock.release()
+        except OSError as e:
+            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
             with lock:
                 self._pending.pop(opaque, None)
             if lead:
                 self._release_read_role()
-            raise
+            raise RemotingError(f"send to {self.address} failed: {e}") from e
         first: int | OSError | None = None
         if lead and take is not None and not self._decoder._buf:
             remaining = deadline - _monotonic()
@@ -415,13 +424,16 @@ class ClientConnection:
                     if n:
                         got = take(self._rbuf, n, opaque)
                         if got is not None:
-                            with lock:
+                            lock.acquire()
+                            try:
                                 self._pending.pop(opaque, None)
                                 self._reader_busy = False
                                 self._idle_reading = False
                                 self._last_read = _monotonic()
                                 if self._pending:
                                     self._hand_on()
+                            finally:
+                                lock.release()
                             return got
                     first = n
         return self._finish(opaque, code, slot, deadline, timeout, lead, first)

@@ -253,10 +253,11 @@ class ClientConnection:
         except OSError:
             pass
 
-    def _await(self, slot: _Pending, deadline: float, lead: bool = False, first: int | OSError | None = None) -> None:
+    def _await(self, slot: _Pending, deadline: float, lead: bool = False,
+               first: int | OSError | RemotingError | None = None) -> None:
         """Wait for `slot`'s response, reading the socket whenever nobody else does (`lead`: the caller
         holds the read role already; `first`: holding it, it read that many bytes into the buffer already,
-        not dispatched yet, or its read failed with that error)."""
+        not dispatched yet, or its read failed with that OSError, or their dispatch with that RemotingError)."""
         while not lead:
             with self._lock:
                 slot.ready = True
@@ -281,6 +282,8 @@ class ClientConnection:
                     raise RemotingTimeoutError("timeout")
         try:
             if first is not None:
+                if isinstance(first, RemotingError):
+                    raise first
                 if first.__class__ is not int:
                     raise RemotingError(f"connection to {self.address} lost: {first}") from first
                 self._dispatch(first)  # type: ignore[arg-type]
@@ -345,7 +348,9 @@ class ClientConnection:
         role is never handed to this caller (it is not waiting), so other callers' answers still flow.
 
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
-        instead of two): the lone caller's path."""
+        instead of two): the lone caller's path (`invoke_frame`)."""
+        if while_waiting is None:
+            return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout)
         frame = cmd.encode()
         slot = _Pending()
         if while_waiting is not None:
@@ -378,9 +383,10 @@ class ClientConnection:
         A lone caller (it takes the read role as it registers its request) makes its first read here and
         asks `take(buffer, n, opaque)` about it: when that read is exactly its response, in a shape `take`
         covers, take's answer is returned (no RemotingCommand decoded; the slot dropped and the read role
-        released in one lock round, as `_dispatch` and `_release_read_role` would). Anything else (other
+        released in one lock round, as `_dispatch` and `_release_read_role` would). Without `take` that read
+        is dispatched, and when it held the response the role is released at once. Anything else (other
         frames in the read, a partial one, a shape `take` declines, an error, another caller reading) goes
-        on exactly as `invoke`, and the answer is the response RemotingCommand."""
+        on exactly as `invoke` always did, and the answer is the response RemotingCommand."""
         slot = _Pending()
         lock = self._lock
         lock.acquire()  # (acquire/release rather than `with`: no bound __enter__/__exit__ made per request)
@@ -408,8 +414,8 @@ class ClientConnection:
             if lead:
                 self._release_read_role()
             raise RemotingError(f"send to {self.address} failed: {e}") from e
-        first: int | OSError | None = None
-        if lead and take is not None and not self._decoder._buf:
+        first: int | OSError | RemotingError | None = None
+        if lead:
             remaining = deadline - _monotonic()
             if remaining > 0:  # else _await raises the timeout
                 if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo:
@@ -421,7 +427,9 @@ class ClientConnection:
                 except OSError as e:
                     first = e
                 else:
-                    if n:
+                    if not n:
+                        first = n  # EOF: _await fails the connection
+                    elif take is not None and not self._decoder._buf:
                         got = take(self._rbuf, n, opaque)
                         if got is not None:
                             lock.acquire()
@@ -435,7 +443,18 @@ class ClientConnection:
                             finally:
                                 lock.release()
                             return got
-                    first = n
+                        first = n
+                    else:
+                        try:
+                            self._dispatch(n)
+                        except RemotingError as e:
+                            first = e
+                        else:
+                            if slot.done:  # our response was in it: the role goes at once (_await's finally)
+                                self._release_read_role()
+                                if slot.error is not None:
+                                    raise slot.error
+                                return slot.response
         return self._finish(opaque, code, slot, deadline, timeout, lead, first)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
@@ -459,7 +478,7 @@ class ClientConnection:
                 for cmd, slot in zip(cmds, slots, strict=True)]
 
     def _finish(self, opaque: int, code: int, slot: _Pending, deadline: float, timeout: float,
-                lead: bool = False, first: int | OSError | None = None) -> RemotingCommand:
+                lead: bool = False, first: int | OSError | RemotingError | None = None) -> RemotingCommand:
         """The response to the request (`opaque`, `code`) sent already: wait for it up to `deadline`
         (`lead`: holding the read role; `first`: see `_await`)."""
         try:
@@ -555,7 +574,12 @@ class RemotingClient:
                while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
         if self._sign is not None:
             self._sign(cmd)
-        return self.connection(address).invoke(cmd, timeout, while_waiting)
+        c = self._conns.get(address)  # connection(), its common case inline
+        if c is None or c.closed:
+            c = self.connection(address)
+        if while_waiting is None:
+            return c.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout)
+        return c.invoke(cmd, timeout, while_waiting)
 
     def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:
         """`ClientConnection.invoke_many`: several requests in one write, their responses in order."""

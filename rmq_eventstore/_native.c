@@ -5743,6 +5743,88 @@ give_way:
     }
     Py_RETURN_NONE;
 }
+/* client_take_response(buf, n, opaque) -> RemotingCommand or None: a lone caller's read buf[:n] (a bytearray,
+ * nothing buffered before it) that is exactly one JSON frame remoting_decode takes, a response (flag bit 0)
+ * to `opaque`: the command remoting_decode would make of it (the same j_header, body and serialize type).
+ * None, nothing consumed, for anything else: the caller dispatches the bytes through the FrameDecoder. */
+static PyObject *client_take_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (rc_type == NULL || nargs != 3 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])
+        || !PyLong_CheckExact(args[2]))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long long want = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (n < 8 || n > PyByteArray_GET_SIZE(args[0])) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
+        || hlen > 1024 * 1024)
+        Py_RETURN_NONE;
+    PyObject *cmd = NULL;
+    int rc = j_header(base + 8, hlen, &cmd);
+    if (rc == J_ERROR) return NULL;
+    if (rc != J_OK) Py_RETURN_NONE;
+    if (PyLong_AsLongLong(rc_get(cmd, RC_OPAQUE)) != want || !(PyLong_AsLong(rc_get(cmd, RC_FLAG)) & 1)) {
+        Py_DECREF(cmd);
+        Py_RETURN_NONE;
+    }
+    PyObject *body = PyBytes_FromStringAndSize((const char *)base + 8 + hlen, n - 8 - hlen);
+    if (body == NULL) { Py_DECREF(cmd); return NULL; }
+    rc_set(cmd, RC_BODY, body);
+    rc_set(cmd, RC_STYPE, Py_NewRef(rc_stype_json));
+    return cmd;
+}
+
+/* client_new_request(code, ext_fields, body, opaque, flag) -> RemotingCommand: RemotingCommand(code, ext, body,
+ * opaque, flag) with language "PYTHON", version 435, remark None and serialize type JSON, its slots filled
+ * directly (no __init__ frame); `ext_fields` (a dict, or None: {}) as _ext_strings makes it: str values kept,
+ * exact ints as str(), None values left out, in order. None (nothing made) for any other value: the caller
+ * runs the Python constructor, which converts or raises as it always did. */
+static PyObject *cs_lang_python, *cs_version_435;
+static PyObject *client_new_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "client_new_request takes 5 arguments");
+        return NULL;
+    }
+    PyObject *code = args[0], *ext = args[1], *body = args[2], *opaque = args[3], *flag = args[4];
+    if (rc_type == NULL || (ext != Py_None && !PyDict_CheckExact(ext))) Py_RETURN_NONE;
+    if (cs_lang_python == NULL) {
+        cs_lang_python = PyUnicode_InternFromString("PYTHON");
+        cs_version_435 = PyLong_FromLong(435);
+        if (cs_lang_python == NULL || cs_version_435 == NULL) return NULL;
+    }
+    PyObject *out = PyDict_New();
+    if (out == NULL) return NULL;
+    if (ext != Py_None) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(ext, &pos, &k, &v)) {
+            int r;
+            if (PyUnicode_CheckExact(v)) r = PyDict_SetItem(out, k, v);
+            else if (PyLong_CheckExact(v)) {
+                PyObject *t = PyObject_Str(v);
+                if (t == NULL) { Py_DECREF(out); return NULL; }
+                r = PyDict_SetItem(out, k, t);
+                Py_DECREF(t);
+            } else if (v == Py_None) continue;
+            else { Py_DECREF(out); Py_RETURN_NONE; }
+            if (r < 0) { Py_DECREF(out); return NULL; }
+        }
+    }
+    PyObject *o = rc_type->tp_alloc(rc_type, 0);
+    if (o == NULL) { Py_DECREF(out); return NULL; }
+    rc_set(o, RC_CODE, Py_NewRef(code));
+    rc_set(o, RC_EXT, out);
+    rc_set(o, RC_BODY, Py_NewRef(body));
+    rc_set(o, RC_OPAQUE, Py_NewRef(opaque));
+    rc_set(o, RC_FLAG, Py_NewRef(flag));
+    rc_set(o, RC_REMARK, Py_NewRef(Py_None));
+    rc_set(o, RC_LANGUAGE, Py_NewRef(cs_lang_python));
+    rc_set(o, RC_VERSION, Py_NewRef(cs_version_435));
+    rc_set(o, RC_STYPE, Py_NewRef(rc_stype_json));
+    return o;
+}
 /* ============================ end of THE CLIENT SEND ================================================= */
 
 static PyMethodDef methods[] = {
@@ -5826,6 +5908,10 @@ static PyMethodDef methods[] = {
      "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms): Producer.send's SEND_MESSAGE_V2 frame, or None."},
     {"client_send_take", (PyCFunction)(void (*)(void))client_send_take, METH_FASTCALL,
      "client_send_take(buf, n, opaque): (msgId, queue id or None, queue offset) of a lone SUCCESS response, or None."},
+    {"client_take_response", (PyCFunction)(void (*)(void))client_take_response, METH_FASTCALL,
+     "client_take_response(buf, n, opaque): the RemotingCommand of a lone caller's read holding just its response, or None."},
+    {"client_new_request", (PyCFunction)(void (*)(void))client_new_request, METH_FASTCALL,
+     "client_new_request(code, ext, body, opaque, flag): RemotingCommand.request's command, or None (Python decides)."},
     {NULL, NULL, 0, NULL},
 };
 

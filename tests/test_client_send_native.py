@@ -30,6 +30,7 @@ from rmq_eventstore.remoting import (
     SerializeType,
     next_opaque,
 )
+from rmq_eventstore.remoting import command as command_mod
 from tests.conftest import import_native
 
 native = import_native()  # also under RMQ_EVENTSTORE_PURE=1 (make test's second pass): the fixture below turns it on
@@ -417,3 +418,74 @@ def test_close_wakes_a_frame_caller_blocked_in_its_first_read(silent_peer: str) 
     t.join(10)
     assert not t.is_alive() and time.monotonic() - t0 < 5
     assert len(errors) == 1 and isinstance(errors[0], RemotingError) and "closed" in str(errors[0]), errors
+
+
+# -- the general request path's C pieces: RemotingCommand.request and a lone caller's response ----------------
+_SLOTS = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body", "serialize_type")
+
+
+def _fields(cmd: RemotingCommand) -> list[tuple[str, type, object]]:
+    return [(name, type(getattr(cmd, name)), getattr(cmd, name)) for name in _SLOTS]
+
+
+any_text = st.text(max_size=10)
+ext_values = st.one_of(any_text, st.integers(-(1 << 70), 1 << 70), st.none(), st.booleans(), st.floats(allow_nan=False),
+                       st.binary(max_size=3))
+
+
+@settings(max_examples=400, deadline=None)
+@given(code=st.integers(0, 400) | st.sampled_from(list(RequestCode)), oneway=st.booleans(),
+       ext=st.none() | st.dictionaries(any_text, any_text | st.integers(-(1 << 70), 1 << 70) | st.none(), max_size=5)
+       | st.dictionaries(any_text, ext_values, max_size=3),
+       body=st.binary(max_size=8), opaque=st.integers(0, 0x7FFFFFFF))
+def test_a_request_made_in_c_is_the_constructors(code: int, oneway: bool, ext: dict | None, body: bytes,
+                                                 opaque: int) -> None:
+    got = native.client_new_request(code, ext, body, opaque, 1 if oneway else 0)
+    try:
+        want = RemotingCommand(code, command_mod._ext_strings(ext) if ext else {}, body, opaque, 1 if oneway else 0)
+    except FrameError:  # a value _ext_strings refuses: C must have left it to Python
+        assert got is None
+        return
+    if got is None:  # declined: a value of another type than str, int or None
+        assert ext and any(v is not None and type(v) not in (str, int) for v in ext.values())
+        return
+    assert _fields(got) == _fields(want)
+    assert list(got.ext_fields) == list(want.ext_fields)
+    assert got.encode_py() == want.encode_py()
+
+
+def test_request_takes_the_c_constructor_when_it_can() -> None:
+    a = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": 0, "n": None})
+    b = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": 0, "flag": True})
+    assert a.ext_fields == {"topic": "T", "queueId": "0"} and b.ext_fields["flag"] == "true"
+    assert b.opaque > a.opaque > 0 and a.language == "PYTHON" and a.version == 435 and a.remark is None
+
+
+responses = st.builds(
+    RemotingCommand, code=st.integers(-5, 400), ext_fields=st.dictionaries(any_text, any_text, max_size=4),
+    body=st.binary(max_size=16), opaque=st.integers(0, 0x7FFFFFFF), flag=st.sampled_from([0, 1, 1, 3]),
+    remark=st.none() | any_text, language=st.sampled_from(["JAVA", "PYTHON", "X" * 20]),
+    version=st.integers(-(1 << 31), (1 << 31) - 1))
+
+
+@settings(max_examples=400, deadline=None)
+@given(cmd=responses, other=st.booleans(), tail=st.sampled_from([b"", b"", b"\x00"]), cut=st.booleans())
+def test_a_lone_callers_response_is_the_decoders(cmd: RemotingCommand, other: bool, tail: bytes, cut: bool) -> None:
+    try:
+        data = cmd.encode_py() + tail
+    except UnicodeEncodeError:
+        return
+    if cut:
+        data = data[:-1]
+    opaque = cmd.opaque + 1 if other else cmd.opaque
+    got = native.client_take_response(bytearray(data) + b"\xee" * 3, len(data), opaque)
+    dec = FrameDecoder(1 << 29, 1 << 29)
+    try:
+        frames = dec.feed(data)
+    except FrameError:
+        frames = []
+    ours = len(frames) == 1 and not dec.buffered and frames[0].opaque == opaque and frames[0].flag & 1
+    if not ours:
+        assert got is None
+    else:
+        assert got is not None and _fields(got) == _fields(frames[0])

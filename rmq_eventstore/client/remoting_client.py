@@ -18,10 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
+from ..remoting.command import NATIVE_MODULE
 
 log = logging.getLogger(__name__)
 
 _monotonic = time.monotonic
+# the frame codec's C entry points, called here directly (None: the Python codec; RMQ_EVENTSTORE_PURE=1)
+_encode = NATIVE_MODULE.remoting_encode if NATIVE_MODULE is not None else None
+_take_response = getattr(NATIVE_MODULE, "client_take_response", None)  # a lone caller's read: its response
 CLIENT_MAX_FRAME_SIZE = 512 * 1024 * 1024  # a query by key may return 32 records of up to 4 MiB + headroom
 
 
@@ -350,7 +354,7 @@ class ClientConnection:
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
         instead of two): the lone caller's path (`invoke_frame`)."""
         if while_waiting is None:
-            return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout)
+            return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout, _take_response)
         frame = cmd.encode()
         slot = _Pending()
         if while_waiting is not None:
@@ -382,8 +386,9 @@ class ClientConnection:
 
         A lone caller (it takes the read role as it registers its request) makes its first read here and
         asks `take(buffer, n, opaque)` about it: when that read is exactly its response, in a shape `take`
-        covers, take's answer is returned (no RemotingCommand decoded; the slot dropped and the read role
-        released in one lock round, as `_dispatch` and `_release_read_role` would). Without `take` that read
+        covers, take's answer is returned (the producer's: the SendResult values, no RemotingCommand made;
+        `invoke`'s: the response, decoded straight from the buffer), the slot dropped and the read role
+        released in one lock round, as `_dispatch` and `_release_read_role` would. Without `take` that read
         is dispatched, and when it held the response the role is released at once. Anything else (other
         frames in the read, a partial one, a shape `take` declines, an error, another caller reading) goes
         on exactly as `invoke` always did, and the answer is the response RemotingCommand."""
@@ -434,7 +439,7 @@ class ClientConnection:
                         if got is not None:
                             lock.acquire()
                             try:
-                                self._pending.pop(opaque, None)
+                                mine = self._pending.pop(opaque, None)
                                 self._reader_busy = False
                                 self._idle_reading = False
                                 self._last_read = _monotonic()
@@ -442,6 +447,8 @@ class ClientConnection:
                                     self._hand_on()
                             finally:
                                 lock.release()
+                            if mine is None:  # _fail took it meanwhile: its error, as _dispatch would leave it
+                                raise slot.error or RemotingError(f"connection to {self.address} failed")
                             return got
                         first = n
                     else:
@@ -578,7 +585,9 @@ class RemotingClient:
         if c is None or c.closed:
             c = self.connection(address)
         if while_waiting is None:
-            return c.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout)
+            frame = _encode(cmd) if _encode is not None else None  # RemotingCommand.encode, its C part inline
+            return c.invoke_frame(frame if frame is not None else cmd.encode(), cmd.opaque, cmd.code, timeout,
+                                  _take_response)
         return c.invoke(cmd, timeout, while_waiting)
 
     def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:

@@ -5628,6 +5628,14 @@ static int cs_digits(jcur *c, long long *out) {
  * int(x["queueId"]) (None when absent) and int(x.get("queueOffset", -1)), for plain-digit texts. None,
  * nothing consumed, for anything else (another shape or code, escapes in a key, other digit texts): the
  * caller feeds the bytes to the FrameDecoder as before. Duplicate keys: the last one counts, as in the dict. */
+/* j_string(c, NULL, 0) with the common case inline: a string of plain ASCII up to its closing quote */
+static inline int cs_skip(jcur *c) {
+    const unsigned char *q = c->p + 1;
+    while (q < c->end && !j_scan[*q]) q++;
+    if (q < c->end && *q == '"') { c->p = q + 1; return J_OK; }
+    return j_string(c, NULL, 0);
+}
+
 static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (rc_type == NULL || nargs != 3 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])
         || !PyLong_CheckExact(args[2]))
@@ -5654,7 +5662,7 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
         j_ws(&c);
         if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
         const unsigned char *k = c.p + 1;
-        if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+        if (cs_skip(&c) != J_OK) goto give_way;
         Py_ssize_t kn = c.p - 1 - k;
         if (memchr(k, '\\', kn) != NULL) Py_RETURN_NONE;
         j_ws(&c);
@@ -5670,7 +5678,7 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
         if (iv != NULL) {
             if (j_int(&c, iv) != J_OK || *iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) Py_RETURN_NONE;
         } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
-            if (*c.p != '"' || j_string(&c, NULL, 0) != J_OK) goto give_way;
+            if (*c.p != '"' || cs_skip(&c) != J_OK) goto give_way;
         } else if (key_is(k, kn, "extFields", 9)) {
             if (*c.p != '{') Py_RETURN_NONE;
             c.p++;
@@ -5681,7 +5689,7 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
                 j_ws(&c);
                 if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
                 const unsigned char *ek = c.p + 1;
-                if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+                if (cs_skip(&c) != J_OK) goto give_way;
                 Py_ssize_t ekn = c.p - 1 - ek;
                 if (memchr(ek, '\\', ekn) != NULL) Py_RETURN_NONE;  /* an escaped key: the dict decides */
                 j_ws(&c);
@@ -5698,7 +5706,7 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
                     Py_RETURN_NONE;
                 } else {
                     const unsigned char *v = c.p;
-                    if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+                    if (cs_skip(&c) != J_OK) goto give_way;
                     if (key_is(ek, ekn, "msgId", 5)) { mid = v; mid_end = c.p; }
                 }
                 j_ws(&c);
@@ -5708,7 +5716,7 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
             }
         } else {  /* another field: checked, not kept (as j_header) */
             unsigned char ch = *c.p;
-            if (ch == '"') { if (j_string(&c, NULL, 0) != J_OK) goto give_way; }
+            if (ch == '"') { if (cs_skip(&c) != J_OK) goto give_way; }
             else if (ch == 't') { if (!j_literal(&c, "true", 4)) Py_RETURN_NONE; }
             else if (ch == 'f') { if (!j_literal(&c, "false", 5)) Py_RETURN_NONE; }
             else if (ch == 'n') { if (!j_literal(&c, "null", 4)) Py_RETURN_NONE; }

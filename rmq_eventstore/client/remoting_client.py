@@ -357,32 +357,26 @@ class ClientConnection:
             return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout, _take_response)
         frame = cmd.encode()
         slot = _Pending()
-        if while_waiting is not None:
-            slot.ready = False
+        slot.ready = False  # running while_waiting: not handed the read role meanwhile
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[cmd.opaque] = slot
-            lead = while_waiting is None and not self._reader_busy
-            if lead:
-                self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
             self._send(frame)
         except RemotingError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
-            if lead:
-                self._release_read_role()
             raise
-        if while_waiting is not None:
-            while_waiting()
-        return self._finish(cmd.opaque, cmd.code, slot, deadline, timeout, lead)
+        while_waiting()
+        return self._finish(cmd.opaque, cmd.code, slot, deadline, timeout)
 
     def invoke_frame(self, frame: bytes, opaque: int, code: int, timeout: float,
                      take: Callable[[bytearray, int, int], Any] | None = None) -> Any:
-        """`invoke` of a request encoded already (`frame`, its `opaque` and request `code`): the producer's
-        single send, which builds its frame in one C call (`Producer.send`).
+        """`invoke` of a request encoded already (`frame`, its `opaque` and request `code`), for a caller that
+        waits (no `while_waiting`): `invoke` and `RemotingClient.invoke` come here, and the producer's single
+        send, which builds its frame in one C call (`Producer.send`).
 
         A lone caller (it takes the read role as it registers its request) makes its first read here and
         asks `take(buffer, n, opaque)` about it: when that read is exactly its response, in a shape `take`

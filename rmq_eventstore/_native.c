@@ -5967,6 +5967,441 @@ done:
 }
 /* ============================ end of THE SEND LANE ================================================== */
 
+/* ============================================================================================== */
+/* THE CLIENT SEND (issue 16, branch client-send): a producer's single send without a             */
+/* RemotingCommand on either side of the wire (client/producer.py's fast path).                    */
+/*   client_send_frame  the SEND_MESSAGE_V2 request frame of one Message, straight from its fields: */
+/*                      what Producer._properties + the ext dict + RemotingCommand.encode make      */
+/*                      (tests/test_client_send_native.py compares them byte for byte)              */
+/*   client_send_take   a lone caller's read holding exactly its own SUCCESS response: the three    */
+/*                      values SendResult needs, without decoding a RemotingCommand                 */
+/* Both decline (None, nothing done) for anything but the plain shapes; Python then decides.       */
+/* ============================================================================================== */
+
+/* int(time.time() * 1000), with the same clock and the same double arithmetic as CPython 3.11's
+ * time.time() (_PyTime_GetSystemClock, _PyTime_AsSecondsDouble), so the same value */
+static long long cs_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    double d;
+    if (ns % 1000000000LL == 0) d = (double)(ns / 1000000000LL);
+    else { d = (double)ns; d /= 1e9; }
+    return (long long)(d * 1000.0);
+}
+
+/* a decimal int64 */
+static int cs_put_ll(rbuf *b, long long v) {
+    char tmp[24], *e = tmp + sizeof tmp, *d = e;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do { *--d = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--d = '-';
+    return rbuf_put(b, d, e - d);
+}
+
+/* an exact int as a quoted JSON string of its decimal text (str(v)); 0 when no exact int within 64 bits */
+static int cs_put_qint(rbuf *b, PyObject *o) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+    return rbuf_put(b, "\"", 1) && cs_put_ll(b, v) && rbuf_put(b, "\"", 1);
+}
+
+/* name \x01 utf8(value) \x02; 0 (error cleared) when value does not encode (a lone surrogate) */
+static int cs_prop(rbuf *b, const char *name, Py_ssize_t nl, PyObject *value) {
+    Py_ssize_t vl;
+    const char *v = PyUnicode_AsUTF8AndSize(value, &vl);
+    if (v == NULL) { PyErr_Clear(); return 0; }
+    if (!rbuf_grow(b, nl + vl + 2)) return 0;
+    memcpy(b->p + b->len, name, nl); b->len += nl;
+    b->p[b->len++] = 1;
+    memcpy(b->p + b->len, v, vl); b->len += vl;
+    b->p[b->len++] = 2;
+    return 1;
+}
+
+/* UTF-8 bytes as the quoted JSON string rbuf_jstr writes of their str */
+static int cs_jraw(rbuf *b, const unsigned char *s, Py_ssize_t n) {
+    if (!rbuf_grow(b, n * 6 + 2)) return 0;
+    unsigned char *d = b->p + b->len;
+    *d++ = '"';
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t run = i;
+        while (i < n && !jstr_esc[s[i]]) i++;
+        if (i > run) { memcpy(d, s + run, i - run); d += i - run; }
+        if (i == n) break;
+        unsigned char c = s[i];
+        *d++ = '\\';
+        switch (c) {
+        case '"': *d++ = '"'; break;
+        case '\\': *d++ = '\\'; break;
+        case '\b': *d++ = 'b'; break;
+        case '\f': *d++ = 'f'; break;
+        case '\n': *d++ = 'n'; break;
+        case '\r': *d++ = 'r'; break;
+        case '\t': *d++ = 't'; break;
+        default: *d++ = 'u'; *d++ = '0'; *d++ = '0'; *d++ = hex[c >> 4]; *d++ = hex[c & 15];
+        }
+    }
+    *d++ = '"';
+    b->len = d - b->p;
+    return 1;
+}
+
+/* The properties Producer._properties sends for a Message without a properties_string, delay level 0:
+ * build_properties_string(msg, uniq) (TAGS, KEYS, UNIQ_KEY, then the properties dict but those three),
+ * then WAIT=true unless "WAIT\x01" is in them. 0 (nothing to raise) when a field is not of the common
+ * types (str tags, str or list/tuple of str keys, dict of str properties, None values skipped) or a text
+ * does not encode; -1 on a memory error. */
+static int cs_props(rbuf *b, PyObject *m, PyObject *uniq) {
+    PyObject *tags = field(m, F_TAGS), *keys = field(m, F_KEYS), *props = field(m, F_PROPERTIES);
+    if (tags == NULL || keys == NULL || props == NULL) return 0;
+    if (tags != Py_None) {
+        if (!PyUnicode_CheckExact(tags)) return 0;
+        if (PyUnicode_GET_LENGTH(tags) && !cs_prop(b, "TAGS", 4, tags)) return PyErr_Occurred() ? -1 : 0;
+    }
+    if (keys != Py_None) {
+        if (PyUnicode_CheckExact(keys)) {
+            if (PyUnicode_GET_LENGTH(keys) && !cs_prop(b, "KEYS", 4, keys)) return PyErr_Occurred() ? -1 : 0;
+        } else if (PyList_CheckExact(keys) || PyTuple_CheckExact(keys)) {
+            Py_ssize_t nk = PySequence_Fast_GET_SIZE(keys);
+            PyObject **ki = PySequence_Fast_ITEMS(keys);
+            if (nk > 0) {  /* KEYS \x01 " ".join(keys) \x02, unless the join is empty */
+                Py_ssize_t start = b->len;
+                if (!rbuf_put(b, "KEYS\x01", 5)) return -1;
+                Py_ssize_t vstart = b->len;
+                for (Py_ssize_t j = 0; j < nk; j++) {
+                    if (!PyUnicode_CheckExact(ki[j])) return 0;
+                    Py_ssize_t kl;
+                    const char *kv = PyUnicode_AsUTF8AndSize(ki[j], &kl);
+                    if (kv == NULL) { PyErr_Clear(); return 0; }
+                    if ((j > 0 && !rbuf_put(b, " ", 1)) || !rbuf_put(b, kv, kl)) return -1;
+                }
+                if (b->len == vstart) b->len = start;
+                else if (!rbuf_put(b, "\x02", 1)) return -1;
+            }
+        } else {
+            return 0;
+        }
+    }
+    if (!PyUnicode_CheckExact(uniq)) return 0;
+    if (PyUnicode_GET_LENGTH(uniq) && !cs_prop(b, "UNIQ_KEY", 8, uniq)) return PyErr_Occurred() ? -1 : 0;
+    if (props != Py_None) {
+        if (!PyDict_CheckExact(props)) return 0;
+        Py_ssize_t dp = 0;
+        PyObject *dk, *dv;
+        while (PyDict_Next(props, &dp, &dk, &dv)) {
+            if (dv == Py_None) continue;
+            if (!PyUnicode_CheckExact(dk) || !PyUnicode_CheckExact(dv)) return 0;
+            if (PyUnicode_CompareWithASCIIString(dk, "TAGS") == 0 || PyUnicode_CompareWithASCIIString(dk, "KEYS") == 0
+                || PyUnicode_CompareWithASCIIString(dk, "UNIQ_KEY") == 0)
+                continue;
+            Py_ssize_t kl;
+            const char *kn = PyUnicode_AsUTF8AndSize(dk, &kl);
+            if (kn == NULL) { PyErr_Clear(); return 0; }
+            if (!cs_prop(b, kn, kl, dv)) return PyErr_Occurred() ? -1 : 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i + 5 <= b->len; i++)
+        if (b->p[i] == 'W' && memcmp(b->p + i, "WAIT\x01", 5) == 0) return 1;
+    return rbuf_put(b, "WAIT\x01true\x02", 10) ? 1 : -1;
+}
+
+/* client_send_frame(msg, uniq, group, queue_id, opaque, born_ms or None) -> frame bytes or None.
+ * The SEND_MESSAGE_V2 request Producer.send writes for a Message `msg` without a properties_string (delay
+ * level 0, no stream, no timer): RemotingCommand(310, {"a": group, "b": msg.topic, "c": "TBW102", "d": "4",
+ * "e": str(queue_id), "f": str(msg.sys_flag), "g": str(born_ms), "h": str(msg.flag), "i": properties, "j":
+ * str(msg.reconsume_times), "k": "false"}, msg.body, opaque).encode(), `uniq` the UNIQ_KEY (the caller's
+ * msg.uniq_key or a new id); born_ms None: int(time.time() * 1000) now. None for anything else: another
+ * type, a body that is not bytes, an int field that is not an exact int within 64 bits, a text that does
+ * not encode, a frame over 2 GiB. */
+static PyObject *client_send_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "client_send_frame takes 6 arguments");
+        return NULL;
+    }
+    PyObject *m = args[0], *uniq = args[1], *group = args[2], *q = args[3], *opaque = args[4], *born = args[5];
+    if (message_type == NULL || Py_TYPE(m) != message_type) Py_RETURN_NONE;
+    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING),
+             *flag = field(m, F_FLAG), *sys_flag = field(m, F_SYS_FLAG), *reconsume = field(m, F_RECONSUME_TIMES);
+    if (topic == NULL || body == NULL || ps != Py_None || flag == NULL || sys_flag == NULL || reconsume == NULL
+        || !PyBytes_CheckExact(body) || !PyLong_CheckExact(opaque))
+        Py_RETURN_NONE;
+    long long born_ms;
+    if (born == Py_None) born_ms = cs_now_ms();
+    else {
+        int overflow;
+        if (!PyLong_CheckExact(born)) Py_RETURN_NONE;
+        born_ms = PyLong_AsLongLongAndOverflow(born, &overflow);
+        if (overflow || (born_ms == -1 && PyErr_Occurred())) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
+    rbuf pb, b;
+    pb.p = pb.small; pb.len = 0; pb.cap = sizeof pb.small;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;  /* the two length words first */
+    PyObject *res = NULL;
+    int r = cs_props(&pb, m, uniq);
+    if (r <= 0) goto done;
+#define CPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    r = CPUT("{\"code\":310,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, opaque)
+        && CPUT(",\"flag\":0,\"extFields\":{\"a\":") && rbuf_jstr(&b, group)
+        && CPUT(",\"b\":") && rbuf_jstr(&b, topic) && CPUT(",\"c\":\"TBW102\",\"d\":\"4\",\"e\":") && cs_put_qint(&b, q)
+        && CPUT(",\"f\":") && cs_put_qint(&b, sys_flag) && CPUT(",\"g\":\"") && cs_put_ll(&b, born_ms)
+        && CPUT("\",\"h\":") && cs_put_qint(&b, flag) && CPUT(",\"i\":") && cs_jraw(&b, pb.p, pb.len)
+        && CPUT(",\"j\":") && cs_put_qint(&b, reconsume) && CPUT(",\"k\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
+#undef CPUT
+    if (!r) goto done;
+    Py_ssize_t blen = PyBytes_GET_SIZE(body), hlen = b.len - 8;
+    if ((long long)hlen + 4 + blen > 0x7FFFFFFF) goto done;
+    put_i32(b.p, (int32_t)(4 + hlen + blen));
+    put_i32(b.p + 4, (int32_t)hlen);
+    res = PyBytes_FromStringAndSize(NULL, b.len + blen);
+    if (res != NULL) {
+        memcpy(PyBytes_AS_STRING(res), b.p, b.len);
+        memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
+    }
+done:
+    rbuf_free(&pb);
+    rbuf_free(&b);
+    if (res == NULL) {
+        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+
+/* a JSON string value at c->p that is plain digits, "-?[0-9]{1,18}", as int() reads it; 0 for any other
+ * (int() may still take it, with spaces, '+', '_' or other digits: the caller declines, Python decides) */
+static int cs_digits(jcur *c, long long *out) {
+    const unsigned char *p = c->p + 1, *e = c->end;
+    int neg = 0;
+    if (p < e && *p == '-') { neg = 1; p++; }
+    const unsigned char *d = p;
+    long long v = 0;
+    while (p < e && *p >= '0' && *p <= '9' && p - d < 18) { v = v * 10 + (*p - '0'); p++; }
+    if (p == d || p >= e || *p != '"') return 0;
+    c->p = p + 1;
+    *out = neg ? -v : v;
+    return 1;
+}
+
+/* client_send_take(buf, n, opaque) -> (msgId, queue id or None, queue offset) or None.
+ * buf[:n] (a bytearray: what a lone caller's recv just read, nothing buffered before it) is exactly one
+ * JSON frame in the plain shape FrameDecoder decodes in C (remoting_decode's j_header: the same grammar, read
+ * without building the command), a response (flag bit 0) to `opaque` with code SUCCESS (0) and no
+ * streamVersion among its extFields: then the values Producer._send makes of it, x.get("msgId", ""),
+ * int(x["queueId"]) (None when absent) and int(x.get("queueOffset", -1)), for plain-digit texts. None,
+ * nothing consumed, for anything else (another shape or code, escapes in a key, other digit texts): the
+ * caller feeds the bytes to the FrameDecoder as before. Duplicate keys: the last one counts, as in the dict. */
+/* j_string(c, NULL, 0) with the common case inline: a string of plain ASCII up to its closing quote */
+static inline int cs_skip(jcur *c) {
+    const unsigned char *q = c->p + 1;
+    while (q < c->end && !j_scan[*q]) q++;
+    if (q < c->end && *q == '"') { c->p = q + 1; return J_OK; }
+    return j_string(c, NULL, 0);
+}
+
+static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (rc_type == NULL || nargs != 3 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])
+        || !PyLong_CheckExact(args[2]))
+        Py_RETURN_NONE;  /* rc_type: remoting_init not called (RMQ_EVENTSTORE_PURE=1), so the codec is Python's */
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long long want = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (n < 8 || n > PyByteArray_GET_SIZE(args[0])) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
+        || hlen > 1024 * 1024)
+        Py_RETURN_NONE;
+    jcur c = {base + 8, base + 8 + hlen};
+    long long code = 0, opaque = 0, flag = 0, qid = 0, qoff = -1, ignored;
+    int have_code = 0, have_qid = 0;
+    const unsigned char *mid = NULL, *mid_end = NULL;  /* msgId's string, quotes included */
+    if (hlen < 2 || *c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+        const unsigned char *k = c.p + 1;
+        if (cs_skip(&c) != J_OK) goto give_way;
+        Py_ssize_t kn = c.p - 1 - k;
+        if (memchr(k, '\\', kn) != NULL) Py_RETURN_NONE;
+        j_ws(&c);
+        if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
+        c.p++;
+        j_ws(&c);
+        if (c.p >= c.end) Py_RETURN_NONE;
+        long long *iv = NULL;
+        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
+        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
+        else if (key_is(k, kn, "flag", 4)) iv = &flag;
+        else if (key_is(k, kn, "version", 7)) iv = &ignored;
+        if (iv != NULL) {
+            if (j_int(&c, iv) != J_OK || *iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) Py_RETURN_NONE;
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"' || cs_skip(&c) != J_OK) goto give_way;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') Py_RETURN_NONE;
+            c.p++;
+            mid = NULL; have_qid = 0; qoff = -1;  /* a later extFields replaces an earlier one */
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+                const unsigned char *ek = c.p + 1;
+                if (cs_skip(&c) != J_OK) goto give_way;
+                Py_ssize_t ekn = c.p - 1 - ek;
+                if (memchr(ek, '\\', ekn) != NULL) Py_RETURN_NONE;  /* an escaped key: the dict decides */
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+                if (key_is(ek, ekn, "queueId", 7)) {
+                    if (!cs_digits(&c, &qid)) Py_RETURN_NONE;
+                    have_qid = 1;
+                } else if (key_is(ek, ekn, "queueOffset", 11)) {
+                    if (!cs_digits(&c, &qoff)) Py_RETURN_NONE;
+                } else if (key_is(ek, ekn, "streamVersion", 13)) {
+                    Py_RETURN_NONE;
+                } else {
+                    const unsigned char *v = c.p;
+                    if (cs_skip(&c) != J_OK) goto give_way;
+                    if (key_is(ek, ekn, "msgId", 5)) { mid = v; mid_end = c.p; }
+                }
+                j_ws(&c);
+                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+                if (c.p < c.end && *c.p == '}') { c.p++; break; }
+                Py_RETURN_NONE;
+            }
+        } else {  /* another field: checked, not kept (as j_header) */
+            unsigned char ch = *c.p;
+            if (ch == '"') { if (cs_skip(&c) != J_OK) goto give_way; }
+            else if (ch == 't') { if (!j_literal(&c, "true", 4)) Py_RETURN_NONE; }
+            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) Py_RETURN_NONE; }
+            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) Py_RETURN_NONE; }
+            else if (!j_int(&c, &ignored)) Py_RETURN_NONE;
+        }
+        j_ws(&c);
+        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        Py_RETURN_NONE;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 0 || opaque != want || !(flag & 1)) Py_RETURN_NONE;
+    PyObject *ms;
+    if (mid != NULL) {
+        jcur mc = {mid, mid_end};
+        if (j_string(&mc, &ms, 1) != J_OK) goto give_way;
+    } else {
+        ms = PyUnicode_New(0, 127);
+        if (ms == NULL) return NULL;
+    }
+    PyObject *qv = have_qid ? PyLong_FromLongLong(qid) : Py_NewRef(Py_None), *ov = PyLong_FromLongLong(qoff);
+    PyObject *res = qv != NULL && ov != NULL ? PyTuple_New(3) : NULL;
+    if (res == NULL) { Py_DECREF(ms); Py_XDECREF(qv); Py_XDECREF(ov); return NULL; }
+    PyTuple_SET_ITEM(res, 0, ms);
+    PyTuple_SET_ITEM(res, 1, qv);
+    PyTuple_SET_ITEM(res, 2, ov);
+    return res;
+give_way:
+    if (PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+        PyErr_Clear();
+    }
+    Py_RETURN_NONE;
+}
+/* client_take_response(buf, n, opaque) -> RemotingCommand or None: a lone caller's read buf[:n] (a bytearray,
+ * nothing buffered before it) that is exactly one JSON frame remoting_decode takes, a response (flag bit 0)
+ * to `opaque`: the command remoting_decode would make of it (the same j_header, body and serialize type).
+ * None, nothing consumed, for anything else: the caller dispatches the bytes through the FrameDecoder. */
+static PyObject *client_take_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (rc_type == NULL || nargs != 3 || !PyByteArray_CheckExact(args[0]) || !PyLong_CheckExact(args[1])
+        || !PyLong_CheckExact(args[2]))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    long long want = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (n < 8 || n > PyByteArray_GET_SIZE(args[0])) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
+        || hlen > 1024 * 1024)
+        Py_RETURN_NONE;
+    PyObject *cmd = NULL;
+    int rc = j_header(base + 8, hlen, &cmd);
+    if (rc == J_ERROR) return NULL;
+    if (rc != J_OK) Py_RETURN_NONE;
+    if (PyLong_AsLongLong(rc_get(cmd, RC_OPAQUE)) != want || !(PyLong_AsLong(rc_get(cmd, RC_FLAG)) & 1)) {
+        Py_DECREF(cmd);
+        Py_RETURN_NONE;
+    }
+    PyObject *body = PyBytes_FromStringAndSize((const char *)base + 8 + hlen, n - 8 - hlen);
+    if (body == NULL) { Py_DECREF(cmd); return NULL; }
+    rc_set(cmd, RC_BODY, body);
+    rc_set(cmd, RC_STYPE, Py_NewRef(rc_stype_json));
+    return cmd;
+}
+
+/* client_new_request(code, ext_fields, body, opaque, flag) -> RemotingCommand: RemotingCommand(code, ext, body,
+ * opaque, flag) with language "PYTHON", version 435, remark None and serialize type JSON, its slots filled
+ * directly (no __init__ frame); `ext_fields` (a dict, or None: {}) as _ext_strings makes it: str values kept,
+ * exact ints as str(), None values left out, in order. None (nothing made) for any other value: the caller
+ * runs the Python constructor, which converts or raises as it always did. */
+static PyObject *cs_lang_python, *cs_version_435;
+static PyObject *client_new_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "client_new_request takes 5 arguments");
+        return NULL;
+    }
+    PyObject *code = args[0], *ext = args[1], *body = args[2], *opaque = args[3], *flag = args[4];
+    if (rc_type == NULL || (ext != Py_None && !PyDict_CheckExact(ext))) Py_RETURN_NONE;
+    if (cs_lang_python == NULL) {
+        cs_lang_python = PyUnicode_InternFromString("PYTHON");
+        cs_version_435 = PyLong_FromLong(435);
+        if (cs_lang_python == NULL || cs_version_435 == NULL) return NULL;
+    }
+    PyObject *out = PyDict_New();
+    if (out == NULL) return NULL;
+    if (ext != Py_None) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(ext, &pos, &k, &v)) {
+            int r;
+            if (PyUnicode_CheckExact(v)) r = PyDict_SetItem(out, k, v);
+            else if (PyLong_CheckExact(v)) {
+                PyObject *t = PyObject_Str(v);
+                if (t == NULL) { Py_DECREF(out); return NULL; }
+                r = PyDict_SetItem(out, k, t);
+                Py_DECREF(t);
+            } else if (v == Py_None) continue;
+            else { Py_DECREF(out); Py_RETURN_NONE; }
+            if (r < 0) { Py_DECREF(out); return NULL; }
+        }
+    }
+    PyObject *o = rc_type->tp_alloc(rc_type, 0);
+    if (o == NULL) { Py_DECREF(out); return NULL; }
+    rc_set(o, RC_CODE, Py_NewRef(code));
+    rc_set(o, RC_EXT, out);
+    rc_set(o, RC_BODY, Py_NewRef(body));
+    rc_set(o, RC_OPAQUE, Py_NewRef(opaque));
+    rc_set(o, RC_FLAG, Py_NewRef(flag));
+    rc_set(o, RC_REMARK, Py_NewRef(Py_None));
+    rc_set(o, RC_LANGUAGE, Py_NewRef(cs_lang_python));
+    rc_set(o, RC_VERSION, Py_NewRef(cs_version_435));
+    rc_set(o, RC_STYPE, Py_NewRef(rc_stype_json));
+    return o;
+}
+/* ============================ end of THE CLIENT SEND ================================================= */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -6048,6 +6483,15 @@ static PyMethodDef methods[] = {
      "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (cmd, result, queue_id)."},
     {"send_frame", (PyCFunction)(void (*)(void))send_frame, METH_FASTCALL,
      "send_lane for a read that is one SEND_MESSAGE_V2 frame, from its bytes: None, the frame, or (cmd, result, qid)."},
+    /* THE CLIENT SEND (branch client-send): the block above the table */
+    {"client_send_frame", (PyCFunction)(void (*)(void))client_send_frame, METH_FASTCALL,
+     "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms): Producer.send's SEND_MESSAGE_V2 frame, or None."},
+    {"client_send_take", (PyCFunction)(void (*)(void))client_send_take, METH_FASTCALL,
+     "client_send_take(buf, n, opaque): (msgId, queue id or None, queue offset) of a lone SUCCESS response, or None."},
+    {"client_take_response", (PyCFunction)(void (*)(void))client_take_response, METH_FASTCALL,
+     "client_take_response(buf, n, opaque): the RemotingCommand of a lone caller's read holding just its response, or None."},
+    {"client_new_request", (PyCFunction)(void (*)(void))client_new_request, METH_FASTCALL,
+     "client_new_request(code, ext, body, opaque, flag): RemotingCommand.request's command, or None (Python decides)."},
     {NULL, NULL, 0, NULL},
 };
 

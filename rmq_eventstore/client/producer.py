@@ -23,7 +23,8 @@ from ..common.small_ints import INT_TEXT, TEXT_INT
 from ..common.stream import validate_stream_id
 from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
-from .base import ClientBase
+from ..remoting.command import OPAQUES
+from .base import ROUTE_TTL_SECONDS, ClientBase
 from .remoting_client import MQBrokerError, RemotingError
 
 _SEND_STATUS = {
@@ -35,6 +36,28 @@ _SEND_STATUS = {
 _OK_CODES = tuple(_SEND_STATUS)
 _VALID_TOPICS_MAX = 1024  # topic names `send` remembers as validated (then it starts over)
 _STREAM_OK_CODES = (*_OK_CODES, ResponseCode.STREAM_VERSION_CONFLICT)
+_SEND_V2 = RequestCode.SEND_MESSAGE_V2
+_monotonic = time.monotonic
+
+# A plain single send in C (issue 16, branch client-send): its request frame from the Message's fields in one
+# call (`client_send_frame`) and a lone caller's SUCCESS response read without a RemotingCommand
+# (`client_send_take`). None without the extension (or under RMQ_EVENTSTORE_PURE=1): the Python path below,
+# which stays the definition of the bytes (tests/test_client_send_native.py compares them).
+_native = codec.native if codec.native is not None and hasattr(codec.native, "client_send_frame") else None
+_send_frame = _native.client_send_frame if _native is not None else None
+_send_take = _native.client_send_take if _native is not None else None
+_uniq_create = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's C fast path (None: declined)
+_FAST_BASES: dict[type, bool] = {}  # client base class -> whether send's fast path may bypass its invoke/route
+
+
+def _fast_base(cls: type) -> bool:
+    """Whether `cls` (a Producer's `_base`) invokes and routes as ClientBase does, so that `send` may read its
+    route cache and connection pool directly (a base that overrides either, or a test's stand-in, may not)."""
+    ok = _FAST_BASES.get(cls)
+    if ok is None:
+        ok = _FAST_BASES[cls] = (isinstance(cls, type) and issubclass(cls, ClientBase)
+                                 and cls.invoke is ClientBase.invoke and cls.route is ClientBase.route)
+    return ok
 
 
 def _deliver_ms(deliver_at: datetime | int | None, delay: timedelta | None) -> int | None:
@@ -187,6 +210,18 @@ class Producer:
             if len(self._valid_topics) >= _VALID_TOPICS_MAX:
                 self._valid_topics.clear()
             self._valid_topics.add(topic)
+        if (queue_id is None and not delay_level and stream is None and deliver_at is None and delay is None
+                and _send_frame is not None and msg.__class__ is Message and msg.properties_string is None
+                and not msg.queue_id and msg.body.__class__ is bytes):
+            # the plain send (one Python frame to the socket and back): taken when the route is cached and
+            # fresh and requests are not signed; nothing has happened yet when it is not
+            base = self._base
+            fast = _FAST_BASES.get(base.__class__)
+            if fast or (fast is None and _fast_base(base.__class__)):
+                route = base._routes.get(topic)
+                if (route is not None and route.queues and _monotonic() - route.fetched < ROUTE_TTL_SECONDS
+                        and base.remoting._sign is None):
+                    return self._send_plain(msg, topic, route.queues, timeout_ms)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:
@@ -197,6 +232,41 @@ class Producer:
         body = bytes(msg.body)
         return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,
                           msg.reconsume_times, uniq, False, timeout_ms, stream, expected_version)
+
+    def _send_plain(self, msg: Message, topic: str, queues: list[tuple[str, int]],
+                    timeout_ms: int | None) -> SendResult:
+        """`send`'s plain case (see there), the first attempt: the same UNIQ_KEY, round-robin pick, request
+        bytes and result as the general path, in one frame here and one in the connection. Whatever it does
+        not cover goes on in `_send` from where it stands: a message the C frame declines (odd field types:
+        on the queue picked already), a RemotingError (the retry on another queue)."""
+        ids = self._ids
+        uniq = msg.uniq_key or (_uniq_create is not None and _uniq_create(ids)) or ids.create()
+        addr, q = queues[next(self._rr) % len(queues)]
+        opaque = next(OPAQUES) & 0x7FFFFFFF
+        frame = _send_frame(msg, uniq, self.group, q, opaque, None)  # type: ignore[misc]
+        base = self._base
+        timeout = (timeout_ms / 1000.0) if timeout_ms is not None else base.timeout
+        if frame is not None:
+            try:
+                remoting = base.remoting
+                conn = remoting._conns.get(addr)
+                if conn is None or conn.closed:
+                    conn = remoting.connection(addr)
+                r = conn.invoke_frame(frame, opaque, _SEND_V2, timeout, _send_take)
+            except RemotingError as e:
+                if self.retry_times_when_send_failed > 0:
+                    base.route(topic, refresh=True)
+                props, uniq = self._properties(msg, uniq, 0)
+                return self._send(topic, None, _SEND_V2, msg.body, props, msg.flag, msg.sys_flag, msg.reconsume_times,
+                                  uniq, False, timeout_ms, failed=(addr, e))
+            if r.__class__ is tuple:  # a SUCCESS response: (msgId, queue id or None, queue offset)
+                return SendResult("SEND_OK", uniq, r[0], q if r[1] is None else r[1], r[2], topic, addr, None)
+            if r.code not in _OK_CODES:
+                raise MQBrokerError(r.code, r.remark, addr)
+            return self._result(r, q, uniq, topic, addr, None, None)
+        props, uniq = self._properties(msg, uniq, 0)
+        return self._send(topic, None, _SEND_V2, msg.body, props, msg.flag, msg.sys_flag, msg.reconsume_times, uniq,
+                          False, timeout_ms, picked=(addr, q))
 
     def send_batch(self, msgs: Sequence[Message], queue_id: int | None = None,
                    timeout_ms: int | None = None, *, stream: str | None = None,
@@ -309,7 +379,11 @@ class Producer:
     def _send(self, topic: str, queue_id: int | None, code: int, body: bytes, props: str, flag: int,
               sys_flag: int, reconsume: int, msg_id: str, batch: bool, timeout_ms: int | None,
               stream: str | None = None, expected_version: int | None = None,
-              while_waiting: Callable[[], None] | None = None) -> SendResult:
+              while_waiting: Callable[[], None] | None = None, *, picked: tuple[str, int] | None = None,
+              failed: tuple[str, RemotingError] | None = None) -> SendResult:
+        """Send a request (SEND_MESSAGE_V2, or SEND_BATCH_MESSAGE when `batch`) with retries on other queues.
+        `picked`: the first attempt goes to this (address, queue); `failed`: the first attempt was made
+        (`send`'s plain path) at that address and failed with that error, so this goes on with the second."""
         timeout = (timeout_ms / 1000.0) if timeout_ms is not None else self._base.timeout
         work = [while_waiting] if while_waiting is not None else []  # run once, by the first request written
         if work:  # (the closure only when there is something to run: a plain send makes none)
@@ -320,6 +394,9 @@ class Producer:
 
         avoid = None
         last: Exception | None = None
+        start = 0
+        if failed is not None:
+            (avoid, last), start = failed, 1
         ok = _OK_CODES
         if stream is not None:
             validate_stream_id(stream)
@@ -336,8 +413,8 @@ class Producer:
         if plain:
             sys_flag_s, flag_s, reconsume_s = (text(sys_flag) or str(sys_flag), text(flag) or str(flag),
                                                text(reconsume) or str(reconsume))
-        for attempt in range(1 + self.retry_times_when_send_failed):
-            addr, q = self._pick(topic, queue_id, avoid)
+        for attempt in range(start, 1 + self.retry_times_when_send_failed):
+            addr, q = picked if picked is not None and attempt == 0 else self._pick(topic, queue_id, avoid)
             fast = plain and q.__class__ is int
             if fast:
                 ext = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY_TOPIC, "d": "4", "e": text(q) or str(q),
@@ -376,20 +453,26 @@ class Producer:
                 if stream is not None:
                     break  # an append may have been stored: a blind retry could add the events twice
                 continue
-            x = r.ext_fields
-            if r.code == ResponseCode.STREAM_VERSION_CONFLICT:
-                current = x.get("currentVersion")
-                raise ConcurrencyError(r.remark or "stream version conflict", stream or "", expected_version,
-                                       int(current) if current is not None else None)
-            version = x.get("streamVersion")
-            qid = x.get("queueId")
-            queue = TEXT_INT.get(qid) if qid is not None else None  # int() of a small one's text, from a table
-            return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""),
-                              queue if queue is not None else int(q if qid is None else qid),
-                              int(x.get("queueOffset", -1)), topic, addr,
-                              int(version) if version is not None else None)
+            return self._result(r, q, msg_id, topic, addr, stream, expected_version)
         assert last is not None
         raise last
+
+    @staticmethod
+    def _result(r: RemotingCommand, q: int, msg_id: str, topic: str, addr: str, stream: str | None,
+                expected_version: int | None) -> SendResult:
+        """The SendResult of a send's response `r` (its code one of the ok codes) from queue `q` at `addr`."""
+        x = r.ext_fields
+        if r.code == ResponseCode.STREAM_VERSION_CONFLICT:
+            current = x.get("currentVersion")
+            raise ConcurrencyError(r.remark or "stream version conflict", stream or "", expected_version,
+                                   int(current) if current is not None else None)
+        version = x.get("streamVersion")
+        qid = x.get("queueId")
+        queue = TEXT_INT.get(qid) if qid is not None else None  # int() of a small one's text, from a table
+        return SendResult(_SEND_STATUS[r.code], msg_id, x.get("msgId", ""),
+                          queue if queue is not None else int(q if qid is None else qid),
+                          int(x.get("queueOffset", -1)), topic, addr,
+                          int(version) if version is not None else None)
 
 
 class _ProducerBase(ClientBase):

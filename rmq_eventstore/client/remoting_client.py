@@ -15,11 +15,17 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..remoting import FLAG_RESPONSE, FrameDecoder, FrameError, RemotingCommand, ResponseCode
+from ..remoting.command import NATIVE_MODULE
 
 log = logging.getLogger(__name__)
 
+_monotonic = time.monotonic
+# the frame codec's C entry points, called here directly (None: the Python codec; RMQ_EVENTSTORE_PURE=1)
+_encode = NATIVE_MODULE.remoting_encode if NATIVE_MODULE is not None else None
+_take_response = getattr(NATIVE_MODULE, "client_take_response", None)  # a lone caller's read: its response
 CLIENT_MAX_FRAME_SIZE = 512 * 1024 * 1024  # a query by key may return 32 records of up to 4 MiB + headroom
 
 
@@ -52,14 +58,12 @@ class _Pending:
     one); it is made, cleared, set and `done` changed only under the connection's lock, so a waiter that
     finds `done` False there and then blocks on its event is always woken."""
 
-    __slots__ = ("event", "response", "error", "done", "ready")
-
-    def __init__(self, ready: bool = True) -> None:
-        self.event: threading.Event | None = None
-        self.response: RemotingCommand | None = None
-        self.error: Exception | None = None
-        self.done = False
-        self.ready = ready  # its caller waits (may be handed the read role); False while it runs while_waiting
+    # class-level defaults, no __init__: making one per request costs an allocation, not a Python frame
+    event: threading.Event | None = None
+    response: RemotingCommand | None = None
+    error: Exception | None = None
+    done = False
+    ready = True  # its caller waits (may be handed the read role); False while it runs while_waiting
 
 
 READ_BUFFER_SIZE = 1 << 18  # bytes read at most per recv
@@ -152,11 +156,7 @@ class ClientConnection:
         SO_RCVTIMEO is set again only when `timeout` is not within RCVTIMEO_SLACK below the value set (a
         run of calls with the same timeout sets it once), so a read may outlast `timeout` by that slack."""
         if not self._rcvtimeo - RCVTIMEO_SLACK <= timeout <= self._rcvtimeo:
-            t = max(timeout, 0.001)
-            sec = int(t)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                                 _TIMEVAL.pack(sec, int((t - sec) * 1e6)))
-            self._rcvtimeo = t
+            self._set_rcvtimeo(timeout)
         try:
             n = self.sock.recv_into(self._rbuf)
         except BlockingIOError:  # SO_RCVTIMEO ran out
@@ -164,6 +164,13 @@ class ClientConnection:
         except OSError as e:
             raise RemotingError(f"connection to {self.address} lost: {e}") from e
         return self._dispatch(n)
+
+    def _set_rcvtimeo(self, timeout: float) -> None:
+        """SO_RCVTIMEO := `timeout` (at least 1 ms), remembered in `_rcvtimeo`."""
+        t = max(timeout, 0.001)
+        sec = int(t)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(sec, int((t - sec) * 1e6)))
+        self._rcvtimeo = t
 
     def _dispatch(self, n: int) -> bool:
         """The `n` bytes just read into the buffer: every complete frame dispatched (EOF when 0)."""
@@ -250,9 +257,11 @@ class ClientConnection:
         except OSError:
             pass
 
-    def _await(self, slot: _Pending, deadline: float, lead: bool = False) -> None:
+    def _await(self, slot: _Pending, deadline: float, lead: bool = False,
+               first: int | OSError | RemotingError | None = None) -> None:
         """Wait for `slot`'s response, reading the socket whenever nobody else does (`lead`: the caller
-        holds the read role already)."""
+        holds the read role already; `first`: holding it, it read that many bytes into the buffer already,
+        not dispatched yet, or its read failed with that OSError, or their dispatch with that RemotingError)."""
         while not lead:
             with self._lock:
                 slot.ready = True
@@ -276,6 +285,12 @@ class ClientConnection:
                         return
                     raise RemotingTimeoutError("timeout")
         try:
+            if first is not None:
+                if isinstance(first, RemotingError):
+                    raise first
+                if first.__class__ is not int:
+                    raise RemotingError(f"connection to {self.address} lost: {first}") from first
+                self._dispatch(first)  # type: ignore[arg-type]
             while not slot.done:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -337,28 +352,111 @@ class ClientConnection:
         role is never handed to this caller (it is not waiting), so other callers' answers still flow.
 
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
-        instead of two): the lone caller's path."""
+        instead of two): the lone caller's path (`invoke_frame`)."""
+        if while_waiting is None:
+            return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout, _take_response)
         frame = cmd.encode()
-        slot = _Pending(while_waiting is None)
+        slot = _Pending()
+        slot.ready = False  # running while_waiting: not handed the read role meanwhile
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[cmd.opaque] = slot
-            lead = while_waiting is None and not self._reader_busy
-            if lead:
-                self._reader_busy = True
         deadline = time.monotonic() + timeout
         try:
             self._send(frame)
         except RemotingError:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
+            raise
+        while_waiting()
+        return self._finish(cmd.opaque, cmd.code, slot, deadline, timeout)
+
+    def invoke_frame(self, frame: bytes, opaque: int, code: int, timeout: float,
+                     take: Callable[[bytearray, int, int], Any] | None = None) -> Any:
+        """`invoke` of a request encoded already (`frame`, its `opaque` and request `code`), for a caller that
+        waits (no `while_waiting`): `invoke` and `RemotingClient.invoke` come here, and the producer's single
+        send, which builds its frame in one C call (`Producer.send`).
+
+        A lone caller (it takes the read role as it registers its request) makes its first read here and
+        asks `take(buffer, n, opaque)` about it: when that read is exactly its response, in a shape `take`
+        covers, take's answer is returned (the producer's: the SendResult values, no RemotingCommand made;
+        `invoke`'s: the response, decoded straight from the buffer), the slot dropped and the read role
+        released in one lock round, as `_dispatch` and `_release_read_role` would. Without `take` that read
+        is dispatched, and when it held the response the role is released at once. Anything else (other
+        frames in the read, a partial one, a shape `take` declines, an error, another caller reading) goes
+        on exactly as `invoke` always did, and the answer is the response RemotingCommand."""
+        slot = _Pending()
+        lock = self._lock
+        lock.acquire()  # (acquire/release rather than `with`: no bound __enter__/__exit__ made per request)
+        try:
+            if self.closed:
+                raise self._error or RemotingError(f"connection to {self.address} is closed")
+            self._pending[opaque] = slot
+            lead = not self._reader_busy
+            if lead:
+                self._reader_busy = True
+        finally:
+            lock.release()
+        deadline = _monotonic() + timeout
+        send_lock = self._send_lock
+        try:
+            send_lock.acquire()  # _send, inline
+            try:
+                self.sock.sendall(frame)
+            finally:
+                send_lock.release()
+        except OSError as e:
+            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
+            with lock:
+                self._pending.pop(opaque, None)
             if lead:
                 self._release_read_role()
-            raise
-        if while_waiting is not None:
-            while_waiting()
-        return self._finish(cmd, slot, deadline, timeout, lead)
+            raise RemotingError(f"send to {self.address} failed: {e}") from e
+        first: int | OSError | RemotingError | None = None
+        if lead:
+            remaining = deadline - _monotonic()
+            if remaining > 0:  # else _await raises the timeout
+                if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo:
+                    self._set_rcvtimeo(remaining)
+                try:
+                    n = self.sock.recv_into(self._rbuf)
+                except BlockingIOError:  # SO_RCVTIMEO ran out: _await looks at the deadline and reads again
+                    pass
+                except OSError as e:
+                    first = e
+                else:
+                    if not n:
+                        first = n  # EOF: _await fails the connection
+                    elif take is not None and not self._decoder._buf:
+                        got = take(self._rbuf, n, opaque)
+                        if got is not None:
+                            lock.acquire()
+                            try:
+                                mine = self._pending.pop(opaque, None)
+                                self._reader_busy = False
+                                self._idle_reading = False
+                                self._last_read = _monotonic()
+                                if self._pending:
+                                    self._hand_on()
+                            finally:
+                                lock.release()
+                            if mine is None:  # _fail took it meanwhile: its error, as _dispatch would leave it
+                                raise slot.error or RemotingError(f"connection to {self.address} failed")
+                            return got
+                        first = n
+                    else:
+                        try:
+                            self._dispatch(n)
+                        except RemotingError as e:
+                            first = e
+                        else:
+                            if slot.done:  # our response was in it: the role goes at once (_await's finally)
+                                self._release_read_role()
+                                if slot.error is not None:
+                                    raise slot.error
+                                return slot.response
+        return self._finish(opaque, code, slot, deadline, timeout, lead, first)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers
@@ -377,16 +475,18 @@ class ClientConnection:
                 for cmd in cmds:
                     self._pending.pop(cmd.opaque, None)
             raise
-        return [self._finish(cmd, slot, deadline, timeout) for cmd, slot in zip(cmds, slots, strict=True)]
+        return [self._finish(cmd.opaque, cmd.code, slot, deadline, timeout)
+                for cmd, slot in zip(cmds, slots, strict=True)]
 
-    def _finish(self, cmd: RemotingCommand, slot: _Pending, deadline: float, timeout: float,
-                lead: bool = False) -> RemotingCommand:
-        """The response to `cmd`, sent already: wait for it up to `deadline` (`lead`: holding the read role)."""
+    def _finish(self, opaque: int, code: int, slot: _Pending, deadline: float, timeout: float,
+                lead: bool = False, first: int | OSError | RemotingError | None = None) -> RemotingCommand:
+        """The response to the request (`opaque`, `code`) sent already: wait for it up to `deadline`
+        (`lead`: holding the read role; `first`: see `_await`)."""
         try:
-            self._await(slot, deadline, lead)
+            self._await(slot, deadline, lead, first)
         except RemotingTimeoutError:
             with self._lock:
-                self._pending.pop(cmd.opaque, None)
+                self._pending.pop(opaque, None)
             self._kick()
             if not slot.done:
                 # Close the connection, as RocketMQ's client does (clientCloseSocketIfTimeout, true by default):
@@ -394,10 +494,10 @@ class ClientConnection:
                 # network stall, a half-open connection after a NAT forgot it), and the next request should
                 # connect afresh rather than wait on the same dead socket again. Requests still waiting on it
                 # fail at once.
-                self._fail(RemotingTimeoutError(f"connection to {self.address} closed: request {cmd.code} "
+                self._fail(RemotingTimeoutError(f"connection to {self.address} closed: request {code} "
                                                 f"unanswered in {timeout:.1f}s"))
                 raise RemotingTimeoutError(
-                    f"no response from {self.address} to request {cmd.code} in {timeout:.1f}s") from None
+                    f"no response from {self.address} to request {code} in {timeout:.1f}s") from None
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None
@@ -475,7 +575,14 @@ class RemotingClient:
                while_waiting: Callable[[], None] | None = None) -> RemotingCommand:
         if self._sign is not None:
             self._sign(cmd)
-        return self.connection(address).invoke(cmd, timeout, while_waiting)
+        c = self._conns.get(address)  # connection(), its common case inline
+        if c is None or c.closed:
+            c = self.connection(address)
+        if while_waiting is None:
+            frame = _encode(cmd) if _encode is not None else None  # RemotingCommand.encode, its C part inline
+            return c.invoke_frame(frame if frame is not None else cmd.encode(), cmd.opaque, cmd.code, timeout,
+                                  _take_response)
+        return c.invoke(cmd, timeout, while_waiting)
 
     def invoke_many(self, address: str, cmds: list[RemotingCommand], timeout: float = 3.0) -> list[RemotingCommand]:
         """`ClientConnection.invoke_many`: several requests in one write, their responses in order."""

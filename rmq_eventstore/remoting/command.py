@@ -46,6 +46,7 @@ _loads = json.loads
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads ends up in
 _JSON_WS = " \t\n\r"
 _opaque_counter = itertools.count(1)
+OPAQUES = _opaque_counter  # next_opaque's counter, for a caller that inlines it: next(OPAQUES) & 0x7FFFFFFF
 
 
 def next_opaque() -> int:
@@ -141,6 +142,10 @@ class RemotingCommand:
     def request(cls, code: int, ext_fields: dict[str, Any] | None = None, body: bytes = b"",
                 oneway: bool = False) -> RemotingCommand:
         """A new request with a fresh opaque; `ext_fields` values are turned into strings."""
+        if _native_new is not None and cls is RemotingCommand:  # the common case in C: slots filled, no __init__
+            cmd = _native_new(code, ext_fields, body, next(_opaque_counter) & 0x7FFFFFFF, FLAG_ONEWAY if oneway else 0)
+            if cmd is not None:
+                return cmd
         return cls(code, _ext_strings(ext_fields) if ext_fields else {}, body, next_opaque(),
                    FLAG_ONEWAY if oneway else 0)
 
@@ -240,6 +245,9 @@ _native_mod = _load_native()
 NATIVE: bool = _native_mod is not None
 _native_encode = _native_mod.remoting_encode if _native_mod is not None else None
 _native_decode = _native_mod.remoting_decode if _native_mod is not None else None
+# RemotingCommand.request's command made in C (an extension built before it has none: request's Python)
+_native_new = getattr(_native_mod, "client_new_request", None)
+NATIVE_MODULE: ModuleType | None = _native_mod  # the extension when the codec is native (the client's fast reads)
 
 
 def loads_text(s: str) -> Any:

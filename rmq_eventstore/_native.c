@@ -3169,6 +3169,62 @@ static int j_ext(jcur *c, PyObject **out) {
     }
 }
 
+/* The members of a header object, as j_header, send_frame and client_send_take read them. */
+/* j_member: the key at c->p (after white space) and the ':' after it, up to its value: J_OK with the key's
+ * bytes in *k / *kn (no escape in it: an escaped key is the dict decoder's), J_GIVE_WAY, or J_ERROR */
+static int j_member(jcur *c, const unsigned char **k, Py_ssize_t *kn) {
+    j_ws(c);
+    if (c->p >= c->end || *c->p != '"') return J_GIVE_WAY;
+    const unsigned char *s = c->p + 1;
+    int rc = j_string(c, NULL, 0);
+    if (rc != J_OK) return rc;
+    *k = s;
+    *kn = c->p - 1 - s;
+    if (memchr(s, '\\', *kn) != NULL) return J_GIVE_WAY;
+    j_ws(c);
+    if (c->p >= c->end || *c->p != ':') return J_GIVE_WAY;
+    c->p++;
+    j_ws(c);
+    return c->p < c->end ? J_OK : J_GIVE_WAY;
+}
+
+/* the header's int32 field a key names (code, opaque, flag, version), or NULL */
+static long long *j_header_int(const unsigned char *k, Py_ssize_t kn, long long *code, long long *opaque,
+                               long long *flag, long long *version) {
+    if (key_is(k, kn, "code", 4)) return code;
+    if (key_is(k, kn, "opaque", 6)) return opaque;
+    if (key_is(k, kn, "flag", 4)) return flag;
+    if (key_is(k, kn, "version", 7)) return version;
+    return NULL;
+}
+
+/* an integer in int32 */
+static int j_int32(jcur *c, long long *out) {
+    int rc = j_int(c, out);
+    if (rc == J_OK && (*out < -0x80000000LL || *out > 0x7FFFFFFFLL)) return J_GIVE_WAY;
+    return rc;
+}
+
+/* the value of a member nobody keeps: a string, true, false, null or an integer */
+static int j_skip_value(jcur *c) {
+    long long ignored;
+    switch (*c->p) {
+    case '"': return j_string(c, NULL, 0);
+    case 't': return j_literal(c, "true", 4);
+    case 'f': return j_literal(c, "false", 5);
+    case 'n': return j_literal(c, "null", 4);
+    default: return j_int(c, &ignored);
+    }
+}
+
+/* after a member: 1 when another follows (its ',' taken), 0 when the object ends (its '}' taken), -1 else */
+static int j_next(jcur *c) {
+    j_ws(c);
+    if (c->p < c->end && *c->p == ',') { c->p++; return 1; }
+    if (c->p < c->end && *c->p == '}') { c->p++; return 0; }
+    return -1;
+}
+
 /* one JSON header -> a new RemotingCommand (body and serialize type set by the caller) */
 static int j_header(const unsigned char *h, Py_ssize_t n, PyObject **out) {
     jcur c = {h, h + n};
@@ -3181,27 +3237,14 @@ static int j_header(const unsigned char *h, Py_ssize_t n, PyObject **out) {
     j_ws(&c);
     if (c.p < c.end && *c.p == '}') goto fail;  /* no code: the reference refuses it */
     for (;;) {
-        j_ws(&c);
-        if (c.p >= c.end || *c.p != '"') goto fail;
-        const unsigned char *k = c.p + 1;
-        if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail;
-        Py_ssize_t kn = c.p - 1 - k;
-        if (memchr(k, '\\', kn) != NULL) { rc = J_GIVE_WAY; goto fail; }
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail;
         rc = J_GIVE_WAY;
-        j_ws(&c);
-        if (c.p >= c.end || *c.p != ':') goto fail;
-        c.p++;
-        j_ws(&c);
-        if (c.p >= c.end) goto fail;
-        long long *iv = NULL;
-        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
-        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
-        else if (key_is(k, kn, "flag", 4)) iv = &flag;
-        else if (key_is(k, kn, "version", 7)) iv = &version;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
         if (iv != NULL) {
-            if ((rc = j_int(&c, iv)) != J_OK) goto fail;
-            rc = J_GIVE_WAY;
-            if (*iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) goto fail;
+            have_code |= iv == &code;
+            if (j_int32(&c, iv) != J_OK) goto fail;
         } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
             PyObject **slot = kn == 8 ? &lang : &remark, *v = NULL;
             if (*c.p != '"') goto fail;
@@ -3215,17 +3258,12 @@ static int j_header(const unsigned char *h, Py_ssize_t n, PyObject **out) {
             rc = J_GIVE_WAY;
             Py_XSETREF(ext, v);
         } else {  /* another field: checked, not kept */
-            long long ignored;
-            unsigned char ch = *c.p;
-            if (ch == '"') { if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail; rc = J_GIVE_WAY; }
-            else if (ch == 't') { if (!j_literal(&c, "true", 4)) goto fail; }
-            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) goto fail; }
-            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) goto fail; }
-            else if (!j_int(&c, &ignored)) goto fail;
+            if ((rc = j_skip_value(&c)) != J_OK) goto fail;
+            rc = J_GIVE_WAY;
         }
-        j_ws(&c);
-        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
-        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
         goto fail;
     }
     j_ws(&c);
@@ -5831,25 +5869,13 @@ static PyObject *send_frame(PyObject *self, PyObject *const *args, Py_ssize_t na
     j_ws(&c);
     if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
     for (;;) {
-        j_ws(&c);
-        if (c.p >= c.end || *c.p != '"') goto decline;
-        const unsigned char *k = c.p + 1;
-        if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
-        Py_ssize_t kn = c.p - 1 - k;
-        if (memchr(k, '\\', kn) != NULL) goto decline;
-        j_ws(&c);
-        if (c.p >= c.end || *c.p != ':') goto decline;
-        c.p++;
-        j_ws(&c);
-        if (c.p >= c.end) goto decline;
-        long long *iv = NULL;
-        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
-        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
-        else if (key_is(k, kn, "flag", 4)) iv = &flag;
-        else if (key_is(k, kn, "version", 7)) iv = &version;
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail_rc;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
         if (iv != NULL) {
-            if ((rc = j_int(&c, iv)) != J_OK) goto fail_rc;
-            if (*iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) goto decline;
+            have_code |= iv == &code;
+            if ((rc = j_int32(&c, iv)) != J_OK) goto fail_rc;
             if (iv == &code && code != 310) goto decline;  /* another request (code comes first): at once */
         } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
             if (*c.p != '"') goto decline;
@@ -5909,23 +5935,17 @@ static PyObject *send_frame(PyObject *self, PyObject *const *args, Py_ssize_t na
                         if (z == vs + vn) { r.sp[slot] = (const char *)vs; r.sl[slot] = vn; }
                     }
                 }
-                j_ws(&c);
-                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
-                if (c.p < c.end && *c.p == '}') { c.p++; break; }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
                 goto decline;
             }
         } else {  /* another field: checked, not kept (as j_header) */
-            long long ignored;
-            unsigned char ch = *c.p;
-            if (ch == '"') { if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc; }
-            else if (ch == 't') { if (!j_literal(&c, "true", 4)) goto decline; }
-            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) goto decline; }
-            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) goto decline; }
-            else if ((rc = j_int(&c, &ignored)) != J_OK) goto fail_rc;
+            if ((rc = j_skip_value(&c)) != J_OK) goto fail_rc;
         }
-        j_ws(&c);
-        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
-        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
         goto decline;
     }
     j_ws(&c);
@@ -6226,24 +6246,13 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
     j_ws(&c);
     if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
     for (;;) {
-        j_ws(&c);
-        if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
-        const unsigned char *k = c.p + 1;
-        if (cs_skip(&c) != J_OK) goto give_way;
-        Py_ssize_t kn = c.p - 1 - k;
-        if (memchr(k, '\\', kn) != NULL) Py_RETURN_NONE;
-        j_ws(&c);
-        if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
-        c.p++;
-        j_ws(&c);
-        if (c.p >= c.end) Py_RETURN_NONE;
-        long long *iv = NULL;
-        if (key_is(k, kn, "code", 4)) { iv = &code; have_code = 1; }
-        else if (key_is(k, kn, "opaque", 6)) iv = &opaque;
-        else if (key_is(k, kn, "flag", 4)) iv = &flag;
-        else if (key_is(k, kn, "version", 7)) iv = &ignored;
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if (j_member(&c, &k, &kn) != J_OK) goto give_way;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &ignored);
         if (iv != NULL) {
-            if (j_int(&c, iv) != J_OK || *iv < -0x80000000LL || *iv > 0x7FFFFFFFLL) Py_RETURN_NONE;
+            have_code |= iv == &code;
+            if (j_int32(&c, iv) != J_OK) Py_RETURN_NONE;
         } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
             if (*c.p != '"' || cs_skip(&c) != J_OK) goto give_way;
         } else if (key_is(k, kn, "extFields", 9)) {
@@ -6253,17 +6262,10 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
             j_ws(&c);
             if (c.p < c.end && *c.p == '}') c.p++;
             else for (;;) {
-                j_ws(&c);
-                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
-                const unsigned char *ek = c.p + 1;
-                if (cs_skip(&c) != J_OK) goto give_way;
-                Py_ssize_t ekn = c.p - 1 - ek;
-                if (memchr(ek, '\\', ekn) != NULL) Py_RETURN_NONE;  /* an escaped key: the dict decides */
-                j_ws(&c);
-                if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
-                c.p++;
-                j_ws(&c);
-                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+                const unsigned char *ek;
+                Py_ssize_t ekn;
+                if (j_member(&c, &ek, &ekn) != J_OK) goto give_way;  /* an escaped key: the dict decides */
+                if (*c.p != '"') Py_RETURN_NONE;
                 if (key_is(ek, ekn, "queueId", 7)) {
                     if (!cs_digits(&c, &qid)) Py_RETURN_NONE;
                     have_qid = 1;
@@ -6276,22 +6278,17 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
                     if (cs_skip(&c) != J_OK) goto give_way;
                     if (key_is(ek, ekn, "msgId", 5)) { mid = v; mid_end = c.p; }
                 }
-                j_ws(&c);
-                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
-                if (c.p < c.end && *c.p == '}') { c.p++; break; }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
                 Py_RETURN_NONE;
             }
         } else {  /* another field: checked, not kept (as j_header) */
-            unsigned char ch = *c.p;
-            if (ch == '"') { if (cs_skip(&c) != J_OK) goto give_way; }
-            else if (ch == 't') { if (!j_literal(&c, "true", 4)) Py_RETURN_NONE; }
-            else if (ch == 'f') { if (!j_literal(&c, "false", 5)) Py_RETURN_NONE; }
-            else if (ch == 'n') { if (!j_literal(&c, "null", 4)) Py_RETURN_NONE; }
-            else if (!j_int(&c, &ignored)) Py_RETURN_NONE;
+            if (j_skip_value(&c) != J_OK) goto give_way;
         }
-        j_ws(&c);
-        if (c.p < c.end && *c.p == ',') { c.p++; continue; }
-        if (c.p < c.end && *c.p == '}') { c.p++; break; }
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
         Py_RETURN_NONE;
     }
     j_ws(&c);

@@ -7,6 +7,8 @@ so tests may also shut stores down themselves, e.g. to reopen the directory).
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -114,3 +116,39 @@ def import_native():  # noqa: ANN201 - the extension module
             raise AssertionError(f"RMQ_EVENTSTORE_REQUIRE_NATIVE is set but the extension does not import: {e}") from e
         pytest.skip(f"rmq_eventstore._native is not built ({e}); `make native` builds it", allow_module_level=True)
     return _native
+
+
+@pytest.fixture
+def silent_peer() -> Iterator[str]:
+    """A peer that accepts connections and never answers (nor closes them)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(5)
+        for s in (*accepted, srv):
+            s.close()
+
+
+def stop_reput_thread(svc) -> None:
+    """Stop a store's dispatch thread (without catching up) so that only the test dispatches."""
+    svc._stopped.set()
+    svc._wakeup.set()
+    svc._thread.join(5)
+    svc._thread = None
+    svc._wakeup.clear()
+    svc._signalled = False

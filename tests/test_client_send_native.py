@@ -6,7 +6,6 @@ the fast path does not cover (or that fails on it) ends as the general path ends
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -355,32 +354,6 @@ def test_many_threads_mix_fast_sends_and_other_requests_on_one_connection(broker
         offsets = sorted((r.queue_id, r.queue_offset) for r in results)  # type: ignore[attr-defined]
         assert len(set(offsets)) == 450
         assert not p._base.remoting._conns[addr]._pending
-
-
-@pytest.fixture
-def silent_peer() -> Iterator[str]:
-    """A peer that accepts connections and never answers (nor closes them)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join(5)
-        for s in (*accepted, srv):
-            s.close()
 
 
 def _frame(opaque: int) -> bytes:

@@ -28,7 +28,7 @@ from rmq_eventstore.common import codec
 from rmq_eventstore.common.sysflag import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from rmq_eventstore.store import Message, MessageStore, PutMessageStatus
 from rmq_eventstore.store import reput as reput_module
-from tests.conftest import import_native
+from tests.conftest import import_native, stop_reput_thread
 
 _native = import_native()
 
@@ -38,15 +38,6 @@ GEOMETRY = {
     "max_hash_slot_num": 16,
     "max_index_num": 40,  # an index file every 39 entries
 }
-
-
-def _stop_reput_thread(svc) -> None:
-    svc._stopped.set()
-    svc._wakeup.set()
-    svc._thread.join(5)
-    svc._thread = None
-    svc._wakeup.clear()
-    svc._signalled = False
 
 
 class Twin:
@@ -68,7 +59,7 @@ class Twin:
         self.fast = MessageStore.open(root / "fast", **GEOMETRY, **config)
         self.ref = MessageStore.open(root / "ref", **GEOMETRY, **config)
         for s in (self.fast, self.ref):
-            _stop_reput_thread(s.reput_message_service)
+            stop_reput_thread(s.reput_message_service)
         assert self.fast.reput_message_service._fast_ctx is not None
         self.ref.reput_message_service._fast_ctx = None
         self.heard: dict[str, list[dict]] = {"fast": [], "ref": []}
@@ -318,7 +309,7 @@ def test_native_dispatch_here_clears_the_hold_when_nothing_is_left(tmp_path, mon
     monkeypatch.setattr(reput_module, "_dispatch_singles", _native.dispatch_singles)
     store = MessageStore.open(tmp_path, **GEOMETRY)
     svc = store.reput_message_service
-    _stop_reput_thread(svc)
+    stop_reput_thread(svc)
     _ok(store.put_message(Message(topic="Held", body=b"a")))
     assert svc.do_reput() == 1
     svc._wakeup.clear()

@@ -5,7 +5,6 @@ the broker arrive while the connection is idle, and failures reach every waiter.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -204,32 +203,6 @@ def test_a_lost_connection_fails_waiters_and_is_noticed_idle(tmp_path: Path) -> 
             assert idle_conn.closed  # noticed without any request
             with pytest.raises(RemotingError):
                 idle_conn.invoke(RemotingCommand.request(RequestCode.HEART_BEAT, body=b"{}"), 1.0)
-
-
-@pytest.fixture
-def silent_peer() -> Iterator[str]:
-    """A peer that accepts connections and never answers (nor closes them)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join(5)
-        for s in (*accepted, srv):
-            s.close()
 
 
 def _wait_in_thread(rc: RemotingClient, addr: str, timeout: float) -> tuple[threading.Thread, list[BaseException]]:

@@ -19,6 +19,7 @@ from golden import golden_path, read_jsonl
 
 from rmq_eventstore.common import codec
 from rmq_eventstore.store import GetMessageStatus, Message, PutMessageStatus
+from tests.conftest import stop_reput_thread
 
 GEOMETRY = {
     "mapped_file_size_commit_log": 4096,
@@ -326,21 +327,11 @@ def test_shutdown_while_dispatch_is_behind_keeps_the_abort_file(open_store, stor
 
 
 # -- dispatch on the calling thread (the broker's loop after a write) ---------------------------------------
-def _stop_reput_thread(svc) -> None:
-    """Stop the dispatch thread (without catching up) so that only the test dispatches."""
-    svc._stopped.set()
-    svc._wakeup.set()
-    svc._thread.join(5)
-    svc._thread = None
-    svc._wakeup.clear()
-    svc._signalled = False
-
-
 def test_held_wakeups_are_dispatched_by_the_caller(store):
     """After `hold_wakeups`, a put wakes nobody; `dispatch_here` dispatches it on the calling thread and
     lets later puts wake the thread again."""
     svc = store.reput_message_service
-    _stop_reput_thread(svc)
+    stop_reput_thread(svc)
     assert svc.hold_wakeups()
     assert not svc.hold_wakeups()  # held already: nothing more to promise
     ok(store.put_message(Message(topic="Here", body=b"a", keys=["here-a"])))
@@ -358,7 +349,7 @@ def test_dispatch_here_leaves_to_the_thread_what_it_cannot_take(store):
     """`dispatch_here` never waits for the dispatch lock: when the thread holds it, or when a put lands
     after its pass, the thread is woken so that nothing stays undispatched."""
     svc = store.reput_message_service
-    _stop_reput_thread(svc)
+    stop_reput_thread(svc)
     assert svc.hold_wakeups()
     ok(store.put_message(Message(topic="Busy", body=b"a")))
     with svc._lock:  # the dispatch thread is in a pass
@@ -391,7 +382,7 @@ def test_dispatch_here_leaves_to_the_thread_what_it_cannot_take(store):
 
 def test_a_failed_dispatch_here_is_left_to_the_thread(store, caplog):
     svc = store.reput_message_service
-    _stop_reput_thread(svc)
+    stop_reput_thread(svc)
     real = svc.dispatch
     svc.dispatch = lambda reqs: (_ for _ in ()).throw(OSError("disk trouble"))
     assert svc.hold_wakeups()

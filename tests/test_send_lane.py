@@ -150,8 +150,12 @@ def test_the_lane_leaves_other_sends_to_the_full_path(lane_broker: Broker, field
     assert lane_broker.store.get_max_phy_offset() == end  # nothing stored
 
 
-@pytest.mark.parametrize("topic", ["%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX",
-                                   "rmq_sys_wheel_timer", "NotCreatedYet", "bad topic!", "TBW102"])
+# topics a lane leaves to the full path: retry, DLQ and system topics, one not created, an illegal name
+SPECIAL_TOPICS = ["%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX", "rmq_sys_wheel_timer",
+                  "NotCreatedYet", "bad topic!", "TBW102"]
+
+
+@pytest.mark.parametrize("topic", SPECIAL_TOPICS)
 def test_the_lane_leaves_special_and_unknown_topics_to_the_full_path(lane_broker: Broker, topic: str) -> None:
     if topic.startswith("%RETRY%"):
         lane_broker.create_topic(topic, 1, 1)  # a retry topic that exists is still the full path's

@@ -32,7 +32,7 @@ from rmq_eventstore.remoting import (
     ResponseCode,
 )
 from tests.conftest import SMALL_GEOMETRY
-from tests.test_send_lane import DECLINED, PLAIN, TOPIC, _broker, _records, _send
+from tests.test_send_lane import DECLINED, PLAIN, SPECIAL_TOPICS, TOPIC, _broker, _records, _send
 
 
 class Host:
@@ -130,8 +130,7 @@ def test_the_c_lane_declines_delays_timers_and_half_messages_in_any_text(c_broke
     assert c_broker.store.get_max_phy_offset() == end
 
 
-@pytest.mark.parametrize("topic", ["%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX",
-                                   "rmq_sys_wheel_timer", "NotCreatedYet", "bad topic!", "TBW102"])
+@pytest.mark.parametrize("topic", SPECIAL_TOPICS)
 def test_the_c_lane_declines_special_and_unknown_topics(c_broker: Broker, topic: str) -> None:
     if topic.startswith("%RETRY%"):
         c_broker.create_topic(topic, 1, 1)

@@ -2,11 +2,13 @@
 """Instructions our client process executes per synchronous send, counted by valgrind's cachegrind
 (deterministic, unlike this VM's clocks).
 
-    python benchmarks/cachegrind_client.py [single|trivial] ... [--n 2000] [--base 400] [--callgrind DIR]
+    python benchmarks/cachegrind_client.py [single|trivial|pop1|pop32] ... [--n 2000] [--base 400] [--callgrind DIR]
 
 The broker (`serve_in_thread`, bench_broker.py's settings) runs in a child process NOT under valgrind;
 the client (`Producer.send` of one 200-byte message, bench_broker.py's messages, round-robin queues;
-`trivial`: a GET_MAX_OFFSET through `RemotingClient.invoke`) runs twice under
+`trivial`: a GET_MAX_OFFSET through `RemotingClient.invoke`; `pop1` / `pop32`: bench_pop.py's waited pair,
+`PopConsumer.pop(max_nums=B, invisible_time=60_000, poll_time=1000)` then `ack_batch` of what it took, on a
+topic this script fills beforehand from outside valgrind, B messages a pair, so no pop comes back empty) runs twice under
 `valgrind --tool=cachegrind --cache-sim=no`, once for `--base` requests and once for `--n`. Per request =
 (instructions of the long run - of the short run) / (n - base): import, start-up, route look-up, making
 the messages (n in both runs) and shut-down cancel out. `--callgrind DIR` also keeps a callgrind profile of the long run in DIR (read it
@@ -37,6 +39,16 @@ from benchmarks.bench_broker import BODIES, TAG
 from rmq_eventstore.client import Message, Producer
 from rmq_eventstore.remoting import RemotingCommand, RequestCode
 namesrv, phase, n, made = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[5])
+if phase in ("pop1", "pop32"):  # one pop + ack_batch a request, as bench_pop.py's waited rows
+    from rmq_eventstore.client import PopConsumer
+    size, topic = int(phase[3:]), sys.argv[6]
+    with PopConsumer(namesrv, "cg-pop-" + topic, timeout_ms=60_000) as c:
+        c.ack_batch(c.pop(topic, max_nums=size, invisible_time=60_000, poll_time=1000))  # warm: route, connection
+        for _ in range(n):
+            msgs = c.pop(topic, max_nums=size, invisible_time=60_000, poll_time=1000)
+            c.ack_batch(msgs)
+            assert len(msgs) == size, (len(msgs), size)
+    raise SystemExit(0)
 with Producer(namesrv, "cg-producer", send_timeout_ms=60_000) as p:
     p.send(Message("Profile", BODIES[0], tags=TAG, keys=["warm"]))
     # as many messages made in every run (`made`), so that their cost cancels out of the difference
@@ -56,13 +68,34 @@ with Producer(namesrv, "cg-producer", send_timeout_ms=60_000) as p:
 """
 
 
+_filled = iter(range(1 << 30))
+
+
+def fill(namesrv: str, phase: str, n: int) -> str:
+    """For a pop phase: a new topic holding (n + 1) * B messages in queue 0 (sent from this process, outside
+    valgrind), so that each of the client's pops takes B; "" for the other phases."""
+    if not phase.startswith("pop"):
+        return ""
+    from benchmarks.bench_broker import BODIES, TAG
+    from rmq_eventstore.client import Message, Producer
+
+    size, topic = int(phase[3:]), f"CgPop{phase[3:]}x{next(_filled)}"
+    total = (n + 1) * size
+    with Producer(namesrv, "cg-fill", send_timeout_ms=60_000) as p:
+        for i in range(0, total, 100):
+            p.send_batch([Message(topic, BODIES[j & 1023], tags=TAG) for j in range(i, min(i + 100, total))],
+                         queue_id=0)
+    return topic
+
+
 def run_once(namesrv: str, phase: str, n: int, made: int, root: Path, callgrind: Path | None = None) -> int:
     """Total instructions of a client process that made `n` requests of `phase`."""
+    topic = fill(namesrv, phase, n)
     out = Path(tempfile.mkdtemp(prefix="cg-client-", dir=root)) / "cachegrind.out"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONMALLOC="malloc")
     tool = (["--tool=callgrind", f"--callgrind-out-file={callgrind / f'callgrind.{phase}.out'}"] if callgrind
             else ["--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"])
-    subprocess.run(["valgrind", *tool, sys.executable, "-c", CLIENT, namesrv, phase, str(n), str(REPO), str(made)],
+    subprocess.run(["valgrind", *tool, sys.executable, "-c", CLIENT, namesrv, phase, str(n), str(REPO), str(made), topic],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env=env)
     return 0 if callgrind else instructions(out)
 
@@ -70,7 +103,7 @@ def run_once(namesrv: str, phase: str, n: int, made: int, root: Path, callgrind:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("phases", nargs="*", default=["single"])
-    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--n", type=int, default=2000, help="requests (pop phases: pop + ack pairs)")
     ap.add_argument("--base", type=int, default=400)
     ap.add_argument("--callgrind", type=Path, default=None, help="also keep a callgrind profile here")
     args = ap.parse_args()

@@ -6399,6 +6399,396 @@ static PyObject *client_new_request(PyObject *self, PyObject *const *args, Py_ss
 }
 /* ============================ end of THE CLIENT SEND ================================================= */
 
+/* ============================================================================================== */
+/* THE POP CLIENT (branch pop-client): a lone caller's PopConsumer.pop + ack_batch without a        */
+/* RemotingCommand on the client's side (client/pop_consumer.py's fast path).                       */
+/*   pop_request_frame  the POP_MESSAGE request frame pop() sends (RemotingCommand(...).encode())   */
+/*   pop_take           a lone caller's read holding exactly its SUCCESS POP response: the decoded  */
+/*                      messages with their POP_CK handles appended, as pop() makes them            */
+/*   pop_ack_frame      the BATCH_ACK_MESSAGE frame ack_batch() sends for popped messages of one    */
+/*                      topic (_ack_requests' body, RemotingCommand(...).encode())                  */
+/* Each declines (None, nothing done) for anything but the plain shapes; Python then decides, and   */
+/* stays the definition of the bytes (tests/test_pop_client_native.py compares them).              */
+/* ============================================================================================== */
+
+/* the frame of a request without a body whose JSON header is b->p[8:b->len]: the two length words set */
+static PyObject *pc_frame(rbuf *b) {
+    Py_ssize_t hlen = b->len - 8;
+    if (hlen > 0x7FFFFFF0) Py_RETURN_NONE;
+    put_i32(b->p, (int32_t)(4 + hlen));
+    put_i32(b->p + 4, (int32_t)hlen);
+    return PyBytes_FromStringAndSize((const char *)b->p, b->len);
+}
+
+/* pop_request_frame(group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque) -> bytes or None:
+ * RemotingCommand(200050, {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "maxMsgNums":
+ * str(max_nums), "invisibleTime": str(invisible_time), "pollTime": str(poll_time), "bornTime": "0", "initMode":
+ * "1", "expType": "TAG", "exp": tags, "order": "false"}, b"", opaque).encode(). None for another type (the ints
+ * exact ints within 64 bits, the texts exact str that encode) */
+static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "pop_request_frame takes 8 arguments");
+        return NULL;
+    }
+    if (!PyLong_CheckExact(args[7])) Py_RETURN_NONE;
+    rbuf b;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;
+#define PPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    int ok = PPUT("{\"code\":200050,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, args[7])
+             && PPUT(",\"flag\":0,\"extFields\":{\"consumerGroup\":") && rbuf_jstr(&b, args[0])
+             && PPUT(",\"topic\":") && rbuf_jstr(&b, args[1]) && PPUT(",\"queueId\":") && cs_put_qint(&b, args[2])
+             && PPUT(",\"maxMsgNums\":") && cs_put_qint(&b, args[3]) && PPUT(",\"invisibleTime\":")
+             && cs_put_qint(&b, args[4]) && PPUT(",\"pollTime\":") && cs_put_qint(&b, args[5])
+             && PPUT(",\"bornTime\":\"0\",\"initMode\":\"1\",\"expType\":\"TAG\",\"exp\":") && rbuf_jstr(&b, args[6])
+             && PPUT(",\"order\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
+#undef PPUT
+    PyObject *res;
+    if (ok) res = pc_frame(&b);
+    else if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
+    else { PyErr_Clear(); res = Py_NewRef(Py_None); }
+    rbuf_free(&b);
+    return res;
+}
+
+/* a canonical non-negative decimal (what str(int(t)) gives back unchanged: "0" or no leading zero), 1 to 18
+ * ASCII digits, from p[0:n]; -1 for anything else */
+static long long pc_canon(const char *p, Py_ssize_t n) {
+    if (n <= 0 || n > 18 || (n > 1 && p[0] == '0')) return -1;
+    long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return -1;
+        v = v * 10 + (p[i] - '0');
+    }
+    return v;
+}
+
+/* int(text) of p[0:e - p] when it is 1 to 18 plain ASCII digits (leading zeros allowed, as int() reads them);
+ * -1 for anything else (int() may still take it, or refuse it: Python decides) */
+static long long pc_digits_span(const char *p, const char *e) {
+    if (e - p <= 0 || e - p > 18) return -1;
+    long long r = 0;
+    for (; p < e; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        r = r * 10 + (*p - '0');
+    }
+    return r;
+}
+
+/* int(ext[name]) of a POP response's extFields, as pc_digits_span reads it; -1 when absent or not so */
+static long long pc_ext_int(PyObject *ext, const char *name) {
+    PyObject *v = PyDict_GetItemString(ext, name);  /* borrowed; str keys: no error to clear */
+    if (v == NULL || !PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return -1;
+    const char *p = (const char *)PyUnicode_DATA(v);
+    return pc_digits_span(p, p + PyUnicode_GET_LENGTH(v));
+}
+
+static char *pc_put_ll(char *d, long long v) {
+    char tmp[24], *e = tmp + sizeof tmp, *s = e;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do { *--s = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--s = '-';
+    memcpy(d, s, e - s);
+    return d + (e - s);
+}
+
+#define PC_MAX_STARTS 64
+/* pop_take(topic, broker_name, buf, n, opaque) -> list of MessageExt or None.
+ * buf[:n] (a bytearray: a lone caller's read, nothing buffered before it) is exactly one JSON frame that
+ * client_take_response takes, the SUCCESS response to `opaque` with a body: the messages PopConsumer.pop
+ * returns for it, each with "POP_CK\x01<start> <popTime> <invisibleTime> <reviveQid> 0 <broker_name>
+ * <queueId> <queueOffset>\x02" appended to its properties string (pop's _set_handle on an unparsed message).
+ * None, nothing consumed, for anything else: another code or shape, extFields int() may read otherwise
+ * (signs, spaces, ...) or _parse_starts would refuse, a record codec.decode_records leaves to Python, a
+ * message of another topic (the retry topic's) or of a queue without its start offset; Python decides. */
+static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "pop_take takes 5 arguments");
+        return NULL;
+    }
+    PyObject *topic = args[0], *bname = args[1], *bufo = args[2];
+    if (rc_type == NULL || ext_type == NULL || !PyUnicode_CheckExact(topic) || !PyUnicode_CheckExact(bname)
+        || !PyByteArray_CheckExact(bufo) || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyLong_AsSsize_t(args[3]);
+    long long want = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (n < 8 || n > PyByteArray_GET_SIZE(bufo)) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(bufo);
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
+        || hlen > 1024 * 1024 || n - 8 - hlen <= 0)
+        Py_RETURN_NONE;
+    if (ph_init_names() < 0) return NULL;
+    if (!ph_bind((PyObject *)ext_type)) Py_RETURN_NONE;
+    PyObject *cmd = NULL, *body = NULL, *out = NULL, *lead = NULL, *res = NULL, *targs = NULL, *pos = NULL;
+    int rc = j_header(base + 8, hlen, &cmd);
+    if (rc == J_ERROR) return NULL;
+    if (rc != J_OK) Py_RETURN_NONE;
+    PyObject *ext = rc_get(cmd, RC_EXT);
+    if (PyLong_AsLongLong(rc_get(cmd, RC_OPAQUE)) != want || !(PyLong_AsLong(rc_get(cmd, RC_FLAG)) & 1)
+        || PyLong_AsLong(rc_get(cmd, RC_CODE)) != 0 || ext == NULL || !PyDict_CheckExact(ext))
+        goto decline;
+    long long pt = pc_ext_int(ext, "popTime"), it = pc_ext_int(ext, "invisibleTime"),
+              rq = pc_ext_int(ext, "reviveQid");
+    if (pt < 0 || it < 0 || rq < 0) goto decline;
+    /* _parse_starts: "retry qid start" items between ';' (the last of a key counts); only retry "0" kept */
+    long long sq[PC_MAX_STARTS], ss[PC_MAX_STARTS];
+    int ns = 0;
+    PyObject *so = PyDict_GetItemString(ext, "startOffsetInfo");
+    if (so == NULL || !PyUnicode_CheckExact(so) || !PyUnicode_IS_ASCII(so)) goto decline;
+    {
+        const char *p = (const char *)PyUnicode_DATA(so), *e = p + PyUnicode_GET_LENGTH(so);
+        while (p < e) {
+            const char *ie = memchr(p, ';', e - p);
+            if (ie == NULL) ie = e;
+            if (ie > p) {
+                const char *f[4];
+                int nf = 0;
+                f[nf++] = p;
+                for (const char *q = p; q < ie; q++)
+                    if (*q == ' ') { if (nf == 3) goto decline; f[nf++] = q + 1; }
+                if (nf != 3) goto decline;
+                /* retry text: "0" (kept) or anything else but empty-safe (a retry queue's: not used here) */
+                long long qid = pc_digits_span(f[1], f[2] - 1), st = pc_digits_span(f[2], ie);
+                if (qid < 0 || st < 0) goto decline;
+                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {
+                    int k;
+                    for (k = 0; k < ns && sq[k] != qid; k++) {}
+                    if (k == ns) { if (ns == PC_MAX_STARTS) goto decline; sq[ns++] = qid; }
+                    ss[k] = st;
+                }
+            }
+            p = ie + 1;
+        }
+    }
+    body = PyBytes_FromStringAndSize((const char *)base + 8 + hlen, n - 8 - hlen);
+    out = PyList_New(0);
+    if (body == NULL || out == NULL) goto error;
+    targs = Py_BuildValue("(OnOO)", body, (Py_ssize_t)0, out, Py_True);
+    if (targs == NULL) goto error;
+    pos = decode_records_c(NULL, targs);
+    if (pos == NULL) goto error;
+    if (PyLong_AsSsize_t(pos) != PyBytes_GET_SIZE(body)) { if (PyErr_Occurred()) goto error; goto decline; }
+    Py_ssize_t bn_len;
+    const char *bn = PyUnicode_AsUTF8AndSize(bname, &bn_len);
+    if (bn == NULL) { PyErr_Clear(); goto decline; }
+    if (bn_len > 256) goto decline;
+    long long lead_q = -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
+        PyObject *m = PyList_GET_ITEM(out, i);
+        if (Py_TYPE(m) != ext_type) goto decline;
+        PyObject *t = *(PyObject **)((char *)m + ph_slot_off[PH_TOPIC]), *q = *(PyObject **)((char *)m + ph_slot_off[PH_QID]),
+                 *off = *(PyObject **)((char *)m + ph_slot_off[PH_QOFF]), *s = *(PyObject **)((char *)m + ph_slot_off[PH_PROPS]),
+                 *parsed = *(PyObject **)((char *)m + ph_slot_off[PH_PARSED]);
+        if (t == NULL || q == NULL || off == NULL || s == NULL || parsed != Py_None || !PyUnicode_CheckExact(t)
+            || !PyLong_CheckExact(q) || !PyLong_CheckExact(off) || !PyUnicode_CheckExact(s))
+            goto decline;
+        if (t != topic) {
+            int same = PyUnicode_Compare(t, topic);
+            if (same == -1 && PyErr_Occurred()) goto error;
+            if (same != 0) goto decline;  /* the retry topic's: pop() sets its handle and topic */
+        }
+        int overflow = 0;
+        long long qv = PyLong_AsLongLongAndOverflow(q, &overflow), ov;
+        if (overflow || qv < 0) goto decline;
+        ov = PyLong_AsLongLongAndOverflow(off, &overflow);
+        if (overflow || (ov == -1 && PyErr_Occurred())) { PyErr_Clear(); goto decline; }
+        if (lead == NULL || qv != lead_q) {
+            int k;
+            for (k = 0; k < ns && sq[k] != qv; k++) {}
+            if (k == ns) goto decline;  /* no start offset: the message is its own checkpoint start (pop()) */
+            char tmp[7 + 4 * 24 + 4 + 256 + 24 + 2], *d = tmp;
+            memcpy(d, "POP_CK\x01", 7); d += 7;
+            d = pc_put_ll(d, ss[k]); *d++ = ' ';
+            d = pc_put_ll(d, pt); *d++ = ' ';
+            d = pc_put_ll(d, it); *d++ = ' ';
+            d = pc_put_ll(d, rq); *d++ = ' '; *d++ = '0'; *d++ = ' ';
+            memcpy(d, bn, bn_len); d += bn_len; *d++ = ' ';
+            d = pc_put_ll(d, qv); *d++ = ' ';
+            Py_XSETREF(lead, PyUnicode_DecodeUTF8(tmp, d - tmp, NULL));
+            if (lead == NULL) goto error;
+            lead_q = qv;
+        }
+        PyObject *joined = ph_handle_string(s, lead, ov);
+        if (joined == NULL) goto error;
+        Py_XSETREF(*(PyObject **)((char *)m + ph_slot_off[PH_PROPS]), joined);
+    }
+    res = Py_NewRef(out);
+    goto done;
+decline:
+    if (PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto error;
+        PyErr_Clear();
+    }
+    res = Py_NewRef(Py_None);
+    goto done;
+error:
+    res = NULL;
+done:
+    Py_XDECREF(cmd); Py_XDECREF(body); Py_XDECREF(out); Py_XDECREF(lead); Py_XDECREF(targs); Py_XDECREF(pos);
+    return res;
+}
+
+/* one BatchAck entry of pop_ack_frame: a distinct handle prefix (its first 7 fields) */
+typedef struct { Py_ssize_t at, len; long long ck, qid, rq, pt, it; } pc_entry;
+#define PC_MAX_ENTRIES 64
+#define PC_MAX_HANDLE 512
+
+/* the text json.JSONEncoder() (ensure_ascii) writes for a str that needs no escape: printable ASCII but '"'
+ * and '\\'; 0 for anything else */
+static int pc_plain_ascii(PyObject *o) {
+    if (!PyUnicode_CheckExact(o) || !PyUnicode_IS_ASCII(o)) return 0;
+    const unsigned char *p = PyUnicode_DATA(o);
+    for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(o); i < n; i++)
+        if (p[i] < 0x20 || p[i] > 0x7e || p[i] == '"' || p[i] == '\\') return 0;
+    return 1;
+}
+
+/* pop_ack_frame(msgs, cls, topic, group, opaque) -> bytes or None: the BATCH_ACK_MESSAGE frame
+ * PopConsumer.ack_batch(msgs) sends when every message is an unparsed `cls` (MessageExt) of `topic` whose
+ * POP_CK handle (the last one of its properties string) has exactly 8 fields, the ints canonical decimals
+ * (what ExtraInfo.split + build give back unchanged) and retry "0": RemotingCommand(200151, {}, body,
+ * opaque).encode(), body '{"acks":[' + the entries of _ack_requests (one per distinct handle prefix, in order
+ * of first appearance: BatchAck.json_head + the offsets minus the start offset, comma-joined, + "]}") + "]}".
+ * None for anything else (retry handles, parsed properties, texts JSON would escape, ...): Python decides. */
+static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "pop_ack_frame takes 5 arguments");
+        return NULL;
+    }
+    PyObject *msgs = args[0], *cls = args[1], *topic = args[2], *group = args[3], *opaque = args[4];
+    if (!PyList_CheckExact(msgs) || PyList_GET_SIZE(msgs) == 0 || !PyLong_CheckExact(opaque)
+        || !pc_plain_ascii(topic) || !pc_plain_ascii(group))
+        Py_RETURN_NONE;
+    if (ph_init_names() < 0) return NULL;
+    if (!ph_bind(cls)) Py_RETURN_NONE;
+    Py_ssize_t nm = PyList_GET_SIZE(msgs);
+    pc_entry ents[PC_MAX_ENTRIES];
+    int ne = 0;
+    rbuf pre, bits, b;  /* the entries' prefixes; per message: entry index and bit, as text "e:bit" pairs */
+    pre.p = pre.small; pre.len = 0; pre.cap = sizeof pre.small;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;
+    bits.p = bits.small; bits.len = 0; bits.cap = sizeof bits.small;
+    PyObject *res = NULL;
+    int decline = 1;
+    if (!rbuf_grow(&bits, nm * (Py_ssize_t)(sizeof(int) + sizeof(long long)))) goto out;
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        if ((PyObject *)Py_TYPE(m) != cls) goto out;
+        PyObject *t = *(PyObject **)((char *)m + ph_slot_off[PH_TOPIC]), *s = *(PyObject **)((char *)m + ph_slot_off[PH_PROPS]),
+                 *parsed = *(PyObject **)((char *)m + ph_slot_off[PH_PARSED]);
+        if (t == NULL || s == NULL || parsed != Py_None || !PyUnicode_CheckExact(t) || !PyUnicode_CheckExact(s)) goto out;
+        if (t != topic) {
+            int same = PyUnicode_Compare(t, topic);
+            if (same == -1 && PyErr_Occurred()) goto out;
+            if (same != 0) goto out;
+        }
+        /* _get_handle: after the last "POP_CK\x01" (at 0 or after a \x02), up to the next \x02 or the end */
+        Py_ssize_t sl = PyUnicode_GET_LENGTH(s), j = -1;
+        int kind = PyUnicode_KIND(s);
+        const void *data = PyUnicode_DATA(s);
+        for (Py_ssize_t k = sl - 7; k >= 0; k--) {
+            if (PyUnicode_READ(kind, data, k) == 'P' && PyUnicode_READ(kind, data, k + 1) == 'O'
+                && PyUnicode_READ(kind, data, k + 2) == 'P' && PyUnicode_READ(kind, data, k + 3) == '_'
+                && PyUnicode_READ(kind, data, k + 4) == 'C' && PyUnicode_READ(kind, data, k + 5) == 'K'
+                && PyUnicode_READ(kind, data, k + 6) == 1) { j = k; break; }
+        }
+        if (j < 0 || (j > 0 && PyUnicode_READ(kind, data, j - 1) != 2)) goto out;
+        char h[PC_MAX_HANDLE];
+        Py_ssize_t hl = 0;
+        for (Py_ssize_t k = j + 7; k < sl; k++) {
+            Py_UCS4 c = PyUnicode_READ(kind, data, k);
+            if (c == 2) break;
+            if (c < 0x20 || c > 0x7e || hl == PC_MAX_HANDLE) goto out;  /* the broker name: plain ASCII only */
+            h[hl++] = (char)c;
+        }
+        const char *f[9];
+        int nf = 0;
+        f[nf++] = h;
+        for (Py_ssize_t k = 0; k < hl; k++)
+            if (h[k] == ' ') { if (nf == 8) goto out; f[nf++] = h + k + 1; }
+        if (nf != 8) goto out;
+        f[8] = h + hl + 1;
+        long long v[8];
+        for (int k = 0; k < 8; k++) {
+            if (k == 4 || k == 5) continue;
+            v[k] = pc_canon(f[k], f[k + 1] - 1 - f[k]);
+            if (v[k] < 0) goto out;
+        }
+        if (!(f[5] - 1 - f[4] == 1 && f[4][0] == '0')) goto out;  /* a retry topic's handle */
+        Py_ssize_t plen = f[7] - 1 - h;  /* the prefix: all but " <queueOffset>" */
+        int e;
+        for (e = ne - 1; e >= 0; e--)
+            if (ents[e].len == plen && memcmp(pre.p + ents[e].at, h, plen) == 0) break;
+        if (e < 0) {
+            if (ne == PC_MAX_ENTRIES) goto out;
+            e = ne++;
+            ents[e].at = pre.len; ents[e].len = plen; ents[e].ck = v[0]; ents[e].pt = v[1]; ents[e].it = v[2];
+            ents[e].rq = v[3]; ents[e].qid = v[6];
+            if (!rbuf_put(&pre, h, plen)) goto out;
+        }
+        int ei = e;
+        long long bit = v[7] - ents[e].ck;
+        memcpy(bits.p + bits.len, &ei, sizeof ei); bits.len += sizeof ei;
+        memcpy(bits.p + bits.len, &bit, sizeof bit); bits.len += sizeof bit;
+    }
+#define APUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    {
+        Py_ssize_t tl = PyUnicode_GET_LENGTH(topic), gl = PyUnicode_GET_LENGTH(group);
+        const char *tp = (const char *)PyUnicode_DATA(topic), *gp = (const char *)PyUnicode_DATA(group);
+        int ok = APUT("{\"code\":200151,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, opaque)
+                 && APUT(",\"flag\":0,\"serializeTypeCurrentRPC\":\"JSON\"}");
+        Py_ssize_t hend = b.len;
+        ok = ok && APUT("{\"acks\":[");
+        for (int e = 0; ok && e < ne; e++) {
+            char num[24 * 5 + 40], *d = num;
+            ok = (e == 0 || APUT(",")) && APUT("{\"c\":\"") && rbuf_put(&b, gp, gl) && APUT("\",\"t\":\"")
+                 && rbuf_put(&b, tp, tl) && APUT("\",\"r\":\"0\",\"so\":");
+            d = pc_put_ll(d, ents[e].ck); memcpy(d, ",\"q\":", 5); d += 5;
+            d = pc_put_ll(d, ents[e].qid); memcpy(d, ",\"rq\":", 6); d += 6;
+            d = pc_put_ll(d, ents[e].rq); memcpy(d, ",\"pt\":", 6); d += 6;
+            d = pc_put_ll(d, ents[e].pt); memcpy(d, ",\"it\":", 6); d += 6;
+            d = pc_put_ll(d, ents[e].it); memcpy(d, ",\"b\":[", 6); d += 6;
+            ok = ok && rbuf_put(&b, num, d - num);
+            int first = 1;
+            for (Py_ssize_t k = 0; ok && k < nm; k++) {
+                int ei;
+                long long bit;
+                memcpy(&ei, bits.p + k * (sizeof ei + sizeof bit), sizeof ei);
+                if (ei != e) continue;
+                memcpy(&bit, bits.p + k * (sizeof ei + sizeof bit) + sizeof ei, sizeof bit);
+                d = num;
+                if (!first) *d++ = ',';
+                first = 0;
+                d = pc_put_ll(d, bit);
+                ok = rbuf_put(&b, num, d - num);
+            }
+            ok = ok && APUT("]}");
+        }
+        ok = ok && APUT("]}");
+        if (!ok) goto out;
+        Py_ssize_t hlen = hend - 8, blen = b.len - hend;
+        if (b.len > 0x7FFFFFF0) goto out;
+        put_i32(b.p, (int32_t)(4 + hlen + blen));
+        put_i32(b.p + 4, (int32_t)hlen);
+        res = PyBytes_FromStringAndSize((const char *)b.p, b.len);
+        decline = 0;
+    }
+#undef APUT
+out:
+    rbuf_free(&pre); rbuf_free(&bits); rbuf_free(&b);
+    if (decline) {
+        if (PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+            PyErr_Clear();
+        }
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+/* ============================ end of THE POP CLIENT ================================================== */
+
 static PyMethodDef methods[] = {
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
@@ -6489,6 +6879,13 @@ static PyMethodDef methods[] = {
      "client_take_response(buf, n, opaque): the RemotingCommand of a lone caller's read holding just its response, or None."},
     {"client_new_request", (PyCFunction)(void (*)(void))client_new_request, METH_FASTCALL,
      "client_new_request(code, ext, body, opaque, flag): RemotingCommand.request's command, or None (Python decides)."},
+    /* THE POP CLIENT (branch pop-client): the block above the table */
+    {"pop_request_frame", (PyCFunction)(void (*)(void))pop_request_frame, METH_FASTCALL,
+     "pop_request_frame(group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque): PopConsumer.pop's POP_MESSAGE frame, or None."},
+    {"pop_take", (PyCFunction)(void (*)(void))pop_take, METH_FASTCALL,
+     "pop_take(topic, broker_name, buf, n, opaque): the messages of a lone SUCCESS POP response, handles set, or None."},
+    {"pop_ack_frame", (PyCFunction)(void (*)(void))pop_ack_frame, METH_FASTCALL,
+     "pop_ack_frame(msgs, MessageExt, topic, group, opaque): PopConsumer.ack_batch's BATCH_ACK_MESSAGE frame, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,6 +10,8 @@ property; the message keeps the topic it was popped for, even when it came from 
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..common import MessageExt
 from ..common.native import native
 from ..common.pop import BatchAck, ExtraInfo, bits_text, pop_retry_topic
@@ -21,8 +23,10 @@ from ..common.properties import (
 )
 from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
+from ..remoting.command import OPAQUES
 from .base import ClientBase, decode_records
 from .remoting_client import MQBrokerError
+from .remoting_client import _take_response as _take_response  # the connection's lone-caller response read
 
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
 _POP_MESSAGE, _BATCH_ACK_MESSAGE = RequestCode.POP_MESSAGE, RequestCode.BATCH_ACK_MESSAGE
@@ -119,6 +123,15 @@ def pop_ack_scan_py(msgs: list[MessageExt], i: int, cls: type, lead: str,
 
 _set_handles = native.pop_set_handles if native is not None else pop_set_handles_py
 _ack_scan = native.pop_ack_scan if native is not None else pop_ack_scan_py
+# A lone caller's pop and ack_batch in C (THE POP CLIENT block of _native.c): the POP_MESSAGE frame, the messages
+# of its SUCCESS response read straight from the connection's buffer with their handles set, the BATCH_ACK frame.
+# None without the extension (or under RMQ_EVENTSTORE_PURE=1): the Python path below, which stays the
+# definition of the bytes and of the messages (tests/test_pop_client_native.py compares them).
+_pop_frame = getattr(native, "pop_request_frame", None) if _take_response is not None else None
+_pop_take = getattr(native, "pop_take", None) if _pop_frame is not None else None
+_ack_frame = getattr(native, "pop_ack_frame", None) if _pop_frame is not None else None
+_valid_topics: set[str] = set()  # names validate_topic passed (pop checks each once; a bounded cache)
+_VALID_TOPICS_MAX = 1024
 
 
 class PopConsumer:
@@ -129,6 +142,7 @@ class PopConsumer:
         validate_group(group)
         self.group = group
         self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
+
 
     def start(self) -> PopConsumer:
         self._base.start()
@@ -152,7 +166,20 @@ class PopConsumer:
         broker serves the ack first): one round trip for both, as a Redis client pipelines XACK with the
         next XREADGROUP. If the broker refuses the ack, `MQBrokerError` is raised and what this pop took
         comes back after its invisible time."""
-        validate_topic(topic)
+        if topic.__class__ is not str or topic not in _valid_topics:
+            validate_topic(topic)
+            if len(_valid_topics) >= _VALID_TOPICS_MAX:
+                _valid_topics.clear()
+            _valid_topics.add(topic)
+        base = self._base
+        if not ack and _pop_frame is not None and base.__class__ is ClientBase and base.remoting._sign is None:
+            # the lone caller's pop (one C call for the frame, one for the response): see _pop_plain
+            route = base.route(topic)
+            if route.broker_addrs:
+                got = self._pop_plain(topic, route.broker_addrs, max_nums, invisible_time, poll_time, tags,
+                                      queue_id)
+                if got is not None:
+                    return got
         addr = self._base.broker_for(topic)
         if (queue_id.__class__ is int and max_nums.__class__ is int and invisible_time.__class__ is int
                 and poll_time.__class__ is int and tags.__class__ is str):  # the extFields as `request` makes them
@@ -178,13 +205,43 @@ class PopConsumer:
                 raise MQBrokerError(acked.code, acked.remark, addr)
         else:
             r = self._base.invoke(addr, cmd, timeout, ok=_POP_OK)
+        names = list(self._base.route(topic).broker_addrs)
+        return self._popped(r, topic, names[0] if names else "")
+
+    def _pop_plain(self, topic: str, brokers: dict[str, str], max_nums: int, invisible_time: int, poll_time: int,
+                   tags: str, queue_id: int) -> list[MessageExt] | None:
+        """`pop` without `ack`, unsigned, on a `ClientBase`: the POP_MESSAGE frame made in C
+        (`_native.pop_request_frame`, byte for byte the general path's) and, when the connection's first read
+        is exactly its SUCCESS response, the messages made of it in C (`_native.pop_take`: what `_popped`
+        makes, handles set); any other response goes through `_popped` as in the general path. None, nothing
+        sent, when the frame declines (an odd argument type): the general path decides."""
+        opaque = next(OPAQUES) & 0x7FFFFFFF
+        frame = _pop_frame(self.group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque)  # type: ignore[misc]
+        if frame is None:
+            return None
+        base = self._base
+        addr = next(iter(brokers.values()))  # broker_for's
+        broker_name = next(iter(brokers))  # the handle's broker name: the first broker's, as `pop` takes it
+        remoting = base.remoting
+        conn = remoting._conns.get(addr)
+        if conn is None or conn.closed:
+            conn = remoting.connection(addr)
+        r = conn.invoke_frame(frame, opaque, _POP_MESSAGE, base.timeout + poll_time / 1000.0,
+                              partial(_pop_take, topic, broker_name))  # type: ignore[arg-type]
+        if r.__class__ is list:
+            return r
+        if r.code not in _POP_OK:
+            raise MQBrokerError(r.code, r.remark, addr)
+        return self._popped(r, topic, broker_name)
+
+    def _popped(self, r: RemotingCommand, topic: str, broker_name: str) -> list[MessageExt]:
+        """The messages of a POP response (SUCCESS, NO_MESSAGE or POLLING_TIMEOUT), each with its receipt
+        handle (`POP_CK`, ExtraInfo's text on `broker_name`) and the topic it was popped for."""
         if r.code != ResponseCode.SUCCESS or not r.body:
             return []
         x = r.ext_fields
         pop_time, invisible, revive_qid = int(x["popTime"]), int(x["invisibleTime"]), int(x["reviveQid"])
         starts = _parse_starts(x.get("startOffsetInfo", ""))
-        names = list(self._base.route(topic).broker_addrs)
-        broker_name = names[0] if names else ""
         msgs = decode_records(r.body)
         # each message's handle is ExtraInfo(start, popTime, invisibleTime, reviveQid, retry, brokerName,
         # queueId, queueOffset).build(): all but the last field are shared by the messages of one queue, so
@@ -235,6 +292,24 @@ class PopConsumer:
 
     def ack_batch(self, msgs: list[MessageExt]) -> None:
         """Settle several popped messages with one BATCH_ACK_MESSAGE per broker (one entry per pop)."""
+        if _ack_frame is not None and msgs.__class__ is list and msgs:
+            # popped messages of one topic, their handles plain (not the retry topic's), unsigned, on a
+            # ClientBase: the frame `_ack_requests` + encode make, in one C call (None: the general path)
+            base = self._base
+            topic = msgs[0].topic
+            if base.__class__ is ClientBase and base.remoting._sign is None and topic.__class__ is str:
+                opaque = next(OPAQUES) & 0x7FFFFFFF
+                frame = _ack_frame(msgs, MessageExt, topic, self.group, opaque)
+                if frame is not None:
+                    addr = base.broker_for(topic)
+                    remoting = base.remoting
+                    conn = remoting._conns.get(addr)
+                    if conn is None or conn.closed:
+                        conn = remoting.connection(addr)
+                    r = conn.invoke_frame(frame, opaque, _BATCH_ACK_MESSAGE, base.timeout, _take_response)
+                    if r.code != ResponseCode.SUCCESS:
+                        raise MQBrokerError(r.code, r.remark, addr)
+                    return
         for addr, cmd in self._ack_requests(msgs).items():
             self._base.invoke(addr, cmd)
 

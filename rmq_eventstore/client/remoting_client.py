@@ -68,6 +68,9 @@ class _Pending:
 
 READ_BUFFER_SIZE = 1 << 18  # bytes read at most per recv
 RCVTIMEO_SLACK = 0.05  # a caller's blocking recv may outlast its deadline by this much (see _recv_some)
+# ... and may stop short of it, when the deadline is up to this many times SO_RCVTIMEO away: _await reads again
+# (a consumer alternating POPs with a long-poll timeout and ACKs with the plain one sets it once, not twice a pair)
+RCVTIMEO_STRETCH = 2.0
 _TIMEVAL = struct.Struct("@ll")  # struct timeval (tv_sec, tv_usec) for SO_RCVTIMEO
 IDLE_READ_SECONDS = 0.05  # the idle reader takes over the socket after this long without a waiting caller
 
@@ -153,9 +156,11 @@ class ClientConnection:
         SO_RCVTIMEO, without a `poll` first (one system call per response instead of two). Nothing but the
         socket can wake it: `_fail` and `close` shut the socket down, which ends the `recv` (EOF); the idle
         reader, which other callers wake through the wake-up pair, reads through `_read_some` instead.
-        SO_RCVTIMEO is set again only when `timeout` is not within RCVTIMEO_SLACK below the value set (a
-        run of calls with the same timeout sets it once), so a read may outlast `timeout` by that slack."""
-        if not self._rcvtimeo - RCVTIMEO_SLACK <= timeout <= self._rcvtimeo:
+        SO_RCVTIMEO is set again only when `timeout` is not between RCVTIMEO_SLACK below the value set and
+        RCVTIMEO_STRETCH times it (a run of calls with the same timeout, or with two timeouts that close, sets
+        it once), so a read may outlast `timeout` by that slack, or end before it (False: the caller reads
+        again, with what is left)."""
+        if not self._rcvtimeo - RCVTIMEO_SLACK <= timeout <= self._rcvtimeo * RCVTIMEO_STRETCH:
             self._set_rcvtimeo(timeout)
         try:
             n = self.sock.recv_into(self._rbuf)
@@ -417,7 +422,7 @@ class ClientConnection:
         if lead:
             remaining = deadline - _monotonic()
             if remaining > 0:  # else _await raises the timeout
-                if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo:
+                if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo * RCVTIMEO_STRETCH:
                     self._set_rcvtimeo(remaining)
                 try:
                     n = self.sock.recv_into(self._rbuf)

@@ -1,0 +1,363 @@
+"""A lone caller's `PopConsumer.pop` and `ack_batch` in C (`_native.pop_request_frame`, `_native.pop_take`,
+`_native.pop_ack_frame`) against the general path, which stays the definition: the POP_MESSAGE frame is byte for
+byte the one `pop` builds and encodes in Python; the messages `pop_take` makes of a lone SUCCESS response have
+every field (properties string with its POP_CK handle included) of those `_popped` makes of the decoded
+response; the BATCH_ACK_MESSAGE frame is byte for byte `_ack_requests`' command encoded in Python. Where the C
+functions decline (None) the general path decides, so each test also checks that the plain shapes are not
+declined. Against a real broker: popped messages acked through the C frame are settled, a response the take
+declines (no message, an error code, retry-topic messages) ends as the general path ends it."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq_eventstore.broker import RunningBroker, serve_in_thread
+from rmq_eventstore.client import Message, MQBrokerError, PopConsumer, Producer
+from rmq_eventstore.client import pop_consumer as pop_mod
+from rmq_eventstore.common import MessageExt
+from rmq_eventstore.common.codec import encode_record
+from rmq_eventstore.common.pop import ExtraInfo
+from rmq_eventstore.remoting import FLAG_RESPONSE, FrameDecoder, RemotingCommand, ResponseCode, SerializeType
+from tests.conftest import import_native
+
+native = import_native()  # also under RMQ_EVENTSTORE_PURE=1 (make test's second pass): the fixture below turns it on
+native.init(Message)  # what codec, remoting.command and the pull read do at import, unless RMQ_EVENTSTORE_PURE=1
+native.remoting_init(RemotingCommand, SerializeType.JSON)
+native.init_pull(MessageExt)
+
+HOST = (b"\x7f\x00\x00\x01", 10911)
+
+
+@pytest.fixture(params=["fast", "general"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both paths of PopConsumer against the same broker: the C one (turned on also under
+    RMQ_EVENTSTORE_PURE=1) and the general one (turned off)."""
+    fast = request.param == "fast"
+    monkeypatch.setattr(pop_mod, "_pop_frame", native.pop_request_frame if fast else None)
+    monkeypatch.setattr(pop_mod, "_pop_take", native.pop_take if fast else None)
+    monkeypatch.setattr(pop_mod, "_ack_frame", native.pop_ack_frame if fast else None)
+    if fast and pop_mod._take_response is None:
+        monkeypatch.setattr(pop_mod, "_take_response", native.client_take_response)
+    return request.param
+
+
+class _Capture:
+    """A client base that records the requests PopConsumer makes and answers `answer` (NO_MESSAGE by default)."""
+
+    timeout = 3.0
+
+    def __init__(self, answer: RemotingCommand | None = None) -> None:
+        self.sent: list[RemotingCommand] = []
+        self.answer = answer
+
+    def broker_for(self, topic: str) -> str:
+        return "127.0.0.1:1"
+
+    def route(self, topic: str, refresh: bool = False):  # noqa: ANN201
+        return type("R", (), {"broker_addrs": {"broker-a": "127.0.0.1:1"}})()
+
+    def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None, ok: tuple = (),
+               while_waiting=None) -> RemotingCommand:  # noqa: ANN001
+        self.sent.append(cmd)
+        if self.answer is not None:
+            return self.answer
+        return RemotingCommand(ResponseCode.NO_MESSAGE, {}, b"", cmd.opaque, FLAG_RESPONSE)
+
+
+def consumer(base: object, group: str = "g") -> PopConsumer:
+    c = PopConsumer.__new__(PopConsumer)
+    c.group = group
+    c._base = base  # type: ignore[assignment]
+    return c
+
+
+# -- the POP_MESSAGE frame ------------------------------------------------------------------------------------
+INTS = st.one_of(st.integers(-5, 2**40), st.sampled_from([0, -1, 2**63 - 1, -(2**63), 2**63, 2**70, True, False, 1.0]))
+TEXTS = st.one_of(st.sampled_from(["*", "a || b", "t\u00e9", "\u4e2d", 'q"\\', "\x00\n\x1f", "\ud800", ""]),
+                  st.text(max_size=8))
+
+
+def reference_pop_frame(group: str, topic: str, q: object, mx: object, it: object, pt: object, tags: object,
+                        opaque: int) -> bytes | type:
+    """The frame the general path of `pop` sends for these arguments, with this opaque (Python codec), or the
+    exception it raises."""
+    base = _Capture()
+    try:
+        consumer(base, group).pop(topic, max_nums=mx, invisible_time=it, poll_time=pt, tags=tags,  # type: ignore[arg-type]
+                                  queue_id=q)  # type: ignore[arg-type]
+        cmd = base.sent[0]
+        cmd.opaque = opaque
+        return cmd.encode_py()
+    except Exception as e:
+        return type(e)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["g", "group_1", "CID-x%y|z"]), st.sampled_from(["T", "tasks-1", "%RETRY%g_T"]), INTS, INTS,
+       INTS, INTS, TEXTS, st.integers(0, 2**31 - 1))
+def test_pop_frame_is_the_general_paths(group: str, topic: str, q: object, mx: object, it: object, pt: object,
+                                        tags: object, opaque: int) -> None:
+    got = native.pop_request_frame(group, topic, q, mx, it, pt, tags, opaque)
+    want = reference_pop_frame(group, topic, q, mx, it, pt, tags, opaque)
+    plain = (all(type(v) is int and -(2**63) <= v < 2**63 for v in (q, mx, it, pt)) and type(tags) is str
+             and not re.search("[\ud800-\udfff]", tags))
+    if plain:
+        assert got is not None and got == want
+    else:
+        assert got is None
+
+
+def test_pop_frame_declines_other_types() -> None:
+    assert native.pop_request_frame("g", "T", -1, 32, 60_000, 0, "*", "1") is None
+    assert native.pop_request_frame(1, "T", -1, 32, 60_000, 0, "*", 1) is None
+    with pytest.raises(TypeError):
+        native.pop_request_frame("g", "T")
+
+
+# -- the messages of a POP response ---------------------------------------------------------------------------
+def record(topic: str, qid: int, off: int, props: str, body: bytes) -> bytes:
+    return bytes(encode_record(topic=topic, body=body, properties_string=props, queue_id=qid, queue_offset=off,
+                               born_host=HOST, store_host=HOST, born_timestamp=1_700_000_000_000 + off,
+                               store_timestamp=1_700_000_000_001 + off, physical_offset=off * 300))
+
+
+def response(ext: dict[str, str], body: bytes, opaque: int = 7, code: int = ResponseCode.SUCCESS,
+             flag: int = FLAG_RESPONSE) -> bytes:
+    return RemotingCommand(code, ext, body, opaque, flag, None, "JAVA").encode_py()
+
+
+def state(msgs: list[MessageExt]) -> list[tuple]:
+    return [(type(m).__name__, *(getattr(m, s) for s in MessageExt.__slots__)) for m in msgs]
+
+
+def reference_take(frame: bytes, topic: str, broker_name: str) -> list[MessageExt] | type:
+    """What the general path makes of this response: decoded by the FrameDecoder, then `_popped`."""
+    (r,) = FrameDecoder().feed(frame)
+    try:
+        if r.code not in pop_mod._POP_OK:
+            return MQBrokerError
+        return consumer(None)._popped(r, topic, broker_name)
+    except Exception as e:
+        return type(e)
+
+
+def take(frame: bytes, topic: str, broker_name: str, opaque: int = 7, n: int | None = None) -> list | None:
+    buf = bytearray(frame + b"\xff" * 32)  # the connection's buffer is larger than the read
+    return native.pop_take(topic, broker_name, buf, len(frame) if n is None else n, opaque)
+
+
+PROPS = st.sampled_from(["", "TAGS\x01a\x02", "KEYS\x01k1 k2\x02UNIQ_KEY\x01ABC", "\u00e9\x01\u4e2d\x02", "A\x01B",
+                         "POP_CK\x01old\x02"])
+MSGS = st.lists(st.tuples(st.sampled_from(["T", "T", "T", "%RETRY%g_T", "U"]), st.integers(0, 3),
+                          st.integers(0, 2**40), PROPS, st.binary(max_size=20)), min_size=1, max_size=10)
+NUM = st.one_of(st.integers(0, 2**40).map(str), st.sampled_from(["0012", "+5", " 7", "", "-1", "1_0", "\u0661", "x"]))
+STARTS = st.lists(st.tuples(st.sampled_from(["0", "0", "1", "x"]), st.one_of(st.integers(0, 3).map(str), NUM),
+                            NUM), max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(MSGS, STARTS, st.booleans(), NUM, NUM, NUM, st.sampled_from(["broker-a", "b\u00e9", "", "\u4e2d x"]),
+       st.sampled_from(["", ";", ";;"]), st.booleans())
+def test_take_makes_the_messages_popped_makes(specs: list, starts: list, all_starts: bool, pt: str, it: str,
+                                               rq: str, broker_name: str, sep: str, more_ext: bool) -> None:
+    if all_starts:  # every queue of the messages has its start (the plain case), plus what was drawn
+        starts = [("0", str(q), str(max(0, off - 3))) for _, q, off, _, _ in specs] + starts
+    info = sep + ";".join(" ".join(s) for s in starts) + sep
+    ext = {"popTime": pt, "invisibleTime": it, "reviveQid": rq, "startOffsetInfo": info}
+    if more_ext:
+        ext = {"restNum": "0", **ext, "msgOffsetInfo": "0 1 5", "orderCountInfo": ""}
+    body = b"".join(record(*s) for s in specs)
+    frame = response(ext, body)
+    got = take(frame, "T", broker_name)
+    want = reference_take(frame, "T", broker_name)
+    if got is not None:
+        assert isinstance(want, list) and state(got) == state(want)
+        if " " not in broker_name:  # (a broker name with a space makes a handle nobody can split, either way)
+            assert all(ExtraInfo.split(m.properties["POP_CK"]).queue_offset == m.queue_offset for m in got)
+    plain_num = all(re.fullmatch("[0-9]{1,18}", v) for v in (pt, it, rq))
+    plain_starts = all(re.fullmatch("[0-9]{1,18}", q) and re.fullmatch("[0-9]{1,18}", s) for _, q, s in starts)
+    plain_msgs = all(t == "T" for t, *_ in specs)
+    if all_starts and plain_num and plain_starts and plain_msgs:
+        assert got is not None
+
+
+def test_take_declines_what_is_not_its_lone_success_response() -> None:
+    ext = {"popTime": "100", "invisibleTime": "60000", "reviveQid": "1", "startOffsetInfo": "0 0 5"}
+    body = record("T", 0, 5, "TAGS\x01a\x02", b"x") + record("T", 0, 6, "", b"y")
+    frame = response(ext, body)
+    got = take(frame, "T", "broker-a")
+    assert got is not None and state(got) == state(reference_take(frame, "T", "broker-a"))
+    assert [m.properties_string for m in got] == [
+        "TAGS\x01a\x02POP_CK\x015 100 60000 1 0 broker-a 0 5\x02", "POP_CK\x015 100 60000 1 0 broker-a 0 6\x02"]
+    assert take(frame, "T", "broker-a", opaque=8) is None  # another request's response
+    assert take(response(ext, body, flag=0), "T", "broker-a") is None  # not a response
+    assert take(response(ext, body, code=ResponseCode.POLLING_TIMEOUT), "T", "broker-a") is None
+    assert take(response(ext, body, code=ResponseCode.SYSTEM_ERROR), "T", "broker-a") is None
+    assert take(response(ext, b""), "T", "broker-a") is None  # no body: `_popped` answers []
+    assert take(frame + frame, "T", "broker-a") is None  # two frames in the read
+    assert take(frame, "T", "broker-a", n=len(frame) - 1) is None  # a partial one
+    assert take(frame, "U", "broker-a") is None  # messages of another topic (the retry topic's)
+    assert take(response({**ext, "startOffsetInfo": "0 1 5"}, body), "T", "broker-a") is None  # no start of queue 0
+    assert take(response({**ext, "startOffsetInfo": "0 0"}, body), "T", "broker-a") is None  # _parse_starts raises
+    assert take(response({k: v for k, v in ext.items() if k != "popTime"}, body), "T", "broker-a") is None
+    assert take(b"", "T", "broker-a") is None
+    with pytest.raises(TypeError):
+        native.pop_take("T", "broker-a", bytearray(frame))
+
+
+# -- the BATCH_ACK_MESSAGE frame ------------------------------------------------------------------------------
+def popped(topic: str, handle: str, props: str = "", parsed: bool = False, cls: type = MessageExt) -> MessageExt:
+    m = cls(0, 0, 0, 0, 0, 0, 0, 0, 0, b"\0\0\0\0", 0, 0, b"\0\0\0\0", 0, 0, 0, b"", topic,
+            f"{props}POP_CK\x01{handle}\x02" if handle is not None else props)
+    if parsed:
+        m.properties  # noqa: B018  # parsed now
+    return m
+
+
+class Other(MessageExt):
+    __slots__ = ()
+
+
+def reference_ack_frame(msgs: list[MessageExt], group: str, opaque: int) -> bytes | None | type:
+    """The frame the general path of `ack_batch` sends (Python codec, this opaque); None when it sends more or
+    less than one; the exception it raises."""
+    try:
+        reqs = consumer(_Capture(), group)._ack_requests(msgs)
+    except Exception as e:
+        return type(e)
+    if len(reqs) != 1:
+        return None
+    (cmd,) = reqs.values()
+    cmd.opaque = opaque
+    return cmd.encode_py()
+
+
+HANDLE = st.tuples(st.sampled_from([0, 5, 2**40]), st.sampled_from([1_700_000_000_000, 7]), st.sampled_from([60_000, 1]),
+                   st.integers(0, 3), st.sampled_from(["0", "0", "0", "1"]), st.sampled_from(["broker-a", "b", "b\u00e9"]),
+                   st.integers(0, 3), st.integers(0, 2**40))
+ODD = st.sampled_from([None, "", "0012", "+5", "x", "9 fields"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["T", "T", "T", "U"]), HANDLE, ODD, PROPS, st.booleans(),
+                          st.sampled_from([MessageExt, MessageExt, MessageExt, Other])), max_size=12),
+       st.sampled_from(["g", "CID_x-y", 'g"\\', "g\u00e9"]), st.integers(0, 2**31 - 1))
+def test_ack_frame_is_the_general_paths(specs: list, group: str, opaque: int) -> None:
+    msgs = []
+    for topic, (so, pt, it, rq, retry, bn, q, off), odd, props, parsed, cls in specs:
+        handle = f"{so} {pt} {it} {rq} {retry} {bn} {q} {off}"
+        if odd is not None:
+            handle = {"": "", "0012": handle.replace(f" {q} ", f" 00{q} ", 1), "+5": "+" + handle,
+                      "x": handle + "x", "9 fields": handle + " 1"}[odd]
+        msgs.append(popped(topic, handle, props.replace("POP_CK", "PCK"), parsed and odd is None, cls))
+    got = native.pop_ack_frame(msgs, MessageExt, msgs[0].topic if msgs else "T", group, opaque)
+    want = reference_ack_frame(msgs, group, opaque)
+    if got is not None:
+        assert got == want
+    plain = (msgs and all(t == "T" and retry == "0" and "\u00e9" not in bn and odd is None and not parsed
+                          and cls is MessageExt for t, (_, _, _, _, retry, bn, _, _), odd, _, parsed, cls in specs)
+             and re.fullmatch("[A-Za-z0-9_-]+", group))
+    if plain:
+        assert got is not None
+
+
+def test_ack_frame_entries_and_declines() -> None:
+    h = ExtraInfo(5, 100, 60000, 1, False, "broker-a", 0, 5).build()
+    msgs = [popped("T", h), popped("T", h[:-1] + "7", "TAGS\x01a\x02"),
+            popped("T", ExtraInfo(9, 100, 60000, 1, False, "broker-a", 2, 9).build()),
+            popped("T", h[:-1] + "3")]  # an offset before the start: a negative bit, as Python writes it
+    frame = native.pop_ack_frame(msgs, MessageExt, "T", "g", 42)
+    assert frame == reference_ack_frame(msgs, "g", 42)
+    assert frame.endswith(b'{"acks":[{"c":"g","t":"T","r":"0","so":5,"q":0,"rq":1,"pt":100,"it":60000,"b":[0,2,-2]},'
+                          b'{"c":"g","t":"T","r":"0","so":9,"q":2,"rq":1,"pt":100,"it":60000,"b":[0]}]}')
+    assert native.pop_ack_frame([], MessageExt, "T", "g", 1) is None
+    assert native.pop_ack_frame(msgs, MessageExt, "U", "g", 1) is None  # not all of this topic
+    assert native.pop_ack_frame([popped("T", h.replace(" 0 broker", " 1 broker"))], MessageExt, "T", "g", 1) is None
+    assert native.pop_ack_frame([popped("T", h, parsed=True)], MessageExt, "T", "g", 1) is None
+    assert native.pop_ack_frame([popped("T", None, "TAGS\x01a\x02")], MessageExt, "T", "g", 1) is None
+    last = [popped("T", h, "XPOP_CK\x01v\x02POP_CK\x01other\x02")]  # the last POP_CK counts
+    assert native.pop_ack_frame(last, MessageExt, "T", "g", 1) == reference_ack_frame(last, "g", 1) is not None
+    odd = [popped("T", h, "XPOP_CK\x01")]  # the last POP_CK\x01 is not at a property boundary: Python parses
+    assert native.pop_ack_frame(odd, MessageExt, "T", "g", 1) is None
+    m = popped("T", h)
+    m.properties_string = "APOP_CK\x01" + h  # not at a property boundary: _get_handle parses
+    assert native.pop_ack_frame([m], MessageExt, "T", "g", 1) is None
+    many = [popped("T", ExtraInfo(i, 100, 60000, 1, False, "b", 0, i).build()) for i in range(65)]
+    assert native.pop_ack_frame(many, MessageExt, "T", "g", 1) is None  # more entries than the C table holds
+    assert native.pop_ack_frame(many[:64], MessageExt, "T", "g", 1) == reference_ack_frame(many[:64], "g", 1)
+
+
+# -- against a broker -----------------------------------------------------------------------------------------
+SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
+         "max_hash_slot_num": 1024, "max_index_num": 4096}
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[RunningBroker]:
+    with serve_in_thread(tmp_path / "store", **SMALL) as rb:
+        yield rb
+
+
+def test_pop_and_ack_batch_against_a_broker(broker: RunningBroker, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = broker.namesrv_address
+    calls: list[str] = []
+    if path == "fast":  # the C functions were used (and what they declined went the general way)
+        for name in ("_pop_take", "_ack_frame"):
+            f = getattr(pop_mod, name)
+            monkeypatch.setattr(pop_mod, name, lambda *a, f=f, name=name: (calls.append(name), f(*a))[1])
+    with Producer(ns, "p") as p:
+        for i in range(40):
+            p.send(Message("tasks", f"m{i}".encode(), tags="t", keys=f"k{i}"))
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "workers") as c:
+        got: list[MessageExt] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 40 and time.monotonic() < deadline:
+            batch = c.pop("tasks", max_nums=16, invisible_time=1500, poll_time=200)
+            for m in batch:
+                e = ExtraInfo.split(m.properties["POP_CK"])
+                assert (m.topic, e.queue_id, e.queue_offset, e.retry) == ("tasks", m.queue_id, m.queue_offset, False)
+                assert m.tags == "t" and m.keys == f"k{m.body.decode()[1:]}"
+            c.ack_batch(batch)
+            got += batch
+        assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(40))
+        time.sleep(1.8)  # past the invisible time: nothing comes back, all were acked
+        assert c.pop("tasks", max_nums=32, invisible_time=1000, poll_time=300) == []
+        assert c.pop("tasks", max_nums=32, invisible_time=1000) == []  # NO_MESSAGE at once
+    if path == "fast":
+        assert "_pop_take" in calls and "_ack_frame" in calls
+
+
+def test_errors_and_retry_messages_end_as_the_general_path(broker: RunningBroker, path: str) -> None:
+    ns = broker.namesrv_address
+    with Producer(ns, "p") as p:
+        for i in range(3):
+            p.send(Message("tasks", f"m{i}".encode()))
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "workers") as c:
+        with pytest.raises(MQBrokerError) as ei:
+            c.pop("tasks", max_nums=4, invisible_time=1000, queue_id=99)  # no such queue
+        assert ei.value.code != ResponseCode.SUCCESS
+        first = []
+        deadline = time.monotonic() + 10
+        while len(first) < 3 and time.monotonic() < deadline:
+            first += c.pop("tasks", max_nums=4, invisible_time=1000, poll_time=200)
+        assert len(first) == 3
+        time.sleep(1.3)  # not acked: they come back through the retry topic (the take declines those)
+        back: list[MessageExt] = []
+        deadline = time.monotonic() + 10
+        while len(back) < 3 and time.monotonic() < deadline:
+            back += c.pop("tasks", max_nums=4, invisible_time=60_000, poll_time=300)
+        assert sorted(m.body for m in back) == [b"m0", b"m1", b"m2"]
+        assert all(m.topic == "tasks" and ExtraInfo.split(m.properties["POP_CK"]).retry for m in back)
+        c.ack_batch(back)  # retry handles: the general path's ack
+        with pytest.raises(ValueError, match="no POP_CK"):
+            c.ack_batch([MessageExt(0, 0, 0, 0, 0, 0, 0, 0, 0, b"\0\0\0\0", 0, 0, b"\0\0\0\0", 0, 0, 0, b"",
+                                    "tasks", "")])

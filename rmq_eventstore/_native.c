@@ -6491,6 +6491,24 @@ static char *pc_put_ll(char *d, long long v) {
     return d + (e - s);
 }
 
+/* ph_handle_string (s + [SEP] + lead + str(off) + SEP) with the common case in place: s and lead ASCII */
+static PyObject *pc_handle_string(PyObject *s, PyObject *lead, long long off) {
+    if (!PyUnicode_IS_ASCII(s) || !PyUnicode_IS_ASCII(lead)) return ph_handle_string(s, lead, off);
+    char digits[24], *de = pc_put_ll(digits, off);
+    Py_ssize_t ns = PyUnicode_GET_LENGTH(s), nl = PyUnicode_GET_LENGTH(lead), nd = de - digits;
+    const char *sp = (const char *)PyUnicode_DATA(s);
+    int glue = ns > 0 && sp[ns - 1] != 2;
+    PyObject *r = PyUnicode_New(ns + glue + nl + nd + 1, 127);
+    if (r == NULL) return NULL;
+    char *d = (char *)PyUnicode_DATA(r);
+    memcpy(d, sp, ns); d += ns;
+    if (glue) *d++ = 2;
+    memcpy(d, PyUnicode_DATA(lead), nl); d += nl;
+    memcpy(d, digits, nd); d += nd;
+    *d = 2;
+    return r;
+}
+
 #define PC_MAX_STARTS 64
 /* pop_take(topic, broker_name, buf, n, opaque) -> list of MessageExt or None.
  * buf[:n] (a bytearray: a lone caller's read, nothing buffered before it) is exactly one JSON frame that
@@ -6610,7 +6628,7 @@ static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t narg
             if (lead == NULL) goto error;
             lead_q = qv;
         }
-        PyObject *joined = ph_handle_string(s, lead, ov);
+        PyObject *joined = pc_handle_string(s, lead, ov);
         if (joined == NULL) goto error;
         Py_XSETREF(*(PyObject **)((char *)m + ph_slot_off[PH_PROPS]), joined);
     }
@@ -6688,20 +6706,35 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_ssize_t sl = PyUnicode_GET_LENGTH(s), j = -1;
         int kind = PyUnicode_KIND(s);
         const void *data = PyUnicode_DATA(s);
-        for (Py_ssize_t k = sl - 7; k >= 0; k--) {
-            if (PyUnicode_READ(kind, data, k) == 'P' && PyUnicode_READ(kind, data, k + 1) == 'O'
-                && PyUnicode_READ(kind, data, k + 2) == 'P' && PyUnicode_READ(kind, data, k + 3) == '_'
-                && PyUnicode_READ(kind, data, k + 4) == 'C' && PyUnicode_READ(kind, data, k + 5) == 'K'
-                && PyUnicode_READ(kind, data, k + 6) == 1) { j = k; break; }
-        }
-        if (j < 0 || (j > 0 && PyUnicode_READ(kind, data, j - 1) != 2)) goto out;
-        char h[PC_MAX_HANDLE];
+        char hbuf[PC_MAX_HANDLE];
+        const char *h;
         Py_ssize_t hl = 0;
-        for (Py_ssize_t k = j + 7; k < sl; k++) {
-            Py_UCS4 c = PyUnicode_READ(kind, data, k);
-            if (c == 2) break;
-            if (c < 0x20 || c > 0x7e || hl == PC_MAX_HANDLE) goto out;  /* the broker name: plain ASCII only */
-            h[hl++] = (char)c;
+        if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place */
+            const unsigned char *d = data;
+            for (Py_ssize_t k = sl - 1; k >= 6; k--)
+                if (d[k] == 1 && memcmp(d + k - 6, "POP_CK", 6) == 0) { j = k - 6; break; }
+            if (j < 0 || (j > 0 && d[j - 1] != 2)) goto out;
+            const unsigned char *hp = d + j + 7, *e = d + sl;
+            while (hp + hl < e && hp[hl] != 2) {
+                if (hp[hl] < 0x20 || hp[hl] > 0x7e || hl == PC_MAX_HANDLE) goto out;  /* plain ASCII only */
+                hl++;
+            }
+            h = (const char *)hp;
+        } else {
+            for (Py_ssize_t k = sl - 7; k >= 0; k--) {
+                if (PyUnicode_READ(kind, data, k) == 'P' && PyUnicode_READ(kind, data, k + 1) == 'O'
+                    && PyUnicode_READ(kind, data, k + 2) == 'P' && PyUnicode_READ(kind, data, k + 3) == '_'
+                    && PyUnicode_READ(kind, data, k + 4) == 'C' && PyUnicode_READ(kind, data, k + 5) == 'K'
+                    && PyUnicode_READ(kind, data, k + 6) == 1) { j = k; break; }
+            }
+            if (j < 0 || (j > 0 && PyUnicode_READ(kind, data, j - 1) != 2)) goto out;
+            for (Py_ssize_t k = j + 7; k < sl; k++) {
+                Py_UCS4 c = PyUnicode_READ(kind, data, k);
+                if (c == 2) break;
+                if (c < 0x20 || c > 0x7e || hl == PC_MAX_HANDLE) goto out;  /* the broker name: plain ASCII only */
+                hbuf[hl++] = (char)c;
+            }
+            h = hbuf;
         }
         const char *f[9];
         int nf = 0;
@@ -6709,7 +6742,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         for (Py_ssize_t k = 0; k < hl; k++)
             if (h[k] == ' ') { if (nf == 8) goto out; f[nf++] = h + k + 1; }
         if (nf != 8) goto out;
-        f[8] = h + hl + 1;
+        f[8] = h + hl + 1;  /* (one past the end: only subtracted from) */
         long long v[8];
         for (int k = 0; k < 8; k++) {
             if (k == 4 || k == 5) continue;

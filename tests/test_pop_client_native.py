@@ -214,8 +214,9 @@ def test_take_declines_what_is_not_its_lone_success_response() -> None:
 
 # -- the BATCH_ACK_MESSAGE frame ------------------------------------------------------------------------------
 def popped(topic: str, handle: str, props: str = "", parsed: bool = False, cls: type = MessageExt) -> MessageExt:
+    glue = "\x02" if props and not props.endswith("\x02") else ""  # as _set_handle appends it
     m = cls(0, 0, 0, 0, 0, 0, 0, 0, 0, b"\0\0\0\0", 0, 0, b"\0\0\0\0", 0, 0, 0, b"", topic,
-            f"{props}POP_CK\x01{handle}\x02" if handle is not None else props)
+            f"{props}{glue}POP_CK\x01{handle}\x02" if handle is not None else props)
     if parsed:
         m.properties  # noqa: B018  # parsed now
     return m
@@ -284,11 +285,11 @@ def test_ack_frame_entries_and_declines() -> None:
     assert native.pop_ack_frame([popped("T", None, "TAGS\x01a\x02")], MessageExt, "T", "g", 1) is None
     last = [popped("T", h, "XPOP_CK\x01v\x02POP_CK\x01other\x02")]  # the last POP_CK counts
     assert native.pop_ack_frame(last, MessageExt, "T", "g", 1) == reference_ack_frame(last, "g", 1) is not None
-    odd = [popped("T", h, "XPOP_CK\x01")]  # the last POP_CK\x01 is not at a property boundary: Python parses
-    assert native.pop_ack_frame(odd, MessageExt, "T", "g", 1) is None
-    m = popped("T", h)
-    m.properties_string = "APOP_CK\x01" + h  # not at a property boundary: _get_handle parses
-    assert native.pop_ack_frame([m], MessageExt, "T", "g", 1) is None
+    odd = popped("T", h)
+    odd.properties_string = "A\x01BPOP_CK\x01" + h  # not at a property boundary: _get_handle parses
+    assert native.pop_ack_frame([odd], MessageExt, "T", "g", 1) is None
+    wide = [popped("T", h, "K\x01\u4e2d\x02"), popped("T", h[:-1] + "6", "K\x01\u00e9")]  # 2- and 1-byte kinds
+    assert native.pop_ack_frame(wide, MessageExt, "T", "g", 1) == reference_ack_frame(wide, "g", 1) is not None
     many = [popped("T", ExtraInfo(i, 100, 60000, 1, False, "b", 0, i).build()) for i in range(65)]
     assert native.pop_ack_frame(many, MessageExt, "T", "g", 1) is None  # more entries than the C table holds
     assert native.pop_ack_frame(many[:64], MessageExt, "T", "g", 1) == reference_ack_frame(many[:64], "g", 1)

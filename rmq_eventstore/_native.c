@@ -6474,14 +6474,6 @@ static long long pc_digits_span(const char *p, const char *e) {
     return r;
 }
 
-/* int(ext[name]) of a POP response's extFields, as pc_digits_span reads it; -1 when absent or not so */
-static long long pc_ext_int(PyObject *ext, const char *name) {
-    PyObject *v = PyDict_GetItemString(ext, name);  /* borrowed; str keys: no error to clear */
-    if (v == NULL || !PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return -1;
-    const char *p = (const char *)PyUnicode_DATA(v);
-    return pc_digits_span(p, p + PyUnicode_GET_LENGTH(v));
-}
-
 static char *pc_put_ll(char *d, long long v) {
     char tmp[24], *e = tmp + sizeof tmp, *s = e;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
@@ -6509,6 +6501,100 @@ static PyObject *pc_handle_string(PyObject *s, PyObject *lead, long long off) {
     return r;
 }
 
+/* A response header read in place, as client_send_take reads it (j_header's grammar; no command, no dict):
+ * 1 when it is a response (flag bit 0) to `want` with code 0 whose extFields' values are plain strings; then
+ * vs[i]..ve[i] is the text of the last extFields' member names[i] (vs[i] NULL when it has none), which holds
+ * no escape. 0 for anything else (another code or shape, an escape in a wanted value): the caller declines. */
+static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, const char *const *names, int nn,
+                   const unsigned char **vs, const unsigned char **ve) {
+    jcur c = {h, h + hlen};
+    long long code = 0, opaque = 0, flag = 0, ignored;
+    int have_code = 0;
+    for (int i = 0; i < nn; i++) vs[i] = ve[i] = NULL;
+    if (hlen < 2 || *c.p != '{') return 0;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') return 0;
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if (j_member(&c, &k, &kn) != J_OK) return 0;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &ignored);
+        if (iv != NULL) {
+            have_code |= iv == &code;
+            if (j_int32(&c, iv) != J_OK) return 0;
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"' || cs_skip(&c) != J_OK) return 0;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') return 0;
+            c.p++;
+            for (int i = 0; i < nn; i++) vs[i] = ve[i] = NULL;  /* a later extFields replaces an earlier one */
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                const unsigned char *ek;
+                Py_ssize_t ekn;
+                if (j_member(&c, &ek, &ekn) != J_OK || *c.p != '"') return 0;
+                const unsigned char *v = c.p;
+                if (cs_skip(&c) != J_OK) return 0;
+                for (int i = 0; i < nn; i++)
+                    if (key_is(ek, ekn, names[i], (Py_ssize_t)strlen(names[i]))) {
+                        if (memchr(v + 1, '\\', c.p - 2 - v) != NULL) return 0;
+                        vs[i] = v + 1; ve[i] = c.p - 1;  /* the last of a key counts, as in the dict */
+                    }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
+                return 0;
+            }
+        } else if (j_skip_value(&c) != J_OK) {  /* another field: checked, not kept (as j_header) */
+            return 0;
+        }
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        return 0;
+    }
+    j_ws(&c);
+    return c.p == c.end && have_code && code == 0 && opaque == want && (flag & 1);
+}
+
+/* the frame checks of client_take_response: buf[:n] is one whole frame with a JSON header; its header length */
+static Py_ssize_t pc_frame_header(PyObject *bufo, PyObject *no, Py_ssize_t *n) {
+    if (!PyByteArray_CheckExact(bufo) || !PyLong_CheckExact(no)) return -1;
+    *n = PyLong_AsSsize_t(no);
+    if (*n == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    if (*n < 8 || *n > PyByteArray_GET_SIZE(bufo)) return -1;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(bufo);
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if ((Py_ssize_t)length + 4 != *n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
+        || hlen > 1024 * 1024)
+        return -1;
+    return hlen;
+}
+
+/* pop_ack_take(buf, n, opaque) -> True or None: True when buf[:n] (a lone caller's read, nothing buffered
+ * before it) is exactly one JSON frame that client_take_response takes, the SUCCESS response to `opaque`
+ * (what ack_batch checks of it); None, nothing consumed, for anything else (the connection decodes it). */
+static PyObject *pop_ack_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t n;
+    if (nargs != 3 || !PyLong_CheckExact(args[2])) Py_RETURN_NONE;
+    Py_ssize_t hlen = pc_frame_header(args[0], args[1], &n);
+    long long want = PyLong_AsLongLong(args[2]);
+    if (want == -1 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (hlen < 0) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+    if (!pc_scan(base + 8, hlen, want, NULL, 0, NULL, NULL)) {
+        if (PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+            PyErr_Clear();
+        }
+        Py_RETURN_NONE;
+    }
+    Py_RETURN_TRUE;
+}
+
 #define PC_MAX_STARTS 64
 /* pop_take(topic, broker_name, buf, n, opaque) -> list of MessageExt or None.
  * buf[:n] (a bytearray: a lone caller's read, nothing buffered before it) is exactly one JSON frame that
@@ -6523,54 +6609,46 @@ static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "pop_take takes 5 arguments");
         return NULL;
     }
-    PyObject *topic = args[0], *bname = args[1], *bufo = args[2];
+    PyObject *topic = args[0], *bname = args[1];
     if (rc_type == NULL || ext_type == NULL || !PyUnicode_CheckExact(topic) || !PyUnicode_CheckExact(bname)
-        || !PyByteArray_CheckExact(bufo) || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]))
+        || !PyLong_CheckExact(args[4]))
         Py_RETURN_NONE;
-    Py_ssize_t n = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t n;
+    Py_ssize_t hlen = pc_frame_header(args[2], args[3], &n);
     long long want = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
-    if (n < 8 || n > PyByteArray_GET_SIZE(bufo)) Py_RETURN_NONE;
-    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(bufo);
-    int32_t length = get_i32(base), word = get_i32(base + 4);
-    Py_ssize_t hlen = word & 0xFFFFFF;
-    if ((Py_ssize_t)length + 4 != n || ((word >> 24) & 0xFF) != 0 || hlen <= 0 || hlen > length - 4
-        || hlen > 1024 * 1024 || n - 8 - hlen <= 0)
-        Py_RETURN_NONE;
+    if (want == -1 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (hlen < 0 || n - 8 - hlen <= 0) Py_RETURN_NONE;  /* no body: _popped answers [] */
+    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[2]);
     if (ph_init_names() < 0) return NULL;
     if (!ph_bind((PyObject *)ext_type)) Py_RETURN_NONE;
-    PyObject *cmd = NULL, *body = NULL, *out = NULL, *lead = NULL, *res = NULL, *targs = NULL, *pos = NULL;
-    int rc = j_header(base + 8, hlen, &cmd);
-    if (rc == J_ERROR) return NULL;
-    if (rc != J_OK) Py_RETURN_NONE;
-    PyObject *ext = rc_get(cmd, RC_EXT);
-    if (PyLong_AsLongLong(rc_get(cmd, RC_OPAQUE)) != want || !(PyLong_AsLong(rc_get(cmd, RC_FLAG)) & 1)
-        || PyLong_AsLong(rc_get(cmd, RC_CODE)) != 0 || ext == NULL || !PyDict_CheckExact(ext))
-        goto decline;
-    long long pt = pc_ext_int(ext, "popTime"), it = pc_ext_int(ext, "invisibleTime"),
-              rq = pc_ext_int(ext, "reviveQid");
+    PyObject *body = NULL, *out = NULL, *lead = NULL, *res = NULL, *targs = NULL, *pos = NULL;
+    static const char *const names[4] = {"popTime", "invisibleTime", "reviveQid", "startOffsetInfo"};
+    const unsigned char *vs[4], *ve[4];
+    if (!pc_scan(base + 8, hlen, want, names, 4, vs, ve)) goto decline;
+    for (int i = 0; i < 4; i++)
+        if (vs[i] == NULL) goto decline;  /* int(x["popTime"]) raises; no startOffsetInfo: no handle here */
+    long long pt = pc_digits_span((const char *)vs[0], (const char *)ve[0]),
+              it = pc_digits_span((const char *)vs[1], (const char *)ve[1]),
+              rq = pc_digits_span((const char *)vs[2], (const char *)ve[2]);
     if (pt < 0 || it < 0 || rq < 0) goto decline;
     /* _parse_starts: "retry qid start" items between ';' (the last of a key counts); only retry "0" kept */
     long long sq[PC_MAX_STARTS], ss[PC_MAX_STARTS];
     int ns = 0;
-    PyObject *so = PyDict_GetItemString(ext, "startOffsetInfo");
-    if (so == NULL || !PyUnicode_CheckExact(so) || !PyUnicode_IS_ASCII(so)) goto decline;
     {
-        const char *p = (const char *)PyUnicode_DATA(so), *e = p + PyUnicode_GET_LENGTH(so);
+        const char *p = (const char *)vs[3], *e = (const char *)ve[3];
         while (p < e) {
             const char *ie = memchr(p, ';', e - p);
             if (ie == NULL) ie = e;
             if (ie > p) {
-                const char *f[4];
+                const char *f[3];
                 int nf = 0;
                 f[nf++] = p;
                 for (const char *q = p; q < ie; q++)
                     if (*q == ' ') { if (nf == 3) goto decline; f[nf++] = q + 1; }
-                if (nf != 3) goto decline;
-                /* retry text: "0" (kept) or anything else but empty-safe (a retry queue's: not used here) */
+                if (nf != 3) goto decline;  /* item.split(" ") into three, or _parse_starts raises */
                 long long qid = pc_digits_span(f[1], f[2] - 1), st = pc_digits_span(f[2], ie);
                 if (qid < 0 || st < 0) goto decline;
-                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {
+                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {  /* retry != "0": a retry queue's, not used here */
                     int k;
                     for (k = 0; k < ns && sq[k] != qid; k++) {}
                     if (k == ns) { if (ns == PC_MAX_STARTS) goto decline; sq[ns++] = qid; }
@@ -6644,7 +6722,7 @@ decline:
 error:
     res = NULL;
 done:
-    Py_XDECREF(cmd); Py_XDECREF(body); Py_XDECREF(out); Py_XDECREF(lead); Py_XDECREF(targs); Py_XDECREF(pos);
+    Py_XDECREF(body); Py_XDECREF(out); Py_XDECREF(lead); Py_XDECREF(targs); Py_XDECREF(pos);
     return res;
 }
 
@@ -6917,6 +6995,8 @@ static PyMethodDef methods[] = {
      "pop_request_frame(group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque): PopConsumer.pop's POP_MESSAGE frame, or None."},
     {"pop_take", (PyCFunction)(void (*)(void))pop_take, METH_FASTCALL,
      "pop_take(topic, broker_name, buf, n, opaque): the messages of a lone SUCCESS POP response, handles set, or None."},
+    {"pop_ack_take", (PyCFunction)(void (*)(void))pop_ack_take, METH_FASTCALL,
+     "pop_ack_take(buf, n, opaque): True when a lone caller's read is just its SUCCESS response, or None."},
     {"pop_ack_frame", (PyCFunction)(void (*)(void))pop_ack_frame, METH_FASTCALL,
      "pop_ack_frame(msgs, MessageExt, topic, group, opaque): PopConsumer.ack_batch's BATCH_ACK_MESSAGE frame, or None."},
     {NULL, NULL, 0, NULL},

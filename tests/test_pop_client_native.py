@@ -43,8 +43,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     monkeypatch.setattr(pop_mod, "_pop_frame", native.pop_request_frame if fast else None)
     monkeypatch.setattr(pop_mod, "_pop_take", native.pop_take if fast else None)
     monkeypatch.setattr(pop_mod, "_ack_frame", native.pop_ack_frame if fast else None)
-    if fast and pop_mod._take_response is None:
-        monkeypatch.setattr(pop_mod, "_take_response", native.client_take_response)
+    monkeypatch.setattr(pop_mod, "_ack_take", native.pop_ack_take if fast else None)
     return request.param
 
 
@@ -210,6 +209,68 @@ def test_take_declines_what_is_not_its_lone_success_response() -> None:
     assert take(b"", "T", "broker-a") is None
     with pytest.raises(TypeError):
         native.pop_take("T", "broker-a", bytearray(frame))
+
+
+def raw_frame(header: bytes, body: bytes = b"") -> bytes:
+    return (4 + len(header) + len(body)).to_bytes(4, "big") + len(header).to_bytes(4, "big") + header + body
+
+
+BODY = record("T", 0, 5, "", b"x")
+HEADERS = [  # hand-made headers: (JSON text, whether the take may read it itself)
+    (b'{"code":0,"flag":1,"opaque":7,"extFields":{"popTime":"100","invisibleTime":"60000","reviveQid":"1",'
+     b'"startOffsetInfo":"0 0 5"}}', True),
+    (b'{ "code" : 0 , "language":"JAVA","version":435,"remark":"ok", "flag":1,"opaque":7,"extFields":'
+     b'{"popTime":"9","popTime":"100","invisibleTime":"60000","reviveQid":"1","startOffsetInfo":"0 0 5",'
+     b'"restNum":"\\u0031"},"serializeTypeCurrentRPC":"JSON"} ', True),  # the last popTime counts
+    (b'{"code":0,"flag":1,"opaque":7,"extFields":{"popTime":"1"},"extFields":{"popTime":"100",'
+     b'"invisibleTime":"60000","reviveQid":"1","startOffsetInfo":"0 0 5"}}', True),  # the last extFields counts
+    (b'{"code":0,"flag":1,"opaque":7,"extFields":{"popTime":"\\u0031","invisibleTime":"60000","reviveQid":"1",'
+     b'"startOffsetInfo":"0 0 5"}}', False),  # an escape in a value the take reads
+    (b'{"code":0,"flag":1,"opaque":7,"extFields":{"popTime":100,"invisibleTime":"60000","reviveQid":"1",'
+     b'"startOffsetInfo":"0 0 5"}}', False),  # a number
+    (b'{"code":0,"flag":1,"opaque":7,"remark":null,"extFields":{"popTime":"100","invisibleTime":"60000",'
+     b'"reviveQid":"1","startOffsetInfo":"0 0 5"}}', False),
+    (b'{"code":0,"flag":3,"opaque":7,"extFields":{"popTime":"100","invisibleTime":"60000","reviveQid":"1",'
+     b'"startOffsetInfo":"0 0 5"}}', True),  # any flag with the response bit
+    (b'{"code":0,"flag":1,"opaque":7,"extFields":{"popTime":"100","invisibleTime":"60000","reviveQid":"1",'
+     b'"startOffsetInfo":"0 0 5"}', False),  # cut short
+]
+
+
+@pytest.mark.parametrize(("header", "read"), HEADERS)
+def test_take_reads_headers_as_the_decoder(header: bytes, read: bool) -> None:
+    frame = raw_frame(header, BODY)
+    got = take(frame, "T", "broker-a")
+    try:
+        want = reference_take(frame, "T", "broker-a")
+    except Exception:  # the FrameDecoder refuses it
+        want = None
+    if got is not None:
+        assert isinstance(want, list) and state(got) == state(want)
+    assert (got is not None) == read
+
+
+ACK_HEADERS = [(b'{"code":0,"flag":1,"opaque":7}', True),
+               (b'{"code":0,"language":"JAVA","version":435,"opaque":7,"flag":1,"remark":"x","extFields":{"a":"b"},'
+                b'"serializeTypeCurrentRPC":"JSON"}', True),
+               (b'{"code":0,"flag":1,"opaque":8}', False), (b'{"code":1,"flag":1,"opaque":7}', False),
+               (b'{"code":0,"flag":0,"opaque":7}', False), (b'{"flag":1,"opaque":7}', False),
+               (b'{"code":0,"flag":1,"opaque":7,"remark":null}', False), (b'{"code":0,"flag":1,"opaque":7', False),
+               (b'{"code":0,"flag":1,"opaque":7,"extFields":{"a":1}}', False)]
+
+
+@pytest.mark.parametrize(("header", "ok"), ACK_HEADERS)
+def test_ack_take_is_true_only_for_a_lone_success(header: bytes, ok: bool) -> None:
+    frame = raw_frame(header)
+    buf = bytearray(frame + b"\xff" * 8)
+    got = native.pop_ack_take(buf, len(frame), 7)
+    assert got is (True if ok else None)
+    if got:  # what the connection's general read makes of it: SUCCESS to this request
+        r = native.client_take_response(buf, len(frame), 7)
+        assert r.code == ResponseCode.SUCCESS and r.opaque == 7 and r.flag & 1
+    assert native.pop_ack_take(bytearray(frame + frame), 2 * len(frame), 7) is None
+    assert native.pop_ack_take(buf, len(frame) - 1, 7) is None
+    assert native.pop_ack_take(bytes(buf), len(frame), 7) is None
 
 
 # -- the BATCH_ACK_MESSAGE frame ------------------------------------------------------------------------------

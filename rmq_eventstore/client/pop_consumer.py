@@ -11,6 +11,7 @@ property; the message keeps the topic it was popped for, even when it came from 
 from __future__ import annotations
 
 from functools import partial
+from time import monotonic as _monotonic
 
 from ..common import MessageExt
 from ..common.native import native
@@ -24,7 +25,7 @@ from ..common.properties import (
 from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from ..remoting.command import OPAQUES
-from .base import ClientBase, decode_records
+from .base import ROUTE_TTL_SECONDS, ClientBase, decode_records
 from .remoting_client import MQBrokerError
 from .remoting_client import _take_response as _take_response  # the connection's lone-caller response read
 
@@ -130,6 +131,7 @@ _ack_scan = native.pop_ack_scan if native is not None else pop_ack_scan_py
 _pop_frame = getattr(native, "pop_request_frame", None) if _take_response is not None else None
 _pop_take = getattr(native, "pop_take", None) if _pop_frame is not None else None
 _ack_frame = getattr(native, "pop_ack_frame", None) if _pop_frame is not None else None
+_ack_take = getattr(native, "pop_ack_take", None) if _pop_frame is not None else None
 _valid_topics: set[str] = set()  # names validate_topic passed (pop checks each once; a bounded cache)
 _VALID_TOPICS_MAX = 1024
 
@@ -174,7 +176,9 @@ class PopConsumer:
         base = self._base
         if not ack and _pop_frame is not None and base.__class__ is ClientBase and base.remoting._sign is None:
             # the lone caller's pop (one C call for the frame, one for the response): see _pop_plain
-            route = base.route(topic)
+            route = base._routes.get(topic)  # route(topic), its cached case inline
+            if route is None or _monotonic() - route.fetched >= ROUTE_TTL_SECONDS:
+                route = base.route(topic)
             if route.broker_addrs:
                 got = self._pop_plain(topic, route.broker_addrs, max_nums, invisible_time, poll_time, tags,
                                       queue_id)
@@ -301,13 +305,19 @@ class PopConsumer:
                 opaque = next(OPAQUES) & 0x7FFFFFFF
                 frame = _ack_frame(msgs, MessageExt, topic, self.group, opaque)
                 if frame is not None:
-                    addr = base.broker_for(topic)
+                    route = base._routes.get(topic)  # broker_for(topic), its cached case inline
+                    if (route is not None and route.broker_addrs
+                            and _monotonic() - route.fetched < ROUTE_TTL_SECONDS):
+                        addr = next(iter(route.broker_addrs.values()))
+                    else:
+                        addr = base.broker_for(topic)
                     remoting = base.remoting
                     conn = remoting._conns.get(addr)
                     if conn is None or conn.closed:
                         conn = remoting.connection(addr)
-                    r = conn.invoke_frame(frame, opaque, _BATCH_ACK_MESSAGE, base.timeout, _take_response)
-                    if r.code != ResponseCode.SUCCESS:
+                    # a lone SUCCESS response: True (_native.pop_ack_take), else the response decoded
+                    r = conn.invoke_frame(frame, opaque, _BATCH_ACK_MESSAGE, base.timeout, _ack_take)
+                    if r is not True and r.code != ResponseCode.SUCCESS:
                         raise MQBrokerError(r.code, r.remark, addr)
                     return
         for addr, cmd in self._ack_requests(msgs).items():

@@ -6787,17 +6787,21 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         char hbuf[PC_MAX_HANDLE];
         const char *h;
         Py_ssize_t hl = 0;
-        if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place */
+        if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place in one pass from the end */
             const unsigned char *d = data;
-            for (Py_ssize_t k = sl - 1; k >= 6; k--)
-                if (d[k] == 1 && memcmp(d + k - 6, "POP_CK", 6) == 0) { j = k - 6; break; }
-            if (j < 0 || (j > 0 && d[j - 1] != 2)) goto out;
-            const unsigned char *hp = d + j + 7, *e = d + sl;
-            while (hp + hl < e && hp[hl] != 2) {
-                if (hp[hl] < 0x20 || hp[hl] > 0x7e || hl == PC_MAX_HANDLE) goto out;  /* plain ASCII only */
-                hl++;
+            Py_ssize_t stop = sl;  /* the first \x02 after the position scanned (the end when none) */
+            for (Py_ssize_t k = sl - 1; k >= 6; k--) {
+                unsigned char c = d[k];
+                if (c > 2) continue;
+                if (c == 2) stop = k;
+                else if (c == 1 && memcmp(d + k - 6, "POP_CK", 6) == 0) { j = k - 6; break; }
             }
-            h = (const char *)hp;
+            if (j < 0 || (j > 0 && d[j - 1] != 2)) goto out;
+            hl = stop - (j + 7);
+            if (hl > PC_MAX_HANDLE) goto out;
+            h = (const char *)d + j + 7;
+            for (Py_ssize_t k = 0; k < hl; k++)
+                if ((unsigned char)h[k] < 0x20 || (unsigned char)h[k] > 0x7e) goto out;  /* plain ASCII only */
         } else {
             for (Py_ssize_t k = sl - 7; k >= 0; k--) {
                 if (PyUnicode_READ(kind, data, k) == 'P' && PyUnicode_READ(kind, data, k + 1) == 'O'

@@ -6787,21 +6787,16 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         char hbuf[PC_MAX_HANDLE];
         const char *h;
         Py_ssize_t hl = 0;
-        if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place in one pass from the end */
-            const unsigned char *d = data;
-            Py_ssize_t stop = sl;  /* the first \x02 after the position scanned (the end when none) */
-            for (Py_ssize_t k = sl - 1; k >= 6; k--) {
-                unsigned char c = d[k];
-                if (c > 2) continue;
-                if (c == 2) stop = k;
-                else if (c == 1 && memcmp(d + k - 6, "POP_CK", 6) == 0) { j = k - 6; break; }
-            }
-            if (j < 0 || (j > 0 && d[j - 1] != 2)) goto out;
-            hl = stop - (j + 7);
+        if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place (memrchr, memchr) */
+            const unsigned char *d = data, *x = d + sl;
+            while ((x = memrchr(d, 1, x - d)) != NULL && !(x - d >= 6 && memcmp(x - 6, "POP_CK", 6) == 0)) {}
+            if (x == NULL) goto out;
+            j = x - 6 - d;
+            if (j > 0 && d[j - 1] != 2) goto out;
+            const unsigned char *stop = memchr(x + 1, 2, d + sl - (x + 1));
+            hl = (stop != NULL ? stop : d + sl) - (x + 1);
             if (hl > PC_MAX_HANDLE) goto out;
-            h = (const char *)d + j + 7;
-            for (Py_ssize_t k = 0; k < hl; k++)
-                if ((unsigned char)h[k] < 0x20 || (unsigned char)h[k] > 0x7e) goto out;  /* plain ASCII only */
+            h = (const char *)x + 1;  /* (its characters are checked as it is split below) */
         } else {
             for (Py_ssize_t k = sl - 7; k >= 0; k--) {
                 if (PyUnicode_READ(kind, data, k) == 'P' && PyUnicode_READ(kind, data, k + 1) == 'O'
@@ -6821,8 +6816,13 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         const char *f[9];
         int nf = 0;
         f[nf++] = h;
-        for (Py_ssize_t k = 0; k < hl; k++)
-            if (h[k] == ' ') { if (nf == 8) goto out; f[nf++] = h + k + 1; }
+        for (Py_ssize_t k = 0; k < hl; k++) {
+            unsigned char c = (unsigned char)h[k];
+            if (c <= ' ' || c > 0x7e) {  /* the broker name: plain ASCII only */
+                if (c != ' ' || nf == 8) goto out;
+                f[nf++] = h + k + 1;
+            }
+        }
         if (nf != 8) goto out;
         f[8] = h + hl + 1;  /* (one past the end: only subtracted from) */
         long long v[8];

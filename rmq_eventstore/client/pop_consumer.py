@@ -145,7 +145,6 @@ class PopConsumer:
         self.group = group
         self._base = ClientBase(namesrv_addr, timeout_ms / 1000.0, access_key, secret_key)
 
-
     def start(self) -> PopConsumer:
         self._base.start()
         return self

@@ -316,6 +316,19 @@ static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCo
     return s < 0 ? -s : s;
 }
 
+/* java_hash(s): Java's String.hashCode of a str (signed 32-bit), as `tags.java_string_hash` computes it; None
+   for a str holding a lone surrogate (the Python reference then raises as it always did). What a look-up in
+   the index (`IndexService.query_offset`) and a tags code pay for each key. */
+static PyObject *java_hash_py(PyObject *self, PyObject *s) {
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "java_hash takes a str");
+        return NULL;
+    }
+    uint32_t h = 0;
+    if (java_hash_append(s, 0, PyUnicode_GET_LENGTH(s), &h) < 0) Py_RETURN_NONE;
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
 typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
 static int gb_reserve(growbuf *b, Py_ssize_t more) {
     if (b->n + more <= b->cap) return 0;
@@ -6400,6 +6413,7 @@ static PyObject *client_new_request(PyObject *self, PyObject *const *args, Py_ss
 /* ============================ end of THE CLIENT SEND ================================================= */
 
 static PyMethodDef methods[] = {
+    {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
     {"populate", populate, METH_VARARGS, "Fault in buf[start:end]'s pages for writing, without the GIL (bytes)."},

@@ -189,14 +189,18 @@ class TransactionalMessageService:
         reput = self.store.reput_message_service
         if reput.dispatched_offset < self._boot_offset:
             reput.wait_for(self._boot_offset, 10.0)
-        op = self._find(RMQ_SYS_TRANS_OP_HALF_TOPIC, txid, lambda m: m.tags == REMOVE_TAG)
+        # The index says first, in one walk without reading a record, which of the three searches can find
+        # anything at all (the first end of a transaction: none); only those are made.
+        real_topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        may_op, may_commit, may_discard = self.store.index_service.have_candidates(
+            [(RMQ_SYS_TRANS_OP_HALF_TOPIC, txid), (real_topic, txid), (RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, txid)])
+        op = self._find(RMQ_SYS_TRANS_OP_HALF_TOPIC, txid, lambda m: m.tags == REMOVE_TAG) if may_op else None
         outcome = known[0] if known is not None else None
         if outcome is None:
-            real_topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
-            if self._find(real_topic, txid, lambda m: codec.transaction_value(m.sys_flag)
-                          == codec.TRANSACTION_COMMIT_TYPE) is not None:
+            if may_commit and self._find(real_topic, txid, lambda m: codec.transaction_value(m.sys_flag)
+                                         == codec.TRANSACTION_COMMIT_TYPE) is not None:
                 outcome = COMMIT
-            elif self._find(RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, txid, lambda m: True) is not None:
+            elif may_discard and self._find(RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, txid, lambda m: True) is not None:
                 outcome = DISCARDED
             elif op is not None:
                 outcome = ROLLBACK

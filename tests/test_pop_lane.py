@@ -56,18 +56,20 @@ def fields(frame: bytes) -> tuple | None:
 class Pair:
     """Two brokers on copies of one store: `lane` serves frames by the POP lane, `ref` by the reference."""
 
-    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, retry: bool = True) -> None:
         seed = root / "seed"
         with MessageStore.open(seed, **SMALL) as store:
             b = Broker(store)
             b.start()
             try:
                 b.topic_manager.ensure("jobs", 4)
-                b.topic_manager.ensure(pop_retry_topic("g", "jobs"), 1)
+                if retry:
+                    b.topic_manager.ensure(pop_retry_topic("g", "jobs"), 1)
                 # queue 0: 30 messages, every 4th tagged "skip"; queue 2: 5; queues 1 and 3 empty; the retry topic: 3
                 store.put_messages([Message("jobs", f"a{i}".encode(), tags="skip" if i % 4 == 3 else "t", queue_id=0)
                                     for i in range(30)])
                 store.put_messages([Message("jobs", f"b{i}".encode(), tags="t", queue_id=2) for i in range(5)])
+                # stored even without the retry topic's config: its queue is popped once the config exists
                 store.put_messages([Message(pop_retry_topic("g", "jobs"), f"r{i}".encode(), tags="t", queue_id=0)
                                     for i in range(3)])
                 assert store.wait_for_dispatch()
@@ -192,6 +194,23 @@ def test_all_queues_pop_to_the_end_as_the_reference_does(pair: Pair, monkeypatch
                                     + [("1", "0", o) for o in range(3)])  # every message once
     for f in out[1:-1]:
         pair.ack(f)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_without_a_retry_topic_and_once_it_is_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      batch: int) -> None:
+    p = Pair(tmp_path, monkeypatch, retry=False)
+    try:
+        p.pop(pop_request(max_nums=batch), monkeypatch, served=False)
+        for _ in range(5):  # the queues in `_queues`' order, without the retry topic
+            p.pop(pop_request(max_nums=batch), monkeypatch)
+        for b in p.brokers:
+            b.topic_manager.ensure(pop_retry_topic("g", "jobs"), 1)
+        out = [p.pop(pop_request(max_nums=batch), monkeypatch) for _ in range(40)]
+        infos = [decode_frame(f[4:]).ext_fields["msgOffsetInfo"] for f in out if f]
+        assert any(item.startswith("1 0 ") for i in infos for item in i.split(";"))  # the retry messages came
+    finally:
+        p.close()
 
 
 def test_one_queue_with_acks_between_the_pops(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:

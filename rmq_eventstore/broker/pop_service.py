@@ -280,8 +280,9 @@ class PopService:
             if alive is not None and not alive():
                 return result
 
-    def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
-        draw = rng.random()  # one draw per pop: where the queues start, and whether retries go first
+    def _queues(self, group: str, topic: str, queue_id: int, draw: float | None = None) -> list[tuple[str, int, bool]]:
+        if draw is None:
+            draw = rng.random()  # one draw per pop: where the queues start, and whether retries go first
         if queue_id >= 0:
             normal = [(topic, queue_id, False)]
         else:  # every read queue, from a random one on (RocketMQ's `randomQ + i`)
@@ -362,7 +363,7 @@ class PopService:
         return PopResult(pop_time, invisible_time, revive_qid, bodies, starts, infos, rest, count)
 
     def pop_now(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
-                expression: str) -> tuple[int, int, int, int, bytes, str, str] | None:
+                expression: str, read_queue_nums: int | None = None) -> tuple[int, int, int, int, bytes, str, str] | None:
         """`_pop_once` for the common case, flattened: a filter that matches everything (`*`), the buffer
         on with a journal, the store's native pull read. The same look at the same queues in the same
         order, the same checkpoint, journal line, consume offset and response fields as `_pop_once` (the
@@ -370,7 +371,8 @@ class PopService:
         offset, the read and the checkpoint's registration are inlined. Returns (pop_time, revive_qid,
         rest_num, count, body, startOffsetInfo, msgOffsetInfo), or None before anything changed when the
         case is not that one (the caller then takes `pop`). Inside the loop, anything unusual (a buffer full,
-        an offset outside the queue, a read that found nothing) takes the reference's own call for it."""
+        an offset outside the queue, a read that found nothing) takes the reference's own call for it.
+        `read_queue_nums`: the topic's, when the caller has its config at hand (else `_queues` reads it)."""
         filt = self._filters.get(expression)
         store = self.store
         buffer = self.buffer
@@ -388,11 +390,30 @@ class PopService:
         blk = buffer._lock
         locks = self._locks
         commit_log = store.commit_log
+        cfg = store.config
+        mem_ratio = cfg.access_message_in_memory_max_ratio
+        total_ram = store._total_ram
+        file_span = store._file_span
         bodies: list[bytes] = []
         starts: list[str] = []
         infos: list[str] = []
         count = rest = 0
-        for t, q, retry in self._queues(group, topic, queue_id):
+        if read_queue_nums is None or queue_id >= 0:
+            plan = self._queues(group, topic, queue_id)
+        else:  # `_queues` for every read queue, its topic config read by the caller: the same draw, the same order
+            draw = rng.random()
+            n = read_queue_nums
+            first = int(draw * 1_000_003) % n if n > 1 else 0
+            plan = self._topic_queues.get((topic, n))
+            if plan is None:
+                plan = self._queues(group, topic, queue_id, draw)
+            else:
+                if first:
+                    plan = plan[first:] + plan[:first]
+                retry_topic = self._retry_names.get((group, topic))
+                if retry_topic is None or self.broker.topic_manager.get(retry_topic) is not None:
+                    plan = self._queues(group, topic, queue_id, draw)
+        for t, q, retry in plan:
             queues = cq_table.get(t)
             cq = queues.get(q) if queues is not None else None
             if cq is None:
@@ -426,10 +447,13 @@ class PopService:
                 if lo <= offset < max_offset:
                     units = cq.get_units_raw(offset, want)
                     if units:
-                        try:
-                            r = store._read_runs(units, offset, want, MAX_PULL_MSG_SIZE, impl,
-                                                 store._mem_floor(commit_log.get_max_offset()),
-                                                 commit_log.get_min_offset())
+                        try:  # store._read_runs, its memory floor (store._mem_floor) inline
+                            r = impl.read_runs(
+                                units, offset, want, MAX_PULL_MSG_SIZE,
+                                commit_log.get_max_offset() - total_ram * mem_ratio // 100,
+                                cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
+                                cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk,
+                                commit_log.get_min_offset(), file_span)
                         except ValueError:
                             if store._shutdown:
                                 continue

@@ -125,7 +125,7 @@ class PopMessageProcessor:
             return None
         max_nums = max(1, min(32 if max_nums is None else max_nums, MAX_POP_NUMS))
         poll = max(0, min(poll or 0, MAX_POLL_TIME_MS))
-        r = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression or "*")
+        r = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression or "*", tc.read_queue_nums)
         if r is None:
             return None
         pop_time, revive_qid, rest, count, body, starts, infos = r

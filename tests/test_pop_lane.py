@@ -8,6 +8,7 @@ response builder against `encode`, and the lane over a real socket (served there
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import tempfile
@@ -75,6 +76,11 @@ class Pair:
                 assert store.wait_for_dispatch()
             finally:
                 b.shutdown()
+        if not retry:  # the store registered the retry topic with its records: its config goes, its queue stays
+            path = seed / "config" / "topics.json"
+            doc = json.loads(path.read_text())
+            del doc["topicConfigTable"][pop_retry_topic("g", "jobs")]
+            path.write_text(json.dumps(doc))
         shutil.copytree(seed, root / "lane")
         shutil.copytree(seed, root / "ref")
         monkeypatch.setattr(pop_service, "time", types.SimpleNamespace(time=lambda: NOW, monotonic=time.monotonic))
@@ -201,11 +207,13 @@ def test_without_a_retry_topic_and_once_it_is_created(tmp_path: Path, monkeypatc
                                                       batch: int) -> None:
     p = Pair(tmp_path, monkeypatch, retry=False)
     try:
+        assert all(b.topic_manager.get(pop_retry_topic("g", "jobs")) is None for b in p.brokers)
         p.pop(pop_request(max_nums=batch), monkeypatch, served=False)
         for _ in range(5):  # the queues in `_queues`' order, without the retry topic
             p.pop(pop_request(max_nums=batch), monkeypatch)
         for b in p.brokers:
             b.topic_manager.ensure(pop_retry_topic("g", "jobs"), 1)
+            assert b.topic_manager.get(pop_retry_topic("g", "jobs")) is not None, b.pop_service._retry_names
         out = [p.pop(pop_request(max_nums=batch), monkeypatch) for _ in range(40)]
         infos = [decode_frame(f[4:]).ext_fields["msgOffsetInfo"] for f in out if f]
         assert any(item.startswith("1 0 ") for i in infos for item in i.split(";"))  # the retry messages came

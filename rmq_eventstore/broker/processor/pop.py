@@ -102,7 +102,6 @@ class PopMessageProcessor:
                                       "msgOffsetInfo": ";".join(r.msg_offset_info)},
                                body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
 
-
     def serve_frame(self, f: tuple) -> bytes | None:
         """The POP lane (`Connection.data_received`): a POP read straight from its frame (`_native.pop_frame`'s
         fields: opaque, version, consumerGroup, topic, queueId, maxMsgNums, invisibleTime, pollTime, exp,

@@ -6412,6 +6412,201 @@ static PyObject *client_new_request(PyObject *self, PyObject *const *args, Py_ss
 }
 /* ============================ end of THE CLIENT SEND ================================================= */
 
+/* ============================================================================================== */
+/* THE POP LANE (branch pop-lane): a POP_MESSAGE served from its frame's bytes.                      */
+/*  pop_frame(data, max_frame, max_header, buffered): the fields PopMessageProcessor.process reads,  */
+/*  straight from a read that is exactly one POP_MESSAGE request frame (JSON header, extFields of     */
+/*  strings with plain ASCII keys, not one-way), while the connection's decoder holds nothing          */
+/*  (`buffered`, its bytearray, is empty): (opaque, version, consumerGroup, topic, queueId, maxMsgNums,*/
+/*  invisibleTime, pollTime, exp, expType), each extField None when absent, the integer ones ints      */
+/*  (plain -?digits only: any other text, even one int() reads, is None for the whole frame). None:    */
+/*  not such a frame (the caller decodes the read as before). Nothing is changed either way.          */
+/*  pop_response(code, opaque, version, remark, popTime, invisibleTime, reviveQid, restNum,          */
+/*  startOffsetInfo, msgOffsetInfo, body): the frame RemotingCommand(code, {popTime, invisibleTime,   */
+/*  reviveQid, restNum, startOffsetInfo, msgOffsetInfo} as strings, body, opaque, FLAG_RESPONSE,       */
+/*  remark, "JAVA", version).encode() gives; None when an argument is not of the plain kind.          */
+/*  Reference: PopMessageProcessor.process + RemotingCommand.encode (tests/test_pop_lane.py).          */
+/* ============================================================================================== */
+enum { PF_GROUP, PF_TOPIC, PF_EXP, PF_EXPTYPE, PF_STRS };
+enum { PF_QID, PF_MAX, PF_INV, PF_POLL, PF_INTS };
+
+/* a plain decimal integer text (-?digits, at most 18 digits), as int() reads it; 0 when it is not that */
+static int pf_int(const unsigned char *s, Py_ssize_t n, long long *out) {
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n > 0 && s[0] == '-') { neg = 1; i = 1; }
+    if (i >= n || n - i > 18) return 0;
+    long long v = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+static PyObject *pop_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyByteArray_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "pop_frame(data, max_frame, max_header, buffered)");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_CheckExact(data) || PyByteArray_GET_SIZE(args[3]) != 0) Py_RETURN_NONE;
+    Py_ssize_t max_frame = PyLong_AsSsize_t(args[1]), max_header = PyLong_AsSsize_t(args[2]);
+    if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (n < 8) Py_RETURN_NONE;
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen < 2 ||
+        ((word >> 24) & 0xFF) != 0 || n != 4 + (Py_ssize_t)length)
+        Py_RETURN_NONE;  /* not exactly one JSON frame: the decoder's */
+    const unsigned char *h = base + 8;
+    jcur c = {h, h + hlen};
+    long long code = 0, flag = 0, opaque = 0, version = 0, ints[PF_INTS];
+    int have_code = 0, have_int[PF_INTS] = {0}, rc;
+    PyObject *strs[PF_STRS] = {NULL}, *result = NULL;
+    if (*c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail_rc;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
+        if (iv != NULL) {
+            have_code |= iv == &code;
+            if ((rc = j_int32(&c, iv)) != J_OK) goto fail_rc;
+            if (iv == &code && code != 200050) goto decline;  /* another request: at once */
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"') goto decline;
+            if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') goto decline;
+            for (int i = 0; i < PF_STRS; i++) Py_CLEAR(strs[i]);  /* a later extFields replaces an earlier one */
+            memset(have_int, 0, sizeof have_int);
+            c.p++;
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;
+                const unsigned char *ek = c.p + 1, *q = ek;
+                while (q < c.end && !j_scan[*q]) q++;  /* a plain ASCII key, else the decoder's */
+                if (q >= c.end || *q != '"') goto decline;
+                Py_ssize_t ekn = q - ek;
+                c.p = q + 1;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') goto decline;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;  /* a value not a string: the decoder's */
+                int s = key_is(ek, ekn, "consumerGroup", 13) ? PF_GROUP : key_is(ek, ekn, "topic", 5) ? PF_TOPIC
+                        : key_is(ek, ekn, "exp", 3) ? PF_EXP : key_is(ek, ekn, "expType", 7) ? PF_EXPTYPE : -1;
+                int iv2 = s >= 0 ? -1 : key_is(ek, ekn, "queueId", 7) ? PF_QID : key_is(ek, ekn, "maxMsgNums", 10) ? PF_MAX
+                          : key_is(ek, ekn, "invisibleTime", 13) ? PF_INV : key_is(ek, ekn, "pollTime", 8) ? PF_POLL : -1;
+                if (s >= 0) {
+                    PyObject *v = NULL;
+                    if ((rc = j_string(&c, &v, 1)) != J_OK) goto fail_rc;
+                    Py_XSETREF(strs[s], v);
+                } else {
+                    const unsigned char *vs = c.p + 1;
+                    if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+                    if (iv2 >= 0) {
+                        if (!pf_int(vs, c.p - 1 - vs, &ints[iv2])) goto decline;  /* an escape, a space, "": int()'s */
+                        have_int[iv2] = 1;
+                    }
+                }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
+                goto decline;
+            }
+        } else {  /* another field: checked, not kept (as j_header) */
+            if ((rc = j_skip_value(&c)) != J_OK) goto fail_rc;
+        }
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        goto decline;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 200050 || (flag & 3) != 0) goto decline;  /* POP requests */
+    result = PyTuple_New(10);
+    if (result == NULL) goto done;
+    PyObject *items[10];
+    items[0] = PyLong_FromLongLong(opaque);
+    items[1] = PyLong_FromLongLong(version);
+    for (int i = 0; i < PF_STRS; i++) items[i < 2 ? 2 + i : 6 + i] = strs[i] != NULL ? Py_NewRef(strs[i]) : Py_NewRef(Py_None);
+    for (int i = 0; i < PF_INTS; i++) items[4 + i] = have_int[i] ? PyLong_FromLongLong(ints[i]) : Py_NewRef(Py_None);
+    for (int i = 0; i < 10; i++) {
+        if (items[i] == NULL) {
+            for (int j = 0; j < 10; j++) if (j != i && items[j] != NULL && j > i) Py_DECREF(items[j]);
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyTuple_SET_ITEM(result, i, items[i]);
+    }
+    goto done;
+fail_rc:
+    if (rc == J_ERROR) goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < PF_STRS; i++) Py_XDECREF(strs[i]);
+    return result;
+}
+
+/* a 64-bit int as a JSON string of its digits ("123"); 0 when it is no exact int in 64 bits */
+static int pf_qint(rbuf *b, PyObject *o) {
+    if (!PyLong_CheckExact(o)) return 0;
+    return rbuf_put(b, "\"", 1) && rbuf_int(b, o) && rbuf_put(b, "\"", 1);
+}
+
+static PyObject *pop_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "pop_response(code, opaque, version, remark, popTime, invisibleTime, "
+                        "reviveQid, restNum, startOffsetInfo, msgOffsetInfo, body)");
+        return NULL;
+    }
+    PyObject *remark = args[3], *body = args[10];
+    if (!PyBytes_CheckExact(body) || (remark != Py_None && !PyUnicode_CheckExact(remark))) Py_RETURN_NONE;
+    for (int i = 0; i < 8; i++)
+        if (i != 3 && !PyLong_CheckExact(args[i])) Py_RETURN_NONE;
+    Py_ssize_t blen = PyBytes_GET_SIZE(body);
+    rbuf b;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;
+#define PPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    int ok = PPUT("{\"code\":") && rbuf_int(&b, args[0]) && PPUT(",\"language\":\"JAVA\",\"version\":") &&
+             rbuf_int(&b, args[2]) && PPUT(",\"opaque\":") && rbuf_int(&b, args[1]) && PPUT(",\"flag\":1");
+    if (ok && remark != Py_None) ok = PPUT(",\"remark\":") && rbuf_jstr(&b, remark);
+    ok = ok && PPUT(",\"extFields\":{\"popTime\":") && pf_qint(&b, args[4]) && PPUT(",\"invisibleTime\":") &&
+         pf_qint(&b, args[5]) && PPUT(",\"reviveQid\":") && pf_qint(&b, args[6]) && PPUT(",\"restNum\":") &&
+         pf_qint(&b, args[7]) && PPUT(",\"startOffsetInfo\":") && rbuf_jstr(&b, args[8]) &&
+         PPUT(",\"msgOffsetInfo\":") && rbuf_jstr(&b, args[9]) && PPUT("},\"serializeTypeCurrentRPC\":\"JSON\"}");
+#undef PPUT
+    PyObject *res = NULL;
+    if (ok) {
+        Py_ssize_t hlen = b.len - 8;
+        if ((long long)hlen + 4 + blen <= 0x7FFFFFFF) {
+            put_i32(b.p, (int32_t)(4 + hlen + blen));
+            put_i32(b.p + 4, (int32_t)hlen);
+            res = PyBytes_FromStringAndSize(NULL, b.len + blen);
+            if (res != NULL) {
+                memcpy(PyBytes_AS_STRING(res), b.p, b.len);
+                if (blen) memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
+            }
+        } else res = Py_NewRef(Py_None);
+    } else if (!PyErr_Occurred()) res = Py_NewRef(Py_None);
+    else if (PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
+    else { PyErr_Clear(); res = Py_NewRef(Py_None); }
+    rbuf_free(&b);
+    return res;
+}
+/* ============================ end of THE POP LANE ==================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -6503,6 +6698,11 @@ static PyMethodDef methods[] = {
      "client_take_response(buf, n, opaque): the RemotingCommand of a lone caller's read holding just its response, or None."},
     {"client_new_request", (PyCFunction)(void (*)(void))client_new_request, METH_FASTCALL,
      "client_new_request(code, ext, body, opaque, flag): RemotingCommand.request's command, or None (Python decides)."},
+    /* THE POP LANE (branch pop-lane): the block above the table */
+    {"pop_frame", (PyCFunction)(void (*)(void))pop_frame, METH_FASTCALL,
+     "pop_frame(data, max_frame, max_header, buffered): a lone POP_MESSAGE frame's fields, or None."},
+    {"pop_response", (PyCFunction)(void (*)(void))pop_response, METH_FASTCALL,
+     "pop_response(code, opaque, version, remark, popTime, ...): a POP response frame, or None (Python encodes)."},
     {NULL, NULL, 0, NULL},
 };
 

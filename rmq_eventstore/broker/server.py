@@ -37,12 +37,14 @@ import time
 from typing import Any
 
 from ..common.broker_file import remove_broker_file_if_ours, write_broker_file
+from ..common.topic import TopicValidationError
 from ..remoting import (
     DEFAULT_MAX_FRAME_SIZE,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     FrameDecoder,
     FrameError,
+    HeaderError,
     RemotingCommand,
     RequestCode,
     ResponseCode,
@@ -51,7 +53,7 @@ from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
 from .long_polling import PullHold
-from .processor.pop import give_back_popped
+from .processor.pop import POP_FRAME, PopMessageProcessor, give_back_popped
 from .processor.send import NATIVE_FRAME_LANE, NATIVE_LANE
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,9 @@ class Connection(asyncio.Protocol):
         self._frame_lane = None if namesrv else server._frame_lane
         self._frame_args = (server._lane_ctx, server._hold_for_send, self.decoder.max_frame_size,
                             self.decoder.max_header_size, self.decoder._buf)
+        # a read that is one POP_MESSAGE frame: its fields read from its bytes (`_native.pop_frame`), served by
+        # `PopMessageProcessor.serve_frame` when it is the common case (the POP lane)
+        self._pop_lane = None if namesrv else server._pop_lane
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -148,6 +153,23 @@ class Connection(asyncio.Protocol):
                 self._write_frame(got if got.__class__ is bytes else
                                   (server._lane_answer(*got) if got.__class__ is tuple else got).encode())
                 return
+        pop = self._pop_lane
+        if pop is not None and server.broker.acl is None:
+            decoder = self.decoder
+            fields = pop(data, decoder.max_frame_size, decoder.max_header_size, decoder._buf)
+            if fields is not None:
+                try:
+                    got = server._pop_processor.serve_frame(fields)
+                except Exception as e:  # as `Broker.process_now` answers a processor's failure
+                    cmd = decoder.feed(data)[0]
+                    if isinstance(e, (HeaderError, TopicValidationError)):
+                        got = cmd.response(ResponseCode.SYSTEM_ERROR, str(e)).encode()
+                    else:
+                        log.exception("request %d failed", cmd.code)
+                        got = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}").encode()
+                if got is not None:
+                    self._write_frame(got)
+                    return
         try:
             commands = self.decoder.feed(data)
         except FrameError as e:
@@ -261,6 +283,10 @@ class BrokerServer:
         self._frame_lane = NATIVE_FRAME_LANE if self._send_inline else None
         self._lane_ctx = broker.send_processor.lane_context()
         self._lane_answer = broker.send_processor.lane_answer
+        # the POP lane (Connection.data_received): POPs served on the loop (not SYNC_FLUSH), the native reader there
+        self._pop_processor = broker.processor_for(RequestCode.POP_MESSAGE)
+        self._pop_lane = (POP_FRAME if RequestCode.POP_MESSAGE not in self._offload
+                          and isinstance(self._pop_processor, PopMessageProcessor) else None)
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ...common.native import native as _native_module
 from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ...common.topic import RETRY_GROUP_TOPIC_PREFIX
 from ...common.topic_config import PermName
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 log = logging.getLogger(__name__)
+
+# the POP lane's native halves (None: without the native core, or RMQ_EVENTSTORE_PURE=1): the request's fields
+# read from its frame, and the response frame built from its fields
+POP_FRAME = getattr(_native_module, "pop_frame", None)
+_pop_response = getattr(_native_module, "pop_response", None)
 
 MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
@@ -95,6 +101,47 @@ class PopMessageProcessor:
                                       "startOffsetInfo": ";".join(r.start_offset_info),
                                       "msgOffsetInfo": ";".join(r.msg_offset_info)},
                                body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
+
+    def serve_frame(self, f: tuple) -> bytes | None:
+        """The POP lane (`Connection.data_received`): a POP read straight from its frame (`_native.pop_frame`'s
+        fields: opaque, version, consumerGroup, topic, queueId, maxMsgNums, invisibleTime, pollTime, exp,
+        expType) served as `process(req, channel, wait=False)` serves it, when it is the common case: every
+        check passes, `PopService.pop_now` takes it, and it finds messages (or finds none and may not wait).
+        Returns the response frame (the bytes `process`'s response encodes to), or None before anything
+        changed, for everything else (a refusal, an unusual case, a POP that must wait): the caller then
+        decodes the read and serves it as before. No ACL here: the caller takes the lane only without it."""
+        opaque, version, group, topic, queue_id, max_nums, invisible, poll, expression, exp_type = f
+        if group is None or topic is None or invisible is None or invisible <= 0:
+            return None
+        if exp_type is not None and exp_type != "TAG" and exp_type != "" and exp_type.upper() != "TAG":
+            return None
+        b = self.broker
+        if b.group_manager.find(group) is None:
+            return None
+        tc = b.topic_manager.get(topic)
+        queue_id = -1 if queue_id is None else queue_id  # as `int(x.get("queueId") or -1)` reads the texts
+        if tc is None or not PermName.is_readable(tc.perm) or queue_id >= tc.read_queue_nums:
+            return None
+        max_nums = max(1, min(32 if max_nums is None else max_nums, MAX_POP_NUMS))
+        poll = max(0, min(poll or 0, MAX_POLL_TIME_MS))
+        r = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression or "*", tc.read_queue_nums)
+        if r is None:
+            return None
+        pop_time, revive_qid, rest, count, body, starts, infos = r
+        if count:
+            code, remark = _SUCCESS, None
+        elif poll:
+            return None  # it may wait: served again by the usual path, which hands it to a thread
+        else:
+            code, remark, body = _NO_MESSAGE, "no new message", b""
+        frame = _pop_response(code, opaque, version, remark, pop_time, invisible, revive_qid, rest, starts, infos,
+                              body) if _pop_response is not None else None
+        if frame is None:
+            frame = RemotingCommand(code, {"popTime": str(pop_time), "invisibleTime": str(invisible),
+                                           "reviveQid": str(revive_qid), "restNum": str(rest),
+                                           "startOffsetInfo": starts, "msgOffsetInfo": infos},
+                                    body, opaque, FLAG_RESPONSE, remark, "JAVA", version).encode()
+        return frame
 
 
 def give_back_popped(broker: Broker, req: RemotingCommand, resp: RemotingCommand) -> int:

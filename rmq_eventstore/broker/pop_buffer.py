@@ -130,6 +130,12 @@ class PopJournal:
                 else ",".join(map(str, offsets)))
         self._write(f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {text}\n")
 
+    def ack_run(self, key: CkKey, start: int, stop: int) -> None:
+        """`ack(key, range(start, stop))`'s line (consecutive offsets), without the range."""
+        data = f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {offsets_text(start, stop)}\n".encode()
+        os.write(self._fd, data)
+        self.size += len(data)
+
     def stored(self, key: CkKey) -> None:
         self._write(f"S {key[0]} {key[1]} {key[2]} {key[3]} {key[4]}\n")
 
@@ -322,6 +328,44 @@ class PopBufferMergeService:
                 self.settled += 1
                 self._scan_commit(key[:3])  # type: ignore[arg-type]
             return True
+
+    def ack_runs(self, runs: list[tuple[CkKey, int, int]]) -> bool:
+        """`ack(key, range(start, stop))` for each `(key, start, stop)` of `runs` (consecutive offsets, the
+        usual ack: the same bits, journal line and offset commit), all or nothing under one lock round: False,
+        with nothing changed, when a key is not a buffered checkpoint that is not stored, or a key comes twice
+        (then the caller's general path decides: an ack record to write, or `ack` per entry in order)."""
+        with self._lock:
+            by_key = self._by_key
+            if len(runs) == 1:
+                entry = by_key.get(runs[0][0])
+                if entry is None or entry.stored:
+                    return False
+                self._ack_run(entry, *runs[0])
+                return True
+            entries = [by_key.get(key) for key, _, _ in runs]
+            if any(e is None or e.stored for e in entries) or len({r[0] for r in runs}) != len(runs):
+                return False
+            for entry, run in zip(entries, runs, strict=True):
+                self._ack_run(entry, *run)  # type: ignore[arg-type]
+            return True
+
+    def _ack_run(self, entry: _Entry, key: CkKey, start: int, stop: int) -> None:
+        """`ack`'s work for a buffered entry and the offsets start..stop-1 (start < stop). Lock held."""
+        ck = entry.ck
+        assert ck is not None
+        if entry.contiguous:
+            first = start - ck.start_offset
+            lo, hi = max(first, 0), min(first + stop - start, len(ck.queue_offset_diff))
+            if lo < hi:
+                entry.acked |= ((1 << (hi - lo)) - 1) << lo
+        else:
+            entry.acked |= _ack_mask(ck.queue_offset_diff, ck.start_offset, range(start, stop), False)
+        if self.journal is not None:
+            self.journal.ack_run(key, start, stop)
+        if entry.acked == entry.full:
+            del self._by_key[key]
+            self.settled += 1
+            self._scan_commit(key[:3])  # type: ignore[arg-type]
 
     # -- flush ------------------------------------------------------------------------------------------------
     def flush_due(self, now_ms: int) -> int:

@@ -140,6 +140,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         self.last_active = server.loop.time()
         lane = self._frame_lane
+        declined = False  # an ACK the lane read and declined: served by the general path, not tried again
         if lane is not None and server.broker.acl is None:
             # a read that is one plain SEND_MESSAGE_V2 frame (what a producer waiting for each answer sends) is
             # served from its bytes in one C call; None: not that, nothing done, decoded and handled below
@@ -170,6 +171,7 @@ class Connection(asyncio.Protocol):
                     if done:
                         self._write_frame(got[0])
                         return
+                    declined = True
         try:
             commands = self.decoder.feed(data)
         except FrameError as e:
@@ -178,8 +180,10 @@ class Connection(asyncio.Protocol):
             return
         if len(commands) == 1:
             cmd = commands[0]
-            if not cmd.flag & FLAG_RESPONSE:  # `is_response`, without the property's call
-                self.server.handle(self, cmd)
+            if declined:
+                server.serve_general(self, cmd)
+            elif not cmd.flag & FLAG_RESPONSE:  # `is_response`, without the property's call
+                server.handle(self, cmd)
             return
         # Several requests in one read (a pipelining client): the responses answered at once are gathered
         # and written with one call, one syscall instead of one per response.
@@ -386,9 +390,7 @@ class BrokerServer:
                     if not cmd.flag & FLAG_ONEWAY:
                         conn.write(cmd.response())
                     return
-            if not self._dispatch_held:
-                self._hold_dispatch()
-            self._respond(conn, cmd, broker.process(cmd, conn))
+            self.serve_general(conn, cmd)
         elif cmd.code in self._inline_writes:
             if not self._dispatch_held:
                 self._hold_dispatch()
@@ -403,6 +405,12 @@ class BrokerServer:
                 conn.write(result)
         else:
             self._respond(conn, cmd, broker.process(cmd, conn))
+
+    def serve_general(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """A request served as `handle` serves a write on the loop (an ack the lane declined)."""
+        if not self._dispatch_held:
+            self._hold_dispatch()
+        self._respond(conn, cmd, self.broker.process(cmd, conn))
 
     def _hold_for_send(self) -> None:
         """What `handle` does before a send it serves on the loop: the dispatch held for this iteration."""

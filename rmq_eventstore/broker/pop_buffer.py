@@ -130,12 +130,6 @@ class PopJournal:
                 else ",".join(map(str, offsets)))
         self._write(f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {text}\n")
 
-    def ack_run(self, key: CkKey, start: int, stop: int) -> None:
-        """`ack(key, range(start, stop))`'s line (consecutive offsets), without the range."""
-        data = f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} {offsets_text(start, stop)}\n".encode()
-        os.write(self._fd, data)
-        self.size += len(data)
-
     def stored(self, key: CkKey) -> None:
         self._write(f"S {key[0]} {key[1]} {key[2]} {key[3]} {key[4]}\n")
 
@@ -329,19 +323,23 @@ class PopBufferMergeService:
                 self._scan_commit(key[:3])  # type: ignore[arg-type]
             return True
 
+    def ack_one(self, key: CkKey, start: int, stop: int) -> bool:
+        """`ack(key, range(start, stop))` (consecutive offsets, start < stop: the usual ack) when `key` is a
+        buffered checkpoint that is not stored: the same bits, journal line and offset commit, True. False, with
+        nothing changed, otherwise (the caller's general path then writes an ack record)."""
+        with self._lock:
+            entry = self._by_key.get(key)
+            if entry is None or entry.stored:
+                return False
+            self._ack_run(entry, key, start, stop)
+            return True
+
     def ack_runs(self, runs: list[tuple[CkKey, int, int]]) -> bool:
-        """`ack(key, range(start, stop))` for each `(key, start, stop)` of `runs` (consecutive offsets, the
-        usual ack: the same bits, journal line and offset commit), all or nothing under one lock round: False,
-        with nothing changed, when a key is not a buffered checkpoint that is not stored, or a key comes twice
-        (then the caller's general path decides: an ack record to write, or `ack` per entry in order)."""
+        """`ack_one` for each `(key, start, stop)` of `runs`, all or nothing under one lock round: False, with
+        nothing changed, when a key is not a buffered checkpoint that is not stored, or a key comes twice (then
+        the caller's general path decides: an ack record to write, or `ack` per entry in order)."""
         with self._lock:
             by_key = self._by_key
-            if len(runs) == 1:
-                entry = by_key.get(runs[0][0])
-                if entry is None or entry.stored:
-                    return False
-                self._ack_run(entry, *runs[0])
-                return True
             entries = [by_key.get(key) for key, _, _ in runs]
             if any(e is None or e.stored for e in entries) or len({r[0] for r in runs}) != len(runs):
                 return False
@@ -350,7 +348,8 @@ class PopBufferMergeService:
             return True
 
     def _ack_run(self, entry: _Entry, key: CkKey, start: int, stop: int) -> None:
-        """`ack`'s work for a buffered entry and the offsets start..stop-1 (start < stop). Lock held."""
+        """`ack`'s work for a buffered entry and the offsets start..stop-1 (start < stop), its journal line
+        (`PopJournal.ack_run`'s) written here. Lock held."""
         ck = entry.ck
         assert ck is not None
         if entry.contiguous:
@@ -360,8 +359,12 @@ class PopBufferMergeService:
                 entry.acked |= ((1 << (hi - lo)) - 1) << lo
         else:
             entry.acked |= _ack_mask(ck.queue_offset_diff, ck.start_offset, range(start, stop), False)
-        if self.journal is not None:
-            self.journal.ack_run(key, start, stop)
+        j = self.journal
+        if j is not None:
+            data = (f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} "
+                    f"{start if stop - start == 1 else offsets_text(start, stop)}\n").encode()
+            os.write(j._fd, data)
+            j.size += len(data)
         if entry.acked == entry.full:
             del self._by_key[key]
             self.settled += 1

@@ -179,8 +179,21 @@ class AckMessageProcessor:
         b = self.broker
         if len(got) == 2:  # BATCH_ACK_MESSAGE: (frame, [(c, t, retry, so, q, rq, pt, it, first bit, bit count)])
             find = b.store.find_consume_queue
+            entries = got[1]
+            if len(entries) == 1:  # the usual: one pop acked
+                group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count = entries[0]
+                if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                    topic = pop_retry_topic(group, topic)
+                cq = find(topic, queue_id, create=False)
+                if cq is None:
+                    return False  # skipped by the reference
+                lo = cq.get_min_offset_in_queue()
+                low = start + first
+                if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
+                    return False  # filtered or skipped by the reference
+                return b.pop_service.buffer.ack_one((group, topic, queue_id, start, pop_time), low, low + count)
             runs = []
-            for group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count in got[1]:
+            for group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count in entries:
                 if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                     topic = pop_retry_topic(group, topic)
                 cq = find(topic, queue_id, create=False)
@@ -196,11 +209,10 @@ class AckMessageProcessor:
             tc = b.topic_manager.get(topic)
             if tc is None or not 0 <= queue_id < tc.read_queue_nums:
                 return False
-            store = b.store
-            if offset < store.get_min_offset_in_queue(topic, queue_id) or \
-                    offset > store.get_max_offset_in_queue(topic, queue_id):
+            cq = b.store.find_consume_queue(topic, queue_id, create=False)  # the store's min / max offset of it
+            if cq is None or offset < cq.get_min_offset_in_queue() or offset > cq.get_max_offset_in_queue():
                 return False
-            runs = [((group, topic, extra_qid, ck_offset, pop_time), offset, offset + 1)]
+            return b.pop_service.buffer.ack_one((group, topic, extra_qid, ck_offset, pop_time), offset, offset + 1)
         return b.pop_service.buffer.ack_runs(runs)
 
     def _check_target(self, req: RemotingCommand, group: str, topic: str, offset: int) -> RemotingCommand | None:

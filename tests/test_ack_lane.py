@@ -9,6 +9,8 @@ against the general path (`AckMessageProcessor.process`), the reference:
   consume offsets and revive records, request after request, and the lane declines with nothing changed
   wherever the reference would write a record or answer anything but SUCCESS;
 * a served broker: the lane answers a waiting consumer's ACK and BATCH_ACK frames and a pipelined BATCH_ACK.
+
+The lane is the native core's (not in the Makefile's RMQ_EVENTSTORE_PURE pass: without it acks take `process`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from rmq_eventstore.common import Message
 from rmq_eventstore.common.pop import REVIVE_QUEUE_NUM, BatchAck, ExtraInfo, PopCheckPoint, pop_retry_topic
 from rmq_eventstore.remoting import FrameDecoder, RemotingCommand, RequestCode, loads_text
 from rmq_eventstore.store import MessageStore
-
-pytestmark = pytest.mark.skipif(ACK_FRAME is None, reason="the native core is not built (or RMQ_EVENTSTORE_PURE)")
 
 SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
          "max_hash_slot_num": 1024, "max_index_num": 4096}

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import import_native
 
 from rmq_eventstore.broker import Broker, pop_service
 from rmq_eventstore.broker.processor import pop as pop_processor
@@ -31,6 +30,7 @@ from rmq_eventstore.remoting import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand,
 from rmq_eventstore.remoting.codes import SerializeType
 from rmq_eventstore.remoting.command import decode_frame
 from rmq_eventstore.store import MessageStore
+from tests.conftest import import_native
 
 _native = import_native()
 

@@ -2,7 +2,7 @@
 """Instructions the broker process executes per request, counted by valgrind's cachegrind (deterministic,
 unlike this VM's clocks, which drift 2-4x within minutes).
 
-    python benchmarks/cachegrind_broker.py [trivial|single|pop1|pop32] ... [--n 2000] [--base 400]
+    python benchmarks/cachegrind_broker.py [trivial|single|pop1|pop32|tx] ... [--n 2000] [--base 400]
 
 For each phase the broker (`serve_in_thread`, bench_broker.py's settings) runs twice under
 `valgrind --tool=cachegrind --cache-sim=no`, once serving `--base` requests of the phase and once `--n`;
@@ -11,7 +11,7 @@ the client is this process (our `Producer` / `PopConsumer`, not under valgrind).
 out; the broker's idle wake-ups (timed waits of its service threads) add a little noise. `trivial` is a
 GET_MAX_OFFSET round trip, `single` a SEND_MESSAGE_V2 of one 200-byte message, `pop1` a POP of one
 message followed by its ACK (counted as one request pair), `pop32` POPs of 32 messages each followed by one
-BATCH_ACK (counted per message); both include the sends that fill the topic first (100 a batch), which
+BATCH_ACK (counted per message), `tx` a half message and its one-way END_TRANSACTION COMMIT (per pair); both include the sends that fill the topic first (100 a batch), which
 `fill` alone counts (subtract it). A profiling tool: nothing is compared with a
 peer and nothing is timed. Needs valgrind (Debian's `valgrind`).
 """
@@ -95,6 +95,16 @@ def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
                         else:
                             c.ack_batch(popped)
                         got += len(popped) or 1
+            elif phase == "tx":  # a half message and its END_TRANSACTION COMMIT (one-way), as a Django append
+                from rmq_eventstore.client import TransactionProducer, TransactionState
+
+                with TransactionProducer(namesrv, "cg-tx", lambda half: TransactionState.COMMIT,
+                                         send_timeout_ms=60_000) as tp:
+                    for m in msgs:
+                        tp.end_transaction(tp.prepare(m), TransactionState.COMMIT)
+                    addr, _q = tp._pick("Profile", 0, None)  # a request answered after every END was served
+                    tp._base.remoting.invoke(addr, RemotingCommand.request(
+                        RequestCode.GET_MAX_OFFSET, {"topic": "Profile", "queueId": 0}), timeout=60)
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
         proc.stdin.write("quit\n")

@@ -2,7 +2,7 @@
 """Where the broker process spends its time, per operation: CPU per thread, and cProfile of the event-loop
 thread and of the store's dispatch (reput) thread, for one phase at a time.
 
-    python benchmarks/profile_broker.py [trivial|single|batch|pull32|pull256|pop|pop1] ... [--n N] [--no-cprofile]
+    python benchmarks/profile_broker.py [trivial|single|batch|pull32|pull256|pop|pop1|tx] ... [--n N] [--no-cprofile]
                                         [--event-loop auto|uvloop|asyncio]
 
 The broker runs in a child process (`serve_in_thread`, the settings of bench_broker.py) driven over stdin:
@@ -12,7 +12,8 @@ cost (`pthread_getcpuclockid`), then the top functions of the loop thread and of
 cProfile slows Python code about twofold: compare shares, and take per-operation CPU from a run with
 `--no-cprofile`. The client's CPU per request is measured as well (`client_cpu_us_per_request`: the
 calling thread's `time.thread_time`, and the whole client process's `time.process_time`). `trivial` is a
-GET_MAX_OFFSET round trip (the request path with no store work). `--client-profile` runs the client
+GET_MAX_OFFSET round trip (the request path with no store work), `tx` a half message and its one-way
+END_TRANSACTION COMMIT (what a Django append in a transaction sends). `--client-profile` runs the client
 under cProfile instead (its top functions; the broker side then runs without its profiler). A profiling
 tool, not a benchmark: nothing here is compared with a peer. The broker's profiles list the top 18 functions by
 own time; `PROFILE_TOP=N` and `PROFILE_SORT=ncalls` (any pstats key) change that (`ncalls` lists every call
@@ -205,6 +206,21 @@ def run_phase(phase: str, n: int, profile: bool, event_loop: str | None, root: P
                         popped = c.pop("Profile", max_nums=size, invisible_time=60_000, poll_time=1000)
                         c.ack_batch(popped)
                         got, ops = got + len(popped), ops + 1
+            elif phase == "tx":  # a half message and its one-way END_TRANSACTION COMMIT, as a Django append
+                from rmq_eventstore.client import TransactionProducer, TransactionState
+                from rmq_eventstore.remoting import RemotingCommand, RequestCode
+
+                with TransactionProducer(child.namesrv, "profile-tx", lambda half: TransactionState.COMMIT) as tp:
+                    for m in msgs[:200]:  # warm
+                        tp.end_transaction(tp.prepare(m), TransactionState.COMMIT)
+                    child.ask("start")
+                    thread0, proc0, ru0 = time.thread_time(), time.process_time(), _rusage()
+                    t = time.perf_counter()
+                    for m in msgs:
+                        tp.end_transaction(tp.prepare(m), TransactionState.COMMIT)
+                    addr, _q = tp._pick("Profile", 0, None)  # answered after every END was served
+                    tp._base.remoting.invoke(addr, RemotingCommand.request(
+                        RequestCode.GET_MAX_OFFSET, {"topic": "Profile", "queueId": 0}))
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
             wall = time.perf_counter() - t

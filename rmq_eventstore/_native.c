@@ -316,6 +316,19 @@ static inline int32_t index_hash(uint32_t h) { /* indexKeyHashMethod: abs(hashCo
     return s < 0 ? -s : s;
 }
 
+/* java_hash(s): Java's String.hashCode of a str (signed 32-bit), as `tags.java_string_hash` computes it; None
+   for a str holding a lone surrogate (the Python reference then raises as it always did). What a look-up in
+   the index (`IndexService.query_offset`) and a tags code pay for each key. */
+static PyObject *java_hash_py(PyObject *self, PyObject *s) {
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "java_hash takes a str");
+        return NULL;
+    }
+    uint32_t h = 0;
+    if (java_hash_append(s, 0, PyUnicode_GET_LENGTH(s), &h) < 0) Py_RETURN_NONE;
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
 typedef struct { char *p; Py_ssize_t n, cap; } growbuf;
 static int gb_reserve(growbuf *b, Py_ssize_t more) {
     if (b->n + more <= b->cap) return 0;
@@ -6400,6 +6413,520 @@ static PyObject *client_new_request(PyObject *self, PyObject *const *args, Py_ss
 /* ============================ end of THE CLIENT SEND ================================================= */
 
 /* ============================================================================================== */
+/* THE POP LANE (branch pop-lane): a POP_MESSAGE served from its frame's bytes.                      */
+/*  pop_frame(data, max_frame, max_header, buffered): the fields PopMessageProcessor.process reads,  */
+/*  straight from a read that is exactly one POP_MESSAGE request frame (JSON header, extFields of     */
+/*  strings with plain ASCII keys, not one-way), while the connection's decoder holds nothing          */
+/*  (`buffered`, its bytearray, is empty): (opaque, version, consumerGroup, topic, queueId, maxMsgNums,*/
+/*  invisibleTime, pollTime, exp, expType), each extField None when absent, the integer ones ints      */
+/*  (plain -?digits only: any other text, even one int() reads, is None for the whole frame). None:    */
+/*  not such a frame (the caller decodes the read as before). Nothing is changed either way.          */
+/*  pop_response(code, opaque, version, remark, popTime, invisibleTime, reviveQid, restNum,          */
+/*  startOffsetInfo, msgOffsetInfo, body): the frame RemotingCommand(code, {popTime, invisibleTime,   */
+/*  reviveQid, restNum, startOffsetInfo, msgOffsetInfo} as strings, body, opaque, FLAG_RESPONSE,       */
+/*  remark, "JAVA", version).encode() gives; None when an argument is not of the plain kind.          */
+/*  Reference: PopMessageProcessor.process + RemotingCommand.encode (tests/test_pop_lane.py).          */
+/* ============================================================================================== */
+enum { PF_GROUP, PF_TOPIC, PF_EXP, PF_EXPTYPE, PF_STRS };
+enum { PF_QID, PF_MAX, PF_INV, PF_POLL, PF_INTS };
+
+/* a plain decimal integer text (-?digits, at most 18 digits), as int() reads it; 0 when it is not that */
+static int pf_int(const unsigned char *s, Py_ssize_t n, long long *out) {
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n > 0 && s[0] == '-') { neg = 1; i = 1; }
+    if (i >= n || n - i > 18) return 0;
+    long long v = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+static PyObject *pop_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyByteArray_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "pop_frame(data, max_frame, max_header, buffered)");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_CheckExact(data) || PyByteArray_GET_SIZE(args[3]) != 0) Py_RETURN_NONE;
+    Py_ssize_t max_frame = PyLong_AsSsize_t(args[1]), max_header = PyLong_AsSsize_t(args[2]);
+    if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (n < 8) Py_RETURN_NONE;
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen < 2 ||
+        ((word >> 24) & 0xFF) != 0 || n != 4 + (Py_ssize_t)length)
+        Py_RETURN_NONE;  /* not exactly one JSON frame: the decoder's */
+    const unsigned char *h = base + 8;
+    jcur c = {h, h + hlen};
+    long long code = 0, flag = 0, opaque = 0, version = 0, ints[PF_INTS];
+    int have_code = 0, have_int[PF_INTS] = {0}, rc;
+    PyObject *strs[PF_STRS] = {NULL}, *result = NULL;
+    if (*c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail_rc;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
+        if (iv != NULL) {
+            have_code |= iv == &code;
+            if ((rc = j_int32(&c, iv)) != J_OK) goto fail_rc;
+            if (iv == &code && code != 200050) goto decline;  /* another request: at once */
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"') goto decline;
+            if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') goto decline;
+            for (int i = 0; i < PF_STRS; i++) Py_CLEAR(strs[i]);  /* a later extFields replaces an earlier one */
+            memset(have_int, 0, sizeof have_int);
+            c.p++;
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;
+                const unsigned char *ek = c.p + 1, *q = ek;
+                while (q < c.end && !j_scan[*q]) q++;  /* a plain ASCII key, else the decoder's */
+                if (q >= c.end || *q != '"') goto decline;
+                Py_ssize_t ekn = q - ek;
+                c.p = q + 1;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') goto decline;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;  /* a value not a string: the decoder's */
+                int s = key_is(ek, ekn, "consumerGroup", 13) ? PF_GROUP : key_is(ek, ekn, "topic", 5) ? PF_TOPIC
+                        : key_is(ek, ekn, "exp", 3) ? PF_EXP : key_is(ek, ekn, "expType", 7) ? PF_EXPTYPE : -1;
+                int iv2 = s >= 0 ? -1 : key_is(ek, ekn, "queueId", 7) ? PF_QID : key_is(ek, ekn, "maxMsgNums", 10) ? PF_MAX
+                          : key_is(ek, ekn, "invisibleTime", 13) ? PF_INV : key_is(ek, ekn, "pollTime", 8) ? PF_POLL : -1;
+                if (s >= 0) {
+                    PyObject *v = NULL;
+                    if ((rc = j_string(&c, &v, 1)) != J_OK) goto fail_rc;
+                    Py_XSETREF(strs[s], v);
+                } else {
+                    const unsigned char *vs = c.p + 1;
+                    if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+                    if (iv2 >= 0) {
+                        if (!pf_int(vs, c.p - 1 - vs, &ints[iv2])) goto decline;  /* an escape, a space, "": int()'s */
+                        have_int[iv2] = 1;
+                    }
+                }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
+                goto decline;
+            }
+        } else {  /* another field: checked, not kept (as j_header) */
+            if ((rc = j_skip_value(&c)) != J_OK) goto fail_rc;
+        }
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        goto decline;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 200050 || (flag & 3) != 0) goto decline;  /* POP requests */
+    result = PyTuple_New(10);
+    if (result == NULL) goto done;
+    PyObject *items[10];
+    items[0] = PyLong_FromLongLong(opaque);
+    items[1] = PyLong_FromLongLong(version);
+    for (int i = 0; i < PF_STRS; i++) items[i < 2 ? 2 + i : 6 + i] = strs[i] != NULL ? Py_NewRef(strs[i]) : Py_NewRef(Py_None);
+    for (int i = 0; i < PF_INTS; i++) items[4 + i] = have_int[i] ? PyLong_FromLongLong(ints[i]) : Py_NewRef(Py_None);
+    for (int i = 0; i < 10; i++) {
+        if (items[i] == NULL) {
+            for (int j = 0; j < 10; j++) if (j != i && items[j] != NULL && j > i) Py_DECREF(items[j]);
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyTuple_SET_ITEM(result, i, items[i]);
+    }
+    goto done;
+fail_rc:
+    if (rc == J_ERROR) goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < PF_STRS; i++) Py_XDECREF(strs[i]);
+    return result;
+}
+
+/* a 64-bit int as a JSON string of its digits ("123"); 0 when it is no exact int in 64 bits */
+static int pf_qint(rbuf *b, PyObject *o) {
+    if (!PyLong_CheckExact(o)) return 0;
+    return rbuf_put(b, "\"", 1) && rbuf_int(b, o) && rbuf_put(b, "\"", 1);
+}
+
+static PyObject *pop_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "pop_response(code, opaque, version, remark, popTime, invisibleTime, "
+                        "reviveQid, restNum, startOffsetInfo, msgOffsetInfo, body)");
+        return NULL;
+    }
+    PyObject *remark = args[3], *body = args[10];
+    if (!PyBytes_CheckExact(body) || (remark != Py_None && !PyUnicode_CheckExact(remark))) Py_RETURN_NONE;
+    for (int i = 0; i < 8; i++)
+        if (i != 3 && !PyLong_CheckExact(args[i])) Py_RETURN_NONE;
+    Py_ssize_t blen = PyBytes_GET_SIZE(body);
+    rbuf b;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;
+#define PPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    int ok = PPUT("{\"code\":") && rbuf_int(&b, args[0]) && PPUT(",\"language\":\"JAVA\",\"version\":") &&
+             rbuf_int(&b, args[2]) && PPUT(",\"opaque\":") && rbuf_int(&b, args[1]) && PPUT(",\"flag\":1");
+    if (ok && remark != Py_None) ok = PPUT(",\"remark\":") && rbuf_jstr(&b, remark);
+    ok = ok && PPUT(",\"extFields\":{\"popTime\":") && pf_qint(&b, args[4]) && PPUT(",\"invisibleTime\":") &&
+         pf_qint(&b, args[5]) && PPUT(",\"reviveQid\":") && pf_qint(&b, args[6]) && PPUT(",\"restNum\":") &&
+         pf_qint(&b, args[7]) && PPUT(",\"startOffsetInfo\":") && rbuf_jstr(&b, args[8]) &&
+         PPUT(",\"msgOffsetInfo\":") && rbuf_jstr(&b, args[9]) && PPUT("},\"serializeTypeCurrentRPC\":\"JSON\"}");
+#undef PPUT
+    PyObject *res = NULL;
+    if (ok) {
+        Py_ssize_t hlen = b.len - 8;
+        if ((long long)hlen + 4 + blen <= 0x7FFFFFFF) {
+            put_i32(b.p, (int32_t)(4 + hlen + blen));
+            put_i32(b.p + 4, (int32_t)hlen);
+            res = PyBytes_FromStringAndSize(NULL, b.len + blen);
+            if (res != NULL) {
+                memcpy(PyBytes_AS_STRING(res), b.p, b.len);
+                if (blen) memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
+            }
+        } else res = Py_NewRef(Py_None);
+    } else if (!PyErr_Occurred()) res = Py_NewRef(Py_None);
+    else if (PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
+    else { PyErr_Clear(); res = Py_NewRef(Py_None); }
+    rbuf_free(&b);
+    return res;
+}
+/* ============================ end of THE POP LANE ==================================================== */
+
+/* ============================================================================================== */
+/* THE ACK LANE (branch ack-lane): ACK_MESSAGE and BATCH_ACK_MESSAGE read straight from their bytes */
+/*   ack_body   a BATCH_ACK_MESSAGE body {"acks":[BatchAck, ...]} of the plain shape -> entry tuples */
+/*   ack_frame  a read that is exactly one ACK_MESSAGE / BATCH_ACK_MESSAGE request frame -> its     */
+/*              fields and the SUCCESS response frame                                               */
+/* Both return None for anything else, having made nothing: AckMessageProcessor.lane (processor/    */
+/* pop.py) does the checks and the buffer's ack on what they give, and what they do not take goes  */
+/* through the RemotingCommand and AckMessageProcessor.process, the reference.                      */
+/* ============================================================================================== */
+
+/* a plain ASCII string (no escape, no control or non-ASCII byte) at c->p, its quote: its bytes */
+static int al_plain(jcur *c, const unsigned char **s, Py_ssize_t *n) {
+    if (c->p >= c->end || *c->p != '"') return J_GIVE_WAY;
+    const unsigned char *b = c->p + 1, *q = b;
+    while (q < c->end && !j_scan[*q]) q++;
+    if (q >= c->end || *q != '"') return J_GIVE_WAY;
+    *s = b;
+    *n = q - b;
+    c->p = q + 1;
+    return J_OK;
+}
+
+/* the canonical decimal text of an integer (what str(int) writes, at most 18 digits) */
+static int al_dec(const unsigned char *s, Py_ssize_t n, long long *out) {
+    int neg = n > 0 && s[0] == '-';
+    const unsigned char *p = s + neg, *e = s + n;
+    if (p >= e || e - p > 18 || (*p == '0' && e - p > 1) || (neg && *p == '0')) return 0;
+    long long v = 0;
+    for (; p < e; p++) {
+        if (*p < '0' || *p > '9') return 0;
+        v = v * 10 + (*p - '0');
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+enum { AL_C, AL_T, AL_R, AL_SO, AL_Q, AL_RQ, AL_PT, AL_IT, AL_B, AL_FIELDS };
+
+/* one BatchAck object at c->p -> a new tuple (c, t, retry, so, q, rq, pt, it, first bit, bit count): what
+ * BatchAck.from_dict reads when c and t are plain strings, r a string or absent, so/q/rq/pt/it integers (it
+ * may be absent) and b a non-empty list of consecutive ascending integers (bitset_indexes' own order) */
+static int al_entry(jcur *c, PyObject **out) {
+    const unsigned char *cs = NULL, *ts = NULL;
+    Py_ssize_t cn = 0, tn = 0;
+    int retry = 0, have[AL_FIELDS] = {0}, rc;
+    long long v[AL_FIELDS] = {0}, first = 0, count = 0;
+    if (c->p >= c->end || *c->p != '{') return J_GIVE_WAY;
+    c->p++;
+    j_ws(c);
+    if (c->p < c->end && *c->p == '}') return J_GIVE_WAY;  /* no "c": the reference's KeyError */
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(c, &k, &kn)) != J_OK) return rc;
+        int f = -1;
+        if (kn == 1) {
+            switch (k[0]) {
+            case 'c': f = AL_C; break;
+            case 't': f = AL_T; break;
+            case 'r': f = AL_R; break;
+            case 'q': f = AL_Q; break;
+            case 'b': f = AL_B; break;
+            default: break;
+            }
+        } else if (kn == 2) {
+            if (k[0] == 's' && k[1] == 'o') f = AL_SO;
+            else if (k[0] == 'r' && k[1] == 'q') f = AL_RQ;
+            else if (k[0] == 'p' && k[1] == 't') f = AL_PT;
+            else if (k[0] == 'i' && k[1] == 't') f = AL_IT;
+        }
+        if (f == AL_C || f == AL_T) {
+            if ((rc = al_plain(c, f == AL_C ? &cs : &ts, f == AL_C ? &cn : &tn)) != J_OK) return rc;
+        } else if (f == AL_R) {
+            const unsigned char *rs;
+            Py_ssize_t rn;
+            if ((rc = al_plain(c, &rs, &rn)) != J_OK) return rc;
+            retry = rn == 1 && rs[0] == '1';
+        } else if (f == AL_B) {  /* a list of consecutive ascending integers */
+            if (*c->p != '[') return J_GIVE_WAY;
+            c->p++;
+            first = count = 0;
+            j_ws(c);
+            if (c->p < c->end && *c->p == ']') c->p++;  /* empty: refused below */
+            else for (;;) {
+                long long x;
+                j_ws(c);
+                if ((rc = j_int(c, &x)) != J_OK) return rc;
+                if (count == 0) first = x;
+                else if (x != first + count) return J_GIVE_WAY;  /* a gap, a repeat, out of order */
+                count++;
+                j_ws(c);
+                if (c->p < c->end && *c->p == ',') { c->p++; continue; }
+                if (c->p < c->end && *c->p == ']') { c->p++; break; }
+                return J_GIVE_WAY;
+            }
+        } else if (f >= 0) {
+            if ((rc = j_int(c, &v[f])) != J_OK) return rc;
+        } else {  /* a member from_dict does not read: a scalar, checked and skipped */
+            if ((rc = j_skip_value(c)) != J_OK) return rc;
+        }
+        if (f >= 0) have[f] = 1;
+        int more = j_next(c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        return J_GIVE_WAY;
+    }
+    if (!have[AL_C] || !have[AL_T] || !have[AL_SO] || !have[AL_Q] || !have[AL_RQ] || !have[AL_PT] || !have[AL_B] ||
+        count == 0)
+        return J_GIVE_WAY;
+    PyObject *g = PyUnicode_DecodeASCII((const char *)cs, cn, NULL);
+    PyObject *t = g != NULL ? PyUnicode_DecodeASCII((const char *)ts, tn, NULL) : NULL;
+    if (t == NULL) { Py_XDECREF(g); return J_ERROR; }
+    *out = Py_BuildValue("(NNOLLLLLLL)", g, t, retry ? Py_True : Py_False, v[AL_SO], v[AL_Q], v[AL_RQ], v[AL_PT],
+                         v[AL_IT], first, count);
+    return *out != NULL ? J_OK : J_ERROR;
+}
+
+/* the body {"acks": [entry, ...]} -> a new non-empty list of al_entry tuples */
+static int al_body(const unsigned char *p, Py_ssize_t n, PyObject **out) {
+    jcur c = {p, p + n};
+    PyObject *acks = NULL;
+    int rc = J_GIVE_WAY;
+    j_ws(&c);
+    if (c.p >= c.end || *c.p != '{') return J_GIVE_WAY;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') return J_GIVE_WAY;  /* no acks: NO_MESSAGE, the reference's */
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail;
+        if (key_is(k, kn, "acks", 4)) {
+            if (*c.p != '[') { rc = J_GIVE_WAY; goto fail; }
+            c.p++;
+            Py_XSETREF(acks, PyList_New(0));  /* json keeps the last of a repeated key */
+            if (acks == NULL) { rc = J_ERROR; goto fail; }
+            j_ws(&c);
+            if (c.p < c.end && *c.p == ']') c.p++;
+            else for (;;) {
+                PyObject *e = NULL;
+                j_ws(&c);
+                if ((rc = al_entry(&c, &e)) != J_OK) goto fail;
+                int bad = PyList_Append(acks, e);
+                Py_DECREF(e);
+                if (bad < 0) { rc = J_ERROR; goto fail; }
+                j_ws(&c);
+                if (c.p < c.end && *c.p == ',') { c.p++; continue; }
+                if (c.p < c.end && *c.p == ']') { c.p++; break; }
+                rc = J_GIVE_WAY;
+                goto fail;
+            }
+        } else if ((rc = j_skip_value(&c)) != J_OK) goto fail;
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        rc = J_GIVE_WAY;
+        goto fail;
+    }
+    j_ws(&c);
+    if (c.p != c.end || acks == NULL || PyList_GET_SIZE(acks) == 0) { rc = J_GIVE_WAY; goto fail; }
+    *out = acks;
+    return J_OK;
+fail:
+    Py_XDECREF(acks);
+    return rc;
+}
+
+/* ack_body(body) -> [(c, t, retry, so, q, rq, pt, it, first bit, bit count), ...] or None */
+static PyObject *ack_body(PyObject *self, PyObject *body) {
+    if (!PyBytes_CheckExact(body)) Py_RETURN_NONE;
+    PyObject *out = NULL;
+    int rc = al_body((const unsigned char *)PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), &out);
+    if (rc == J_OK) return out;
+    if (rc == J_ERROR) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* the frame of RemotingCommand(SUCCESS, {}, b"", opaque, FLAG_RESPONSE, None, "JAVA", version).encode() */
+static PyObject *al_success(long long opaque, long long version) {
+    static const char p1[] = "{\"code\":0,\"language\":\"JAVA\",\"version\":", p2[] = ",\"opaque\":",
+                      p3[] = ",\"flag\":1,\"serializeTypeCurrentRPC\":\"JSON\"}";
+    char buf[8 + sizeof p1 + sizeof p2 + sizeof p3 + 48], t[24], *w = buf + 8, *d;
+    memcpy(w, p1, sizeof p1 - 1); w += sizeof p1 - 1;
+    d = sl_digits(t + sizeof t, version); memcpy(w, d, t + sizeof t - d); w += t + sizeof t - d;
+    memcpy(w, p2, sizeof p2 - 1); w += sizeof p2 - 1;
+    d = sl_digits(t + sizeof t, opaque); memcpy(w, d, t + sizeof t - d); w += t + sizeof t - d;
+    memcpy(w, p3, sizeof p3 - 1); w += sizeof p3 - 1;
+    Py_ssize_t len = w - buf;
+    put_i32((unsigned char *)buf, (int32_t)(len - 4));
+    put_i32((unsigned char *)buf + 4, (int32_t)(len - 8));
+    return PyBytes_FromStringAndSize(buf, len);
+}
+
+enum { ALX_GROUP, ALX_TOPIC, ALX_QID, ALX_OFFSET, ALX_EXTRA, ALX_FIELDS };
+
+/* ack_frame(data, max_frame, max_header, buffered): for a read that is exactly one JSON frame of an ACK_MESSAGE
+ * or BATCH_ACK_MESSAGE request (not a response, not one-way) while the connection's decoder holds nothing
+ * (`buffered`, its bytearray, is empty), of the plain shape (send_frame's subset of what the frame decoder takes):
+ *   BATCH_ACK_MESSAGE: (success frame, [al_entry tuples]) when the body is ack_body's;
+ *   ACK_MESSAGE: (success frame, None, group, topic, queueId, offset, ck offset, pop time, invisible time,
+ *   revive qid, retry, broker name, queue id, queue offset), the header fields and ExtraInfo.split's eight
+ *   fields, when they are plain ASCII strings and the integers canonical decimal text;
+ * None for anything else. */
+static PyObject *ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyByteArray_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "ack_frame(data, max_frame, max_header, buffered)");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_CheckExact(data) || PyByteArray_GET_SIZE(args[3]) != 0) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    /* the code is the header's first member in every peer's frames: others are not read further */
+    if (n < 24 || memcmp(base + 8, "{\"code\":200", 11) != 0) Py_RETURN_NONE;
+    Py_ssize_t max_frame = PyLong_AsSsize_t(args[1]), max_header = PyLong_AsSsize_t(args[2]);
+    if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen <= 0 ||
+        ((word >> 24) & 0xFF) != 0 || n != 4 + (Py_ssize_t)length)
+        Py_RETURN_NONE;  /* not exactly one JSON frame: the decoder's */
+    const unsigned char *h = base + 8;
+    jcur c = {h, h + hlen};
+    long long code = 0, flag = 0, opaque = 0, version = 0;
+    int have_code = 0, rc;
+    const unsigned char *xs[ALX_FIELDS] = {0};
+    Py_ssize_t xn[ALX_FIELDS] = {0};
+    int xplain[ALX_FIELDS] = {0};
+    c.p++;  /* '{' (checked above) */
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail_rc;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
+        if (iv != NULL) {
+            have_code |= iv == &code;
+            if ((rc = j_int32(&c, iv)) != J_OK) goto fail_rc;
+            if (iv == &code && code != 200051 && code != 200151) goto decline;
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"') goto decline;
+            if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') goto decline;
+            memset(xs, 0, sizeof xs); memset(xn, 0, sizeof xn); memset(xplain, 0, sizeof xplain);  /* json keeps the last */
+            c.p++;
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                const unsigned char *ek;
+                Py_ssize_t ekn;
+                j_ws(&c);
+                if ((rc = al_plain(&c, &ek, &ekn)) != J_OK) goto fail_rc;  /* a plain ASCII key, else the decoder's */
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') goto decline;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') goto decline;  /* a value not a string: the decoder's */
+                int slot = key_is(ek, ekn, "consumerGroup", 13) ? ALX_GROUP : key_is(ek, ekn, "topic", 5) ? ALX_TOPIC
+                         : key_is(ek, ekn, "queueId", 7) ? ALX_QID : key_is(ek, ekn, "offset", 6) ? ALX_OFFSET
+                         : key_is(ek, ekn, "extraInfo", 9) ? ALX_EXTRA : -1;
+                const unsigned char *vs = c.p + 1;
+                if ((rc = j_string(&c, NULL, 0)) != J_OK) goto fail_rc;
+                if (slot >= 0) {
+                    Py_ssize_t vn = c.p - 1 - vs;
+                    const unsigned char *z = vs;
+                    while (z < vs + vn && !j_scan[*z]) z++;
+                    xs[slot] = vs; xn[slot] = vn; xplain[slot] = z == vs + vn;
+                }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
+                goto decline;
+            }
+        } else if ((rc = j_skip_value(&c)) != J_OK) goto fail_rc;  /* another field: checked, not kept */
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        goto decline;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || (flag & 3) != 0) goto decline;  /* requests answered */
+    if (code == 200151) {
+        PyObject *acks = NULL;
+        rc = al_body(h + hlen, n - 8 - hlen, &acks);
+        if (rc != J_OK) goto fail_rc;
+        PyObject *frame = al_success(opaque, version);
+        if (frame == NULL) { Py_DECREF(acks); return NULL; }
+        return Py_BuildValue("(NN)", frame, acks);
+    }
+    /* ACK_MESSAGE: every field present, plain, its integers canonical; extraInfo exactly eight fields */
+    long long qid, offset, e[8];
+    for (int i = 0; i < ALX_FIELDS; i++)
+        if (xs[i] == NULL || !xplain[i]) goto decline;
+    if (!al_dec(xs[ALX_QID], xn[ALX_QID], &qid) || !al_dec(xs[ALX_OFFSET], xn[ALX_OFFSET], &offset)) goto decline;
+    const unsigned char *parts[8], *p = xs[ALX_EXTRA], *pe = p + xn[ALX_EXTRA];
+    Py_ssize_t plen[8];
+    for (int i = 0; i < 8; i++) {
+        const unsigned char *sp = memchr(p, ' ', pe - p);
+        if (i < 7 && sp == NULL) goto decline;
+        if (i == 7 && sp != NULL) goto decline;  /* more than eight fields: the reference's */
+        parts[i] = p;
+        plen[i] = (sp != NULL ? sp : pe) - p;
+        p = sp != NULL ? sp + 1 : pe;
+    }
+    for (int i = 0; i < 8; i++)
+        if (i != 4 && i != 5 && !al_dec(parts[i], plen[i], &e[i])) goto decline;
+    int retry = !(plen[4] == 0 || (plen[4] == 1 && parts[4][0] == '0'));
+    PyObject *frame = al_success(opaque, version);
+    if (frame == NULL) return NULL;
+    return Py_BuildValue("(NOs#s#LLLLLLOs#LL)", frame, Py_None, (const char *)xs[ALX_GROUP], xn[ALX_GROUP],
+                         (const char *)xs[ALX_TOPIC], xn[ALX_TOPIC], qid, offset, e[0], e[1], e[2], e[3],
+                         retry ? Py_True : Py_False, (const char *)parts[5], plen[5], e[6], e[7]);
+fail_rc:
+    if (rc == J_ERROR) return NULL;
+decline:
+    Py_RETURN_NONE;
+}
+/* ============================ end of THE ACK LANE ==================================================== */
+
+/* ============================================================================================== */
 /* THE POP CLIENT (branch pop-client): a lone caller's PopConsumer.pop + ack_batch without a        */
 /* RemotingCommand on the client's side (client/pop_consumer.py's fast path).                       */
 /*   pop_request_frame  the POP_MESSAGE request frame pop() sends (RemotingCommand(...).encode())   */
@@ -6905,6 +7432,7 @@ out:
 /* ============================ end of THE POP CLIENT ================================================== */
 
 static PyMethodDef methods[] = {
+    {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
     {"copy_into", copy_into, METH_VARARGS, "dst[pos:pos + len(src)] = src (without the GIL from 64 KiB)."},
     {"populate", populate, METH_VARARGS, "Fault in buf[start:end]'s pages for writing, without the GIL (bytes)."},
@@ -6994,6 +7522,16 @@ static PyMethodDef methods[] = {
      "client_take_response(buf, n, opaque): the RemotingCommand of a lone caller's read holding just its response, or None."},
     {"client_new_request", (PyCFunction)(void (*)(void))client_new_request, METH_FASTCALL,
      "client_new_request(code, ext, body, opaque, flag): RemotingCommand.request's command, or None (Python decides)."},
+    /* THE POP LANE (branch pop-lane): the block above the table */
+    {"pop_frame", (PyCFunction)(void (*)(void))pop_frame, METH_FASTCALL,
+     "pop_frame(data, max_frame, max_header, buffered): a lone POP_MESSAGE frame's fields, or None."},
+    {"pop_response", (PyCFunction)(void (*)(void))pop_response, METH_FASTCALL,
+     "pop_response(code, opaque, version, remark, popTime, ...): a POP response frame, or None (Python encodes)."},
+    /* THE ACK LANE (branch ack-lane): the block above the table */
+    {"ack_body", ack_body, METH_O,
+     "ack_body(body): a BATCH_ACK_MESSAGE body's entries (c, t, retry, so, q, rq, pt, it, first bit, bit count), or None."},
+    {"ack_frame", (PyCFunction)(void (*)(void))ack_frame, METH_FASTCALL,
+     "ack_frame(data, max_frame, max_header, buffered): one ACK_MESSAGE / BATCH_ACK_MESSAGE request frame's fields, or None."},
     /* THE POP CLIENT (branch pop-client): the block above the table */
     {"pop_request_frame", (PyCFunction)(void (*)(void))pop_request_frame, METH_FASTCALL,
      "pop_request_frame(group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque): PopConsumer.pop's POP_MESSAGE frame, or None."},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -269,6 +270,30 @@ def test_java_string_hashes_equals_scalar(strings):
     assert got == [_java_hash_reference(s) for s in strings]
 
 
+@FAST
+@given(unicode_strings | st.text(alphabet=st.characters(min_codepoint=0x80, max_codepoint=0x2FF), max_size=20))
+def test_java_string_hash_native_equals_the_python_reference(s):
+    """`_native.java_hash` (what `java_string_hash` uses when the native core is active) against the Python
+    reference, over Latin-1, BMP and astral strings."""
+    from rmq_eventstore.common import tags
+
+    assert tags.java_string_hash(s) == tags.java_string_hash_py(s) == _java_hash_reference(s)
+    if tags._java_hash is not None:
+        assert tags._java_hash(s) == _java_hash_reference(s)
+
+
+def test_java_string_hash_of_a_lone_surrogate_is_left_to_the_python_reference():
+    """A str with a lone surrogate has no UTF-16 form: C declines (None) and the reference raises, as before."""
+    from rmq_eventstore.common import tags
+
+    if tags._java_hash is not None:
+        assert tags._java_hash("a\ud800b") is None
+        with pytest.raises(TypeError):
+            tags._java_hash(b"bytes")
+    with pytest.raises(UnicodeEncodeError):
+        tags.java_string_hash("a\ud800b")
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.text(min_size=500, max_size=700), min_size=1, max_size=3))
 def test_java_string_hashes_long_strings(strings):
@@ -285,6 +310,21 @@ def test_properties_round_trip(props):
     for k in props:
         rest = codec.delete_property(s, k)
         assert codec.string_to_properties(rest) == {x: v for x, v in props.items() if x != k}
+
+
+@FAST
+@given(st.lists(st.sampled_from(["A", "B", "AB", "C", "", "A\x01", "\x01x"]), max_size=8).map("\x02".join)
+       | st.text(alphabet="AB\x01\x02x", max_size=24),
+       st.lists(st.sampled_from(["A", "B", "AB", "C", "D"]), max_size=4))
+def test_delete_properties_is_delete_property_applied_in_turn(props, names):
+    """One pass over the string gives exactly what cutting each name in turn gives (separators, duplicates,
+    a missing trailing separator, segments without a value)."""
+    from rmq_eventstore.common.properties import delete_properties
+
+    expected = props
+    for n in names:
+        expected = codec.delete_property(expected, n)
+    assert delete_properties(props, names) == expected
 
 
 @FAST

@@ -353,6 +353,22 @@ def test_query_across_files_with_time_ranges(tmp_path):
     svc.shutdown()
 
 
+def test_have_candidates_answers_as_query_offset_does_over_every_file(tmp_path):
+    """`have_candidates` is whether `query_offset` over all time would return anything: a key in the oldest
+    of three files, a key only in the newest, a missing key, and a hash collision (a candidate too)."""
+    svc = _three_period_service(str(tmp_path))
+    svc.build_index([req(400, 31_000_000, keys="late")])
+    pairs = [("T", "k"), ("T", "late"), ("T", "absent"), ("U", "k")]
+    assert svc.have_candidates(pairs) == [bool(svc.query_offset(t, k, 64, 0, FAR).phy_offsets) for t, k in pairs]
+    assert svc.have_candidates(pairs) == [True, True, False, False]
+    assert svc.have_candidates([]) == []
+    svc.shutdown()
+    svc = IndexService(str(tmp_path / "collide"), 1000, 100)
+    svc.build_index([req(0, 1000, keys="BB", topic="AaTopic")])
+    assert svc.have_candidates([("BBTopic", "Aa"), ("AaTopic", "BB"), ("AaTopic", "Ab")]) == [True, True, False]
+    svc.shutdown()
+
+
 def test_query_max_results(tmp_path):
     svc = IndexService(str(tmp_path), 8, 50, flush_in_background=False)
     svc.build_index([req(i, 1000 + i, keys="k") for i in range(200)])

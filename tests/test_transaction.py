@@ -28,6 +28,7 @@ from rmq_eventstore.client import (
 )
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.fastjson import fastjson_loads
+from rmq_eventstore.common.properties import set_property
 from rmq_eventstore.common.topic import RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, RMQ_SYS_TRANS_HALF_TOPIC
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 from rmq_eventstore.spark.source import RocketMQReader
@@ -75,6 +76,33 @@ def test_commit_makes_the_message_visible_once_and_rollback_never(broker: Runnin
     assert admin.query_message("orders", r2.transaction_id) == []
     time.sleep(0.6)  # longer than transaction_timeout: ended transactions are never checked
     assert seen == []
+
+
+def test_a_commit_record_is_the_half_with_its_end_properties_and_a_fresh_crc_trailer(broker: RunningBroker) -> None:
+    """The committed record's properties are the half message's with REAL_TOPIC, REAL_QID and
+    TRANSACTION_CHECK_TIMES cut, TRAN_PREPARED_QUEUE_OFFSET set, the half's `__CRC32#` trailer dropped and a
+    new one, right for the new record, at the end (RocketMQ's encoder with enabledAppendPropCRC)."""
+    with TransactionProducer(broker.namesrv_address, "crc-app", lambda m: TransactionState.UNKNOWN) as p:
+        r = p.send_in_transaction(Message("crc-orders", b"placed", keys=["c-1"], tags="T"),
+                                  lambda m: TransactionState.COMMIT)
+    assert wait_until(lambda: len(visible(broker, "crc-orders")) == 1)
+    _, _, half_offset = codec.decode_message_id(r.offset_msg_id)
+    half = broker.store.look_message_by_offset(half_offset)
+    assert half is not None and codec.PROPERTY_CRC32 in half.properties_string
+    expected = half.properties_string
+    for name in ("REAL_TOPIC", "REAL_QID", "TRANSACTION_CHECK_TIMES"):
+        expected = codec.delete_property(expected, name)
+    expected = set_property(expected, "TRAN_PREPARED_QUEUE_OFFSET", str(half.queue_offset))
+    expected = codec.delete_property(expected, codec.PROPERTY_CRC32)
+    expected += "" if expected.endswith("\x02") else "\x02"
+    committed = visible(broker, "crc-orders")[0]
+    assert committed.properties_string[:len(expected)] == expected
+    trailer = committed.properties_string[len(expected):]
+    assert trailer.startswith(codec.PROPERTY_CRC32 + "\x01") and len(trailer) == codec.CRC32_RESERVED_LEN
+    raw = bytes(broker.store.commit_log.read_record(committed.commit_log_offset))
+    fresh = bytearray(raw)
+    codec.fill_crc_trailer(fresh)
+    assert bytes(fresh) == raw  # the trailer holds the CRC of this record's bytes
 
 
 def test_half_message_is_invisible_until_the_end(broker: RunningBroker) -> None:

@@ -323,6 +323,53 @@ class PopBufferMergeService:
                 self._scan_commit(key[:3])  # type: ignore[arg-type]
             return True
 
+    def ack_one(self, key: CkKey, start: int, stop: int) -> bool:
+        """`ack(key, range(start, stop))` (consecutive offsets, start < stop: the usual ack) when `key` is a
+        buffered checkpoint that is not stored: the same bits, journal line and offset commit, True. False, with
+        nothing changed, otherwise (the caller's general path then writes an ack record)."""
+        with self._lock:
+            entry = self._by_key.get(key)
+            if entry is None or entry.stored:
+                return False
+            self._ack_run(entry, key, start, stop)
+            return True
+
+    def ack_runs(self, runs: list[tuple[CkKey, int, int]]) -> bool:
+        """`ack_one` for each `(key, start, stop)` of `runs`, all or nothing under one lock round: False, with
+        nothing changed, when a key is not a buffered checkpoint that is not stored, or a key comes twice (then
+        the caller's general path decides: an ack record to write, or `ack` per entry in order)."""
+        with self._lock:
+            by_key = self._by_key
+            entries = [by_key.get(key) for key, _, _ in runs]
+            if any(e is None or e.stored for e in entries) or len({r[0] for r in runs}) != len(runs):
+                return False
+            for entry, run in zip(entries, runs, strict=True):
+                self._ack_run(entry, *run)  # type: ignore[arg-type]
+            return True
+
+    def _ack_run(self, entry: _Entry, key: CkKey, start: int, stop: int) -> None:
+        """`ack`'s work for a buffered entry and the offsets start..stop-1 (start < stop), its journal line
+        (`PopJournal.ack_run`'s) written here. Lock held."""
+        ck = entry.ck
+        assert ck is not None
+        if entry.contiguous:
+            first = start - ck.start_offset
+            lo, hi = max(first, 0), min(first + stop - start, len(ck.queue_offset_diff))
+            if lo < hi:
+                entry.acked |= ((1 << (hi - lo)) - 1) << lo
+        else:
+            entry.acked |= _ack_mask(ck.queue_offset_diff, ck.start_offset, range(start, stop), False)
+        j = self.journal
+        if j is not None:
+            data = (f"A {key[0]} {key[1]} {key[2]} {key[3]} {key[4]} "
+                    f"{start if stop - start == 1 else offsets_text(start, stop)}\n").encode()
+            os.write(j._fd, data)
+            j.size += len(data)
+        if entry.acked == entry.full:
+            del self._by_key[key]
+            self.settled += 1
+            self._scan_commit(key[:3])  # type: ignore[arg-type]
+
     # -- flush ------------------------------------------------------------------------------------------------
     def flush_due(self, now_ms: int) -> int:
         """Store every checkpoint whose time in the buffer is over (and, per queue, the ones before it);

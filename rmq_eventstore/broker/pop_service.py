@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,7 +62,8 @@ from ..common.properties import (
 from ..common.rng import rng
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ..common.topic_config import PermName
-from .pop_buffer import PopBufferMergeService, PopJournal
+from ..store.message_store import _READ_STATUS, _RECORD_LAYOUT, MAX_PULL_MSG_SIZE
+from .pop_buffer import PopBufferMergeService, PopJournal, _Entry
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 
 REVIVE_INTERVAL = 0.1  # seconds between revive rounds (RocketMQ's reviveInterval is 1 s)
 POP_FROM_RETRY_PROBABILITY = 20  # percent of pops that look at the retry topic first
+_RECORD_LAYOUT_SIZE = _RECORD_LAYOUT.size
 
 
 @dataclass
@@ -278,8 +280,9 @@ class PopService:
             if alive is not None and not alive():
                 return result
 
-    def _queues(self, group: str, topic: str, queue_id: int) -> list[tuple[str, int, bool]]:
-        draw = rng.random()  # one draw per pop: where the queues start, and whether retries go first
+    def _queues(self, group: str, topic: str, queue_id: int, draw: float | None = None) -> list[tuple[str, int, bool]]:
+        if draw is None:
+            draw = rng.random()  # one draw per pop: where the queues start, and whether retries go first
         if queue_id >= 0:
             normal = [(topic, queue_id, False)]
         else:  # every read queue, from a random one on (RocketMQ's `randomQ + i`)
@@ -358,6 +361,152 @@ class PopService:
             count += n
             rest += max(max_offset - end, 0)
         return PopResult(pop_time, invisible_time, revive_qid, bodies, starts, infos, rest, count)
+
+    def pop_now(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
+                expression: str, read_queue_nums: int | None = None) -> tuple[int, int, int, int, bytes, str, str] | None:
+        """`_pop_once` for the common case, flattened: a filter that matches everything (`*`), the buffer
+        on with a journal, the store's native pull read. The same look at the same queues in the same
+        order, the same checkpoint, journal line, consume offset and response fields as `_pop_once` (the
+        reference; tests/test_pop_lane.py compares them), with a fraction of its calls: the buffer's pop
+        offset, the read and the checkpoint's registration are inlined. Returns (pop_time, revive_qid,
+        rest_num, count, body, startOffsetInfo, msgOffsetInfo), or None before anything changed when the
+        case is not that one (the caller then takes `pop`). Inside the loop, anything unusual (a buffer full,
+        an offset outside the queue, a read that found nothing) takes the reference's own call for it.
+        `read_queue_nums`: the topic's, when the caller has its config at hand (else `_queues` reads it)."""
+        filt = self._filters.get(expression)
+        store = self.store
+        buffer = self.buffer
+        journal = buffer.journal
+        impl = codec.pull_native
+        if (filt is None or not filt.match_all or journal is None or not buffer.enabled or impl is None
+                or store._shutdown or not store._loaded):
+            return None
+        pop_time = int(time.time() * 1000)
+        revive_qid = self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
+        broker_name = self.broker.config.broker_name
+        cq_table = store.consume_queue_table
+        query = buffer._committed
+        bqueues = buffer._queues
+        blk = buffer._lock
+        locks = self._locks
+        commit_log = store.commit_log
+        cfg = store.config
+        mem_ratio = cfg.access_message_in_memory_max_ratio
+        total_ram = store._total_ram
+        file_span = store._file_span
+        bodies: list[bytes] = []
+        starts: list[str] = []
+        infos: list[str] = []
+        count = rest = 0
+        if read_queue_nums is None or queue_id >= 0:
+            plan = self._queues(group, topic, queue_id)
+        else:  # `_queues` for every read queue, its topic config read by the caller: the same draw, the same order
+            draw = rng.random()
+            n = read_queue_nums
+            first = int(draw * 1_000_003) % n if n > 1 else 0
+            plan = self._topic_queues.get((topic, n))
+            if plan is None:
+                plan = self._queues(group, topic, queue_id, draw)
+            else:
+                if first:
+                    plan = plan[first:] + plan[:first]
+                retry_topic = self._retry_names.get((group, topic))
+                if retry_topic is None or self.broker.topic_manager.get(retry_topic) is not None:
+                    plan = self._queues(group, topic, queue_id, draw)
+        for t, q, retry in plan:
+            queues = cq_table.get(t)
+            cq = queues.get(q) if queues is not None else None
+            if cq is None:
+                continue
+            top = cq.get_max_offset_in_queue()
+            want = max_nums - count
+            if want <= 0:
+                if top > 0:
+                    rest += max(top - max(buffer.rest_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
+                continue
+            if top <= 0:
+                continue
+            qkey = (group, t, q)
+            lock = locks.get(qkey)
+            if lock is None:
+                lock = self._lock(group, t, q)
+            with lock:
+                with blk:  # buffer.pop_offset
+                    committed = query(group, t, q)
+                    bq = bqueues.get(qkey)
+                    if bq:
+                        last = bq[-1].next_offset
+                        committed = last if last > committed else committed
+                lo = cq.get_min_offset_in_queue()
+                offset = max(committed, lo, 0)
+                if offset >= top and offset >= cq.get_max_offset_in_queue():
+                    continue
+                # read_for_pop's native read, inline; anything else is read_for_pop's own
+                max_offset = cq.get_max_offset_in_queue()
+                r = None
+                if lo <= offset < max_offset:
+                    units = cq.get_units_raw(offset, want)
+                    if units:
+                        try:  # store._read_runs, its memory floor (store._mem_floor) inline
+                            r = impl.read_runs(
+                                units, offset, want, MAX_PULL_MSG_SIZE,
+                                commit_log.get_max_offset() - total_ram * mem_ratio // 100,
+                                cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
+                                cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk,
+                                commit_log.get_min_offset(), file_span)
+                        except ValueError:
+                            if store._shutdown:
+                                continue
+                            raise
+                if r is not None:
+                    status, taken, _total, _max_pulled, body, layout = r
+                    n = len(layout) // _RECORD_LAYOUT_SIZE
+                    end = offset + taken
+                    status = _READ_STATUS[status]
+                    offsets: range | list[int] = (range(offset, end) if taken == n else
+                                                  [o for o, _, _ in _RECORD_LAYOUT.iter_unpack(layout)])
+                else:
+                    got = store.read_for_pop(t, q, cq, offset, want, filt)
+                    if got is None:
+                        continue
+                    status, end, max_offset, n, body, offsets = got
+                if not n:
+                    if status == GetMessageStatus.OFFSET_TOO_SMALL or end > offset:
+                        buffer.add_offset(group, t, q, end)
+                    continue
+                contiguous = offsets.__class__ is range
+                ck = PopCheckPoint(offset, pop_time, invisible_time, n, q, t, group, broker_name,
+                                   list(range(n)) if contiguous else [o - offset for o in offsets])
+                added = False
+                with blk:  # buffer.add_ck, buffered: the entry, its journal line, its queue
+                    if buffer.enabled and buffer._count < buffer.max_size:
+                        flush_at = pop_time + max(min(buffer.stay_ms, invisible_time - buffer.margin_ms), 0)
+                        entry = _Entry(ck, revive_qid, end, flush_at)
+                        data = (f"C {group} {t} {q} {offset} {pop_time} {invisible_time} {revive_qid} {end} "
+                                f"{offsets_text(0, n) if entry.contiguous else ','.join(map(str, ck.queue_offset_diff))}"
+                                "\n").encode()
+                        os.write(journal._fd, data)
+                        journal.size += len(data)
+                        buffer._by_key[(group, t, q, offset, pop_time)] = entry
+                        bq = bqueues.get(qkey)
+                        if bq is None:
+                            bq = bqueues[qkey] = deque()
+                        bq.append(entry)
+                        buffer._count += 1
+                        first = bq[0]
+                        if first.stored or first.acked == first.full:
+                            buffer._scan_commit(qkey)
+                        added = True
+                if not added and not buffer.add_ck(ck, revive_qid, end):  # full: written now, as add_ck does
+                    continue
+            flag = "1" if retry else "0"
+            starts.append(f"{flag} {q} {offset}")
+            infos.append(f"{flag} {q} {offsets_text(offset, end) if contiguous else ','.join(map(str, offsets))}")
+            bodies.append(body)
+            count += n
+            rest += max(max_offset - end, 0)
+        return (pop_time, revive_qid, rest, count, bodies[0] if len(bodies) == 1 else b"".join(bodies),
+                ";".join(starts), ";".join(infos))
 
     def _put_revive(self, body: str, tag: str, qid: int) -> bool:
         msg = Message(self.revive_topic, body.encode(), tags=tag, queue_id=qid)

@@ -37,12 +37,14 @@ import time
 from typing import Any
 
 from ..common.broker_file import remove_broker_file_if_ours, write_broker_file
+from ..common.topic import TopicValidationError
 from ..remoting import (
     DEFAULT_MAX_FRAME_SIZE,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     FrameDecoder,
     FrameError,
+    HeaderError,
     RemotingCommand,
     RequestCode,
     ResponseCode,
@@ -51,7 +53,7 @@ from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
 from .long_polling import PullHold
-from .processor.pop import give_back_popped
+from .processor.pop import ACK_BODY, ACK_FRAME, POP_FRAME, PopMessageProcessor, give_back_popped
 from .processor.send import NATIVE_FRAME_LANE, NATIVE_LANE
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ _SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, 
 _WRITE_CODES = _SEND_CODES | {RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
                               RequestCode.CHANGE_MESSAGE_INVISIBLETIME}
 _SEND_V2 = RequestCode.SEND_MESSAGE_V2
+_ACK, _BATCH_ACK = RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE
 _BLOCKING_CODES = frozenset({RequestCode.DELETE_TOPIC_IN_BROKER})
 # tried on the loop first (`Broker.process_now`), on a thread when they would wait
 _QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM, RequestCode.END_TRANSACTION})
@@ -119,6 +122,13 @@ class Connection(asyncio.Protocol):
         self._frame_lane = None if namesrv else server._frame_lane
         self._frame_args = (server._lane_ctx, server._hold_for_send, self.decoder.max_frame_size,
                             self.decoder.max_header_size, self.decoder._buf)
+        # a read that is one POP_MESSAGE frame: its fields read from its bytes (`_native.pop_frame`), served by
+        # `PopMessageProcessor.serve_frame` when it is the common case (the POP lane)
+        self._pop_lane = None if namesrv else server._pop_lane
+        # ... and one plain ACK_MESSAGE / BATCH_ACK_MESSAGE frame is read in C (`_native.ack_frame`) and settled in
+        # the checkpoint buffer by `AckMessageProcessor.lane` (BrokerServer._ack_frame: None when not served inline)
+        self._ack_frame = None if namesrv else server._ack_frame
+        self._ack_args = (self.decoder.max_frame_size, self.decoder.max_header_size, self.decoder._buf)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -135,6 +145,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         self.last_active = server.loop.time()
         lane = self._frame_lane
+        declined = False  # an ACK the lane read and declined: served by the general path, not tried again
         if lane is not None and server.broker.acl is None:
             # a read that is one plain SEND_MESSAGE_V2 frame (what a producer waiting for each answer sends) is
             # served from its bytes in one C call; None: not that, nothing done, decoded and handled below
@@ -148,6 +159,41 @@ class Connection(asyncio.Protocol):
                 self._write_frame(got if got.__class__ is bytes else
                                   (server._lane_answer(*got) if got.__class__ is tuple else got).encode())
                 return
+            ack = self._ack_frame
+            if ack is not None:
+                # a read that is one plain ACK_MESSAGE / BATCH_ACK_MESSAGE frame (what a consumer waiting for each
+                # answer sends): its fields read in C; when every ack it names is settled in the checkpoint buffer
+                # the SUCCESS frame C made is the answer, else (None / False: nothing changed) decoded and handled
+                got = ack(data, *self._ack_args)
+                if got is not None:
+                    try:
+                        done = server._ack_lane(got)
+                    except Exception as e:  # as Broker.process answers a processor's failure
+                        log.exception("request %d failed", _BATCH_ACK if len(got) == 2 else _ACK)
+                        self._write_frame(self.decoder.feed(data)[0].response(
+                            ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}").encode())
+                        return
+                    if done:
+                        self._write_frame(got[0])
+                        return
+                    declined = True
+        pop = self._pop_lane
+        if pop is not None and not declined and server.broker.acl is None:
+            decoder = self.decoder
+            fields = pop(data, decoder.max_frame_size, decoder.max_header_size, decoder._buf)
+            if fields is not None:
+                try:
+                    got = server._pop_processor.serve_frame(fields)
+                except Exception as e:  # as `Broker.process_now` answers a processor's failure
+                    cmd = decoder.feed(data)[0]
+                    if isinstance(e, (HeaderError, TopicValidationError)):
+                        got = cmd.response(ResponseCode.SYSTEM_ERROR, str(e)).encode()
+                    else:
+                        log.exception("request %d failed", cmd.code)
+                        got = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}").encode()
+                if got is not None:
+                    self._write_frame(got)
+                    return
         try:
             commands = self.decoder.feed(data)
         except FrameError as e:
@@ -156,8 +202,10 @@ class Connection(asyncio.Protocol):
             return
         if len(commands) == 1:
             cmd = commands[0]
-            if not cmd.flag & FLAG_RESPONSE:  # `is_response`, without the property's call
-                self.server.handle(self, cmd)
+            if declined:
+                server.serve_general(self, cmd)
+            elif not cmd.flag & FLAG_RESPONSE:  # `is_response`, without the property's call
+                server.handle(self, cmd)
             return
         # Several requests in one read (a pipelining client): the responses answered at once are gathered
         # and written with one call, one syscall instead of one per response.
@@ -261,6 +309,19 @@ class BrokerServer:
         self._frame_lane = NATIVE_FRAME_LANE if self._send_inline else None
         self._lane_ctx = broker.send_processor.lane_context()
         self._lane_answer = broker.send_processor.lane_answer
+        # the POP lane (Connection.data_received): POPs served on the loop (not SYNC_FLUSH), the native reader there
+        self._pop_processor = broker.processor_for(RequestCode.POP_MESSAGE)
+        self._pop_lane = (POP_FRAME if RequestCode.POP_MESSAGE not in self._offload
+                          and isinstance(self._pop_processor, PopMessageProcessor) else None)
+        # acks served on the loop (not SYNC_FLUSH): the usual ones by `AckMessageProcessor.lane`, from the frame's
+        # bytes (`Connection.data_received`) or from a decoded BATCH_ACK's body (`handle`); ACL on: never
+        # (the processor registered for both codes: one that replaced AckMessageProcessor gets no lane)
+        acker = broker.processor_for(_ACK)
+        self._ack_lane = getattr(acker, "lane", None)
+        ack_inline = (_ACK in self._inline_writes and _BATCH_ACK in self._inline_writes and self._ack_lane is not None
+                      and broker.processor_for(_BATCH_ACK) is acker)
+        self._ack_frame = ACK_FRAME if ack_inline and self._frame_lane is not None else None
+        self._ack_body = ACK_BODY if ack_inline else None
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -339,6 +400,23 @@ class BrokerServer:
             self._respond(conn, cmd, broker.process_namesrv(cmd, conn))
         elif cmd.code in self._offload:
             self._spawn(conn, self._offloaded(conn, cmd))
+        elif cmd.code == _BATCH_ACK and self._ack_body is not None and broker.acl is None:
+            # a decoded BATCH_ACK (e.g. pipelined before a POP): the usual one settled by the lane, else as below
+            entries = self._ack_body(cmd.body)
+            if entries is not None:
+                try:
+                    done = self._ack_lane((None, entries))
+                except Exception as e:  # as Broker.process answers a processor's failure
+                    log.exception("request %d failed", cmd.code)
+                    done, result = False, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+                    if not cmd.flag & FLAG_ONEWAY:
+                        conn.write(result)
+                    return
+                if done:
+                    if not cmd.flag & FLAG_ONEWAY:
+                        conn.write(cmd.response())
+                    return
+            self.serve_general(conn, cmd)
         elif cmd.code in self._inline_writes:
             if not self._dispatch_held:
                 self._hold_dispatch()
@@ -353,6 +431,12 @@ class BrokerServer:
                 conn.write(result)
         else:
             self._respond(conn, cmd, broker.process(cmd, conn))
+
+    def serve_general(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """A request served as `handle` serves a write on the loop (an ack the lane declined)."""
+        if not self._dispatch_held:
+            self._hold_dispatch()
+        self._respond(conn, cmd, self.broker.process(cmd, conn))
 
     def _hold_for_send(self) -> None:
         """What `handle` does before a send it serves on the loop: the dispatch held for this iteration."""

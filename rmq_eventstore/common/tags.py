@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+from .native import native
+
 # -- Java String.hashCode -----------------------------------------------------------------------------
 _M32 = 0xFFFFFFFF
 _POW_LEN = 512
@@ -14,6 +16,7 @@ _POW31 = [pow(31, k, 1 << 32) for k in range(_POW_LEN)]
 _POW31_REV = _POW31[::-1]  # [31^511, ..., 31^0]
 _POW31_NP = np.array(_POW31, dtype=np.uint64)
 _UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+_java_hash = getattr(native, "java_hash", None) if native is not None else None
 
 
 def _to_signed32(h: int) -> int:
@@ -21,7 +24,17 @@ def _to_signed32(h: int) -> int:
 
 
 def java_string_hash(s: str) -> int:
-    """Java's `String.hashCode` (31-polynomial over UTF-16 code units, signed 32-bit)."""
+    """Java's `String.hashCode` (31-polynomial over UTF-16 code units, signed 32-bit); in C
+    (`_native.java_hash`) when the native core is active, `java_string_hash_py` otherwise."""
+    if _java_hash is not None:
+        h = _java_hash(s)
+        if h is not None:
+            return h
+    return java_string_hash_py(s)
+
+
+def java_string_hash_py(s: str) -> int:
+    """The reference `java_string_hash` (and the path of a str with a lone surrogate, which raises)."""
     if s.isascii():
         units: bytes | memoryview = s.encode("ascii")
     else:

@@ -913,6 +913,27 @@ class IndexService:
                 break
         return QueryOffsetResult(out, last_ts, last_phy)
 
+    def have_candidates(self, topic_keys: list[tuple[str, str]]) -> list[bool]:
+        """For each `(topic, key)`: whether any index file holds an entry with its key hash (a candidate
+        `query_offset` would return, of any time). False means no message of that topic has that key; True
+        only that one may (hash matches include other keys). One walk of the files for all keys, and no
+        record read: what a look-up that usually finds nothing (an END's search for earlier ends) asks first."""
+        hashes = [index_key_hash(build_key(t, k)) for t, k in topic_keys]
+        found = [False] * len(hashes)
+        left = len(hashes)
+        out: list[int] = []
+        for f in reversed(self.files):
+            for i, h in enumerate(hashes):
+                if not found[i]:
+                    f.select_by_hash(h, 1, 0, 2**62, out)
+                    if out:
+                        out.clear()
+                        found[i] = True
+                        left -= 1
+            if not left:
+                break
+        return found
+
     def get_total_entries(self) -> int:
         """Entries stored across all files."""
         return sum(f.entry_count for f in self.files)

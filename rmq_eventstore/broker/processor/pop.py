@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ...common.native import native
 from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ...common.topic import RETRY_GROUP_TOPIC_PREFIX
 from ...common.topic_config import PermName
@@ -22,6 +23,15 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 log = logging.getLogger(__name__)
+
+# the POP lane's native halves (None: without the native core, or RMQ_EVENTSTORE_PURE=1): the request's fields
+# read from its frame, and the response frame built from its fields
+POP_FRAME = getattr(native, "pop_frame", None)
+_pop_response = getattr(native, "pop_response", None)
+# THE ACK LANE of `_native` (AckMessageProcessor.lane): a BATCH_ACK body's entries, and a read that is one ACK_MESSAGE
+# or BATCH_ACK_MESSAGE frame, parsed in C; None without the native core (RMQ_EVENTSTORE_PURE=1, not built)
+ACK_BODY = native.ack_body if native is not None and hasattr(native, "ack_body") else None
+ACK_FRAME = native.ack_frame if native is not None and hasattr(native, "ack_frame") else None
 
 MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
@@ -96,6 +106,47 @@ class PopMessageProcessor:
                                       "msgOffsetInfo": ";".join(r.msg_offset_info)},
                                body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
 
+    def serve_frame(self, f: tuple) -> bytes | None:
+        """The POP lane (`Connection.data_received`): a POP read straight from its frame (`_native.pop_frame`'s
+        fields: opaque, version, consumerGroup, topic, queueId, maxMsgNums, invisibleTime, pollTime, exp,
+        expType) served as `process(req, channel, wait=False)` serves it, when it is the common case: every
+        check passes, `PopService.pop_now` takes it, and it finds messages (or finds none and may not wait).
+        Returns the response frame (the bytes `process`'s response encodes to), or None before anything
+        changed, for everything else (a refusal, an unusual case, a POP that must wait): the caller then
+        decodes the read and serves it as before. No ACL here: the caller takes the lane only without it."""
+        opaque, version, group, topic, queue_id, max_nums, invisible, poll, expression, exp_type = f
+        if group is None or topic is None or invisible is None or invisible <= 0:
+            return None
+        if exp_type is not None and exp_type != "TAG" and exp_type != "" and exp_type.upper() != "TAG":
+            return None
+        b = self.broker
+        if b.group_manager.find(group) is None:
+            return None
+        tc = b.topic_manager.get(topic)
+        queue_id = -1 if queue_id is None else queue_id  # as `int(x.get("queueId") or -1)` reads the texts
+        if tc is None or not PermName.is_readable(tc.perm) or queue_id >= tc.read_queue_nums:
+            return None
+        max_nums = max(1, min(32 if max_nums is None else max_nums, MAX_POP_NUMS))
+        poll = max(0, min(poll or 0, MAX_POLL_TIME_MS))
+        r = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression or "*", tc.read_queue_nums)
+        if r is None:
+            return None
+        pop_time, revive_qid, rest, count, body, starts, infos = r
+        if count:
+            code, remark = _SUCCESS, None
+        elif poll:
+            return None  # it may wait: served again by the usual path, which hands it to a thread
+        else:
+            code, remark, body = _NO_MESSAGE, "no new message", b""
+        frame = _pop_response(code, opaque, version, remark, pop_time, invisible, revive_qid, rest, starts, infos,
+                              body) if _pop_response is not None else None
+        if frame is None:
+            frame = RemotingCommand(code, {"popTime": str(pop_time), "invisibleTime": str(invisible),
+                                           "reviveQid": str(revive_qid), "restNum": str(rest),
+                                           "startOffsetInfo": starts, "msgOffsetInfo": infos},
+                                    body, opaque, FLAG_RESPONSE, remark, "JAVA", version).encode()
+        return frame
+
 
 def give_back_popped(broker: Broker, req: RemotingCommand, resp: RemotingCommand) -> int:
     """Make the messages of a POP response that could not be written (its connection closed while the
@@ -158,6 +209,56 @@ class AckMessageProcessor:
             return req.response(ResponseCode.SYSTEM_ERROR, "checkpoint not written")
         return req.response(ext_fields={"popTime": new.pop_time, "invisibleTime": new.invisible_time,
                                         "reviveQid": new.revive_qid, "extraInfo": new.build()})
+
+    def lane(self, got: tuple) -> bool:
+        """The usual ack without the general path: `got` is what `_native.ack_frame` read (a BATCH_ACK_MESSAGE's
+        `(frame, entries)` or an ACK_MESSAGE's `(frame, None, group, topic, queueId, offset, <ExtraInfo's eight
+        fields>)`; `(None, entries)` for a decoded BATCH_ACK's body, `_native.ack_body`). True when every ack it
+        names was settled in the checkpoint buffer (`PopBufferMergeService.ack_runs`: the same bits, journal
+        line and consume-offset move as `PopService.ack` / `batch_ack` there): the request's answer is then
+        SUCCESS, as `process` answers it. False, having changed nothing, whenever the reference would do anything
+        else (a missing topic or queue, an offset outside its queue, a checkpoint stored or not in the buffer,
+        a record to write, an error to answer): the caller then serves the request with `process`. The checks
+        are `process`'s, in its order: the retry-topic naming of `_in_queue`, its queue bounds (all of an
+        entry's offsets in the queue, else the reference filters them), `_check_target`'s for ACK_MESSAGE."""
+        b = self.broker
+        if len(got) == 2:  # BATCH_ACK_MESSAGE: (frame, [(c, t, retry, so, q, rq, pt, it, first bit, bit count)])
+            find = b.store.find_consume_queue
+            entries = got[1]
+            if len(entries) == 1:  # the usual: one pop acked
+                group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count = entries[0]
+                if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                    topic = pop_retry_topic(group, topic)
+                cq = find(topic, queue_id, create=False)
+                if cq is None:
+                    return False  # skipped by the reference
+                lo = cq.get_min_offset_in_queue()
+                low = start + first
+                if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
+                    return False  # filtered or skipped by the reference
+                return b.pop_service.buffer.ack_one((group, topic, queue_id, start, pop_time), low, low + count)
+            runs = []
+            for group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count in entries:
+                if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                    topic = pop_retry_topic(group, topic)
+                cq = find(topic, queue_id, create=False)
+                if cq is None:
+                    return False  # skipped by the reference
+                lo = cq.get_min_offset_in_queue()
+                low = start + first
+                if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
+                    return False  # filtered or skipped by the reference
+                runs.append(((group, topic, queue_id, start, pop_time), low, low + count))
+        else:  # ACK_MESSAGE: _check_target's checks, then the buffer
+            _, _, group, topic, queue_id, offset, ck_offset, pop_time, _it, _rq, _retry, _bn, extra_qid, _ = got
+            tc = b.topic_manager.get(topic)
+            if tc is None or not 0 <= queue_id < tc.read_queue_nums:
+                return False
+            cq = b.store.find_consume_queue(topic, queue_id, create=False)  # the store's min / max offset of it
+            if cq is None or offset < cq.get_min_offset_in_queue() or offset > cq.get_max_offset_in_queue():
+                return False
+            return b.pop_service.buffer.ack_one((group, topic, extra_qid, ck_offset, pop_time), offset, offset + 1)
+        return b.pop_service.buffer.ack_runs(runs)
 
     def _check_target(self, req: RemotingCommand, group: str, topic: str, offset: int) -> RemotingCommand | None:
         """RocketMQ's checks before an ack or a change of invisible time: the topic exists, the queue id is

@@ -35,7 +35,7 @@ from ...common.properties import (
     PROPERTY_TRANSACTION_CHECK_TIMES,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
-    delete_property,
+    delete_properties,
     get_property,
     set_property,
 )
@@ -56,6 +56,8 @@ REMOVE_TAG = "d"  # TransactionalMessageUtil.REMOVETAG
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # TransactionalMessageUtil.buildConsumerGroup()
 COMMIT, ROLLBACK, DISCARDED = "COMMIT", "ROLLBACK", "DISCARDED"
 RECENT_ENDS = 200_000  # transaction outcomes remembered in memory (older ones are found in the index)
+_COMMIT_DROPPED = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_CHECK_TIMES)  # not on a commit
+_COMMIT_DROPPED_CRC = (*_COMMIT_DROPPED, codec.PROPERTY_CRC32)
 
 
 @dataclass(frozen=True)
@@ -182,16 +184,23 @@ class TransactionalMessageService:
         known = self._recent.get(txid)
         if known is not None and known[1]:
             return known
-        # Everything written before this broker started is in the index once the dispatcher caught up.
-        self.store.reput_message_service.wait_for(self._boot_offset, 10.0)
-        op = self._find(RMQ_SYS_TRANS_OP_HALF_TOPIC, txid, lambda m: m.tags == REMOVE_TAG)
+        # Everything written before this broker started is in the index once the dispatcher caught up
+        # (looked at first: `wait_for` wakes the dispatch thread, which an end on the loop must not do).
+        reput = self.store.reput_message_service
+        if reput.dispatched_offset < self._boot_offset:
+            reput.wait_for(self._boot_offset, 10.0)
+        # The index says first, in one walk without reading a record, which of the three searches can find
+        # anything at all (the first end of a transaction: none); only those are made.
+        real_topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        may_op, may_commit, may_discard = self.store.index_service.have_candidates(
+            [(RMQ_SYS_TRANS_OP_HALF_TOPIC, txid), (real_topic, txid), (RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, txid)])
+        op = self._find(RMQ_SYS_TRANS_OP_HALF_TOPIC, txid, lambda m: m.tags == REMOVE_TAG) if may_op else None
         outcome = known[0] if known is not None else None
         if outcome is None:
-            real_topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
-            if self._find(real_topic, txid, lambda m: codec.transaction_value(m.sys_flag)
-                          == codec.TRANSACTION_COMMIT_TYPE) is not None:
+            if may_commit and self._find(real_topic, txid, lambda m: codec.transaction_value(m.sys_flag)
+                                         == codec.TRANSACTION_COMMIT_TYPE) is not None:
                 outcome = COMMIT
-            elif self._find(RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, txid, lambda m: True) is not None:
+            elif may_discard and self._find(RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC, txid, lambda m: True) is not None:
                 outcome = DISCARDED
             elif op is not None:
                 outcome = ROLLBACK
@@ -209,14 +218,16 @@ class TransactionalMessageService:
                     return m
         return None
 
-    @staticmethod
-    def _commit_message(half: MessageExt) -> Message:
-        """`EndTransactionProcessor.endMessageTransaction`: the real message, a new record."""
+    def _commit_message(self, half: MessageExt) -> Message:
+        """`EndTransactionProcessor.endMessageTransaction`: the real message, a new record. A store that writes
+        the `__CRC32#` trailer drops the half's own trailer as it encodes the record; it is dropped here with
+        the other properties (the same bytes), so the store's C path takes the record instead of declining
+        a properties string that holds a trailer already."""
         props = half.properties_string
         real_topic = get_property(props, PROPERTY_REAL_TOPIC) or ""
         real_qid = int(get_property(props, PROPERTY_REAL_QUEUE_ID) or 0)
-        for name in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_CHECK_TIMES):
-            props = delete_property(props, name)
+        props = delete_properties(props, _COMMIT_DROPPED_CRC if self.store.config.enabled_append_prop_crc
+                                  else _COMMIT_DROPPED)
         props = set_property(props, PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
         sys_flag = (half.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_COMMIT_TYPE
         return Message(topic=real_topic, body=bytes(half.body), queue_id=real_qid, flag=half.flag,

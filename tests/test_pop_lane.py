@@ -1,0 +1,409 @@
+"""The POP lane (`_native.pop_frame` -> `PopMessageProcessor.serve_frame` -> `PopService.pop_now` ->
+`_native.pop_response`) against the reference (the frame decoded, `PopMessageProcessor.process(wait=False)`,
+`PopService._pop_once`, `RemotingCommand.encode`): two brokers on byte-identical copies of one store, with the
+same clock, the same random draws and the same revive queue counter, serve the same POP frames, one by the
+lane and one by the reference; the response frames, the buffer journals, the consume offsets and the buffers'
+state must be the same bytes after every request. Also: what the frame reader takes and declines, the
+response builder against `encode`, and the lane over a real socket (served there, skipped under ACL)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rmq_eventstore.broker import Broker, pop_service
+from rmq_eventstore.broker.processor import pop as pop_processor
+from rmq_eventstore.broker.processor.pop import AckMessageProcessor, PopMessageProcessor
+from rmq_eventstore.broker.server import serve_in_thread
+from rmq_eventstore.client import PopConsumer, Producer
+from rmq_eventstore.common import Message, codec
+from rmq_eventstore.common.pop import pop_retry_topic
+from rmq_eventstore.remoting import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode
+from rmq_eventstore.remoting.codes import SerializeType
+from rmq_eventstore.remoting.command import decode_frame
+from rmq_eventstore.store import MessageStore
+from tests.conftest import import_native
+
+_native = import_native()
+
+SMALL = {"mapped_file_size_commit_log": 256 * 1024, "mapped_file_size_consume_queue": 20 * 1000,
+         "max_hash_slot_num": 1024, "max_index_num": 4096}
+NOW = time.time() + 3600.0  # the pops' clock: nothing they buffer comes due in a test
+MAX_FRAME, MAX_HEADER = 16 << 20, 1 << 20
+# the lane serves only with the native core in use (RMQ_EVENTSTORE_PURE=1: it declines everything, the usual path serves)
+LANE = pop_processor.POP_FRAME is not None and codec.pull_native is not None
+
+
+def pop_request(queue_id: int | str = -1, max_nums: int | str = 1, poll: int | str = 0, exp: str = "*",
+                group: str = "g", topic: str = "jobs", invisible: int | str = 60_000, **extra: str) -> RemotingCommand:
+    """A POP request as our client makes it (every field a string)."""
+    ext = {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "maxMsgNums": str(max_nums),
+           "invisibleTime": str(invisible), "pollTime": str(poll), "bornTime": "0", "initMode": "1",
+           "expType": "TAG", "exp": exp, "order": "false"}
+    ext.update(extra)
+    return RemotingCommand(RequestCode.POP_MESSAGE, ext, b"", 4711)
+
+
+def fields(frame: bytes) -> tuple | None:
+    return _native.pop_frame(frame, MAX_FRAME, MAX_HEADER, bytearray())
+
+
+class Pair:
+    """Two brokers on copies of one store: `lane` serves frames by the POP lane, `ref` by the reference."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, retry: bool = True) -> None:
+        seed = root / "seed"
+        with MessageStore.open(seed, **SMALL) as store:
+            b = Broker(store)
+            b.start()
+            try:
+                b.topic_manager.ensure("jobs", 4)
+                if retry:
+                    b.topic_manager.ensure(pop_retry_topic("g", "jobs"), 1)
+                # queue 0: 30 messages, every 4th tagged "skip"; queue 2: 5; queues 1 and 3 empty; the retry topic: 3
+                store.put_messages([Message("jobs", f"a{i}".encode(), tags="skip" if i % 4 == 3 else "t", queue_id=0)
+                                    for i in range(30)])
+                store.put_messages([Message("jobs", f"b{i}".encode(), tags="t", queue_id=2) for i in range(5)])
+                # stored even without the retry topic's config: its queue is popped once the config exists
+                store.put_messages([Message(pop_retry_topic("g", "jobs"), f"r{i}".encode(), tags="t", queue_id=0)
+                                    for i in range(3)])
+                assert store.wait_for_dispatch()
+            finally:
+                b.shutdown()
+        if not retry:  # the store registered the retry topic with its records: its config goes, its queue stays
+            path = seed / "config" / "topics.json"
+            doc = json.loads(path.read_text())
+            del doc["topicConfigTable"][pop_retry_topic("g", "jobs")]
+            path.write_text(json.dumps(doc))
+        shutil.copytree(seed, root / "lane")
+        shutil.copytree(seed, root / "ref")
+        monkeypatch.setattr(pop_service, "time", types.SimpleNamespace(time=lambda: NOW, monotonic=time.monotonic))
+        self.stores = [MessageStore.open(root / name, **SMALL) for name in ("lane", "ref")]
+        self.brokers = []
+        for store in self.stores:
+            b = Broker(store)
+            b.start()
+            b.pop_service._stop.set()  # no revive round (nor journal reset) between the requests: only the test acts
+            b.pop_service._thread.join(5)
+            b.pop_service._qid = 0
+            self.brokers.append(b)
+        self.draws = [random.Random(7), random.Random(7)]
+        self.lane_pop, self.ref_pop = (PopMessageProcessor(b) for b in self.brokers)
+        self.lane_ack, self.ref_ack = (AckMessageProcessor(b) for b in self.brokers)
+
+    def close(self) -> None:
+        for b in self.brokers:
+            b.shutdown()
+        for s in self.stores:
+            s.shutdown()
+
+    def _draws(self, i: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(pop_service, "rng", self.draws[i])
+
+    def pop(self, req: RemotingCommand, monkeypatch: pytest.MonkeyPatch, served: bool | None = True,
+            looked_twice: bool = False) -> bytes | None:
+        """The request's frame served by both; the lane's answer (None: it declined, and the reference then
+        served it on the lane's broker too, as the server does) must be the reference's bytes."""
+        frame = req.encode()
+        f = fields(frame)
+        assert f is not None
+        self._draws(0, monkeypatch)
+        got = self.lane_pop.serve_frame(f)
+        if served is not None:
+            assert (got is not None) == (served and LANE)
+        if got is None:
+            r = self.lane_pop.process(decode_frame(frame[4:]), None, wait=False)
+            got = r.encode() if r is not None else None
+        self._draws(1, monkeypatch)
+        ref = self.ref_pop.process(decode_frame(frame[4:]), None, wait=False)
+        assert got == (ref.encode() if ref is not None else None)
+        if looked_twice and LANE:  # declined after its look (it may wait): the usual path looked again, a revive queue further
+            assert self.brokers[0].pop_service._qid == (self.brokers[1].pop_service._qid + 1) % 8
+            self.brokers[0].pop_service._qid = self.brokers[1].pop_service._qid
+        self.check_state()
+        return got
+
+    def ack(self, resp: bytes, which: str = "all") -> None:
+        """Ack (one ACK_MESSAGE per message) the popped messages of a response on both brokers."""
+        r = decode_frame(resp[4:])
+        x = r.ext_fields
+        starts = {}
+        for item in filter(None, x["startOffsetInfo"].split(";")):
+            flag, qid, start = item.split(" ")
+            starts[(flag, qid)] = start
+        n = 0
+        for item in filter(None, x["msgOffsetInfo"].split(";")):
+            flag, qid, offsets = item.split(" ")
+            topic = pop_retry_topic("g", "jobs") if flag == "1" else "jobs"
+            for off in offsets.split(","):
+                n += 1
+                if which == "odd" and n % 2 == 0:
+                    continue
+                extra = (f"{starts[(flag, qid)]} {x['popTime']} {x['invisibleTime']} {x['reviveQid']} {flag} "
+                         f"{self.brokers[0].config.broker_name} {qid} {off}")
+                for p in (self.lane_ack, self.ref_ack):
+                    a = p.process(RemotingCommand.request(RequestCode.ACK_MESSAGE, {
+                        "consumerGroup": "g", "topic": topic, "queueId": qid, "extraInfo": extra, "offset": off}), None)
+                    assert a.code == ResponseCode.SUCCESS
+        self.check_state()
+
+    def check_state(self) -> None:
+        lane, ref = self.brokers
+        jl, jr = (Path(b.pop_service.buffer.journal.path).read_bytes() for b in self.brokers)
+        assert jl == jr
+        assert lane.offset_manager.file.offset_table() == ref.offset_manager.file.offset_table()
+        bl, br = lane.pop_service.buffer, ref.pop_service.buffer
+        assert {k: [(e.next_offset, e.acked, e.full, e.stored, e.contiguous, e.revive_qid, e.flush_at, e.ck)
+                    for e in q] for k, q in bl._queues.items()} == \
+               {k: [(e.next_offset, e.acked, e.full, e.stored, e.contiguous, e.revive_qid, e.flush_at, e.ck)
+                    for e in q] for k, q in br._queues.items()}
+        assert bl._by_key.keys() == br._by_key.keys()
+        assert bl._count == br._count
+        assert lane.pop_service._qid == ref.pop_service._qid
+
+
+@pytest.fixture
+def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
+    p = Pair(tmp_path, monkeypatch)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def drain(pair: Pair, monkeypatch: pytest.MonkeyPatch, first_served: bool, **kw: object) -> list[bytes]:
+    """POP until NO_MESSAGE; every response is checked against the reference."""
+    out = [pair.pop(pop_request(**kw), monkeypatch, served=first_served)]  # the first makes the filter
+    for _ in range(60):
+        got = pair.pop(pop_request(**kw), monkeypatch)
+        assert got is not None
+        out.append(got)
+        if decode_frame(got[4:]).code == ResponseCode.NO_MESSAGE:
+            return out
+    raise AssertionError("the queues never ran dry")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 32])
+def test_all_queues_pop_to_the_end_as_the_reference_does(pair: Pair, monkeypatch: pytest.MonkeyPatch,
+                                                         batch: int) -> None:
+    out = drain(pair, monkeypatch, False, max_nums=batch)
+    popped = [(item.split(" ")[0], item.split(" ")[1], int(o)) for f in out
+              for item in filter(None, decode_frame(f[4:]).ext_fields["msgOffsetInfo"].split(";"))
+              for o in item.split(" ")[2].split(",")]
+    assert sorted(popped) == sorted([("0", "0", o) for o in range(30)] + [("0", "2", o) for o in range(5)]
+                                    + [("1", "0", o) for o in range(3)])  # every message once
+    for f in out[1:-1]:
+        pair.ack(f)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_without_a_retry_topic_and_once_it_is_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      batch: int) -> None:
+    p = Pair(tmp_path, monkeypatch, retry=False)
+    try:
+        assert all(b.topic_manager.get(pop_retry_topic("g", "jobs")) is None for b in p.brokers)
+        p.pop(pop_request(max_nums=batch), monkeypatch, served=False)
+        for _ in range(5):  # the queues in `_queues`' order, without the retry topic
+            p.pop(pop_request(max_nums=batch), monkeypatch)
+        for b in p.brokers:
+            b.topic_manager.ensure(pop_retry_topic("g", "jobs"), 1)
+            assert b.topic_manager.get(pop_retry_topic("g", "jobs")) is not None, b.pop_service._retry_names
+        out = [p.pop(pop_request(max_nums=batch), monkeypatch) for _ in range(40)]
+        infos = [decode_frame(f[4:]).ext_fields["msgOffsetInfo"] for f in out if f]
+        assert any(item.startswith("1 0 ") for i in infos for item in i.split(";"))  # the retry messages came
+    finally:
+        p.close()
+
+
+def test_one_queue_with_acks_between_the_pops(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair.pop(pop_request(queue_id=0, max_nums=2), monkeypatch, served=False)  # the filter "*" is made here
+    for i in range(8):
+        got = pair.pop(pop_request(queue_id=0, max_nums=1 + i % 3), monkeypatch)
+        assert got is not None
+        pair.ack(got, "odd" if i % 2 else "all")
+    pair.pop(pop_request(queue_id=2, max_nums=9), monkeypatch)
+    pair.pop(pop_request(queue_id=3, max_nums=9), monkeypatch)  # an empty queue: NO_MESSAGE, served
+
+
+def test_a_pop_that_may_wait_and_finds_nothing_is_left_to_the_usual_path(pair: Pair,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    drain(pair, monkeypatch, False, max_nums=32)
+    assert pair.pop(pop_request(poll=1000), monkeypatch, served=False, looked_twice=True) is None  # process: None too
+    assert pair.pop(pop_request(queue_id=2, poll=1000), monkeypatch, served=False, looked_twice=True) is None
+
+
+@pytest.mark.parametrize("req", [
+    pop_request(exp="t"),  # a tag filter: the reference's
+    pop_request(exp="t || skip"),
+    pop_request(expType="SQL92"),  # refused by the reference
+    pop_request(invisible=0),
+    pop_request(group="%bad group%"),
+    pop_request(topic="nope"),
+    pop_request(queue_id=4),
+], ids=["tag", "tags", "sql", "invisible0", "badgroup", "notopic", "badqueue"])
+def test_the_lane_declines_what_is_not_its_case_before_anything_changed(pair: Pair, monkeypatch: pytest.MonkeyPatch,
+                                                                        req: RemotingCommand) -> None:
+    pair.pop(pop_request(queue_id=3), monkeypatch, served=False)  # the "*" filter exists
+    journal = Path(pair.brokers[0].pop_service.buffer.journal.path).read_bytes()
+    qid = pair.brokers[0].pop_service._qid
+    f = fields(req.encode())
+    assert f is not None
+    pair._draws(0, monkeypatch)
+    assert pair.lane_pop.serve_frame(f) is None
+    assert Path(pair.brokers[0].pop_service.buffer.journal.path).read_bytes() == journal
+    assert pair.brokers[0].pop_service._qid == qid
+    pair.draws[0] = random.Random(7)  # the draws stay in step
+    pair.draws[1] = random.Random(7)
+    pair.pop(req, monkeypatch, served=False)
+
+
+def test_a_full_buffer_writes_the_checkpoint_as_add_ck_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = Pair(tmp_path, monkeypatch)
+    try:
+        for b in p.brokers:
+            b.pop_service.buffer.max_size = 2
+        p.pop(pop_request(queue_id=0), monkeypatch, served=False)
+        for _ in range(4):  # the buffer fills: the rest are written to the revive topic
+            p.pop(pop_request(queue_id=0, max_nums=2), monkeypatch)
+        revive = p.brokers[0].pop_service.revive_topic
+        assert all(s.wait_for_dispatch() for s in p.stores)
+        counts = [sum(s.get_max_offset_in_queue(revive, q) for q in range(8)) for s in p.stores]
+        assert counts[0] == counts[1] > 0
+    finally:
+        p.close()
+
+
+def test_the_buffer_off_is_declined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = Pair(tmp_path, monkeypatch)
+    try:
+        for b in p.brokers:
+            b.pop_service.buffer.enabled = False
+        p.pop(pop_request(queue_id=0), monkeypatch, served=False)
+        p.pop(pop_request(queue_id=0), monkeypatch, served=False)
+    finally:
+        p.close()
+
+
+# -- the frame reader -------------------------------------------------------------------------------------
+def test_the_fields_are_what_process_reads() -> None:
+    req = pop_request(queue_id=-1, max_nums=32, poll=15000, exp="a || b", group="g\u00e9\"x", topic="t\\1",
+                      invisible=12345)
+    assert fields(req.encode()) == (4711, 435, "g\u00e9\"x", "t\\1", -1, 32, 12345, 15000, "a || b", "TAG")
+    bare = RemotingCommand(RequestCode.POP_MESSAGE, {"invisibleTime": "5"}, b"", 9)
+    assert fields(bare.encode()) == (9, 435, None, None, None, None, 5, None, None, None)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda c: setattr(c, "code", RequestCode.PULL_MESSAGE),
+    lambda c: setattr(c, "flag", FLAG_ONEWAY),
+    lambda c: setattr(c, "flag", FLAG_RESPONSE),
+    lambda c: c.ext_fields.update(queueId="+1"),
+    lambda c: c.ext_fields.update(maxMsgNums=" 1"),
+    lambda c: c.ext_fields.update(pollTime=""),
+    lambda c: c.ext_fields.update(invisibleTime="1_000"),
+    lambda c: c.ext_fields.update(invisibleTime="1234567890123456789"),
+], ids=["code", "oneway", "response", "plus", "space", "empty", "underscore", "long"])
+def test_the_frame_reader_declines_what_is_not_plain(mutate: object) -> None:
+    req = pop_request()
+    mutate(req)  # type: ignore[operator]
+    assert fields(req.encode()) is None
+
+
+def test_the_frame_reader_declines_a_binary_header() -> None:
+    frame = bytearray(pop_request().encode())
+    frame[4] = SerializeType.ROCKETMQ  # the serialize type byte of the header length word
+    assert fields(bytes(frame)) is None
+
+
+def test_the_frame_reader_declines_anything_but_one_whole_frame() -> None:
+    frame = pop_request().encode()
+    assert fields(frame) is not None
+    assert fields(frame + frame) is None
+    assert fields(frame[:-1]) is None
+    assert _native.pop_frame(frame, MAX_FRAME, MAX_HEADER, bytearray(b"x")) is None  # the decoder holds a part
+    assert _native.pop_frame(frame, len(frame) - 8, MAX_HEADER, bytearray()) is None
+    bad = frame.replace(b'"invisibleTime":"60000"', b'"invisibleTime":60000')  # not a string: the decoder's
+    bad = len(bad[4:]).to_bytes(4, "big") + bad[4:]
+    assert fields(bad) is None
+
+
+@pytest.mark.parametrize("code,remark,body", [(ResponseCode.SUCCESS, None, b"\x00\x01rec"),
+                                              (ResponseCode.NO_MESSAGE, "no new message", b""),
+                                              (ResponseCode.POLLING_TIMEOUT, "a \"quoted\" \u00e9 remark\n", b"")])
+def test_the_response_frame_is_what_encode_makes(code: int, remark: str | None, body: bytes) -> None:
+    args = (1 << 40, 60_000, 7, 123456789012, "0 2 5;1 0 0", "0 2 5,6,7;1 0 0")
+    want = RemotingCommand(int(code), {"popTime": str(args[0]), "invisibleTime": str(args[1]),
+                                       "reviveQid": str(args[2]), "restNum": str(args[3]),
+                                       "startOffsetInfo": args[4], "msgOffsetInfo": args[5]},
+                           body, 99, FLAG_RESPONSE, remark, "JAVA", 401).encode()
+    assert _native.pop_response(int(code), 99, 401, remark, *args, body) == want
+    assert _native.pop_response(int(code), 99, 401, remark, *args[:4], 5, args[5], body) is None  # not a str
+
+
+# -- over a socket --------------------------------------------------------------------------------------------
+def serve_counted(monkeypatch: pytest.MonkeyPatch, **config: object) -> tuple:
+    counts = {"served": 0}
+    real = PopMessageProcessor.serve_frame
+
+    def counted(self: PopMessageProcessor, f: tuple) -> bytes | None:
+        got = real(self, f)
+        counts["served"] += got is not None
+        return got
+
+    monkeypatch.setattr(PopMessageProcessor, "serve_frame", counted)
+    return serve_in_thread(tempfile.mkdtemp(prefix="pop-lane-"), announce=False, **config), counts
+
+
+def test_pops_over_a_socket_take_the_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    running, counts = serve_counted(monkeypatch)
+    try:
+        assert (running.server._pop_lane is not None) == LANE
+        with Producer(running.namesrv_address, "p") as p:
+            for i in range(6):
+                p.send(Message("lane", f"m{i}".encode(), keys=f"k{i}"), queue_id=0)
+        assert running.store.wait_for_dispatch()
+        with PopConsumer(running.namesrv_address, "g") as c:
+            got = []
+            for _ in range(8):
+                msgs = c.pop("lane", max_nums=1, invisible_time=60_000)
+                got += msgs
+                for m in msgs:
+                    c.ack(m)
+            assert sorted(m.body for m in got) == [f"m{i}".encode() for i in range(6)]
+            assert c.pop("lane", max_nums=1, invisible_time=60_000, poll_time=200) == []  # waited, on a thread
+        assert counts["served"] >= 6 if LANE else counts["served"] == 0
+    finally:
+        running.close()
+        shutil.rmtree(running.store_path, ignore_errors=True)
+
+
+def test_sync_flush_and_the_pure_build_keep_the_usual_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    running, counts = serve_counted(monkeypatch, flush_disk_type="SYNC_FLUSH")
+    try:
+        assert running.server._pop_lane is None  # POPs are served on threads under SYNC_FLUSH
+    finally:
+        running.close()
+        shutil.rmtree(running.store_path, ignore_errors=True)
+    monkeypatch.setattr(pop_processor, "_pop_response", None)  # the response encoded by RemotingCommand
+    running, counts = serve_counted(monkeypatch)
+    try:
+        with Producer(running.namesrv_address, "p") as p:
+            p.send(Message("lane", b"one", keys="k"), queue_id=0)
+        assert running.store.wait_for_dispatch()
+        with PopConsumer(running.namesrv_address, "g") as c:
+            got = []
+            for _ in range(3):  # the first makes the "*" filter (the usual path), the lane serves the others
+                got += c.pop("lane", max_nums=1, invisible_time=60_000)
+            assert [m.body for m in got] == [b"one"]
+        assert counts["served"] == (2 if LANE else 0)
+    finally:
+        running.close()
+        shutil.rmtree(running.store_path, ignore_errors=True)

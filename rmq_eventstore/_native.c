@@ -7253,6 +7253,8 @@ done:
     return res;
 }
 
+static PyObject *pc_s_popck;  /* "POP_CK" */
+
 /* one BatchAck entry of pop_ack_frame: a distinct handle prefix (its first 7 fields) */
 typedef struct { Py_ssize_t at, len; long long ck, qid, rq, pt, it; } pc_entry;
 #define PC_MAX_ENTRIES 64
@@ -7269,12 +7271,13 @@ static int pc_plain_ascii(PyObject *o) {
 }
 
 /* pop_ack_frame(msgs, cls, topic, group, opaque) -> bytes or None: the BATCH_ACK_MESSAGE frame
- * PopConsumer.ack_batch(msgs) sends when every message is an unparsed `cls` (MessageExt) of `topic` whose
- * POP_CK handle (the last one of its properties string) has exactly 8 fields, the ints canonical decimals
- * (what ExtraInfo.split + build give back unchanged) and retry "0": RemotingCommand(200151, {}, body,
+ * PopConsumer.ack_batch(msgs) sends when every message is a `cls` (MessageExt) of `topic` whose POP_CK handle
+ * (_get_handle's: the last one of its unparsed properties string, or its parsed properties' entry) has exactly
+ * 8 fields, the ints canonical decimals (what ExtraInfo.split + build give back unchanged) and retry "0":
+ * RemotingCommand(200151, {}, body,
  * opaque).encode(), body '{"acks":[' + the entries of _ack_requests (one per distinct handle prefix, in order
  * of first appearance: BatchAck.json_head + the offsets minus the start offset, comma-joined, + "]}") + "]}".
- * None for anything else (retry handles, parsed properties, texts JSON would escape, ...): Python decides. */
+ * None for anything else (retry handles, other types, texts JSON would escape, ...): Python decides. */
 static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "pop_ack_frame takes 5 arguments");
@@ -7301,7 +7304,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         if ((PyObject *)Py_TYPE(m) != cls) goto out;
         PyObject *t = *(PyObject **)((char *)m + ph_slot_off[PH_TOPIC]), *s = *(PyObject **)((char *)m + ph_slot_off[PH_PROPS]),
                  *parsed = *(PyObject **)((char *)m + ph_slot_off[PH_PARSED]);
-        if (t == NULL || s == NULL || parsed != Py_None || !PyUnicode_CheckExact(t) || !PyUnicode_CheckExact(s)) goto out;
+        if (t == NULL || s == NULL || parsed == NULL || !PyUnicode_CheckExact(t) || !PyUnicode_CheckExact(s)) goto out;
         if (t != topic) {
             int same = PyUnicode_Compare(t, topic);
             if (same == -1 && PyErr_Occurred()) goto out;
@@ -7314,7 +7317,15 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
         char hbuf[PC_MAX_HANDLE];
         const char *h;
         Py_ssize_t hl = 0;
-        if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place (memrchr, memchr) */
+        if (parsed != Py_None) {  /* parsed properties (the caller read tags, keys...): _properties["POP_CK"] */
+            if (!PyDict_CheckExact(parsed)) goto out;
+            if (pc_s_popck == NULL && (pc_s_popck = PyUnicode_InternFromString("POP_CK")) == NULL) goto out;
+            PyObject *hv = PyDict_GetItemWithError(parsed, pc_s_popck);  /* borrowed; str keys run no code */
+            if (hv == NULL || !PyUnicode_CheckExact(hv) || !PyUnicode_IS_ASCII(hv)) goto out;
+            hl = PyUnicode_GET_LENGTH(hv);
+            if (hl > PC_MAX_HANDLE) goto out;
+            h = (const char *)PyUnicode_DATA(hv);  /* (checked as it is split below; the dict holds it) */
+        } else if (kind == PyUnicode_1BYTE_KIND) {  /* the common case, read in place (memrchr, memchr) */
             const unsigned char *d = data, *x = d + sl;
             while ((x = memrchr(d, 1, x - d)) != NULL && !(x - d >= 6 && memcmp(x - 6, "POP_CK", 6) == 0)) {}
             if (x == NULL) goto out;

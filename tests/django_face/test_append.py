@@ -105,6 +105,59 @@ def test_the_marker_row_holds_what_the_model_says(event_store):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_marker_inside_an_open_transaction_is_inserted_through_libpq(event_store, monkeypatch):
+    """On PostgreSQL (psycopg 3) a marker inserted once the server has the transaction open goes through the
+    session's libpq connection (`_insert_on_pgconn`), not Django's cursor: the same row, an IntegrityError
+    for a key that is there (the transaction goes on after its savepoint), gone with a rolled-back block.
+    A first statement of a transaction (it needs the BEGIN) and a connection whose queries are logged take
+    the cursor; on SQLite every insert does."""
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from rmq_eventstore.django import marker
+
+    taken = []
+    real = marker._insert_on_pgconn
+
+    def spy(conn, sql, values):
+        try:
+            taken.append(real(conn, sql, values))
+        except IntegrityError:
+            taken.append("conflict")  # raised from the libpq path
+            raise
+        return taken[-1]
+
+    monkeypatch.setattr(marker, "_insert_on_pgconn", spy)
+    before = timezone.now()
+    with transaction.atomic():
+        OrderEvent.objects.append({"number": "L-0"}, keys="L-0")  # the transaction's first statement
+        Order.objects.create(number="L-1")
+        e = OrderEvent.objects.append({"number": "L-1"}, keys="L-1")
+        row = EventTransaction.objects.get(pk=e.msg_id)
+        assert (row.store_alias, row.topic, row.outcome) == (event_store.alias, OrderEvent.topic,
+                                                              EventTransaction.COMMIT)
+        assert before - datetime.timedelta(seconds=1) <= row.created_at <= timezone.now()
+        with pytest.raises(IntegrityError), transaction.atomic():
+            EventTransaction.insert("default", e.msg_id, event_store.alias, OrderEvent.topic, "R")
+        Order.objects.create(number="L-2")  # the transaction is usable after the savepoint's rollback
+    on_pg = connection.vendor == "postgresql"
+    assert taken == ([False, True, "conflict"] if on_pg else [False, False, False])
+    assert wait_for(lambda: OrderEvent.objects.filter(keys="L-1").first()) is not None
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Order.objects.create(number="L-3")
+        gone = OrderEvent.objects.append({"number": "L-3"}, keys="L-3")
+        raise RuntimeError("the block fails")
+    assert taken[-1] is on_pg
+    assert not EventTransaction.objects.filter(pk=gone.msg_id).exists()
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        Order.objects.create(number="L-4")
+        OrderEvent.objects.append({"number": "L-4"}, keys="L-4")
+    assert taken[-1] is False
+    assert any(EventTransaction._meta.db_table in q["sql"] for q in queries.captured_queries)
+    assert not wait_for(lambda: OrderEvent.objects.filter(keys="L-3").exists(), 1.5)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_exception_in_block_never_appears_and_frees_the_stream(event_store):
     with pytest.raises(RuntimeError), transaction.atomic():
         Order.objects.create(number="B-1")

@@ -4,6 +4,7 @@ repeat or cross, and half messages invisible to every read path until committed.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -103,6 +104,41 @@ def test_a_commit_record_is_the_half_with_its_end_properties_and_a_fresh_crc_tra
     fresh = bytearray(raw)
     codec.fill_crc_trailer(fresh)
     assert bytes(fresh) == raw  # the trailer holds the CRC of this record's bytes
+
+
+def test_the_broker_says_how_it_ended_transactions_in_one_request(broker: RunningBroker) -> None:
+    """QUERY_TRANSACTION_ENDS (`Admin.transaction_ends`): COMMIT and ROLLBACK for ends this broker made, nothing
+    for an open transaction or an id it never saw; a bad body or too many ids is an error, not a guess."""
+    gate = threading.Event()
+    open_ids: list[str] = []
+
+    def hold(msg: Message) -> TransactionState:
+        open_ids.append(msg.uniq_key)
+        gate.wait(10)
+        return TransactionState.ROLLBACK
+
+    with TransactionProducer(broker.namesrv_address, "ends-app", lambda m: TransactionState.UNKNOWN) as p:
+        c = p.send_in_transaction(Message("ends", b"c"), lambda m: TransactionState.COMMIT)
+        r = p.send_in_transaction(Message("ends", b"r"), lambda m: TransactionState.ROLLBACK)
+        held = Message("ends", b"o")
+        held.uniq_key = p._ids.create()  # the transaction id, known before the send
+        t = threading.Thread(target=p.send_in_transaction, args=(held, hold))
+        t.start()
+        assert wait_until(lambda: bool(open_ids))
+        admin = Admin(broker.namesrv_address)
+        ids = [c.transaction_id, r.transaction_id, open_ids[0], "never-seen"]
+        assert wait_until(lambda: admin.transaction_ends("ends", ids) == {c.transaction_id: "COMMIT",
+                                                                       r.transaction_id: "ROLLBACK"})
+        gate.set()
+        t.join(10)
+        assert wait_until(lambda: admin.transaction_ends("ends", ids)[open_ids[0]] == "ROLLBACK")
+        assert admin.transaction_ends("ends", []) == {}
+        addr = admin._base.broker_for("ends")
+        for body, remark in ((b"[1]", "needs a body"), (b'{"ids": [1]}', "needs a body"),
+                             (json.dumps({"ids": ["x"] * 10_001}).encode(), "at most 10000")):
+            resp = admin._base.remoting.invoke(addr, RemotingCommand.request(
+                RequestCode.QUERY_TRANSACTION_ENDS, {"topic": "ends"}, body=body), 5)
+            assert resp.code == ResponseCode.SYSTEM_ERROR and remark in (resp.remark or "")
 
 
 def test_half_message_is_invisible_until_the_end(broker: RunningBroker) -> None:

@@ -224,7 +224,8 @@ def resources(cmd: RemotingCommand) -> list[tuple[str, str, int]]:
             if isinstance(a, dict):
                 topic(a.get("t"), SUB)
                 group(a.get("c"))
-    elif code in (RequestCode.QUERY_MESSAGE, RequestCode.QUERY_STREAM, RequestCode.GET_TOPIC_STATS_INFO):
+    elif code in (RequestCode.QUERY_MESSAGE, RequestCode.QUERY_STREAM, RequestCode.GET_TOPIC_STATS_INFO,
+                  RequestCode.QUERY_TRANSACTION_ENDS):
         topic(ext.get("topic"), SUB)
     elif code == RequestCode.GET_CONSUME_STATS:  # ACL 2.0's GET on the group and its topics
         group(ext.get("consumerGroup"))

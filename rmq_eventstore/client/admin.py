@@ -7,6 +7,7 @@ and the broker's sampled history (GET_BROKER_STATS_HISTORY, our extension)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,6 +226,24 @@ class Admin:
                 out += decode_records(r.body)
         out.sort(key=lambda m: int(m.properties.get("STREAM_VERSION", "0") or 0))
         return out[-last:] if last else out[:max_num]
+
+    def transaction_ends(self, topic: str, transaction_ids: Sequence[str]) -> dict[str, str] | None:
+        """How the brokers serving `topic` ended these transactions: {id: "COMMIT" | "ROLLBACK" | "DISCARDED"}
+        for the ids a broker remembers ending (QUERY_TRANSACTION_ENDS, our extension; 10,000 ids a request).
+        An id left out is open, or was ended before that broker's restart or long ago: look it up as before
+        (`query_message` on its topic). None when a broker of the topic does not serve the extension."""
+        validate_topic(topic)
+        ids = list(transaction_ids)
+        out: dict[str, str] = {}
+        for addr in self._base.route(topic).broker_addrs.values():
+            if not self.supports(addr, "transactionEnds"):
+                return None
+            for i in range(0, len(ids), 10_000):
+                r = self._base.invoke(addr, RemotingCommand.request(
+                    RequestCode.QUERY_TRANSACTION_ENDS, {"topic": topic},
+                    body=json.dumps({"ids": ids[i:i + 10_000]}, separators=(",", ":")).encode()))
+                out.update(json.loads(r.body or b"{}").get("ends") or {})
+        return out
 
     def query_key_all(self, topic: str, key: str, max_num: int = 100_000) -> list[MessageExt]:
         """Every message of `topic` whose KEYS (or UNIQ_KEY) hold `key`, oldest first, without

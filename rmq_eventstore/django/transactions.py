@@ -385,13 +385,29 @@ class _Watcher:
             self.clean_markers()
 
     def clean_markers(self) -> None:
-        """Delete, in one statement per database, the markers of committed events now visible in the store
-        (a marker must outlive a lost one-way END: the check-back reads it)."""
+        """Delete, in one statement per database, the markers of committed events the broker has ended (a
+        marker must outlive a lost one-way END: the check-back reads it). The broker is asked once per topic
+        (`Admin.transaction_ends`); a transaction it does not remember ending (a restart since) is looked up
+        by its event, one QUERY_MESSAGE each, as before that request existed."""
         with self._lock:
             committed = list(self._committed.items())
+        by_topic: dict[tuple[Any, str], list[str]] = {}
+        for txid, (store, _db, topic, _) in committed:
+            by_topic.setdefault((store, topic), []).append(txid)
+        ended: dict[str, str] = {}
+        for (store, topic), txids in by_topic.items():  # one request per topic: how the broker ended them
+            try:
+                ends = store.admin.transaction_ends(topic, txids)
+            except Exception as e:  # looked up one by one below
+                log.info("transaction ends of %s not asked (%s); looked up one by one", topic, e)
+                ends = None
+            if ends:
+                ended.update(ends)
         by_db: dict[str, list[str]] = {}
         for txid, (store, db, topic, _) in committed:
-            if self._visible(store, topic, txid):
+            outcome = ended.get(txid)
+            # the broker remembers the end (COMMIT: its record is written); else, as before, the event itself
+            if outcome == "COMMIT" or (outcome is None and self._visible(store, topic, txid)):
                 by_db.setdefault(db, []).append(txid)
         for db, txids in by_db.items():
             try:

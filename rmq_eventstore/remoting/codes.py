@@ -56,6 +56,8 @@ class RequestCode(enum.IntEnum):
     QUERY_STREAM = 4401
     # our extension: the broker's sampled counters over the last hour (dashboards' charts)
     GET_BROKER_STATS_HISTORY = 4402
+    # our extension: how the broker ended transactions (by id), for the Django face's marker cleanup
+    QUERY_TRANSACTION_ENDS = 4403
 
 
 class ResponseCode(enum.IntEnum):

@@ -158,6 +158,34 @@ def test_on_postgresql_a_marker_inside_an_open_transaction_is_inserted_through_l
 
 
 @pytest.mark.django_db(transaction=True)
+def test_marker_cleanup_asks_the_broker_once_per_topic(event_store, monkeypatch):
+    """The watcher deletes the markers of committed events after one QUERY_TRANSACTION_ENDS per topic (the
+    broker remembers the ends it made), not one QUERY_MESSAGE per transaction."""
+    looked_up: list[str] = []
+    monkeypatch.setattr(type(watcher), "_visible",
+                        staticmethod(lambda store, topic, txid: looked_up.append(txid) or False))
+    asked: list[str] = []
+    admin_class = type(event_store.admin)
+    real = admin_class.transaction_ends
+
+    def spy(self, topic, ids):
+        asked.extend(ids)
+        return real(self, topic, ids)
+
+    monkeypatch.setattr(admin_class, "transaction_ends", spy)
+    events = []
+    for i in range(3):
+        with transaction.atomic():
+            Order.objects.create(number=f"C-{i}")
+            events.append(OrderEvent.objects.append({"i": i}, keys=f"C-{i}"))
+    ids = {e.msg_id for e in events}
+    assert wait_for(lambda: all(OrderEvent.objects.filter(keys=f"C-{i}").exists() for i in range(3)))
+    watcher.clean_markers()
+    assert not EventTransaction.objects.filter(pk__in=ids).exists()
+    assert ids <= set(asked) and not ids & set(looked_up)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_exception_in_block_never_appears_and_frees_the_stream(event_store):
     with pytest.raises(RuntimeError), transaction.atomic():
         Order.objects.create(number="B-1")

@@ -8,7 +8,13 @@ expected-version append stored unchecked. The answer is a JSON object of feature
 GET_BROKER_STATS_HISTORY (4402) answers the samples of `BrokerStatsService` (every few seconds, the last
 hour): ``{"intervalMillis": 5000, "samples": [{"t", "msgPutTotal", "commitLogMaxOffset",
 "dispatchBehindBytes", "groupLag": {group: messages}}, ...]}``, oldest first; ``since`` (ms) keeps the
-samples taken after it."""
+samples taken after it.
+
+QUERY_TRANSACTION_ENDS (4403): the body ``{"ids": [transaction id, ...]}`` (at most 10,000) is answered
+``{"ends": {id: "COMMIT" | "ROLLBACK" | "DISCARDED"}}`` for the ids whose end this broker has recorded in
+memory with its op message written (`TransactionalMessageService.known_end`); an id it does not know there
+(ended before a restart, or long ago) is left out, and the asker looks it up as before (QUERY_MESSAGE). One
+request instead of one look-up per transaction: what the Django face's marker cleanup asks every few seconds."""
 
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 EXTENSIONS = {"expectedVersionAppend": 1, "queryStream": 1, "statsHistory": 1, "multiStreamAppend": 1,
-              "queryStreamLast": 1}
+              "queryStreamLast": 1, "transactionEnds": 1}
+MAX_TRANSACTION_IDS = 10_000  # ids one QUERY_TRANSACTION_ENDS may ask about
 MAX_STREAM_EVENTS = 100_000  # one answer; a longer stream is read in pages with fromVersion
 QUICK_STREAM_EVENTS = 64  # a stream read known to be at most this long is served on the event loop
 
@@ -32,7 +39,8 @@ class ExtensionProcessor:
     message of a key, oldest first, as stored records (RocketMQ's QUERY_MESSAGE caps an index lookup at 64
     messages, too few for a stream or a busy key)."""
 
-    CODES = (RequestCode.GET_BROKER_EXTENSIONS, RequestCode.QUERY_STREAM, RequestCode.GET_BROKER_STATS_HISTORY)
+    CODES = (RequestCode.GET_BROKER_EXTENSIONS, RequestCode.QUERY_STREAM, RequestCode.GET_BROKER_STATS_HISTORY,
+             RequestCode.QUERY_TRANSACTION_ENDS)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -42,12 +50,33 @@ class ExtensionProcessor:
         read an unknown or large number of events (the server then serves it on a worker thread)."""
         if req.code == RequestCode.QUERY_STREAM:
             return self._query_stream(req, wait)
+        if req.code == RequestCode.QUERY_TRANSACTION_ENDS:
+            return self._transaction_ends(req)
         if req.code == RequestCode.GET_BROKER_STATS_HISTORY:
             stats = self.broker.stats_service
             doc = {"brokerName": self.broker.config.broker_name, "intervalMillis": int(stats.interval * 1000),
                    "samples": stats.history(req.get_int("since", 0))}
             return req.response(body=json.dumps(doc, separators=(",", ":")).encode())
         return req.response(body=json.dumps({"broker": "rmq_eventstore", "extensions": EXTENSIONS}).encode())
+
+    def _transaction_ends(self, req: RemotingCommand) -> RemotingCommand:
+        try:
+            ids = json.loads(req.body or b"{}").get("ids")
+        except (ValueError, AttributeError):
+            ids = None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                'QUERY_TRANSACTION_ENDS needs a body {"ids": [transaction id, ...]}')
+        if len(ids) > MAX_TRANSACTION_IDS:
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                f"QUERY_TRANSACTION_ENDS asks about at most {MAX_TRANSACTION_IDS} ids, not {len(ids)}")
+        known = self.broker.transaction_service.known_end
+        ends = {}
+        for txid in ids:
+            outcome = known(txid)
+            if outcome is not None:
+                ends[txid] = outcome
+        return req.response(body=json.dumps({"ends": ends}, separators=(",", ":")).encode())
 
     def _query_stream(self, req: RemotingCommand, wait: bool = True) -> RemotingCommand | None:
         topic = req.get_str("topic", "")

@@ -169,6 +169,13 @@ class TransactionalMessageService:
             self._put_op(half, txid, outcome)
         return outcome, changed
 
+    def known_end(self, txid: str) -> str | None:
+        """The outcome of transaction `txid` when this broker remembers its end with the op message written
+        (COMMIT: the committed record is in the log too), else None (open, or ended before a restart or long
+        ago: only the index knows). A read of the memory without the lock (one dict look-up)."""
+        known = self._recent.get(txid)
+        return known[0] if known is not None and known[1] else None
+
     def outcome(self, half: MessageExt) -> str | None:
         """COMMIT, ROLLBACK, DISCARDED, or None while the transaction is open."""
         return self._outcome(transaction_id(half), half)[0]

@@ -86,6 +86,9 @@ class Pair:
         shutil.copytree(seed, root / "lane")
         shutil.copytree(seed, root / "ref")
         monkeypatch.setattr(pop_service, "time", types.SimpleNamespace(time=lambda: NOW, monotonic=time.monotonic))
+        # no revive round at all, not even the one a slow start (the second broker's) would let the first run
+        # before its thread is stopped below: its revive offsets would differ from the other broker's
+        monkeypatch.setattr(pop_service, "REVIVE_INTERVAL", 3600.0)
         self.stores = [MessageStore.open(root / name, **SMALL) for name in ("lane", "ref")]
         self.brokers = []
         for store in self.stores:

@@ -73,6 +73,8 @@ def run(url: str, args: argparse.Namespace, broker_pid: int | None = None) -> No
         for i in range(n):
             task.delay(i)
         prof.disable()
+        if os.environ.get("PROFILE_OUT"):
+            prof.dump_stats(os.environ["PROFILE_OUT"])
         st = pstats.Stats(prof)
         st.sort_stats("cumulative").print_stats(60)
         st.sort_stats("tottime").print_stats(40)

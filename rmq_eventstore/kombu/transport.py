@@ -674,8 +674,14 @@ class Channel(virtual.Channel):
             props[PROPERTY_DUE_AT] = str(int(due_at * 1000))
         body = _MESSAGE_JSON(message).encode()
         lane = _clamp_priority(message) if lanes > 1 else 0
-        if not self._send(topic, body, props, lane, due_at):
-            self.connection.expect(queue, float(self.publish_wait))
+        if due_at is None:  # `_send`'s common case inline: sent now, on the route we hold
+            try:
+                c.producer.send(Message(topic, body, properties=props or None), queue_id=lane)
+            except ValueError:  # the route we hold predates the lanes (or a bad topic): _send asks again
+                self._send(topic, body, props, lane, None)
+        elif self._send(topic, body, props, lane, due_at):
+            return
+        self.connection.expect(queue, float(self.publish_wait))
 
     def _due_at(self, message: dict[str, Any]) -> float | None:
         """When a message is due at the consumer (epoch s): its `deliver_at` property, or with `eta_timers`

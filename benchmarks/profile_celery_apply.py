@@ -28,7 +28,6 @@ from benchlib import broker_process  # noqa: E402
 
 from benchmarks.celery_bench_app import TASK, make_app  # noqa: E402
 
-
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

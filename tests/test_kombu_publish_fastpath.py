@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ def _received(namesrv: str, ns: str) -> dict[str, list[tuple[Any, ...]]]:
 def test_the_fast_publish_stores_and_delivers_what_the_reference_does(
         broker: RunningBroker, monkeypatch: pytest.MonkeyPatch, fast_path: None) -> None:
     namesrv = broker.namesrv_address
-    eta = datetime.fromtimestamp(time.time() + 5.0, timezone.utc)  # one eta for both runs: the same bytes
+    eta = datetime.fromtimestamp(time.time() + 5.0, UTC)  # one eta for both runs: the same bytes
     fast_ns, ref_ns = "f" + uuid.uuid4().hex[:10], "r" + uuid.uuid4().hex[:10]
     frames: list[object] = []
     real_frame = native.client_send_frame

@@ -320,3 +320,25 @@ def test_a_lost_connection_retries_an_explicit_queue_on_that_queue(
         again = p.send(Message("L", b"x"), queue_id=2)
         assert again.status == "SEND_OK" and again.queue_id == 2
         assert p._base.remoting._conns[first.broker_address] is not conn
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_route_that_predates_the_lanes_is_asked_again(
+        broker: RunningBroker, monkeypatch: pytest.MonkeyPatch, fast_path: None, reference: bool) -> None:
+    """A queue made a priority queue (by another process) after this connection cached its one-queue route:
+    the publish to lane 5 finds no such queue in the route, asks the name server again and lands on lane 5."""
+    if reference:
+        monkeypatch.setattr(Channel, "_put", reference_put)
+    ns = "p" + uuid.uuid4().hex[:10]
+    with Connection(f"rocketmq://{broker.namesrv_address}//", transport_options={"namespace": ns}) as c:
+        ch = c.channel()
+        Queue("late", Exchange("late"), "late")(ch).declare()
+        Producer(ch).publish({"n": 0}, exchange="", routing_key="late", priority=5)  # one lane: queue 0
+        topic = topic_name("late", ns)
+        ch.clients.admin.create_topic(topic, transport_mod.LANES)  # what another process's declare does
+        ch.clients.shared.declare_queue("late", {"x-max-priority": 9})
+        Producer(ch).publish({"n": 1}, exchange="", routing_key="late", priority=5)
+    with PullConsumer(broker.namesrv_address, f"late-{ns}") as pc:
+        lanes = {q: [json.loads(bytes(m.body))["body"] for m in
+                     pc.pull(topic, q, 0, max_nums=8, suspend_timeout_ms=0).messages] for q in (0, 5)}
+    assert len(lanes[0]) == 1 and len(lanes[5]) == 1

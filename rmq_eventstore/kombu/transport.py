@@ -674,11 +674,14 @@ class Channel(virtual.Channel):
             props[PROPERTY_DUE_AT] = str(int(due_at * 1000))
         body = _MESSAGE_JSON(message).encode()
         lane = _clamp_priority(message) if lanes > 1 else 0
-        if due_at is None:  # `_send`'s common case inline: sent now, on the route we hold
+        if due_at is None:  # `_send`'s case of a message due now, inline (the same steps)
+            msg = Message(topic, body, properties=props or None)
+            producer = c.producer
             try:
-                c.producer.send(Message(topic, body, properties=props or None), queue_id=lane)
-            except ValueError:  # the route we hold predates the lanes (or a bad topic): _send asks again
-                self._send(topic, body, props, lane, None)
+                producer.send(msg, queue_id=lane)
+            except ValueError:  # the route we hold predates the lanes: ask again
+                producer.refresh_route(topic)
+                producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0)
         elif self._send(topic, body, props, lane, due_at):
             return
         self.connection.expect(queue, float(self.publish_wait))

@@ -52,6 +52,9 @@ def run(url: str, args: argparse.Namespace, broker_pid: int | None = None) -> No
         for i in range(args.loop):
             task.delay(i)
         return
+    if args.ab:
+        ab(task, args)
+        return
     n = args.tasks
     for r in range(args.rounds):
         u0 = resource.getrusage(resource.RUSAGE_THREAD)
@@ -82,6 +85,38 @@ def run(url: str, args: argparse.Namespace, broker_pid: int | None = None) -> No
         conn.default_channel.queue_delete(queue)
 
 
+def ab(task: object, args: argparse.Namespace) -> None:
+    """Blocks of `--tasks` delays, alternately through the publish path as it was (the reference `_put` of
+    tests/test_kombu_publish_fastpath.py, the producer's general path) and as it is, in one process on one
+    broker: thread CPU and wall per delay, medians over `--rounds` pairs (the machine's drift hits both)."""
+    import statistics
+
+    from rmq_eventstore.client import producer as producer_mod
+    from rmq_eventstore.kombu.transport import Channel
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tests.test_kombu_publish_fastpath import reference_put
+
+    fast_put, fast_frame = Channel._put, producer_mod._send_frame
+    out: dict[str, list[tuple[float, float]]] = {"reference": [], "fast": []}
+    n = args.tasks
+    for _ in range(args.rounds):
+        for name in ("reference", "fast"):
+            Channel._put = reference_put if name == "reference" else fast_put  # type: ignore[method-assign]
+            producer_mod._send_frame = None if name == "reference" else fast_frame
+            c0, t0 = time.thread_time(), time.perf_counter()
+            for i in range(n):
+                task.delay(i)  # type: ignore[attr-defined]
+            out[name].append(((time.thread_time() - c0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6))
+    Channel._put, producer_mod._send_frame = fast_put, fast_frame  # type: ignore[method-assign]
+    for name, xs in out.items():
+        print(f"{name:9s} thread CPU µs/delay median {statistics.median(x for x, _ in xs):6.1f} "
+              f"wall µs/delay median {statistics.median(w for _, w in xs):6.1f} (rounds {len(xs)})")
+    ratios = [r[0] / f[0] for r, f in zip(out["reference"], out["fast"], strict=True)]
+    print(f"reference/fast thread CPU per pair: median {statistics.median(ratios):.3f} "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", type=int, default=3000)
@@ -90,6 +125,7 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true")
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--loop", type=int, default=None)
+    ap.add_argument("--ab", action="store_true", help="alternate the reference publish path and this one")
     args = ap.parse_args()
     if args.redis:
         run("redis://127.0.0.1:6379/15", args)

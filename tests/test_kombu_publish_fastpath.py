@@ -29,9 +29,12 @@ from rmq_eventstore.client import producer as producer_mod
 from rmq_eventstore.kombu import transport as transport_mod
 from rmq_eventstore.kombu.names import topic_name
 from rmq_eventstore.kombu.transport import PROPERTY_DUE_AT, PROPERTY_EXPIRE_AT, Channel
+from rmq_eventstore.remoting import RemotingCommand, SerializeType
 from tests.conftest import import_native
 
-native = import_native()
+native = import_native()  # also under RMQ_EVENTSTORE_PURE=1 (make test's second pass): the fixture turns it on
+native.init(Message)  # what codec and remoting.command do at import, unless RMQ_EVENTSTORE_PURE=1
+native.remoting_init(RemotingCommand, SerializeType.JSON)
 
 
 def reference_put(self: Channel, queue: str, message: dict[str, Any], **kwargs: Any) -> None:

@@ -210,18 +210,23 @@ class Producer:
             if len(self._valid_topics) >= _VALID_TOPICS_MAX:
                 self._valid_topics.clear()
             self._valid_topics.add(topic)
-        if (queue_id is None and not delay_level and stream is None and deliver_at is None and delay is None
-                and _send_frame is not None and msg.__class__ is Message and msg.properties_string is None
-                and not msg.queue_id and msg.body.__class__ is bytes):
+        if ((queue_id is None or queue_id.__class__ is int) and not delay_level and stream is None
+                and deliver_at is None and delay is None and _send_frame is not None and msg.__class__ is Message
+                and msg.properties_string is None and not msg.queue_id and msg.body.__class__ is bytes):
             # the plain send (one Python frame to the socket and back): taken when the route is cached and
-            # fresh and requests are not signed; nothing has happened yet when it is not
+            # fresh and requests are not signed, and a `queue_id` asked for is among its writeable queues
+            # (the kombu transport's sends, to a queue's lane); nothing has happened yet when it is not
             base = self._base
             fast = _FAST_BASES.get(base.__class__)
             if fast or (fast is None and _fast_base(base.__class__)):
                 route = base._routes.get(topic)
                 if (route is not None and route.queues and _monotonic() - route.fetched < ROUTE_TTL_SECONDS
                         and base.remoting._sign is None):
-                    return self._send_plain(msg, topic, route.queues, timeout_ms)
+                    if queue_id is None:
+                        return self._send_plain(msg, topic, route.queues, timeout_ms)
+                    for picked in route.queues:  # _pick's choice for an explicit queue: its first entry
+                        if picked[1] == queue_id:
+                            return self._send_plain(msg, topic, route.queues, timeout_ms, queue_id, picked)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:
@@ -233,15 +238,16 @@ class Producer:
         return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,
                           msg.reconsume_times, uniq, False, timeout_ms, stream, expected_version)
 
-    def _send_plain(self, msg: Message, topic: str, queues: list[tuple[str, int]],
-                    timeout_ms: int | None) -> SendResult:
-        """`send`'s plain case (see there), the first attempt: the same UNIQ_KEY, round-robin pick, request
-        bytes and result as the general path, in one frame here and one in the connection. Whatever it does
-        not cover goes on in `_send` from where it stands: a message the C frame declines (odd field types:
-        on the queue picked already), a RemotingError (the retry on another queue)."""
+    def _send_plain(self, msg: Message, topic: str, queues: list[tuple[str, int]], timeout_ms: int | None,
+                    queue_id: int | None = None, picked: tuple[str, int] | None = None) -> SendResult:
+        """`send`'s plain case (see there), the first attempt: the same UNIQ_KEY, pick (round-robin, or
+        `picked`: the route's entry of the `queue_id` asked for), request bytes and result as the general
+        path, in one frame here and one in the connection. Whatever it does not cover goes on in `_send`
+        from where it stands: a message the C frame declines (odd field types: on the queue picked already),
+        a RemotingError (the retry on another queue, or on `queue_id` again as `_pick` does)."""
         ids = self._ids
         uniq = msg.uniq_key or (_uniq_create is not None and _uniq_create(ids)) or ids.create()
-        addr, q = queues[next(self._rr) % len(queues)]
+        addr, q = picked if picked is not None else queues[next(self._rr) % len(queues)]
         opaque = next(OPAQUES) & 0x7FFFFFFF
         frame = _send_frame(msg, uniq, self.group, q, opaque, None)  # type: ignore[misc]
         base = self._base
@@ -257,16 +263,16 @@ class Producer:
                 if self.retry_times_when_send_failed > 0:
                     base.route(topic, refresh=True)
                 props, uniq = self._properties(msg, uniq, 0)
-                return self._send(topic, None, _SEND_V2, msg.body, props, msg.flag, msg.sys_flag, msg.reconsume_times,
-                                  uniq, False, timeout_ms, failed=(addr, e))
+                return self._send(topic, queue_id, _SEND_V2, msg.body, props, msg.flag, msg.sys_flag,
+                                  msg.reconsume_times, uniq, False, timeout_ms, failed=(addr, e))
             if r.__class__ is tuple:  # a SUCCESS response: (msgId, queue id or None, queue offset)
                 return SendResult("SEND_OK", uniq, r[0], q if r[1] is None else r[1], r[2], topic, addr, None)
             if r.code not in _OK_CODES:
                 raise MQBrokerError(r.code, r.remark, addr)
             return self._result(r, q, uniq, topic, addr, None, None)
         props, uniq = self._properties(msg, uniq, 0)
-        return self._send(topic, None, _SEND_V2, msg.body, props, msg.flag, msg.sys_flag, msg.reconsume_times, uniq,
-                          False, timeout_ms, picked=(addr, q))
+        return self._send(topic, queue_id, _SEND_V2, msg.body, props, msg.flag, msg.sys_flag, msg.reconsume_times,
+                          uniq, False, timeout_ms, picked=(addr, q))
 
     def send_batch(self, msgs: Sequence[Message], queue_id: int | None = None,
                    timeout_ms: int | None = None, *, stream: str | None = None,

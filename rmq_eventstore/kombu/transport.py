@@ -96,6 +96,10 @@ FORWARD_THREADS = 4  # hops of tasks sent together come due together: send them 
 PROPERTY_EXPIRE_AT = "KOMBU_EXPIRE_AT"
 PROPERTY_DUE_AT = "KOMBU_DUE_AT"  # epoch ms when a timer-sent message is due at the consumer (chains' last hop)
 _MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
+# json.dumps(message, separators=(",", ":")) makes a JSONEncoder per call; this one encoder (the same options:
+# ensure_ascii, check_circular, allow_nan, no sort) writes the same text and is shared (encode keeps no state)
+_MESSAGE_JSON = json.JSONEncoder(separators=(",", ":")).encode
+_QUEUE_TOPICS_MAX = 4096  # queue -> topic names a connection remembers (then it starts over: reply queues)
 
 
 def _as_bool(value: Any) -> bool:
@@ -422,6 +426,7 @@ class _Clients:
         self.bindings_topic = system_topic("bindings", namespace)
         self.snapshot_topic = system_topic("bindings_snapshot", namespace)
         self._topics: dict[str, int] = {}  # topics known to exist -> lanes
+        self._queue_topics: dict[str, str] = {}  # queue -> topic_name(queue, namespace), a cache
         self._topics_lock = threading.Lock()
         self.ensure_topic(self.bindings_topic, 1)
         self.ensure_topic(self.snapshot_topic, 1)
@@ -437,6 +442,19 @@ class _Clients:
                 c.shutdown()
             except Exception:  # pragma: no cover - best effort
                 log.debug("kombu: client shutdown failed", exc_info=True)
+
+    def queue_topic(self, queue: str) -> str:
+        """`names.topic_name(queue, namespace)`, remembered per queue name (a publish needs it every time; a
+        name that is not a str, or that topic_name refuses, is not remembered and raises as topic_name does)."""
+        if queue.__class__ is not str:
+            return topic_name(queue, self.namespace)
+        topic = self._queue_topics.get(queue)
+        if topic is None:
+            topic = topic_name(queue, self.namespace)
+            if len(self._queue_topics) >= _QUEUE_TOPICS_MAX:
+                self._queue_topics = {}
+            self._queue_topics[queue] = topic
+        return topic
 
     def ensure_topic(self, topic: str, lanes: int) -> None:
         if self._topics.get(topic, 0) >= lanes:
@@ -544,7 +562,7 @@ class Channel(virtual.Channel):
         return self.connection.clients()
 
     def _topic(self, queue: str) -> str:
-        return topic_name(queue, self.clients.namespace)
+        return self.clients.queue_topic(queue)
 
     def _invisible_ms(self) -> int:
         return max(int(float(self.visibility_timeout) * 1000), 1000)
@@ -634,12 +652,15 @@ class Channel(virtual.Channel):
 
     # -- publishing ------------------------------------------------------------------------------------------------
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        """Send kombu's message dict to `queue`'s topic: its JSON as the body, the expiry and due time as
+        properties, on the lane of its priority (a priority queue) or queue 0."""
         c = self.clients
-        topic = self._topic(queue)
-        args = self._queue_args(queue)
-        if not args and c.shared.queue(queue, refresh=False) is None:
-            args = self._queue_args(queue, refresh=True)
-        lanes = LANES if args.get("x-max-priority") else 1
+        topic = c.queue_topic(queue)
+        shared = c.shared
+        args = shared.queue(queue, refresh=False)
+        if args is None:  # not declared as far as this process knows: catch up with the log first
+            args = shared.queue(queue, refresh=True)
+        lanes = LANES if args and args.get("x-max-priority") else 1
         c.ensure_topic(topic, 1)
         props: dict[str, str] = {}
         expiration = (message.get("properties") or {}).get("expiration")
@@ -651,10 +672,19 @@ class Channel(virtual.Channel):
         due_at = self._due_at(message)
         if due_at is not None:
             props[PROPERTY_DUE_AT] = str(int(due_at * 1000))
-        body = json.dumps(message, separators=(",", ":")).encode()
+        body = _MESSAGE_JSON(message).encode()
         lane = _clamp_priority(message) if lanes > 1 else 0
-        if not self._send(topic, body, props, lane, due_at):
-            self.connection.expect(queue, float(self.publish_wait))
+        if due_at is None:  # `_send`'s case of a message due now, inline (the same steps)
+            msg = Message(topic, body, properties=props or None)
+            producer = c.producer
+            try:
+                producer.send(msg, queue_id=lane)
+            except ValueError:  # the route we hold predates the lanes: ask again
+                producer.refresh_route(topic)
+                producer.send(msg, queue_id=lane if lane < len(c.admin.topic_route(topic).queues) else 0)
+        elif self._send(topic, body, props, lane, due_at):
+            return
+        self.connection.expect(queue, float(self.publish_wait))
 
     def _due_at(self, message: dict[str, Any]) -> float | None:
         """When a message is due at the consumer (epoch s): its `deliver_at` property, or with `eta_timers`

@@ -2852,6 +2852,32 @@ static inline int rbuf_put(rbuf *b, const void *s, Py_ssize_t n) {
 }
 static inline void rbuf_free(rbuf *b) { if (b->p != b->small) PyMem_Free(b->p); }
 
+/* The frame of a command whose JSON header is b->p[8:b->len] (8 bytes left for the two length words) and whose
+ * body is body[0:blen]: the two length words set, header and body in one bytes object. None (a new reference)
+ * when it would not fit a frame's int32 length, NULL with a MemoryError. */
+static PyObject *rbuf_frame(rbuf *b, const char *body, Py_ssize_t blen) {
+    Py_ssize_t hlen = b->len - 8;
+    if ((long long)hlen + 4 + blen > 0x7FFFFFFF) Py_RETURN_NONE;
+    put_i32(b->p, (int32_t)(4 + hlen + blen));
+    put_i32(b->p + 4, (int32_t)hlen);
+    PyObject *res = PyBytes_FromStringAndSize(NULL, b->len + blen);
+    if (res != NULL) {
+        memcpy(PyBytes_AS_STRING(res), b->p, b->len);
+        if (blen) memcpy(PyBytes_AS_STRING(res) + b->len, body, blen);
+    }
+    return res;
+}
+
+/* What a frame builder answers after its writes stopped: None when they declined (no error set, or an error
+ * that only means "not this shape"), NULL when they ran out of memory. */
+static PyObject *rbuf_declined(void) {
+    if (PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+        PyErr_Clear();
+    }
+    Py_RETURN_NONE;
+}
+
 /* whether `{x:d}` of an int of this type is int's own formatting (int, bool, IntEnum: their __format__
  * is int.__format__); the answer for up to 8 types is kept */
 static PyTypeObject *int_like_types[8];
@@ -2956,21 +2982,7 @@ static PyObject *remoting_encode(PyObject *self, PyObject *cmd) {
         ok = ok && RPUT("}");
     }
     ok = ok && RPUT(",\"serializeTypeCurrentRPC\":\"JSON\"}");
-    PyObject *res = NULL;
-    if (ok) {
-        Py_ssize_t hlen = b.len - 8;
-        if ((long long)hlen + 4 + blen <= 0x7FFFFFFF) {
-            put_i32(b.p, (int32_t)(4 + hlen + blen));
-            put_i32(b.p + 4, (int32_t)hlen);
-            res = PyBytes_FromStringAndSize(NULL, b.len + blen);
-            if (res != NULL) {
-                memcpy(PyBytes_AS_STRING(res), b.p, b.len);
-                if (blen) memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
-            }
-        } else res = Py_NewRef(Py_None);
-    } else if (!PyErr_Occurred()) res = Py_NewRef(Py_None);
-    else if (PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
-    else { PyErr_Clear(); res = Py_NewRef(Py_None); }
+    PyObject *res = ok ? rbuf_frame(&b, blen ? PyBytes_AS_STRING(body) : NULL, blen) : rbuf_declined();
     rbuf_free(&b);
     return res;
 }
@@ -6185,24 +6197,11 @@ static PyObject *client_send_frame(PyObject *self, PyObject *const *args, Py_ssi
         && CPUT(",\"j\":") && cs_put_qint(&b, reconsume) && CPUT(",\"k\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
 #undef CPUT
     if (!r) goto done;
-    Py_ssize_t blen = PyBytes_GET_SIZE(body), hlen = b.len - 8;
-    if ((long long)hlen + 4 + blen > 0x7FFFFFFF) goto done;
-    put_i32(b.p, (int32_t)(4 + hlen + blen));
-    put_i32(b.p + 4, (int32_t)hlen);
-    res = PyBytes_FromStringAndSize(NULL, b.len + blen);
-    if (res != NULL) {
-        memcpy(PyBytes_AS_STRING(res), b.p, b.len);
-        memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
-    }
+    res = rbuf_frame(&b, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
 done:
     rbuf_free(&pb);
     rbuf_free(&b);
-    if (res == NULL) {
-        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    return res;
+    return res != NULL ? res : rbuf_declined();
 }
 
 /* a JSON string value at c->p that is plain digits, "-?[0-9]{1,18}", as int() reads it; 0 for any other
@@ -6322,11 +6321,7 @@ static PyObject *client_send_take(PyObject *self, PyObject *const *args, Py_ssiz
     PyTuple_SET_ITEM(res, 2, ov);
     return res;
 give_way:
-    if (PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
-        PyErr_Clear();
-    }
-    Py_RETURN_NONE;
+    return rbuf_declined();
 }
 /* client_take_response(buf, n, opaque) -> RemotingCommand or None: a lone caller's read buf[:n] (a bytearray,
  * nothing buffered before it) that is exactly one JSON frame remoting_decode takes, a response (flag bit 0)
@@ -6587,21 +6582,7 @@ static PyObject *pop_response(PyObject *self, PyObject *const *args, Py_ssize_t 
          pf_qint(&b, args[7]) && PPUT(",\"startOffsetInfo\":") && rbuf_jstr(&b, args[8]) &&
          PPUT(",\"msgOffsetInfo\":") && rbuf_jstr(&b, args[9]) && PPUT("},\"serializeTypeCurrentRPC\":\"JSON\"}");
 #undef PPUT
-    PyObject *res = NULL;
-    if (ok) {
-        Py_ssize_t hlen = b.len - 8;
-        if ((long long)hlen + 4 + blen <= 0x7FFFFFFF) {
-            put_i32(b.p, (int32_t)(4 + hlen + blen));
-            put_i32(b.p + 4, (int32_t)hlen);
-            res = PyBytes_FromStringAndSize(NULL, b.len + blen);
-            if (res != NULL) {
-                memcpy(PyBytes_AS_STRING(res), b.p, b.len);
-                if (blen) memcpy(PyBytes_AS_STRING(res) + b.len, PyBytes_AS_STRING(body), blen);
-            }
-        } else res = Py_NewRef(Py_None);
-    } else if (!PyErr_Occurred()) res = Py_NewRef(Py_None);
-    else if (PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
-    else { PyErr_Clear(); res = Py_NewRef(Py_None); }
+    PyObject *res = ok ? rbuf_frame(&b, blen ? PyBytes_AS_STRING(body) : NULL, blen) : rbuf_declined();
     rbuf_free(&b);
     return res;
 }
@@ -6939,13 +6920,7 @@ decline:
 /* ============================================================================================== */
 
 /* the frame of a request without a body whose JSON header is b->p[8:b->len]: the two length words set */
-static PyObject *pc_frame(rbuf *b) {
-    Py_ssize_t hlen = b->len - 8;
-    if (hlen > 0x7FFFFFF0) Py_RETURN_NONE;
-    put_i32(b->p, (int32_t)(4 + hlen));
-    put_i32(b->p + 4, (int32_t)hlen);
-    return PyBytes_FromStringAndSize((const char *)b->p, b->len);
-}
+static PyObject *pc_frame(rbuf *b) { return rbuf_frame(b, NULL, 0); }
 
 /* pop_request_frame(group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque) -> bytes or None:
  * RemotingCommand(200050, {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "maxMsgNums":
@@ -7112,13 +7087,7 @@ static PyObject *pop_ack_take(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (want == -1 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
     if (hlen < 0) Py_RETURN_NONE;
     const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
-    if (!pc_scan(base + 8, hlen, want, NULL, 0, NULL, NULL)) {
-        if (PyErr_Occurred()) {
-            if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
-            PyErr_Clear();
-        }
-        Py_RETURN_NONE;
-    }
+    if (!pc_scan(base + 8, hlen, want, NULL, 0, NULL, NULL)) return rbuf_declined();
     Py_RETURN_TRUE;
 }
 
@@ -7431,14 +7400,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
 #undef APUT
 out:
     rbuf_free(&pre); rbuf_free(&bits); rbuf_free(&b);
-    if (decline) {
-        if (PyErr_Occurred()) {
-            if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
-            PyErr_Clear();
-        }
-        Py_RETURN_NONE;
-    }
-    return res;
+    return decline ? rbuf_declined() : res;
 }
 /* ============================ end of THE POP CLIENT ================================================== */
 

@@ -385,7 +385,6 @@ class PopService:
         revive_qid = self._qid = (self._qid + 1) % REVIVE_QUEUE_NUM
         broker_name = self.broker.config.broker_name
         cq_table = store.consume_queue_table
-        query = buffer._committed
         bqueues = buffer._queues
         blk = buffer._lock
         locks = self._locks
@@ -431,14 +430,8 @@ class PopService:
             if lock is None:
                 lock = self._lock(group, t, q)
             with lock:
-                with blk:  # buffer.pop_offset
-                    committed = query(group, t, q)
-                    bq = bqueues.get(qkey)
-                    if bq:
-                        last = bq[-1].next_offset
-                        committed = last if last > committed else committed
                 lo = cq.get_min_offset_in_queue()
-                offset = max(committed, lo, 0)
+                offset = max(buffer.pop_offset(group, t, q), lo, 0)
                 if offset >= top and offset >= cq.get_max_offset_in_queue():
                     continue
                 # read_for_pop's native read, inline; anything else is read_for_pop's own
@@ -482,11 +475,7 @@ class PopService:
                     if buffer.enabled and buffer._count < buffer.max_size:
                         flush_at = pop_time + max(min(buffer.stay_ms, invisible_time - buffer.margin_ms), 0)
                         entry = _Entry(ck, revive_qid, end, flush_at)
-                        data = (f"C {group} {t} {q} {offset} {pop_time} {invisible_time} {revive_qid} {end} "
-                                f"{offsets_text(0, n) if entry.contiguous else ','.join(map(str, ck.queue_offset_diff))}"
-                                "\n").encode()
-                        os.write(journal._fd, data)
-                        journal.size += len(data)
+                        journal.ck(ck, revive_qid, end, entry.contiguous)
                         buffer._by_key[(group, t, q, offset, pop_time)] = entry
                         bq = bqueues.get(qkey)
                         if bq is None:

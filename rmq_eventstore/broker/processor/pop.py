@@ -223,32 +223,16 @@ class AckMessageProcessor:
         entry's offsets in the queue, else the reference filters them), `_check_target`'s for ACK_MESSAGE."""
         b = self.broker
         if len(got) == 2:  # BATCH_ACK_MESSAGE: (frame, [(c, t, retry, so, q, rq, pt, it, first bit, bit count)])
-            find = b.store.find_consume_queue
             entries = got[1]
             if len(entries) == 1:  # the usual: one pop acked
-                group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count = entries[0]
-                if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                    topic = pop_retry_topic(group, topic)
-                cq = find(topic, queue_id, create=False)
-                if cq is None:
-                    return False  # skipped by the reference
-                lo = cq.get_min_offset_in_queue()
-                low = start + first
-                if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
-                    return False  # filtered or skipped by the reference
-                return b.pop_service.buffer.ack_one((group, topic, queue_id, start, pop_time), low, low + count)
+                run = self._lane_run(entries[0])
+                return run is not None and b.pop_service.buffer.ack_one(*run)
             runs = []
-            for group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count in entries:
-                if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                    topic = pop_retry_topic(group, topic)
-                cq = find(topic, queue_id, create=False)
-                if cq is None:
-                    return False  # skipped by the reference
-                lo = cq.get_min_offset_in_queue()
-                low = start + first
-                if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
-                    return False  # filtered or skipped by the reference
-                runs.append(((group, topic, queue_id, start, pop_time), low, low + count))
+            for entry in entries:
+                run = self._lane_run(entry)
+                if run is None:
+                    return False
+                runs.append(run)
         else:  # ACK_MESSAGE: _check_target's checks, then the buffer
             _, _, group, topic, queue_id, offset, ck_offset, pop_time, _it, _rq, _retry, _bn, extra_qid, _ = got
             tc = b.topic_manager.get(topic)
@@ -259,6 +243,22 @@ class AckMessageProcessor:
                 return False
             return b.pop_service.buffer.ack_one((group, topic, extra_qid, ck_offset, pop_time), offset, offset + 1)
         return b.pop_service.buffer.ack_runs(runs)
+
+    def _lane_run(self, entry: tuple) -> tuple[tuple, int, int] | None:
+        """A BATCH_ACK entry as the lane settles it: (checkpoint key, first offset, end offset), or None where the
+        reference would skip or filter it (`_in_queue`: the retry topic by either name, a missing queue, an
+        offset outside the queue)."""
+        group, topic, retry, start, queue_id, _rq, pop_time, _it, first, count = entry
+        if retry and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            topic = pop_retry_topic(group, topic)
+        cq = self.broker.store.find_consume_queue(topic, queue_id, create=False)
+        if cq is None:
+            return None
+        lo = cq.get_min_offset_in_queue()
+        low = start + first
+        if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
+            return None
+        return (group, topic, queue_id, start, pop_time), low, low + count
 
     def _check_target(self, req: RemotingCommand, group: str, topic: str, offset: int) -> RemotingCommand | None:
         """RocketMQ's checks before an ack or a change of invisible time: the topic exists, the queue id is

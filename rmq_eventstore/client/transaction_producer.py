@@ -145,15 +145,20 @@ class TransactionProducer(Producer):
                                      uniq, TransactionState.UNKNOWN)
 
     def end_transaction(self, sent: TransactionSendResult, state: TransactionState,
-                        error: BaseException | None = None) -> None:
+                        error: BaseException | None = None, *, offset: int | None = None) -> None:
         """End a prepared transaction: COMMIT makes the message visible, ROLLBACK drops it, UNKNOWN leaves it
-        to the check-back. A lost END_TRANSACTION is logged, not raised: the check-back settles it."""
+        to the check-back. A lost END_TRANSACTION is logged, not raised: the check-back settles it.
+        `offset`: the half message's commit log offset, when the caller decoded `sent.offset_msg_id` already."""
         sent.local_transaction_state = state
         if sent.status != "SEND_OK":
             return
         try:
-            self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, sent.transaction_id, state, False,
-                      error, sent.topic)
+            if offset is None:
+                self._end(sent.broker_address, sent.offset_msg_id, sent.queue_offset, sent.transaction_id, state,
+                          False, error, sent.topic)
+            else:
+                self._end_at(sent.broker_address, offset, sent.queue_offset, sent.transaction_id, state, False,
+                             error, sent.topic)
         except RemotingError as e:  # the broker will ask
             log.warning("END_TRANSACTION for %s not delivered (%s); the broker's check-back settles it",
                         sent.transaction_id, e)

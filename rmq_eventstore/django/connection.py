@@ -77,6 +77,8 @@ class EventStore:
         self._producer: Producer | None = None
         self._tx_producer: TransactionProducer | None = None
         self._checked_at = 0.0
+        # shared mode: the broker process is looked for again at most once a second (`_follow_local_broker`)
+        self._follows = settings.kind == "file" and settings.mode == "shared"
 
     def __repr__(self) -> str:
         return f"<EventStore {self.alias!r} {self.settings.url}>"
@@ -153,6 +155,9 @@ class EventStore:
     def transaction_producer_with(self, checker: Any) -> TransactionProducer:
         """The member of ``PRODUCER_GROUP`` in this process (created on first use with `checker`, which
         answers the broker's check-back; any live process of the group can settle a transaction)."""
+        p = self._tx_producer  # the usual call (every transactional append, every END): made already, and
+        if p is not None and (not self._follows or time.monotonic() - self._checked_at < 1.0):  # no look due
+            return p
         with self._lock:
             self._refresh()
             if self._tx_producer is None:

@@ -76,13 +76,16 @@ class EventTransaction(models.Model):
         return f"{self.transaction_id} ({self.get_outcome_display()})"
 
     @classmethod
-    def insert(cls, using: str, transaction_id: str, store_alias: str, topic: str, outcome: str) -> None:
+    def insert(cls, using: str, transaction_id: str, store_alias: str, topic: str, outcome: str,
+               conn: Any = None) -> None:
         """Insert a marker row with one statement through the connection's cursor: the row
         `objects.using(using).create(...)` writes (created_at = now, adapted as the field would), at a third
         of its CPU (no model instance, no SQL compiler, no save signals: nobody listens on this table). It
         runs on every transactional append, inside the caller's transaction. Raises the database's errors
-        as the ORM does (`IntegrityError` for a marker that is there)."""
-        conn = connections[using]
+        as the ORM does (`IntegrityError` for a marker that is there). `conn`: ``connections[using]``, when
+        the caller has it."""
+        if conn is None:
+            conn = connections[using]
         sql = _INSERT_SQL.get(conn.vendor)
         if sql is None:
             qn = conn.ops.quote_name

@@ -45,8 +45,11 @@ class JSONCodec:
 
     content_type = "application/json"
 
+    # one encoder for every call: json.dumps(data, cls=..., ...) would build this same one per call
+    _encoder = DjangoJSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
     def encode(self, data: Any) -> bytes:
-        return json.dumps(data, cls=DjangoJSONEncoder, separators=(",", ":"), ensure_ascii=False).encode()
+        return self._encoder.encode(data).encode()
 
     def decode(self, body: bytes) -> Any:
         try:

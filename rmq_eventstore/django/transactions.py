@@ -26,10 +26,10 @@ its work), by the same watcher.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,16 +76,24 @@ def _message(model: type[EventModel], data: Any, keys: Any, tags: str | None, bo
 
 
 def _instance(model: type[EventModel], msg: Message, sent: Any, uniq: str, version: int | None,
-              stream: str | None, queue_offset: int, offset_msg_id: str) -> EventModel:
-    _, _, offset = codec.decode_message_id(offset_msg_id) if offset_msg_id else (None, None, -1)
+              stream: str | None, queue_offset: int, offset_msg_id: str, offset: int | None = None) -> EventModel:
+    if offset is None:
+        offset = _commit_log_offset(offset_msg_id)
     row = {
         "msg_id": uniq, "queue_id": sent.queue_id, "queue_offset": queue_offset, "commit_log_offset": offset,
         "born_at": None, "stored_at": None, "keys": " ".join(msg.keys_list()), "tags": msg.tags, "stream": stream,
         "version": version, "properties": dict(msg.properties or {}), "body": bytes(msg.body),
     }
     row["data"] = model._codec_cache().decode(row["body"])
-    names = [f.attname for f in model._meta.concrete_fields]
+    names = model.__dict__.get("_rmq_attnames")  # the model's own (a subclass has its own fields)
+    if names is None:
+        names = model._rmq_attnames = [f.attname for f in model._meta.concrete_fields]
     return model.from_row(None, names, row)
+
+
+def _commit_log_offset(offset_msg_id: str) -> int:
+    """The commit log offset an offset message id names (-1 for none)."""
+    return codec.decode_message_id(offset_msg_id)[2] if offset_msg_id else -1
 
 
 def append_events(model: type[EventModel], rows: list[tuple], stream: str | None, expected_version: int | None,
@@ -97,8 +105,9 @@ def append_events(model: type[EventModel], rows: list[tuple], stream: str | None
     store = stores[model.store_alias]
     db = using or store.options["DATABASE"]
     msgs = [_message(model, *r) for r in rows]
-    if connections[db].in_atomic_block:
-        return _append_in_transaction(model, store, db, msgs, stream, expected_version)
+    conn = connections[db]
+    if conn.in_atomic_block:
+        return _append_in_transaction(model, store, db, conn, msgs, stream, expected_version)
     producer = store.producer
 
     def send() -> Any:
@@ -119,17 +128,17 @@ def append_events(model: type[EventModel], rows: list[tuple], stream: str | None
     return out
 
 
-def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, msgs: list[Message],
+def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, conn: Any, msgs: list[Message],
                            stream: str | None, expected_version: int | None) -> list[EventModel]:
     producer = transaction_producer(store)
-    group = _transaction_group(db)
+    group = _transaction_group(db, conn)
     out = []
     for i, msg in enumerate(msgs):
         uniq = producer._ids.create()
         msg.uniq_key = uniq
         msg.properties = {**(msg.properties or {}), PROPERTY_DB_ALIAS: db, PROPERTY_STREAM_TX_GROUP: group}
         expected = None if expected_version is None else expected_version + i
-        marker = _MarkerInsert(db, uniq, store.alias, model.topic)
+        marker = _MarkerInsert(db, uniq, store.alias, model.topic, conn)
         if OVERLAP_MARKER_INSERT:
             # The marker row is inserted while the half message's request is on its way and the broker
             # stores it (same thread: the request is written, the insert runs, then the answer is read).
@@ -151,9 +160,10 @@ def _append_in_transaction(model: type[EventModel], store: EventStore, db: str, 
             raise marker.error
         if sent.status != "SEND_OK":
             raise DatabaseError(f"the half message of {model.__name__} was not stored ({sent.status})")
-        watcher.watch(store, db, sent)
+        offset = _commit_log_offset(sent.offset_msg_id)
+        watcher.watch(store, db, sent, conn, producer, offset)
         out.append(_instance(model, msg, sent, uniq, sent.stream_version, stream, sent.queue_offset,
-                             sent.offset_msg_id))
+                             sent.offset_msg_id, offset))
     return out
 
 
@@ -161,8 +171,8 @@ class _MarkerInsert:
     """The marker row's insert, run once (by the half message's send, while its answer is awaited); an
     error is kept, not raised, and raised by the append once the half message's fate is known."""
 
-    def __init__(self, db: str, txid: str, alias: str, topic: str) -> None:
-        self.db, self.txid, self.alias, self.topic = db, txid, alias, topic
+    def __init__(self, db: str, txid: str, alias: str, topic: str, conn: Any = None) -> None:
+        self.db, self.txid, self.alias, self.topic, self.conn = db, txid, alias, topic, conn
         self.done = False
         self.error: BaseException | None = None
 
@@ -171,7 +181,7 @@ class _MarkerInsert:
             return
         self.done = True
         try:
-            EventTransaction.insert(self.db, self.txid, self.alias, self.topic, EventTransaction.COMMIT)
+            EventTransaction.insert(self.db, self.txid, self.alias, self.topic, EventTransaction.COMMIT, self.conn)
         except BaseException as e:  # noqa: BLE001 - raised by the append, after the half message is settled
             self.error = e
 
@@ -197,12 +207,14 @@ def _retrying_own_ends(send: Callable[[], Any]) -> Any:
             time.sleep(0.005)
 
 
-def _transaction_group(db: str) -> str:
+def _transaction_group(db: str, conn: Any = None) -> str:
     """An id for the current database transaction on `db`: its half messages may follow each other on one
     stream (the broker chains their versions, as they end together). A transaction is recognised by a
     no-op ``on_commit`` callback registered with its first append: Django drops it when the transaction
-    ends (or when the savepoint it was registered in rolls back, which then starts a new group)."""
-    conn = connections[db]
+    ends (or when the savepoint it was registered in rolls back, which then starts a new group). `conn`:
+    ``connections[db]``, when the caller has it."""
+    if conn is None:
+        conn = connections[db]
     state = getattr(conn, "_rmq_eventstore_tx_group", None)
     if state is not None and any(cb is state[1] for _, cb, _ in conn.run_on_commit):
         return state[0]
@@ -210,8 +222,8 @@ def _transaction_group(db: str) -> str:
     def sentinel() -> None:
         pass
 
-    group = uuid.uuid4().hex
-    transaction.on_commit(sentinel, using=db)
+    group = os.urandom(16).hex()  # 32 hex digits, as uuid4().hex
+    conn.on_commit(sentinel)  # transaction.on_commit(sentinel, using=db)
     conn._rmq_eventstore_tx_group = (group, sentinel)
     return group
 
@@ -287,6 +299,8 @@ class _Pending:
     callback: Any
     created: float = field(default_factory=time.monotonic)
     done: bool = False
+    producer: Any = None  # the store's transaction producer (None: looked up at the end)
+    offset: int | None = None  # the half message's commit log offset (None: read from its offset message id)
 
 
 class _Watcher:
@@ -302,18 +316,26 @@ class _Watcher:
         self._cleaned = 0.0
         self._ended: dict[str, float] = {}  # txid -> when this process sent its END (for OWN_END_GRACE)
 
-    def watch(self, store: EventStore, db: str, sent: Any) -> None:
-        conn = connections[db]
+    def watch(self, store: EventStore, db: str, sent: Any, conn: Any = None, producer: Any = None,
+              offset: int | None = None) -> None:
+        """End `sent` (a half message sent inside the current transaction on `db`) with the transaction:
+        COMMIT from ``on_commit``, ROLLBACK once that callback was discarded. `conn` (``connections[db]``),
+        `producer` (the store's transaction producer) and `offset` (the half message's commit log offset):
+        what the caller has at hand already."""
+        if conn is None:
+            conn = connections[db]
         txid = sent.transaction_id
 
         def on_commit() -> None:
             self._end(txid, TransactionState.COMMIT)
 
-        p = _Pending(store, db, sent, weakref.ref(conn), on_commit)
-        transaction.on_commit(on_commit, using=db)  # before the sweep can see it pending
+        p = _Pending(store, db, sent, weakref.ref(conn), on_commit, producer=producer, offset=offset)
+        conn.on_commit(on_commit)  # (transaction.on_commit, using=db) before the sweep can see it pending
         with self._lock:
             self._pending[txid] = p
-        self._start()
+        t = self._thread
+        if t is None or not t.is_alive():
+            self._start()
 
     def _start(self) -> None:
         with self._lock:
@@ -322,17 +344,19 @@ class _Watcher:
                 self._thread.start()
 
     def _end(self, txid: str, state: TransactionState) -> None:
-        with self._lock:
-            p = self._pending.pop(txid, None)
-        if p is None or p.done:
-            return
-        p.done = True
         now = time.monotonic()
         with self._lock:
+            p = self._pending.pop(txid, None)
+            if p is None or p.done:
+                return
+            p.done = True
             self._ended[txid] = now
             if len(self._ended) > 10_000:
                 self._ended = {t: w for t, w in self._ended.items() if now - w < OWN_END_GRACE}
-        transaction_producer(p.store).end_transaction(p.sent, state)
+        producer = p.producer
+        if producer is None or producer is not p.store._tx_producer:  # none given, or replaced since
+            producer = transaction_producer(p.store)
+        producer.end_transaction(p.sent, state, offset=p.offset)
         if state is TransactionState.COMMIT:
             with self._lock:
                 self._committed[txid] = (p.store, p.db, p.sent.topic, time.monotonic())

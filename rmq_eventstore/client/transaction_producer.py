@@ -172,7 +172,8 @@ class TransactionProducer(Producer):
                 from_check: bool, error: BaseException | None = None, topic: str | None = None) -> None:
         header = {"topic": topic, "producerGroup": self.group, "tranStateTableOffset": queue_offset,
                   "commitLogOffset": commit_log_offset, "commitOrRollback": _END_TYPE[state],
-                  "fromTransactionCheck": from_check, "msgId": txid, "transactionId": txid}
+                  "fromTransactionCheck": "true" if from_check else "false", "msgId": txid, "transactionId": txid}
+        # (the flag as the text request() would make of it: every value a str or an int, the C builder's case)
         cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header, oneway=True)
         if error is not None:
             cmd.remark = f"executeLocalTransactionBranch exception: {type(error).__name__}: {error}"[:512]

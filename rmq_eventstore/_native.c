@@ -6154,26 +6154,38 @@ static int cs_props(rbuf *b, PyObject *m, PyObject *uniq) {
     return rbuf_put(b, "WAIT\x01true\x02", 10) ? 1 : -1;
 }
 
-/* client_send_frame(msg, uniq, group, queue_id, opaque, born_ms or None) -> frame bytes or None.
+/* client_send_frame(msg, uniq, group, queue_id, opaque, born_ms or None[, extra, sys_flag]) -> frame or None.
  * The SEND_MESSAGE_V2 request Producer.send writes for a Message `msg` without a properties_string (delay
  * level 0, no stream, no timer): RemotingCommand(310, {"a": group, "b": msg.topic, "c": "TBW102", "d": "4",
  * "e": str(queue_id), "f": str(msg.sys_flag), "g": str(born_ms), "h": str(msg.flag), "i": properties, "j":
  * str(msg.reconsume_times), "k": "false"}, msg.body, opaque).encode(), `uniq` the UNIQ_KEY (the caller's
  * msg.uniq_key or a new id); born_ms None: int(time.time() * 1000) now. None for anything else: another
  * type, a body that is not bytes, an int field that is not an exact int within 64 bits, a text that does
- * not encode, a frame over 2 GiB. */
+ * not encode, a frame over 2 GiB.
+ * `extra` (a str, or None) is appended to the properties as they are (after WAIT), and `sys_flag` (an int, or
+ * None) is sent instead of msg.sys_flag: a TransactionProducer.prepare's half message, whose properties end
+ * with set_property's TRAN_MSG and PGROUP (the caller checks that msg.properties has neither) and whose flag
+ * says prepared. */
 static PyObject *client_send_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "client_send_frame takes 6 arguments");
+    if (nargs != 6 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "client_send_frame takes 6 or 8 arguments");
         return NULL;
     }
     PyObject *m = args[0], *uniq = args[1], *group = args[2], *q = args[3], *opaque = args[4], *born = args[5];
+    PyObject *extra = nargs == 8 ? args[6] : Py_None, *flag_for = nargs == 8 ? args[7] : Py_None;
     if (message_type == NULL || Py_TYPE(m) != message_type) Py_RETURN_NONE;
     PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING),
              *flag = field(m, F_FLAG), *sys_flag = field(m, F_SYS_FLAG), *reconsume = field(m, F_RECONSUME_TIMES);
     if (topic == NULL || body == NULL || ps != Py_None || flag == NULL || sys_flag == NULL || reconsume == NULL
-        || !PyBytes_CheckExact(body) || !PyLong_CheckExact(opaque))
+        || !PyBytes_CheckExact(body) || !PyLong_CheckExact(opaque) || (extra != Py_None && !PyUnicode_CheckExact(extra)))
         Py_RETURN_NONE;
+    if (flag_for != Py_None) sys_flag = flag_for;  /* checked as msg.sys_flag is: an exact int within 64 bits */
+    const char *extra_p = NULL;
+    Py_ssize_t extra_n = 0;
+    if (extra != Py_None) {
+        extra_p = PyUnicode_AsUTF8AndSize(extra, &extra_n);
+        if (extra_p == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
     long long born_ms;
     if (born == Py_None) born_ms = cs_now_ms();
     else {
@@ -6188,6 +6200,7 @@ static PyObject *client_send_frame(PyObject *self, PyObject *const *args, Py_ssi
     PyObject *res = NULL;
     int r = cs_props(&pb, m, uniq);
     if (r <= 0) goto done;
+    if (extra_n && !rbuf_put(&pb, extra_p, extra_n)) { r = 0; goto done; }
 #define CPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
     r = CPUT("{\"code\":310,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, opaque)
         && CPUT(",\"flag\":0,\"extFields\":{\"a\":") && rbuf_jstr(&b, group)
@@ -7488,7 +7501,7 @@ static PyMethodDef methods[] = {
      "send_lane for a read that is one SEND_MESSAGE_V2 frame, from its bytes: None, the frame, or (cmd, result, qid)."},
     /* THE CLIENT SEND (branch client-send): the block above the table */
     {"client_send_frame", (PyCFunction)(void (*)(void))client_send_frame, METH_FASTCALL,
-     "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms): Producer.send's SEND_MESSAGE_V2 frame, or None."},
+     "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms[, extra, sys_flag]): Producer.send's (or a half message's) SEND_MESSAGE_V2 frame, or None."},
     {"client_send_take", (PyCFunction)(void (*)(void))client_send_take, METH_FASTCALL,
      "client_send_take(buf, n, opaque): (msgId, queue id or None, queue offset) of a lone SUCCESS response, or None."},
     {"client_take_response", (PyCFunction)(void (*)(void))client_take_response, METH_FASTCALL,

@@ -17,9 +17,18 @@ from hypothesis import strategies as st
 
 from rmq_eventstore.broker import serve_in_thread
 from rmq_eventstore.broker.server import RunningBroker
-from rmq_eventstore.client import Message, MQBrokerError, Producer, PullConsumer
+from rmq_eventstore.client import (
+    Message,
+    MQBrokerError,
+    Producer,
+    PullConsumer,
+    TransactionProducer,
+    TransactionState,
+)
 from rmq_eventstore.client import producer as producer_mod
+from rmq_eventstore.client import transaction_producer as tx_mod
 from rmq_eventstore.client.remoting_client import RemotingClient, RemotingError, RemotingTimeoutError
+from rmq_eventstore.common import codec
 from rmq_eventstore.remoting import (
     FrameDecoder,
     FrameError,
@@ -462,3 +471,158 @@ def test_a_lone_callers_response_is_the_decoders(cmd: RemotingCommand, other: bo
         assert got is None
     else:
         assert got is not None and _fields(got) == _fields(frames[0])
+
+
+# -- a transaction producer's half message (TransactionProducer.prepare's usual case) --------------------------
+def reference_half_frame(msg: Message, uniq: str, group: str, q: int, opaque: int, born: int) -> bytes:
+    """The frame `prepare`'s general path sends: `_half_properties` (send's, then TRAN_MSG and PGROUP set),
+    the prepared flag, `_send`'s header, encoded by the Python codec."""
+    p = TransactionProducer.__new__(TransactionProducer)
+    p.group = group
+    p._base = _Capture()  # type: ignore[assignment]
+    p.retry_times_when_send_failed = 0
+    props, u = p._half_properties(msg, msg.uniq_key or uniq)
+    sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
+    p._send(msg.topic, None, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
+            msg.reconsume_times, u, False, None, picked=("127.0.0.1:1", q))
+    (cmd,) = p._base.sent  # type: ignore[attr-defined]
+    cmd.opaque = opaque
+    cmd.ext_fields["g"] = str(born)
+    return cmd.encode_py()
+
+
+def _half_extra(group: str) -> str:
+    return f"TRAN_MSG\x01true\x02PGROUP\x01{group}\x02"
+
+
+@settings(max_examples=300, deadline=None)
+@given(msg=messages, uniq=st.sampled_from(["0A0B0C0D", "é"]), group=texts, q=st.integers(0, 1 << 40),
+       opaque=st.integers(0, 0x7FFFFFFF), born=st.integers(0, 1 << 45))
+def test_the_half_frame_is_the_general_paths_frame(msg: Message, uniq: str, group: str, q: int, opaque: int,
+                                                   born: int) -> None:
+    if msg.properties and ("TRAN_MSG" in msg.properties or "PGROUP" in msg.properties):
+        return  # prepare does not ask C for these (set_property would move them to the end)
+    try:
+        sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
+        want = reference_half_frame(msg, uniq, group, q, opaque, born)
+    except (TypeError, UnicodeEncodeError):  # the general path refuses it: C must have declined
+        assert native.client_send_frame(msg, msg.uniq_key or uniq, group, q, opaque, born, _half_extra(group),
+                                        0) is None
+        return
+    got = native.client_send_frame(msg, msg.uniq_key or uniq, group, q, opaque, born, _half_extra(group), sys_flag)
+    assert got is None or got == want
+
+
+def test_the_half_frame_covers_the_usual_half_messages() -> None:
+    cases = [Message("T", b"x"), Message("T", b"{}", tags="Placed", keys="n-1",
+                                         properties={"DJANGO_DB": "default", "STREAM_TX_GROUP": "ab" * 16}),
+             Message("T", b"b", properties={"WAIT": "false"}, uniq_key="U1", sys_flag=8)]
+    for m in cases:
+        uniq = m.uniq_key or "0A0B"
+        flag = (m.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
+        got = native.client_send_frame(m, uniq, "grp", 2, 99, 1700000000123, _half_extra("grp"), flag)
+        assert got == reference_half_frame(m, uniq, "grp", 2, 99, 1700000000123), m
+    assert native.client_send_frame(Message("T", b"x"), "U", "g", 0, 1, 1, b"TRAN_MSG", 4) is None  # not a str
+    assert native.client_send_frame(Message("T", b"x"), "U", "g", 0, 1, 1, "\ud800", 4) is None
+    assert native.client_send_frame(Message("T", b"x"), "U", "g", 0, 1, 1, None, 1.5) is None
+    with pytest.raises(TypeError):
+        native.client_send_frame(Message("T", b"x"), "U", "g", 0, 1, 1, None)
+
+
+@pytest.fixture
+def tx_fast_path(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The half message's C frame on, each frame it makes recorded."""
+    made: list[bytes] = []
+
+    def frame(*args: object) -> bytes | None:
+        got = native.client_send_frame(*args)
+        if got is not None:
+            made.append(got)
+        return got
+
+    monkeypatch.setattr(tx_mod, "_send_frame", frame)
+    monkeypatch.setattr(tx_mod, "_send_take", native.client_send_take)
+    return made
+
+
+def _halves(broker: RunningBroker) -> dict[str, dict[str, str]]:
+    """UNIQ_KEY -> the stored properties of every half message."""
+    out: dict[str, dict[str, str]] = {}
+    with PullConsumer(broker.namesrv_address, "cg-half") as c:
+        r = c.pull("RMQ_SYS_TRANS_HALF_TOPIC", 0, 0, max_nums=64, suspend_timeout_ms=0)
+        for m in r.messages:
+            out[m.properties["UNIQ_KEY"]] = m.properties
+    return out
+
+
+def test_half_messages_take_the_c_frame_and_store_what_the_general_path_stores(
+        broker: RunningBroker, monkeypatch: pytest.MonkeyPatch, tx_fast_path: list[bytes]) -> None:
+    msgs = [Message("Half", f"b{i}".encode(), tags="t", keys=[f"k{i}"], properties={"p": f"v{i}"}) for i in range(6)]
+    order: list[str] = []
+
+    def results(p: TransactionProducer, topic: str) -> list:
+        p.prepare(Message(topic, b"warm"))  # the route is fetched by the general path
+        out = []
+        for m in msgs:
+            order.clear()
+            sent = p.prepare(Message(topic, m.body, tags=m.tags, keys=m.keys, properties=m.properties),
+                             while_waiting=lambda: order.append("insert"))
+            order.append("answer")
+            out.append(sent)
+            p.end_transaction(sent, TransactionState.COMMIT)
+            assert order == ["insert", "answer"]  # ran once, before prepare returned
+        return out
+
+    checker = lambda half: TransactionState.UNKNOWN  # noqa: E731
+    with TransactionProducer(broker.namesrv_address, "txg", checker) as p:
+        fast = results(p, "Half")
+    assert len(tx_fast_path) == 6
+    monkeypatch.setattr(tx_mod, "_send_frame", None)
+    with TransactionProducer(broker.namesrv_address, "txg", checker) as p:
+        slow = results(p, "Slow")
+    assert len(tx_fast_path) == 6
+    assert [(r.status, r.queue_id, r.topic) for r in fast] == [(r.status, r.queue_id, "Half") for r in slow]
+    assert all(r.transaction_id == r.msg_id and len(r.offset_msg_id) == 32 for r in fast)
+    halves = _halves(broker)
+    strip = {"UNIQ_KEY", "CLUSTER", "MSG_REGION", "TRACE_ON", "__CRC32#", "REAL_TOPIC"}
+
+    def shape(topic: str) -> list:
+        return sorted(sorted((k, v) for k, v in props.items() if k not in strip)
+                      for props in halves.values() if props["REAL_TOPIC"] == topic and props.get("p"))
+
+    assert shape("Half") == shape("Slow") and len(shape("Half")) == 6
+    assert all(props["TRAN_MSG"] == "true" and props["PGROUP"] == "txg" for props in halves.values())
+    with PullConsumer(broker.namesrv_address, "cg-after") as c:  # committed (one-way ENDs): visible on the topic
+        deadline = time.monotonic() + 10
+        while (sum(len(c.pull("Half", q, 0, max_nums=64, suspend_timeout_ms=0).messages) for q in range(4)) < 6
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert sum(len(c.pull("Half", q, 0, max_nums=64, suspend_timeout_ms=0).messages) for q in range(4)) == 6
+
+
+def test_a_half_message_the_c_frame_does_not_cover_goes_the_general_way(
+        broker: RunningBroker, tx_fast_path: list[bytes]) -> None:
+    checker = lambda half: TransactionState.UNKNOWN  # noqa: E731
+    with TransactionProducer(broker.namesrv_address, "txg", checker) as p:
+        p.prepare(Message("Odd", b"warm"))
+        made = len(tx_fast_path)
+        odd = [p.prepare(Message("Odd", b"x", properties={"PGROUP": "other"})),  # set_property moves it
+               p.prepare(Message("Odd", b"x", tags=7)),  # type: ignore[arg-type]  # the C frame declines
+               p.prepare(Message("Odd", b"x"), stream="s-1")]  # a stream's header
+        assert len(tx_fast_path) == made
+        assert all(r.status == "SEND_OK" for r in odd)
+    halves = _halves(broker)
+    assert halves[odd[0].transaction_id]["PGROUP"] == "txg" and halves[odd[1].transaction_id]["TAGS"] == "7"
+
+
+def test_a_half_message_on_a_lost_connection_is_retried_and_runs_while_waiting_once(
+        broker: RunningBroker, tx_fast_path: list[bytes]) -> None:
+    checker = lambda half: TransactionState.UNKNOWN  # noqa: E731
+    with TransactionProducer(broker.namesrv_address, "txg", checker) as p:
+        first = p.prepare(Message("Lost", b"warm"))
+        conn = p._base.remoting._conns[first.broker_address]
+        conn.sock.shutdown(2)  # the next write or read on it fails
+        ran: list[int] = []
+        again = p.prepare(Message("Lost", b"x"), while_waiting=lambda: ran.append(1))
+        assert again.status == "SEND_OK" and ran == [1]
+        assert p._base.remoting._conns[first.broker_address] is not conn

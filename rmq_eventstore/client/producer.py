@@ -238,6 +238,19 @@ class Producer:
         return self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, body, props, msg.flag, msg.sys_flag,
                           msg.reconsume_times, uniq, False, timeout_ms, stream, expected_version)
 
+    def _cached_queues(self, topic: str) -> list[tuple[str, int]] | None:
+        """The writeable queues of `topic` when a request built in C may go straight to the connection (what
+        `send` checks inline for its plain case): a base that routes and invokes as ClientBase does, its route
+        of `topic` cached and fresh, requests not signed. None: not, the general path's `_pick` and invoke."""
+        base = self._base
+        fast = _FAST_BASES.get(base.__class__)
+        if fast or (fast is None and _fast_base(base.__class__)):
+            route = base._routes.get(topic)
+            if (route is not None and route.queues and _monotonic() - route.fetched < ROUTE_TTL_SECONDS
+                    and base.remoting._sign is None):
+                return route.queues
+        return None
+
     def _send_plain(self, msg: Message, topic: str, queues: list[tuple[str, int]], timeout_ms: int | None,
                     queue_id: int | None = None, picked: tuple[str, int] | None = None) -> SendResult:
         """`send`'s plain case (see there), the first attempt: the same UNIQ_KEY, pick (round-robin, or

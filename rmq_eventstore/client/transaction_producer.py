@@ -30,8 +30,17 @@ from ..common.properties import (
 from ..common.topic import validate_topic
 from ..remoting import RemotingCommand, RequestCode
 from .base import ClientBase, decode_records
-from .producer import Producer, SendResult, _ProducerBase
-from .remoting_client import RemotingError
+from .producer import (
+    _OK_CODES,
+    _SEND_V2,
+    OPAQUES,
+    Producer,
+    SendResult,
+    _ProducerBase,
+    _send_frame,
+    _send_take,
+)
+from .remoting_client import MQBrokerError, RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +88,7 @@ class TransactionProducer(Producer):
         if not callable(checker):
             raise TypeError("checker must be a callable taking the half message and returning a TransactionState")
         self.checker = checker
+        self._half_extra: str | None = None  # the half message's TRAN_MSG and PGROUP properties, as text
         self._check_pool = concurrent.futures.ThreadPoolExecutor(check_threads, f"tx-check-{group}")
         super().__init__(namesrv_addr, group, **kwargs)  # type: ignore[arg-type]
 
@@ -131,18 +141,76 @@ class TransactionProducer(Producer):
         after the request is written and before its answer is read: the caller's own I/O (e.g. recording
         the transaction in its database) overlaps the round trip. It does not run when no request could be
         written."""
-        validate_topic(msg.topic)
+        topic = msg.topic
+        validate_topic(topic)
         uniq = msg.uniq_key or self._ids.create()
-        props, uniq = self._properties(msg, uniq, 0)
-        props = set_property(props, PROPERTY_TRANSACTION_PREPARED, "true")
-        props = set_property(props, PROPERTY_PRODUCER_GROUP, self.group)
-        q = msg.queue_id or None
         sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
-        sent = self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
-                          msg.reconsume_times, uniq, False, None, stream, expected_version, while_waiting)
+        sent = None
+        given = msg.properties
+        if (stream is None and _send_frame is not None and msg.__class__ is Message and msg.properties_string is None
+                and not msg.queue_id and msg.body.__class__ is bytes
+                and (not given or (PROPERTY_TRANSACTION_PREPARED not in given and PROPERTY_PRODUCER_GROUP not in given))):
+            queues = self._cached_queues(topic)
+            if queues is not None:  # the usual half message: its frame in C, as `send`'s plain case
+                sent = self._prepare_plain(msg, uniq, sys_flag, queues, while_waiting)
+        if sent is None:
+            props, uniq = self._half_properties(msg, uniq)
+            sent = self._send(topic, msg.queue_id or None, _SEND_V2, bytes(msg.body), props, msg.flag, sys_flag,
+                              msg.reconsume_times, uniq, False, None, stream, expected_version, while_waiting)
         return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
                                      sent.queue_offset, sent.topic, sent.broker_address, sent.stream_version,
                                      uniq, TransactionState.UNKNOWN)
+
+    def _half_properties(self, msg: Message, uniq: str) -> tuple[str, str]:
+        """The properties string of `msg` as a half message (`send`'s, then TRAN_MSG and PGROUP set) and its
+        UNIQ_KEY: the definition of the bytes `_prepare_plain`'s C frame carries."""
+        props, uniq = self._properties(msg, uniq, 0)
+        props = set_property(props, PROPERTY_TRANSACTION_PREPARED, "true")
+        return set_property(props, PROPERTY_PRODUCER_GROUP, self.group), uniq
+
+    def _prepare_plain(self, msg: Message, uniq: str, sys_flag: int, queues: list[tuple[str, int]],
+                       while_waiting: Callable[[], None] | None) -> SendResult | None:
+        """`prepare`'s usual case (a Message with neither a properties string nor TRAN_MSG / PGROUP among its
+        properties, no stream, the route cached): the request frame made in one C call (`client_send_frame`
+        with the half message's two properties and flag), written straight to the connection; the same pick,
+        bytes, `while_waiting` and result as `_send`. None (nothing sent) when the C frame declines the message;
+        a failed first attempt goes on in `_send`, as `send`'s plain case does."""
+        addr, q = queues[next(self._rr) % len(queues)]  # `_pick`'s round robin, nothing to avoid
+        opaque = next(OPAQUES) & 0x7FFFFFFF
+        extra = self._half_extra
+        if extra is None:
+            extra = self._half_extra = f"{PROPERTY_TRANSACTION_PREPARED}\x01true\x02{PROPERTY_PRODUCER_GROUP}\x01{self.group}\x02"
+        frame = _send_frame(msg, uniq, self.group, q, opaque, None, extra, sys_flag)  # type: ignore[misc]
+        if frame is None:
+            return None
+        work = [while_waiting] if while_waiting is not None else []
+
+        def run_once() -> None:
+            if work:
+                work.pop()()
+
+        base = self._base
+        topic = msg.topic
+        try:
+            remoting = base.remoting
+            conn = remoting._conns.get(addr)
+            if conn is None or conn.closed:
+                conn = remoting.connection(addr)
+            if while_waiting is None:
+                r = conn.invoke_frame(frame, opaque, _SEND_V2, base.timeout, _send_take)
+            else:
+                r = conn.invoke_frame_waiting(frame, opaque, _SEND_V2, base.timeout, run_once)
+        except RemotingError as e:
+            if self.retry_times_when_send_failed > 0:
+                base.route(topic, refresh=True)
+            props, uniq = self._half_properties(msg, uniq)
+            return self._send(topic, None, _SEND_V2, msg.body, props, msg.flag, sys_flag, msg.reconsume_times, uniq,
+                              False, None, None, None, run_once if work else None, failed=(addr, e))
+        if r.__class__ is tuple:  # a SUCCESS response read in C: (msgId, queue id or None, queue offset)
+            return SendResult("SEND_OK", uniq, r[0], q if r[1] is None else r[1], r[2], topic, addr, None)
+        if r.code not in _OK_CODES:
+            raise MQBrokerError(r.code, r.remark, addr)
+        return self._result(r, q, uniq, topic, addr, None, None)
 
     def end_transaction(self, sent: TransactionSendResult, state: TransactionState,
                         error: BaseException | None = None, *, offset: int | None = None) -> None:

@@ -226,15 +226,20 @@ def broker(tmp_path: Path) -> Iterator[RunningBroker]:
     rb.close()
 
 
-def _read_all(broker: RunningBroker, topic: str) -> dict[str, dict[str, str]]:
-    """UNIQ_KEY -> the stored properties of every message of `topic`."""
-    out: dict[str, dict[str, str]] = {}
-    with PullConsumer(broker.namesrv_address, "cg-native") as c:
-        for q in range(4):
-            r = c.pull(topic, q, 0, max_nums=64, suspend_timeout_ms=0)
-            for m in r.messages:
-                out[m.properties["UNIQ_KEY"]] = m.properties
-    return out
+def _read_all(broker: RunningBroker, topic: str, expect: int = 0) -> dict[str, dict[str, str]]:
+    """UNIQ_KEY -> the stored properties of every message of `topic`, once `expect` of them are readable (a
+    stored record is readable once dispatched, which may lag the SEND's answer: up to 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        out: dict[str, dict[str, str]] = {}
+        with PullConsumer(broker.namesrv_address, "cg-native") as c:
+            for q in range(4):
+                r = c.pull(topic, q, 0, max_nums=64, suspend_timeout_ms=0)
+                for m in r.messages:
+                    out[m.properties["UNIQ_KEY"]] = m.properties
+        if len(out) >= expect or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -274,7 +279,7 @@ def test_plain_sends_take_the_fast_path_and_store_what_the_general_path_stores(
     assert [(r.status, r.queue_id, r.topic) for r in fast] == [(r.status, r.queue_id, "Fast") for r in slow]
     assert [r.queue_offset for r in fast] == [r.queue_offset for r in slow]
     assert all(len(r.offset_msg_id) == 32 and r.broker_address for r in fast)
-    stored_fast, stored_slow = _read_all(broker, "Fast"), _read_all(broker, "Slow")
+    stored_fast, stored_slow = _read_all(broker, "Fast", 13), _read_all(broker, "Slow", 13)
     for r in fast:
         props = stored_fast[r.msg_id]
         assert props["TAGS"] == "t" and props["p"].startswith("v") and props["WAIT"] == "true"
@@ -293,7 +298,7 @@ def test_a_message_the_frame_declines_is_sent_the_general_way_on_the_picked_queu
     n = 4  # the default queue count of an auto-created topic
     assert odd.queue_id == (first.queue_id + 1) % n and after.queue_id == (first.queue_id + 2) % n
     assert len(taken) == 1 and taken[0] is not None
-    assert _read_all(broker, "Odd")[odd.msg_id]["TAGS"] == "123"
+    assert _read_all(broker, "Odd", 3)[odd.msg_id]["TAGS"] == "123"
 
 
 def test_an_error_response_raises_as_before(broker: RunningBroker, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -545,14 +550,19 @@ def tx_fast_path(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return made
 
 
-def _halves(broker: RunningBroker) -> dict[str, dict[str, str]]:
-    """UNIQ_KEY -> the stored properties of every half message."""
-    out: dict[str, dict[str, str]] = {}
-    with PullConsumer(broker.namesrv_address, "cg-half") as c:
-        r = c.pull("RMQ_SYS_TRANS_HALF_TOPIC", 0, 0, max_nums=64, suspend_timeout_ms=0)
-        for m in r.messages:
-            out[m.properties["UNIQ_KEY"]] = m.properties
-    return out
+def _halves(broker: RunningBroker, expect: int) -> dict[str, dict[str, str]]:
+    """UNIQ_KEY -> the stored properties of every half message, once `expect` of them are readable (up to 10 s:
+    see `_read_all`)."""
+    deadline = time.monotonic() + 10
+    while True:
+        out: dict[str, dict[str, str]] = {}
+        with PullConsumer(broker.namesrv_address, "cg-half") as c:
+            r = c.pull("RMQ_SYS_TRANS_HALF_TOPIC", 0, 0, max_nums=64, suspend_timeout_ms=0)
+            for m in r.messages:
+                out[m.properties["UNIQ_KEY"]] = m.properties
+        if len(out) >= expect or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
 
 
 def test_half_messages_take_the_c_frame_and_store_what_the_general_path_stores(
@@ -583,7 +593,7 @@ def test_half_messages_take_the_c_frame_and_store_what_the_general_path_stores(
     assert len(tx_fast_path) == 6
     assert [(r.status, r.queue_id, r.topic) for r in fast] == [(r.status, r.queue_id, "Half") for r in slow]
     assert all(r.transaction_id == r.msg_id and len(r.offset_msg_id) == 32 for r in fast)
-    halves = _halves(broker)
+    halves = _halves(broker, 14)
     strip = {"UNIQ_KEY", "CLUSTER", "MSG_REGION", "TRACE_ON", "__CRC32#", "REAL_TOPIC"}
 
     def shape(topic: str) -> list:
@@ -611,7 +621,7 @@ def test_a_half_message_the_c_frame_does_not_cover_goes_the_general_way(
                p.prepare(Message("Odd", b"x"), stream="s-1")]  # a stream's header
         assert len(tx_fast_path) == made
         assert all(r.status == "SEND_OK" for r in odd)
-    halves = _halves(broker)
+    halves = _halves(broker, 4)
     assert halves[odd[0].transaction_id]["PGROUP"] == "txg" and halves[odd[1].transaction_id]["TAGS"] == "7"
 
 

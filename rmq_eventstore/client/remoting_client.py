@@ -358,32 +358,11 @@ class ClientConnection:
 
         A caller that finds nobody reading takes the read role as it registers its request (one lock round
         instead of two): the lone caller's path (`invoke_frame`)."""
-        if while_waiting is None:
-            return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout, _take_response)
-        return self.invoke_frame_waiting(cmd.encode(), cmd.opaque, cmd.code, timeout, while_waiting)
-
-    def invoke_frame_waiting(self, frame: bytes, opaque: int, code: int, timeout: float,
-                             while_waiting: Callable[[], None]) -> RemotingCommand:
-        """`invoke` with `while_waiting`, of a request encoded already (`frame`, its `opaque` and request
-        `code`): a half message's send, whose frame the transaction producer builds in one C call."""
-        slot = _Pending()
-        slot.ready = False  # running while_waiting: not handed the read role meanwhile
-        with self._lock:
-            if self.closed:
-                raise self._error or RemotingError(f"connection to {self.address} is closed")
-            self._pending[opaque] = slot
-        deadline = time.monotonic() + timeout
-        try:
-            self._send(frame)
-        except RemotingError:
-            with self._lock:
-                self._pending.pop(opaque, None)
-            raise
-        while_waiting()
-        return self._finish(opaque, code, slot, deadline, timeout)
+        return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout, _take_response, while_waiting)
 
     def invoke_frame(self, frame: bytes, opaque: int, code: int, timeout: float,
-                     take: Callable[[bytearray, int, int], Any] | None = None) -> Any:
+                     take: Callable[[bytearray, int, int], Any] | None = None,
+                     while_waiting: Callable[[], None] | None = None) -> Any:
         """`invoke` of a request encoded already (`frame`, its `opaque` and request `code`), for a caller that
         waits (no `while_waiting`): `invoke` and `RemotingClient.invoke` come here, and the producer's single
         send, which builds its frame in one C call (`Producer.send`).
@@ -395,7 +374,11 @@ class ClientConnection:
         released in one lock round, as `_dispatch` and `_release_read_role` would. Without `take` that read
         is dispatched, and when it held the response the role is released at once. Anything else (other
         frames in the read, a partial one, a shape `take` declines, an error, another caller reading) goes
-        on exactly as `invoke` always did, and the answer is the response RemotingCommand."""
+        on exactly as `invoke` always did, and the answer is the response RemotingCommand.
+
+        With `while_waiting` (see `invoke`) the caller registers without the read role (nor is it handed the
+        role while `while_waiting` runs); afterwards it takes the role if nobody holds it and its response
+        has not been read meanwhile, and goes on as a lone caller."""
         slot = _Pending()
         lock = self._lock
         lock.acquire()  # (acquire/release rather than `with`: no bound __enter__/__exit__ made per request)
@@ -403,9 +386,13 @@ class ClientConnection:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
             self._pending[opaque] = slot
-            lead = not self._reader_busy
-            if lead:
-                self._reader_busy = True
+            if while_waiting is None:
+                lead = not self._reader_busy
+                if lead:
+                    self._reader_busy = True
+            else:
+                lead = False
+                slot.ready = False  # running while_waiting: not handed the read role meanwhile
         finally:
             lock.release()
         deadline = _monotonic() + timeout
@@ -423,6 +410,16 @@ class ClientConnection:
             if lead:
                 self._release_read_role()
             raise RemotingError(f"send to {self.address} failed: {e}") from e
+        if while_waiting is not None:
+            while_waiting()
+            lock.acquire()
+            try:
+                slot.ready = True
+                lead = not slot.done and not self._reader_busy
+                if lead:
+                    self._reader_busy = True
+            finally:
+                lock.release()
         first: int | OSError | RemotingError | None = None
         if lead:
             remaining = deadline - _monotonic()

@@ -196,10 +196,7 @@ class TransactionProducer(Producer):
             conn = remoting._conns.get(addr)
             if conn is None or conn.closed:
                 conn = remoting.connection(addr)
-            if while_waiting is None:
-                r = conn.invoke_frame(frame, opaque, _SEND_V2, base.timeout, _send_take)
-            else:
-                r = conn.invoke_frame_waiting(frame, opaque, _SEND_V2, base.timeout, run_once)
+            r = conn.invoke_frame(frame, opaque, _SEND_V2, base.timeout, _send_take, run_once if work else None)
         except RemotingError as e:
             if self.retry_times_when_send_failed > 0:
                 base.route(topic, refresh=True)

@@ -38,6 +38,7 @@
  *                       (its frame) in one call (block above the table)
  *   (half lane)         the same lane serves the usual half message of a transaction (TRAN_MSG=true) as
  *                       SendMessageProcessor.process stores and answers it (THE HALF LANE, above the table)
+ *   client_half_frame   TransactionProducer.prepare's half message request frame (THE HALF LANE)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -7456,6 +7457,7 @@ out:
 /*  hl_props, the half topic and sysFlag), sl_result and its two callers (the txid of a put answered    */
 /*  in Python: SendMessageProcessor.lane_answer's).                                                    */
 /*  Reference: SendMessageProcessor.process (tests/test_half_lane.py compares them).                   */
+/*  client_half_frame: the client's side, TransactionProducer.prepare's request frame in one C call.   */
 /* ============================================================================================== */
 
 /* a transaction id the frame writes verbatim: printable ASCII, no '"' or '\\' (what the JSON encoder leaves as
@@ -7553,6 +7555,66 @@ static PyObject *hl_props(PyObject *decorated, PyObject *topic, long long queue_
     *w = 2;
     return s;
 }
+/* client_half_frame(msg, uniq, group, queue_id, opaque, born_ms or None) -> frame bytes or None: the half message
+ * TransactionProducer.prepare writes for a Message without a properties_string (no stream): client_send_frame's
+ * SEND_MESSAGE_V2 request with sysFlag (msg.sys_flag & ~0xC) | PREPARED (4) and the properties
+ * set_property(set_property(props, "TRAN_MSG", "true"), "PGROUP", group), appended (props ends with \x02) when
+ * no property of props is named TRAN_MSG or PGROUP (else None: set_property's cut is the Python path's). None
+ * for whatever client_send_frame declines. Reference: the general path of TransactionProducer.prepare
+ * (tests/test_half_lane_client.py compares the bytes). */
+static PyObject *client_half_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "client_half_frame takes 6 arguments");
+        return NULL;
+    }
+    PyObject *m = args[0], *uniq = args[1], *group = args[2], *q = args[3], *opaque = args[4], *born = args[5];
+    if (message_type == NULL || Py_TYPE(m) != message_type || !PyUnicode_CheckExact(group)) Py_RETURN_NONE;
+    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING),
+             *flag = field(m, F_FLAG), *sys_flag = field(m, F_SYS_FLAG), *reconsume = field(m, F_RECONSUME_TIMES);
+    if (topic == NULL || body == NULL || ps != Py_None || flag == NULL || sys_flag == NULL || reconsume == NULL
+        || !PyBytes_CheckExact(body) || !PyLong_CheckExact(opaque) || !PyLong_CheckExact(sys_flag))
+        Py_RETURN_NONE;
+    int overflow;
+    long long sf = PyLong_AsLongLongAndOverflow(sys_flag, &overflow);
+    if (overflow || (sf == -1 && PyErr_Occurred())) { PyErr_Clear(); Py_RETURN_NONE; }
+    sf = (sf & ~0xCLL) | 0x4LL;
+    long long born_ms;
+    if (born == Py_None) born_ms = cs_now_ms();
+    else {
+        if (!PyLong_CheckExact(born)) Py_RETURN_NONE;
+        born_ms = PyLong_AsLongLongAndOverflow(born, &overflow);
+        if (overflow || (born_ms == -1 && PyErr_Occurred())) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
+    rbuf pb, b;
+    pb.p = pb.small; pb.len = 0; pb.cap = sizeof pb.small;
+    b.p = b.small; b.len = 8; b.cap = sizeof b.small;  /* the two length words first */
+    PyObject *res = NULL;
+    int r = cs_props(&pb, m, uniq);
+    if (r <= 0) goto done;
+    for (Py_ssize_t i = 0; i < pb.len; i++) {  /* a property named TRAN_MSG or PGROUP already: the Python path's */
+        if (i > 0 && pb.p[i - 1] != 2) continue;
+        if ((pb.len - i >= 9 && memcmp(pb.p + i, "TRAN_MSG\x01", 9) == 0) ||
+            (pb.len - i >= 7 && memcmp(pb.p + i, "PGROUP\x01", 7) == 0))
+            goto done;
+    }
+    if (pb.len == 0 || pb.p[pb.len - 1] != 2) goto done;  /* (cs_props ends every property with \x02) */
+    if (!rbuf_put(&pb, "TRAN_MSG\x01true\x02", 14)) goto done;
+    if (!cs_prop(&pb, "PGROUP", 6, group)) goto done;
+#define CPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
+    r = CPUT("{\"code\":310,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, opaque)
+        && CPUT(",\"flag\":0,\"extFields\":{\"a\":") && rbuf_jstr(&b, group)
+        && CPUT(",\"b\":") && rbuf_jstr(&b, topic) && CPUT(",\"c\":\"TBW102\",\"d\":\"4\",\"e\":") && cs_put_qint(&b, q)
+        && CPUT(",\"f\":\"") && cs_put_ll(&b, sf) && CPUT("\",\"g\":\"") && cs_put_ll(&b, born_ms)
+        && CPUT("\",\"h\":") && cs_put_qint(&b, flag) && CPUT(",\"i\":") && cs_jraw(&b, pb.p, pb.len)
+        && CPUT(",\"j\":") && cs_put_qint(&b, reconsume) && CPUT(",\"k\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
+#undef CPUT
+    if (!r) goto done;
+    res = rbuf_frame(&b, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+done:
+    rbuf_free(&pb);
+    rbuf_free(&b);
+    return res != NULL ? res : rbuf_declined();
+}
 /* ============================ end of THE HALF LANE ================================================== */
 
 static PyMethodDef methods[] = {
@@ -7637,6 +7699,9 @@ static PyMethodDef methods[] = {
      "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (cmd, result, queue_id)."},
     {"send_frame", (PyCFunction)(void (*)(void))send_frame, METH_FASTCALL,
      "send_lane for a read that is one SEND_MESSAGE_V2 frame, from its bytes: None, the frame, or (cmd, result, qid)."},
+    /* THE HALF LANE (branch half-lane): the block above the table */
+    {"client_half_frame", (PyCFunction)(void (*)(void))client_half_frame, METH_FASTCALL,
+     "The half message frame TransactionProducer.prepare writes (THE HALF LANE; None: the general path's)."},
     /* THE CLIENT SEND (branch client-send): the block above the table */
     {"client_send_frame", (PyCFunction)(void (*)(void))client_send_frame, METH_FASTCALL,
      "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms): Producer.send's SEND_MESSAGE_V2 frame, or None."},

@@ -360,22 +360,28 @@ class ClientConnection:
         instead of two): the lone caller's path (`invoke_frame`)."""
         if while_waiting is None:
             return self.invoke_frame(cmd.encode(), cmd.opaque, cmd.code, timeout, _take_response)
-        frame = cmd.encode()
+        return self.invoke_frame_waiting(cmd.encode(), cmd.opaque, cmd.code, timeout, while_waiting)
+
+    def invoke_frame_waiting(self, frame: bytes, opaque: int, code: int, timeout: float,
+                             while_waiting: Callable[[], None]) -> RemotingCommand:
+        """`invoke` with `while_waiting`, of a request encoded already (`frame`, its `opaque` and request `code`;
+        `TransactionProducer.prepare` builds its half message's in one C call). A `RemotingError` raised before
+        `while_waiting` ran means the request was not written."""
         slot = _Pending()
         slot.ready = False  # running while_waiting: not handed the read role meanwhile
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
-            self._pending[cmd.opaque] = slot
+            self._pending[opaque] = slot
         deadline = time.monotonic() + timeout
         try:
             self._send(frame)
         except RemotingError:
             with self._lock:
-                self._pending.pop(cmd.opaque, None)
+                self._pending.pop(opaque, None)
             raise
         while_waiting()
-        return self._finish(cmd.opaque, cmd.code, slot, deadline, timeout)
+        return self._finish(opaque, code, slot, deadline, timeout)
 
     def invoke_frame(self, frame: bytes, opaque: int, code: int, timeout: float,
                      take: Callable[[bytearray, int, int], Any] | None = None) -> Any:

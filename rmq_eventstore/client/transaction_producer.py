@@ -29,9 +29,21 @@ from ..common.properties import (
 )
 from ..common.topic import validate_topic
 from ..remoting import RemotingCommand, RequestCode
-from .base import ClientBase, decode_records
-from .producer import Producer, SendResult, _ProducerBase
-from .remoting_client import RemotingError
+from ..remoting.command import OPAQUES
+from .base import ROUTE_TTL_SECONDS, ClientBase, decode_records
+from .producer import (
+    _FAST_BASES,
+    _OK_CODES,
+    _SEND_V2,
+    Producer,
+    SendResult,
+    _fast_base,
+    _monotonic,
+    _native,
+    _ProducerBase,
+    _send_take,
+)
+from .remoting_client import MQBrokerError, RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +56,9 @@ class TransactionState(enum.Enum):
     UNKNOWN = "UNKNOW"
 
 
+# the half message's request frame in one C call (THE HALF LANE in _native.c); None without the native core (or
+# under RMQ_EVENTSTORE_PURE=1): `prepare`'s general path, the definition of the bytes (tests/test_half_lane_client.py)
+_half_frame = getattr(_native, "client_half_frame", None) if _native is not None else None
 _END_TYPE = {TransactionState.COMMIT: codec.TRANSACTION_COMMIT_TYPE,
              TransactionState.ROLLBACK: codec.TRANSACTION_ROLLBACK_TYPE,
              TransactionState.UNKNOWN: codec.TRANSACTION_NOT_TYPE}
@@ -133,6 +148,11 @@ class TransactionProducer(Producer):
         written."""
         validate_topic(msg.topic)
         uniq = msg.uniq_key or self._ids.create()
+        if (stream is None and _half_frame is not None and msg.__class__ is Message and msg.properties_string is None
+                and not msg.queue_id and msg.body.__class__ is bytes):
+            sent = self._prepare_plain(msg, uniq, while_waiting)
+            if sent is not None:
+                return sent
         props, uniq = self._properties(msg, uniq, 0)
         props = set_property(props, PROPERTY_TRANSACTION_PREPARED, "true")
         props = set_property(props, PROPERTY_PRODUCER_GROUP, self.group)
@@ -140,6 +160,65 @@ class TransactionProducer(Producer):
         sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
         sent = self._send(msg.topic, q, RequestCode.SEND_MESSAGE_V2, bytes(msg.body), props, msg.flag, sys_flag,
                           msg.reconsume_times, uniq, False, None, stream, expected_version, while_waiting)
+        return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
+                                     sent.queue_offset, sent.topic, sent.broker_address, sent.stream_version,
+                                     uniq, TransactionState.UNKNOWN)
+
+    def _prepare_plain(self, msg: Message, uniq: str,
+                       while_waiting: Callable[[], None] | None) -> TransactionSendResult | None:
+        """`prepare`'s usual case, as `Producer.send`'s plain path: the request frame in one C call
+        (`_native.client_half_frame`: the bytes the general path writes), written to the connection directly,
+        the round-robin queue `_pick` gives. None, nothing done, when the route is not cached and fresh, requests
+        are signed, or the client base is not ClientBase's: `prepare` goes on. A frame C declines (odd field
+        types, a TRAN_MSG or PGROUP property given) or a failed request goes on in `_send` from where it stands,
+        `while_waiting` run once in all."""
+        base = self._base
+        fast = _FAST_BASES.get(base.__class__)
+        if not (fast or (fast is None and _fast_base(base.__class__))):
+            return None
+        topic = msg.topic
+        route = base._routes.get(topic)
+        if (route is None or not route.queues or _monotonic() - route.fetched >= ROUTE_TTL_SECONDS
+                or base.remoting._sign is not None):
+            return None
+        queues = route.queues
+        addr, q = queues[next(self._rr) % len(queues)]  # _pick's round-robin choice (nothing to avoid)
+        opaque = next(OPAQUES) & 0x7FFFFFFF
+        frame = _half_frame(msg, uniq, self.group, q, opaque, None)  # type: ignore[misc]
+        work = [while_waiting] if while_waiting is not None else None
+        failed = None
+        if frame is not None:
+            remoting = base.remoting
+            try:
+                conn = remoting._conns.get(addr)
+                if conn is None or conn.closed:
+                    conn = remoting.connection(addr)
+                if work is None:
+                    r = conn.invoke_frame(frame, opaque, _SEND_V2, base.timeout, _send_take)
+                else:
+                    r = conn.invoke_frame_waiting(frame, opaque, _SEND_V2, base.timeout, lambda: work.pop()())
+            except RemotingError as e:
+                if self.retry_times_when_send_failed > 0:
+                    base.route(topic, refresh=True)
+                failed = (addr, e)
+            else:
+                if r.__class__ is tuple:  # a SUCCESS response: (msgId, queue id or None, queue offset)
+                    return TransactionSendResult("SEND_OK", uniq, r[0], q if r[1] is None else r[1], r[2], topic,
+                                                 addr, None, uniq, TransactionState.UNKNOWN)
+                if r.code not in _OK_CODES:
+                    raise MQBrokerError(r.code, r.remark, addr)
+                return self._half_result(self._result(r, q, uniq, topic, addr, None, None), uniq)
+        props, uniq = self._properties(msg, uniq, 0)
+        props = set_property(props, PROPERTY_TRANSACTION_PREPARED, "true")
+        props = set_property(props, PROPERTY_PRODUCER_GROUP, self.group)
+        sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
+        run_once = (lambda: work.pop()() if work else None) if work is not None else None
+        sent = self._send(topic, None, _SEND_V2, msg.body, props, msg.flag, sys_flag, msg.reconsume_times, uniq,
+                          False, None, None, None, run_once, picked=None if failed else (addr, q), failed=failed)
+        return self._half_result(sent, uniq)
+
+    @staticmethod
+    def _half_result(sent: SendResult, uniq: str) -> TransactionSendResult:
         return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id,
                                      sent.queue_offset, sent.topic, sent.broker_address, sent.stream_version,
                                      uniq, TransactionState.UNKNOWN)

@@ -363,10 +363,13 @@ class ClientConnection:
         return self.invoke_frame_waiting(cmd.encode(), cmd.opaque, cmd.code, timeout, while_waiting)
 
     def invoke_frame_waiting(self, frame: bytes, opaque: int, code: int, timeout: float,
-                             while_waiting: Callable[[], None]) -> RemotingCommand:
+                             while_waiting: Callable[[], None],
+                             take: Callable[[bytearray, int, int], Any] | None = None) -> Any:
         """`invoke` with `while_waiting`, of a request encoded already (`frame`, its `opaque` and request `code`;
         `TransactionProducer.prepare` builds its half message's in one C call). A `RemotingError` raised before
-        `while_waiting` ran means the request was not written."""
+        `while_waiting` ran means the request was not written. Once `while_waiting` returned, a caller that finds
+        nobody reading and its response not in yet takes the read role and makes its first read as
+        `invoke_frame`'s lone caller does (`take`: see there)."""
         slot = _Pending()
         slot.ready = False  # running while_waiting: not handed the read role meanwhile
         with self._lock:
@@ -381,6 +384,17 @@ class ClientConnection:
                 self._pending.pop(opaque, None)
             raise
         while_waiting()
+        lock = self._lock
+        lock.acquire()
+        try:
+            slot.ready = True
+            lead = not slot.done and not self._reader_busy
+            if lead:
+                self._reader_busy = True
+        finally:
+            lock.release()
+        if lead:
+            return self._lead_read(slot, opaque, code, timeout, deadline, take)
         return self._finish(opaque, code, slot, deadline, timeout)
 
     def invoke_frame(self, frame: bytes, opaque: int, code: int, timeout: float,
@@ -424,50 +438,58 @@ class ClientConnection:
             if lead:
                 self._release_read_role()
             raise RemotingError(f"send to {self.address} failed: {e}") from e
-        first: int | OSError | RemotingError | None = None
         if lead:
-            remaining = deadline - _monotonic()
-            if remaining > 0:  # else _await raises the timeout
-                if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo * RCVTIMEO_STRETCH:
-                    self._set_rcvtimeo(remaining)
-                try:
-                    n = self.sock.recv_into(self._rbuf)
-                except BlockingIOError:  # SO_RCVTIMEO ran out: _await looks at the deadline and reads again
-                    pass
-                except OSError as e:
-                    first = e
-                else:
-                    if not n:
-                        first = n  # EOF: _await fails the connection
-                    elif take is not None and not self._decoder._buf:
-                        got = take(self._rbuf, n, opaque)
-                        if got is not None:
-                            lock.acquire()
-                            try:
-                                mine = self._pending.pop(opaque, None)
-                                self._reader_busy = False
-                                self._idle_reading = False
-                                self._last_read = _monotonic()
-                                if self._pending:
-                                    self._hand_on()
-                            finally:
-                                lock.release()
-                            if mine is None:  # _fail took it meanwhile: its error, as _dispatch would leave it
-                                raise slot.error or RemotingError(f"connection to {self.address} failed")
-                            return got
-                        first = n
-                    else:
+            return self._lead_read(slot, opaque, code, timeout, deadline, take)
+        return self._finish(opaque, code, slot, deadline, timeout)
+
+    def _lead_read(self, slot: _Pending, opaque: int, code: int, timeout: float, deadline: float,
+                   take: Callable[[bytearray, int, int], Any] | None) -> Any:
+        """The answer to the request (`opaque`, `code`) written already by a caller holding the read role: its
+        first read, given to `take` or dispatched (see `invoke_frame`), then `_finish`."""
+        lock = self._lock
+        first: int | OSError | RemotingError | None = None
+        remaining = deadline - _monotonic()
+        if remaining > 0:  # else _await raises the timeout
+            if not self._rcvtimeo - RCVTIMEO_SLACK <= remaining <= self._rcvtimeo * RCVTIMEO_STRETCH:
+                self._set_rcvtimeo(remaining)
+            try:
+                n = self.sock.recv_into(self._rbuf)
+            except BlockingIOError:  # SO_RCVTIMEO ran out: _await looks at the deadline and reads again
+                pass
+            except OSError as e:
+                first = e
+            else:
+                if not n:
+                    first = n  # EOF: _await fails the connection
+                elif take is not None and not self._decoder._buf:
+                    got = take(self._rbuf, n, opaque)
+                    if got is not None:
+                        lock.acquire()
                         try:
-                            self._dispatch(n)
-                        except RemotingError as e:
-                            first = e
-                        else:
-                            if slot.done:  # our response was in it: the role goes at once (_await's finally)
-                                self._release_read_role()
-                                if slot.error is not None:
-                                    raise slot.error
-                                return slot.response
-        return self._finish(opaque, code, slot, deadline, timeout, lead, first)
+                            mine = self._pending.pop(opaque, None)
+                            self._reader_busy = False
+                            self._idle_reading = False
+                            self._last_read = _monotonic()
+                            if self._pending:
+                                self._hand_on()
+                        finally:
+                            lock.release()
+                        if mine is None:  # _fail took it meanwhile: its error, as _dispatch would leave it
+                            raise slot.error or RemotingError(f"connection to {self.address} failed")
+                        return got
+                    first = n
+                else:
+                    try:
+                        self._dispatch(n)
+                    except RemotingError as e:
+                        first = e
+                    else:
+                        if slot.done:  # our response was in it: the role goes at once (_await's finally)
+                            self._release_read_role()
+                            if slot.error is not None:
+                                raise slot.error
+                            return slot.response
+        return self._finish(opaque, code, slot, deadline, timeout, True, first)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers

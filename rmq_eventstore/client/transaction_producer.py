@@ -196,7 +196,8 @@ class TransactionProducer(Producer):
                 if work is None:
                     r = conn.invoke_frame(frame, opaque, _SEND_V2, base.timeout, _send_take)
                 else:
-                    r = conn.invoke_frame_waiting(frame, opaque, _SEND_V2, base.timeout, lambda: work.pop()())
+                    r = conn.invoke_frame_waiting(frame, opaque, _SEND_V2, base.timeout, lambda: work.pop()(),
+                                                  _send_take)
             except RemotingError as e:
                 if self.retry_times_when_send_failed > 0:
                     base.route(topic, refresh=True)

@@ -42,6 +42,7 @@ def reference_half_frame(msg: Message, uniq: str, group: str, q: int, opaque: in
     p._base = _Routed(q)  # type: ignore[assignment]
     p.retry_times_when_send_failed = 0
     p._rr = itertools.count()
+    p._valid_topics = set()
     p._ids = SimpleNamespace(create=lambda: uniq)  # type: ignore[assignment]
     p.prepare(msg)
     (cmd,) = p._base.sent  # type: ignore[attr-defined]

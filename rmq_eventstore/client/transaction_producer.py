@@ -35,6 +35,7 @@ from .producer import (
     _FAST_BASES,
     _OK_CODES,
     _SEND_V2,
+    _VALID_TOPICS_MAX,
     Producer,
     SendResult,
     _fast_base,
@@ -42,6 +43,7 @@ from .producer import (
     _native,
     _ProducerBase,
     _send_take,
+    _uniq_create,
 )
 from .remoting_client import MQBrokerError, RemotingError
 
@@ -146,8 +148,14 @@ class TransactionProducer(Producer):
         after the request is written and before its answer is read: the caller's own I/O (e.g. recording
         the transaction in its database) overlaps the round trip. It does not run when no request could be
         written."""
-        validate_topic(msg.topic)
-        uniq = msg.uniq_key or self._ids.create()
+        topic = msg.topic
+        if topic.__class__ is not str or topic not in self._valid_topics:  # as `send`: each name checked once
+            validate_topic(topic)
+            if len(self._valid_topics) >= _VALID_TOPICS_MAX:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
+        ids = self._ids
+        uniq = msg.uniq_key or (_uniq_create is not None and _uniq_create(ids)) or ids.create()
         if (stream is None and _half_frame is not None and msg.__class__ is Message and msg.properties_string is None
                 and not msg.queue_id and msg.body.__class__ is bytes):
             sent = self._prepare_plain(msg, uniq, while_waiting)

@@ -7,6 +7,7 @@ failed connection ends as the general path ends it."""
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -140,3 +141,29 @@ def test_a_failed_connection_goes_on_in_the_general_path_with_while_waiting_once
 
 def test_without_the_native_core_prepare_takes_the_general_path() -> None:
     assert (tp_mod._half_frame is None) == (native is None or tp_mod._native is None)
+
+
+def test_the_end_header_is_the_one_a_boolean_made(tmp_path: Path) -> None:
+    """`_end_at` writes fromTransactionCheck as its text (so the C request builder takes the header): the same
+    extFields, in the same order, as the boolean gave through `_ext_strings`."""
+    from rmq_eventstore.remoting import RemotingCommand, RequestCode
+
+    for from_check in (False, True):
+        header = {"topic": "T", "producerGroup": "g", "tranStateTableOffset": 3, "commitLogOffset": 1 << 40,
+                  "commitOrRollback": 8, "fromTransactionCheck": from_check, "msgId": "ID", "transactionId": "ID"}
+        as_text = {**header, "fromTransactionCheck": "true" if from_check else "false"}
+        want = RemotingCommand.request(RequestCode.END_TRANSACTION, header, oneway=True)
+        got = RemotingCommand.request(RequestCode.END_TRANSACTION, as_text, oneway=True)
+        assert list(got.ext_fields.items()) == list(want.ext_fields.items())
+        got.opaque = want.opaque
+        assert got.encode() == want.encode()
+    with serve_in_thread(tmp_path / "s", announce=False, **SMALL_GEOMETRY) as running:
+        running.broker.create_topic("HalfT", 4, 4)
+        with TransactionProducer(running.namesrv_address, "hg", lambda h: TransactionState.COMMIT) as tp:
+            s = tp.send_in_transaction(Message("HalfT", b"ended"), lambda m: TransactionState.COMMIT)
+            assert s.local_transaction_state is TransactionState.COMMIT
+            for _ in range(100):  # the END is one-way
+                if running.broker.transaction_service.known_end(s.transaction_id) == "COMMIT":
+                    break
+                time.sleep(0.02)
+            assert running.broker.transaction_service.known_end(s.transaction_id) == "COMMIT"

@@ -255,7 +255,8 @@ class TransactionProducer(Producer):
                 from_check: bool, error: BaseException | None = None, topic: str | None = None) -> None:
         header = {"topic": topic, "producerGroup": self.group, "tranStateTableOffset": queue_offset,
                   "commitLogOffset": commit_log_offset, "commitOrRollback": _END_TYPE[state],
-                  "fromTransactionCheck": from_check, "msgId": txid, "transactionId": txid}
+                  "fromTransactionCheck": "true" if from_check else "false",  # a str: the C request builder's
+                  "msgId": txid, "transactionId": txid}
         cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, header, oneway=True)
         if error is not None:
             cmd.remark = f"executeLocalTransactionBranch exception: {type(error).__name__}: {error}"[:512]

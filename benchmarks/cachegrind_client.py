@@ -2,13 +2,15 @@
 """Instructions our client process executes per synchronous send, counted by valgrind's cachegrind
 (deterministic, unlike this VM's clocks).
 
-    python benchmarks/cachegrind_client.py [single|trivial|pop1|pop32] ... [--n 2000] [--base 400] [--callgrind DIR]
+    python benchmarks/cachegrind_client.py [single|trivial|pop1|pop32|tx|txw] ... [--n 2000] [--base 400] [--callgrind DIR]
 
 The broker (`serve_in_thread`, bench_broker.py's settings) runs in a child process NOT under valgrind;
 the client (`Producer.send` of one 200-byte message, bench_broker.py's messages, round-robin queues;
 `trivial`: a GET_MAX_OFFSET through `RemotingClient.invoke`; `pop1` / `pop32`: bench_pop.py's waited pair,
 `PopConsumer.pop(max_nums=B, invisible_time=60_000, poll_time=1000)` then `ack_batch` of what it took, on a
-topic this script fills beforehand from outside valgrind, B messages a pair, so no pop comes back empty) runs twice under
+topic this script fills beforehand from outside valgrind, B messages a pair, so no pop comes back empty; `tx`:
+`TransactionProducer.prepare` of one such message and its one-way `end_transaction` COMMIT, per pair, as a
+Django append sends them; `txw`: the same with a no-op `while_waiting`, the Django face's call) runs twice under
 `valgrind --tool=cachegrind --cache-sim=no`, once for `--base` requests and once for `--n`. Per request =
 (instructions of the long run - of the short run) / (n - base): import, start-up, route look-up, making
 the messages (n in both runs) and shut-down cancel out. `--callgrind DIR` also keeps a callgrind profile of the long run in DIR (read it
@@ -48,6 +50,21 @@ if phase in ("pop1", "pop32"):  # one pop + ack_batch a request, as bench_pop.py
             msgs = c.pop(topic, max_nums=size, invisible_time=60_000, poll_time=1000)
             c.ack_batch(msgs)
             assert len(msgs) == size, (len(msgs), size)
+    raise SystemExit(0)
+if phase in ("tx", "txw"):  # a half message and its one-way END_TRANSACTION COMMIT, as a Django append (per pair)
+    from rmq_eventstore.client import TransactionProducer, TransactionState
+    with TransactionProducer(namesrv, "cg-tx", lambda half: TransactionState.COMMIT, send_timeout_ms=60_000) as tp:
+        tp.end_transaction(tp.prepare(Message("Profile", BODIES[0], tags=TAG, keys=["warm"])), TransactionState.COMMIT)
+        msgs = [Message("Profile", BODIES[i & 1023], tags=TAG, keys=[f"k{i:010d}"]) for i in range(made)][:n]
+        prepare, end, commit = tp.prepare, tp.end_transaction, TransactionState.COMMIT
+        if phase == "tx":
+            for m in msgs:
+                end(prepare(m), commit)
+        else:  # txw: with a while_waiting callable (a no-op here; the marker row's insert in the Django face)
+            def noop():
+                pass
+            for m in msgs:
+                end(prepare(m, while_waiting=noop), commit)
     raise SystemExit(0)
 with Producer(namesrv, "cg-producer", send_timeout_ms=60_000) as p:
     p.send(Message("Profile", BODIES[0], tags=TAG, keys=["warm"]))

@@ -36,6 +36,8 @@
  *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
  *   send_lane           SendMessageProcessor.lane: a plain SEND_MESSAGE_V2 checked, decorated, stored and answered
  *                       (its frame) in one call (block above the table)
+ *   (half lane)         the same lane serves the usual half message of a transaction (TRAN_MSG=true) as
+ *                       SendMessageProcessor.process stores and answers it (THE HALF LANE, above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -5581,7 +5583,8 @@ static PyObject *sl_decorate(PyObject *props, PyObject *uniq_marker, PyObject *u
 
 /* the frame of RemotingCommand(SUCCESS, {msgId, queueId, queueOffset, MSG_REGION, TRACE_ON}, b"", opaque,
  * FLAG_RESPONSE, None, "JAVA", version).encode(); None when the result is not the plain kind */
-static PyObject *sl_frame(long long opaque, long long version, PyObject *res, long long queue_id) {
+static int hl_txid_ok(PyObject *txid);
+static PyObject *sl_frame(long long opaque, long long version, PyObject *res, long long queue_id, PyObject *txid) {
     if (pmr_type == NULL || Py_TYPE(res) != pmr_type) Py_RETURN_NONE;
     PyObject *status = *(PyObject **)((char *)res + pmr_off[0]), *a = *(PyObject **)((char *)res + pmr_off[1]);
     if (status != pmr_ok || a == NULL || Py_TYPE(a) != amr_type) Py_RETURN_NONE;
@@ -5591,16 +5594,18 @@ static PyObject *sl_frame(long long opaque, long long version, PyObject *res, lo
     if (host == NULL || !PyBytes_CheckExact(host) || PyBytes_GET_SIZE(host) > 16 || port == NULL ||
         !as_i64(port, INT32_MIN, INT32_MAX, &port_v) || offs == NULL || !PyList_CheckExact(offs) ||
         PyList_GET_SIZE(offs) != 1 || !as_i64(PyList_GET_ITEM(offs, 0), INT64_MIN, INT64_MAX, &off_v) ||
-        lo == NULL || !as_i64(lo, INT64_MIN, INT64_MAX, &lo_v))
+        lo == NULL || !as_i64(lo, INT64_MIN, INT64_MAX, &lo_v) || (txid != NULL && !hl_txid_ok(txid)))
         Py_RETURN_NONE;
     /* {"code":0,"language":"JAVA","version":V,"opaque":O,"flag":1,"extFields":{"msgId":"..","queueId":"..",
      *  "queueOffset":"..","MSG_REGION":"DefaultRegion","TRACE_ON":"true"},"serializeTypeCurrentRPC":"JSON"} */
     static const char p1[] = "{\"code\":0,\"language\":\"JAVA\",\"version\":", p2[] = ",\"opaque\":",
                       p3[] = ",\"flag\":1,\"extFields\":{\"msgId\":\"", p4[] = "\",\"queueId\":\"",
                       p5[] = "\",\"queueOffset\":\"",
-                      p6[] = "\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"},\"serializeTypeCurrentRPC\":\"JSON\"}";
+                      p6[] = "\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"",
+                      p7[] = "},\"serializeTypeCurrentRPC\":\"JSON\"}", px[] = ",\"transactionId\":\"";
     static const char hex[] = "0123456789ABCDEF";
-    char buf[8 + sizeof p1 + sizeof p2 + sizeof p3 + sizeof p4 + sizeof p5 + sizeof p6 + 4 * 24 + 2 * 28], *w = buf + 8;
+    char buf[8 + sizeof p1 + sizeof p2 + sizeof p3 + sizeof p4 + sizeof p5 + sizeof p6 + sizeof p7 + sizeof px + 4 * 24 +
+             2 * 28 + 64 + 2], *w = buf + 8;
     char t[24], *d;
 #define SL_LIT(lit) (memcpy(w, lit, sizeof(lit) - 1), w += sizeof(lit) - 1)
 #define SL_NUM(v) (d = sl_digits(t + sizeof t, v), memcpy(w, d, t + sizeof t - d), w += t + sizeof t - d)
@@ -5613,6 +5618,13 @@ static PyObject *sl_frame(long long opaque, long long version, PyObject *res, lo
     put_i64(ob, off_v);
     for (int j = 0; j < 8; j++) { *w++ = hex[ob[j] >> 4]; *w++ = hex[ob[j] & 15]; }
     SL_LIT(p4); SL_NUM(queue_id); SL_LIT(p5); SL_NUM(lo_v); SL_LIT(p6);
+    if (txid != NULL) {  /* a half message's (THE HALF LANE): hl_txid_ok made sure it needs no escape */
+        SL_LIT(px);
+        memcpy(w, PyUnicode_1BYTE_DATA(txid), PyUnicode_GET_LENGTH(txid));
+        w += PyUnicode_GET_LENGTH(txid);
+        *w++ = '"';
+    }
+    SL_LIT(p7);
 #undef SL_LIT
 #undef SL_NUM
     Py_ssize_t len = w - buf;
@@ -5632,11 +5644,14 @@ typedef struct {
 } sl_req;
 
 static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObject *ctx, PyObject *hold,
-                          PyObject **res_out, long long *qid_out);
+                          PyObject **res_out, long long *qid_out, PyObject **txid_out);
+static int hl_check(PyObject *ctx, PyObject *props, long long sys_flag, int found, PyObject *cfg, PyObject **half_topic,
+                    PyObject **txid);
+static PyObject *hl_props(PyObject *decorated, PyObject *topic, long long queue_id);
 
 /* what the lane looks for in a properties string: the markers it declines (DELAY, TIMER_, TRAN_MSG) and
  * the two it adds when absent; one pass over a one-byte string, str.__contains__ otherwise. -1: error */
-enum { SLP_DECLINE = 1, SLP_UNIQ = 2, SLP_CLUSTER = 4 };
+enum { SLP_DECLINE = 1, SLP_UNIQ = 2, SLP_CLUSTER = 4, SLP_TRAN = 8 };
 static int sl_props_scan(PyObject *props, PyObject *uniq_marker, PyObject *cluster_marker) {
     int found = 0;
     if (PyUnicode_KIND(props) == PyUnicode_1BYTE_KIND) {
@@ -5648,7 +5663,7 @@ static int sl_props_scan(PyObject *props, PyObject *uniq_marker, PyObject *clust
         for (Py_ssize_t i = 0; i < n; i++) {
             char c = p[i];
             if (c == 'D') { if (SL_AT("DELAY")) return SLP_DECLINE; }
-            else if (c == 'T') { if (SL_AT("TIMER_") || SL_AT("TRAN_MSG\x01")) return SLP_DECLINE; }
+            else if (c == 'T') { if (SL_AT("TIMER_")) return SLP_DECLINE; if (SL_AT("TRAN_MSG\x01")) found |= SLP_TRAN; }
             if (ul > 0 && c == um[0] && n - i >= ul && memcmp(p + i, um, ul) == 0) found |= SLP_UNIQ;
             if (cl > 0 && c == cm[0] && n - i >= cl && memcmp(p + i, cm, cl) == 0) found |= SLP_CLUSTER;
         }
@@ -5670,10 +5685,11 @@ static int sl_props_scan(PyObject *props, PyObject *uniq_marker, PyObject *clust
  * the response frame. Returns the frame, None (declined), or NULL (error); *res_out: the put's result when
  * the frame could not be written (a refusal, an unusual result) */
 static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObject *ctx, PyObject *hold,
-                          PyObject **res_out, long long *qid_out) {
+                          PyObject **res_out, long long *qid_out, PyObject **txid_out) {
     *res_out = NULL;
-    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 8) {
-        PyErr_SetString(PyExc_TypeError, "the lane context must be an 8-tuple");
+    *txid_out = NULL;
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) < 8 || PyTuple_GET_SIZE(ctx) > 9) {
+        PyErr_SetString(PyExc_TypeError, "the lane context must be an 8- or 9-tuple");
         return NULL;
     }
     if (sl_init() < 0) return NULL;
@@ -5693,6 +5709,7 @@ static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObje
                        PyObject_GetAttr(proc, sl_names[SL_ROUTES])};
     PyObject *result = NULL, *route = NULL, *props = NULL, *uniq = NULL, *decorated = NULL, *msg = NULL, *res = NULL;
     PyObject *ints[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *half_topic = NULL, *htx = NULL;  /* a half message's (THE HALF LANE): its topic (borrowed), its id */
     for (int i = 0; i < 5; i++) if (st[i] == NULL) goto done;
     int same = sl_eq(st[0], st[1]);
     if (same == 1) same = sl_eq(st[2], st[3]);
@@ -5725,7 +5742,11 @@ static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObje
             goto decline;
     }
     long long queue_id = v[0], sys_flag = v[1];
-    if (sys_flag & 0xC) goto decline;  /* a transaction bit */
+    if (found & SLP_TRAN) {  /* TRAN_MSG: a half message, served by THE HALF LANE when it is the usual kind */
+        int hc = hl_check(ctx, props, sys_flag, found, cfg, &half_topic, &htx);
+        if (hc < 0) goto done;
+        if (hc == 0) goto decline;
+    } else if (sys_flag & 0xC) goto decline;  /* a transaction bit */
     if (queue_id < 0 || queue_id >= nqueues) goto decline;  /* a random queue, or the full path's refusal */
     if (hold != Py_None) {  /* served here from now on */
         PyObject *h = PyObject_CallNoArgs(hold);
@@ -5745,6 +5766,16 @@ static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObje
     }
     decorated = sl_decorate(props, uniq_marker, uniq, cluster_marker, (found & SLP_CLUSTER) ? NULL : cluster);
     if (decorated == NULL) goto done;
+    if (half_topic != NULL) {  /* TransactionalMessageService.prepare: REAL_TOPIC, REAL_QID; half topic, queue 0 */
+        if (htx == NULL) {
+            if (uniq == NULL) goto decline;  /* no UNIQ_KEY made after all: the full path's (nothing stored yet) */
+            htx = Py_NewRef(uniq);
+        }
+        Py_SETREF(decorated, hl_props(decorated, topic, queue_id));
+        if (decorated == NULL) goto done;
+        v[0] = 0;
+        v[1] = sys_flag & ~0xCLL;
+    }
     /* Message(topic, body, None, None, queue_id, flag, None, sys_flag, born_ts, born_host, reconsume, 0, props) */
     for (int i = 0; i < 5; i++) if ((ints[i] = PyLong_FromLongLong(v[i])) == NULL) goto done;
     PyObject *zero = PyLong_FromLong(0);
@@ -5752,7 +5783,7 @@ static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObje
     msg = message_type->tp_alloc(message_type, 0);
     if (msg == NULL) { Py_DECREF(zero); goto done; }
     PyObject *fv[F_COUNT];
-    fv[F_TOPIC] = Py_NewRef(topic);
+    fv[F_TOPIC] = Py_NewRef(half_topic != NULL ? half_topic : topic);
     fv[F_BODY] = Py_NewRef(body);
     fv[F_TAGS] = Py_NewRef(Py_None);
     fv[F_KEYS] = Py_NewRef(Py_None);
@@ -5772,14 +5803,15 @@ static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObje
     PyObject *call[2] = {store, msg};
     res = PyObject_VectorcallMethod(sl_names[SL_PUT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (res == NULL) goto done;
-    result = sl_frame(r->opaque, r->version, res, queue_id);
-    if (result == Py_None) { *res_out = Py_NewRef(res); *qid_out = queue_id; }
+    result = sl_frame(r->opaque, r->version, res, queue_id, htx);
+    if (result == Py_None) { *res_out = Py_NewRef(res); *qid_out = queue_id; *txid_out = Py_XNewRef(htx); }
     goto done;
 decline:
     result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < 5; i++) { Py_XDECREF(st[i]); Py_XDECREF(ints[i]); }
     Py_XDECREF(route); Py_XDECREF(props); Py_XDECREF(uniq); Py_XDECREF(decorated); Py_XDECREF(msg); Py_XDECREF(res);
+    Py_XDECREF(htx);
     return result;
 }
 
@@ -5792,12 +5824,13 @@ static inline void sl_span_of(sl_req *r, int i, PyObject *v) {
     }
 }
 
-static PyObject *sl_result(PyObject *frame, PyObject *first, PyObject *res, long long qid) {
-    /* frame, or (first, res, queue_id) when the put's result is answered in Python, or None */
-    if (frame == NULL || res == NULL) { Py_XDECREF(res); return frame; }
+static PyObject *sl_result(PyObject *frame, PyObject *first, PyObject *res, long long qid, PyObject *txid) {
+    /* frame, or (first, res, queue_id[, transaction id]) when the put's result is answered in Python, or None */
+    if (frame == NULL || res == NULL) { Py_XDECREF(res); Py_XDECREF(txid); return frame; }
     Py_DECREF(frame);  /* None */
-    PyObject *t = Py_BuildValue("(OOL)", first, res, qid);
+    PyObject *t = txid != NULL ? Py_BuildValue("(OOLO)", first, res, qid, txid) : Py_BuildValue("(OOL)", first, res, qid);
     Py_DECREF(res);
+    Py_XDECREF(txid);
     return t;
 }
 
@@ -5848,10 +5881,10 @@ static PyObject *send_lane(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 memcmp(PyUnicode_1BYTE_DATA(sl_names[i]), PyUnicode_1BYTE_DATA(k), kl) == 0)
                 Py_RETURN_NONE;
     }
-    PyObject *res;
+    PyObject *res, *txid;
     long long qid;
-    PyObject *frame = sl_serve(&r, body, args[1], args[2], Py_None, &res, &qid);
-    return sl_result(frame, cmd, res, qid);
+    PyObject *frame = sl_serve(&r, body, args[1], args[2], Py_None, &res, &qid, &txid);
+    return sl_result(frame, cmd, res, qid, txid);
 }
 
 /* send_frame(data, born_host, (ctx, hold, max_frame, max_header, buffered)): the same for a read that is exactly one
@@ -5979,9 +6012,10 @@ static PyObject *send_frame(PyObject *self, PyObject *const *args, Py_ssize_t na
     {
         PyObject *body = PyBytes_FromStringAndSize((const char *)h + hlen, n - 8 - hlen);
         if (body == NULL) goto done;
-        PyObject *res;
+        PyObject *res, *txid;
         long long qid;
-        PyObject *frame = sl_serve(&r, body, args[1], PyTuple_GET_ITEM(fctx, 0), PyTuple_GET_ITEM(fctx, 1), &res, &qid);
+        PyObject *frame = sl_serve(&r, body, args[1], PyTuple_GET_ITEM(fctx, 0), PyTuple_GET_ITEM(fctx, 1), &res, &qid,
+                                   &txid);
         Py_DECREF(body);
         if (frame != NULL && res != NULL) {  /* answered in Python: the command, as the decoder makes it */
             PyObject *dargs = Py_BuildValue("(Onnn)", data, (Py_ssize_t)0, max_frame, max_header);
@@ -5992,10 +6026,10 @@ static PyObject *send_frame(PyObject *self, PyObject *const *args, Py_ssize_t na
                 cmd = PyList_GET_ITEM(PyTuple_GET_ITEM(got, 0), 0);
             if (cmd == NULL) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "send_frame: the served frame does not decode");
-                Py_XDECREF(got); Py_DECREF(frame); Py_DECREF(res);
+                Py_XDECREF(got); Py_DECREF(frame); Py_DECREF(res); Py_XDECREF(txid);
                 goto done;
             }
-            result = sl_result(frame, cmd, res, qid);
+            result = sl_result(frame, cmd, res, qid, txid);
             Py_DECREF(got);
             goto done;
         }
@@ -7417,6 +7451,123 @@ out:
 }
 /* ============================ end of THE POP CLIENT ================================================== */
 
+/* ============================================================================================== */
+/* THE HALF LANE (issue "speed", branch half-lane): the send lane (sl_serve) serves half messages.     */
+/*  A SEND_MESSAGE_V2 whose properties hold TRAN_MSG (found by sl_props_scan in a one-byte string) is  */
+/*  served when it is the usual half message of a transaction producer (ours, RocketMQ's clients):      */
+/*  its first TRAN_MSG property is exactly "true", the sysFlag's transaction bits are none or PREPARED, */
+/*  the properties name no REAL_TOPIC / REAL_QID, its transaction id (the first UNIQ_KEY property, or   */
+/*  the one the lane makes) needs no JSON escape, and the broker takes transaction messages            */
+/*  (config.reject_transaction_message false, read at each send). It is stored as the full path stores  */
+/*  it (SendMessageProcessor._store, then TransactionalMessageService.prepare): decorated as a plain    */
+/*  send, then REAL_TOPIC and REAL_QID set (appended: neither is there), the transaction bits cleared,  */
+/*  topic RMQ_SYS_TRANS_HALF_TOPIC, queue 0; answered with the plain send's frame plus "transactionId"  */
+/*  (sl_frame's txid). Anything else declines before anything changed: the full path decides.          */
+/*  ctx[8] = SendMessageProcessor.lane_context()'s half context: (broker config, the half topic), or    */
+/*  None (no half lane: an 8-tuple context is the same).                                               */
+/*  Edits elsewhere: THE SEND LANE's sl_frame (txid), sl_props_scan (SLP_TRAN), sl_serve (hl_check,     */
+/*  hl_props, the half topic and sysFlag), sl_result and its two callers (the txid of a put answered    */
+/*  in Python: SendMessageProcessor.lane_answer's).                                                    */
+/*  Reference: SendMessageProcessor.process (tests/test_half_lane.py compares them).                   */
+/* ============================================================================================== */
+
+/* a transaction id the frame writes verbatim: printable ASCII, no '"' or '\\' (what the JSON encoder leaves as
+ * it is), 1..64 characters */
+static int hl_txid_ok(PyObject *txid) {
+    if (!PyUnicode_CheckExact(txid) || !PyUnicode_IS_ASCII(txid)) return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(txid);
+    if (n < 1 || n > 64) return 0;
+    const unsigned char *p = PyUnicode_1BYTE_DATA(txid);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (p[i] < 0x20 || p[i] > 0x7E || p[i] == '"' || p[i] == '\\') return 0;
+    return 1;
+}
+
+/* properties.get_property over a one-byte text: the value of the first `name\x01` that starts the text or
+ * follows a \x02 (its start in *vs, its length in *vn); 0 when there is none */
+static int hl_prop(const char *p, Py_ssize_t n, const char *name, Py_ssize_t nl, Py_ssize_t *vs, Py_ssize_t *vn) {
+    for (Py_ssize_t i = 0; i + nl + 1 <= n; i++) {
+        if ((i == 0 || p[i - 1] == 2) && p[i + nl] == 1 && memcmp(p + i, name, nl) == 0) {
+            Py_ssize_t s = i + nl + 1, e = s;
+            while (e < n && p[e] != 2) e++;
+            *vs = s; *vn = e - s;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int hl_has(const char *p, Py_ssize_t n, const char *lit, Py_ssize_t ln) {
+    for (Py_ssize_t i = 0; i + ln <= n; i++)
+        if (p[i] == lit[0] && memcmp(p + i, lit, ln) == 0) return 1;
+    return 0;
+}
+
+/* whether sl_serve serves this half message (1; *half_topic borrowed, *txid a new reference to its id, or NULL:
+ * the UNIQ_KEY the lane makes), declines it (0) or failed (-1). `found`: sl_props_scan's; `props` one-byte. */
+static int hl_check(PyObject *ctx, PyObject *props, long long sys_flag, int found, PyObject *cfg, PyObject **half_topic,
+                    PyObject **txid) {
+    static PyObject *reject_name = NULL, *auto_name = NULL;
+    *half_topic = NULL; *txid = NULL;
+    if (PyTuple_GET_SIZE(ctx) < 9) return 0;
+    PyObject *h = PyTuple_GET_ITEM(ctx, 8);
+    if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(h, 1))) return 0;
+    long long tx = sys_flag & 0xC;
+    if (tx != 0 && tx != 0x4) return 0;  /* COMMIT or ROLLBACK bits: the full path's answer */
+    if (!PyUnicode_CheckExact(props) || PyUnicode_KIND(props) != PyUnicode_1BYTE_KIND) return 0;
+    const char *p = (const char *)PyUnicode_1BYTE_DATA(props);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(props), vs, vn;
+    if (!hl_prop(p, n, "TRAN_MSG", 8, &vs, &vn) || vn != 4 || memcmp(p + vs, "true", 4) != 0) return 0;
+    if (hl_has(p, n, "REAL_TOPIC", 10) || hl_has(p, n, "REAL_QID", 8)) return 0;
+    if (reject_name == NULL && (reject_name = PyUnicode_InternFromString("reject_transaction_message")) == NULL) return -1;
+    if (auto_name == NULL && (auto_name = PyUnicode_InternFromString("auto_create_uniq_key")) == NULL) return -1;
+    PyObject *rej = PyObject_GetAttr(PyTuple_GET_ITEM(h, 0), reject_name);
+    if (rej == NULL) return -1;
+    int refuse = PyObject_IsTrue(rej);
+    Py_DECREF(rej);
+    if (refuse != 0) return refuse < 0 ? -1 : 0;  /* the full path's NO_PERMISSION */
+    if (found & SLP_UNIQ) {  /* the client's UNIQ_KEY is the transaction id: the first one, plain text */
+        if (!hl_prop(p, n, "UNIQ_KEY", 8, &vs, &vn)) return 0;  /* only inside a value: the full path's msgId */
+        PyObject *t = PyUnicode_Substring(props, vs, vs + vn);
+        if (t == NULL) return -1;
+        if (!hl_txid_ok(t)) { Py_DECREF(t); return 0; }
+        *txid = t;
+    } else {  /* the lane makes one (sl_serve): only when the store makes them */
+        PyObject *a = PyObject_GetAttr(cfg, auto_name);
+        if (a == NULL) return -1;
+        int on = PyObject_IsTrue(a);
+        Py_DECREF(a);
+        if (on <= 0) return on;
+    }
+    *half_topic = PyTuple_GET_ITEM(h, 1);
+    return 1;
+}
+
+/* set_property(set_property(decorated, REAL_TOPIC, topic), REAL_QID, str(queue_id)) for a text that holds neither
+ * (hl_check): a separator when it does not end with one, then both appended. New reference. */
+static PyObject *hl_props(PyObject *decorated, PyObject *topic, long long queue_id) {
+    char t[25], *d = sl_digits(t + 24, queue_id);
+    t[24] = 0;  /* %s below */
+    Py_ssize_t dn = t + 24 - d, n = PyUnicode_GET_LENGTH(decorated), tn = PyUnicode_GET_LENGTH(topic);
+    int sep = n > 0 && PyUnicode_READ_CHAR(decorated, n - 1) != 2;
+    if (PyUnicode_KIND(decorated) != PyUnicode_1BYTE_KIND || !PyUnicode_IS_ASCII(topic))
+        return PyUnicode_FromFormat("%U%sREAL_TOPIC\x01%U\x02REAL_QID\x01%s\x02", decorated, sep ? "\x02" : "",
+                                    topic, d);  /* wide characters (from the broker's CLUSTER text): as str does */
+    Py_ssize_t total = n + sep + 11 + tn + 10 + dn + 1;
+    PyObject *s = PyUnicode_New(total, PyUnicode_IS_ASCII(decorated) ? 127 : 255);
+    if (s == NULL) return NULL;
+    char *w = (char *)PyUnicode_1BYTE_DATA(s);
+    memcpy(w, PyUnicode_1BYTE_DATA(decorated), n); w += n;
+    if (sep) *w++ = 2;
+    memcpy(w, "REAL_TOPIC\x01", 11); w += 11;
+    memcpy(w, PyUnicode_1BYTE_DATA(topic), tn); w += tn;
+    memcpy(w, "\x02REAL_QID\x01", 10); w += 10;
+    memcpy(w, d, dn); w += dn;
+    *w = 2;
+    return s;
+}
+/* ============================ end of THE HALF LANE ================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -7499,6 +7650,7 @@ static PyMethodDef methods[] = {
      "SendMessageProcessor.lane in C: None (the Python lane decides), the response frame, or (cmd, result, queue_id)."},
     {"send_frame", (PyCFunction)(void (*)(void))send_frame, METH_FASTCALL,
      "send_lane for a read that is one SEND_MESSAGE_V2 frame, from its bytes: None, the frame, or (cmd, result, qid)."},
+    /* THE HALF LANE (branch half-lane): the block above the table */
     /* THE CLIENT SEND (branch client-send): the block above the table */
     {"client_send_frame", (PyCFunction)(void (*)(void))client_send_frame, METH_FASTCALL,
      "client_send_frame(msg, uniq, group, queue_id, opaque, born_ms[, extra, sys_flag]): Producer.send's (or a half message's) SEND_MESSAGE_V2 frame, or None."},

@@ -33,12 +33,14 @@ from .base import ClientBase, decode_records
 from .producer import (
     _OK_CODES,
     _SEND_V2,
+    _VALID_TOPICS_MAX,
     OPAQUES,
     Producer,
     SendResult,
     _ProducerBase,
     _send_frame,
     _send_take,
+    _uniq_create,
 )
 from .remoting_client import MQBrokerError, RemotingError
 
@@ -142,8 +144,13 @@ class TransactionProducer(Producer):
         the transaction in its database) overlaps the round trip. It does not run when no request could be
         written."""
         topic = msg.topic
-        validate_topic(topic)
-        uniq = msg.uniq_key or self._ids.create()
+        if topic.__class__ is not str or topic not in self._valid_topics:  # as `send`: each name checked once
+            validate_topic(topic)
+            if len(self._valid_topics) >= _VALID_TOPICS_MAX:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
+        ids = self._ids
+        uniq = msg.uniq_key or (_uniq_create is not None and _uniq_create(ids)) or ids.create()
         sys_flag = (msg.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_PREPARED_TYPE
         sent = None
         given = msg.properties

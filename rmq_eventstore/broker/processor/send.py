@@ -17,6 +17,8 @@ from ...common.properties import (
     PROPERTY_BATCH_QUEUE_ID,
     PROPERTY_CLUSTER,
     PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_STREAM_ID,
     PROPERTY_STREAM_TX_GROUP,
@@ -31,6 +33,7 @@ from ...common.stream import StreamIdError, validate_stream_id
 from ...common.topic import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
+    RMQ_SYS_TRANS_HALF_TOPIC,
     TopicValidationError,
     is_not_allowed_send_topic,
     is_system_topic,
@@ -41,6 +44,7 @@ from ...remoting import FLAG_RESPONSE, HeaderError, RemotingCommand, RequestCode
 from ...store.timer import TimerMessageError, transform_timer_message
 from ..config import DLQ_NUMS_PER_GROUP
 from ..schedule import transform_delay_level_message
+from ..transaction.service import TransactionalMessageService
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -171,10 +175,12 @@ class SendMessageProcessor:
                                         getattr(channel, "remote_address", None) or None, reconsume, 0, props))
         return self.lane_answer(req, res, queue_id)
 
-    def lane_answer(self, req: RemotingCommand, res: Any, queue_id: int) -> RemotingCommand:
+    def lane_answer(self, req: RemotingCommand, res: Any, queue_id: int,
+                    transaction_id: str | None = None) -> RemotingCommand:
         """The lane's response to a put's result (`res`, a PutMessageResult): the refusal with its status, or
-        SUCCESS with the offsetMsgId, queue id and queue offset. Also what answers the (request, result,
-        queue id) the C lane hands back for a result it does not answer itself."""
+        SUCCESS with the offsetMsgId, queue id and queue offset (and, for a half message the C lane stored,
+        its `transaction_id`, as `_store` answers it). Also what answers the (request, result, queue id[,
+        transaction id]) the C lane hands back for a result it does not answer itself."""
         a = res.append_result
         if res.status is not _PUT_OK or a is None:
             code = PUT_STATUS_CODES.get(res.status, ResponseCode.SYSTEM_ERROR)
@@ -182,16 +188,26 @@ class SendMessageProcessor:
         ext = {"msgId": _join_ids(a.store_host, a.store_port, a.offsets) if a.offsets else a.msg_id,
                "queueId": INT_TEXT.get(queue_id) or str(queue_id), "queueOffset": str(a.logics_offset),
                "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+        if transaction_id is not None:
+            ext["transactionId"] = transaction_id
         return RemotingCommand(_SUCCESS, ext, b"", req.opaque, FLAG_RESPONSE, None, "JAVA", req.version)
 
     def lane_context(self) -> tuple[Any, ...]:
         """The fixed arguments of the C lane (`_native.send_lane(req, born_host, ctx)`): this processor (its
         routes and their version stamp are read by name), the topics' data version, the store, the UNIQ_KEY
-        generator, the UNIQ_KEY and CLUSTER markers, the CLUSTER property text `_decorated` appends and the
-        store's config (its `auto_create_uniq_key` is read at each send)."""
+        generator, the UNIQ_KEY and CLUSTER markers, the CLUSTER property text `_decorated` appends, the
+        store's config (its `auto_create_uniq_key` is read at each send) and the half lane's context: (the
+        broker's config, whose `reject_transaction_message` is read at each half message, the half topic), or
+        None when half messages are left to `process` (a transaction service whose `prepare` is not the one
+        the C lane does, or a CLUSTER text naming REAL_TOPIC / REAL_QID)."""
         store = self.broker.store
+        half = None
+        service = getattr(self.broker, "transaction_service", None)
+        if (service is not None and type(service).prepare is TransactionalMessageService.prepare
+                and PROPERTY_REAL_TOPIC not in self._cluster and PROPERTY_REAL_QUEUE_ID not in self._cluster):
+            half = (self.broker.config, RMQ_SYS_TRANS_HALF_TOPIC)
         return (self, self._topics_version, store, self._uniq_ids, self._uniq_marker, self._cluster_marker,
-                self._cluster, store.config)
+                self._cluster, store.config, half)
 
     def serve_lane(self, req: RemotingCommand, channel: Any) -> RemotingCommand | bytes | None:
         """A plain SEND_MESSAGE_V2 answered by the C lane when it serves it (the response frame, bytes), else by

@@ -34,6 +34,8 @@
  *   int_run             check that a BatchAck's bits are consecutive ints (common/pop.py; block above the table)
  *   dispatch_singles    ReputMessageService's pass over single puts: consume-queue units, index entries, checkpoint
  *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
+ *   pop_register,       PopService.pop_now's registration of a contiguous pop in the POP buffer (checkpoint, entry,
+ *   ack_settle          journal line, response texts) and PopBufferMergeService.ack_one's settling (THE POP CORE block)
  *   send_lane           SendMessageProcessor.lane: a plain SEND_MESSAGE_V2 checked, decorated, stored and answered
  *                       (its frame) in one call (block above the table)
  *   (half lane)         the same lane serves the usual half message of a transaction (TRAN_MSG=true) as
@@ -7568,6 +7570,336 @@ static PyObject *hl_props(PyObject *decorated, PyObject *topic, long long queue_
 }
 /* ============================ end of THE HALF LANE ================================================== */
 
+/* ============================ THE POP CORE (branch pop-core) ========================================== */
+/* PopService.pop_now's registration of a contiguous pop in the checkpoint buffer (the PopCheckPoint, its   */
+/* _Entry, the journal's C line, the _by_key entry, the queue's deque, and the POP response's               */
+/* startOffsetInfo / msgOffsetInfo items) and PopBufferMergeService.ack_one's settling of a contiguous      */
+/* entry (its acked bits, the journal's A line, the _by_key entry of a settled one). Python references: the */
+/* inline block of pop_now / PopBufferMergeService.add_ck, and _ack_run (broker/pop_service.py,             */
+/* broker/pop_buffer.py). Both run with the buffer's lock held by the caller; both return None before any  */
+/* change for anything they do not handle, and the caller then runs the reference.                          */
+static PyObject *pcore_n_start_offset, *pcore_n_pop_time, *pcore_n_invisible_time, *pcore_n_num, *pcore_n_queue_id,
+    *pcore_n_topic, *pcore_n_group, *pcore_n_broker_name, *pcore_n_queue_offset_diff, *pcore_n_bit_map,
+    *pcore_n_revive_offset, *pcore_n_re_put_times, *pcore_n_ck, *pcore_n_revive_qid, *pcore_n_next_offset,
+    *pcore_n_acked, *pcore_n_full, *pcore_n_contiguous, *pcore_n_stored, *pcore_n_flush_at, *pcore_n_append,
+    *pcore_empty;
+
+static int pcore_init_names(void) {
+    if (pcore_empty != NULL)
+        return 0;
+#define PCORE_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    PCORE_NAME(pcore_n_start_offset, "start_offset"); PCORE_NAME(pcore_n_pop_time, "pop_time");
+    PCORE_NAME(pcore_n_invisible_time, "invisible_time"); PCORE_NAME(pcore_n_num, "num");
+    PCORE_NAME(pcore_n_queue_id, "queue_id"); PCORE_NAME(pcore_n_topic, "topic"); PCORE_NAME(pcore_n_group, "group");
+    PCORE_NAME(pcore_n_broker_name, "broker_name"); PCORE_NAME(pcore_n_queue_offset_diff, "queue_offset_diff");
+    PCORE_NAME(pcore_n_bit_map, "bit_map"); PCORE_NAME(pcore_n_revive_offset, "revive_offset");
+    PCORE_NAME(pcore_n_re_put_times, "re_put_times"); PCORE_NAME(pcore_n_ck, "ck");
+    PCORE_NAME(pcore_n_revive_qid, "revive_qid"); PCORE_NAME(pcore_n_next_offset, "next_offset");
+    PCORE_NAME(pcore_n_acked, "acked"); PCORE_NAME(pcore_n_full, "full"); PCORE_NAME(pcore_n_contiguous, "contiguous");
+    PCORE_NAME(pcore_n_stored, "stored"); PCORE_NAME(pcore_n_flush_at, "flush_at"); PCORE_NAME(pcore_n_append, "append");
+#undef PCORE_NAME
+    pcore_empty = PyTuple_New(0);
+    return pcore_empty == NULL ? -1 : 0;
+}
+
+/* an exact int within +-2**53 into *out: 1; 0 when it is not one (no error set) */
+static int pcore_int(PyObject *o, long long *out) {
+    if (!PyLong_CheckExact(o))
+        return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v > (1LL << 53) || v < -(1LL << 53))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static char *pcore_ll(char *d, long long v) {
+    char digits[24];
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    int k = 0;
+    do {
+        digits[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *d++ = '-';
+    while (k)
+        *d++ = digits[--k];
+    return d;
+}
+
+/* ",".join(map(str, range(start, stop))), start < stop */
+static char *pcore_run(char *d, long long start, long long stop) {
+    for (long long v = start; v < stop; v++) {
+        if (v != start)
+            *d++ = ',';
+        d = pcore_ll(d, v);
+    }
+    return d;
+}
+
+/* one write() of the line, as os.write (EINTR retried); -1 with OSError set */
+static int pcore_write(int fd, const char *p, Py_ssize_t len) {
+    for (;;) {
+        ssize_t w = write(fd, p, (size_t)len);
+        if (w >= 0)
+            return 0;
+        if (errno != EINTR) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
+static int pcore_set(PyObject *o, PyObject *name, PyObject *v) {
+    if (v == NULL)
+        return -1;
+    int r = PyObject_SetAttr(o, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* pop_register(PopCheckPoint, _Entry, deque, by_key, queues, qkey, fd, group, topic, q, offset, end, pop_time,
+ *              invisible, broker_name, revive_qid, stay_ms, margin_ms, retry)
+ * -> (journal bytes written, scan needed, startOffsetInfo item, msgOffsetInfo item), or None (nothing changed) */
+static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 19 || pcore_init_names() < 0)
+        return na != 19 ? (PyErr_SetString(PyExc_TypeError, "pop_register takes 19 arguments"), NULL) : NULL;
+    PyObject *ck_cls = a[0], *entry_cls = a[1], *deque_cls = a[2], *by_key = a[3], *queues = a[4], *qkey = a[5];
+    PyObject *group = a[7], *topic = a[8], *q_obj = a[9], *offset_obj = a[10], *pop_time_obj = a[12];
+    PyObject *broker_name = a[14], *retry = a[18];
+    long long fd, q, offset, end, pop_time, invisible, revive_qid, stay_ms, margin_ms;
+    if (!PyType_Check(ck_cls) || !PyType_Check(entry_cls) || !PyDict_CheckExact(by_key) || !PyDict_CheckExact(queues)
+        || !PyTuple_CheckExact(qkey) || !PyUnicode_CheckExact(group) || !PyUnicode_CheckExact(topic)
+        || !PyUnicode_CheckExact(broker_name) || (retry != Py_True && retry != Py_False)
+        || !pcore_int(a[6], &fd) || !pcore_int(q_obj, &q) || !pcore_int(offset_obj, &offset) || !pcore_int(a[11], &end)
+        || !pcore_int(pop_time_obj, &pop_time) || !pcore_int(a[13], &invisible) || !pcore_int(a[15], &revive_qid)
+        || !pcore_int(a[16], &stay_ms) || !pcore_int(a[17], &margin_ms) || fd < 0 || fd > INT_MAX)
+        Py_RETURN_NONE;
+    long long n = end - offset;
+    if (n < 1 || n > 1024)
+        Py_RETURN_NONE;
+    Py_ssize_t glen, tlen;
+    const char *g = PyUnicode_AsUTF8AndSize(group, &glen);
+    const char *t = g != NULL ? PyUnicode_AsUTF8AndSize(topic, &tlen) : NULL;
+    if (t == NULL) {  /* a lone surrogate: the reference's encode decides */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    long long stay = invisible - margin_ms < stay_ms ? invisible - margin_ms : stay_ms;
+    long long flush_at = pop_time + (stay > 0 ? stay : 0);
+    PyObject *ck = NULL, *entry = NULL, *diffs = NULL, *key = NULL, *full = NULL, *res = NULL, *starts = NULL,
+             *infos = NULL, *first = NULL;
+    char *buf = NULL;
+    size_t cap = (size_t)glen + (size_t)tlen + 256 + (size_t)n * 21;
+    /* every object first: an allocation failure changes nothing */
+    if ((diffs = PyList_New((Py_ssize_t)n)) == NULL)
+        goto out;
+    for (long long i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(i);
+        if (v == NULL)
+            goto out;
+        PyList_SET_ITEM(diffs, (Py_ssize_t)i, v);
+    }
+    PyTypeObject *ct = (PyTypeObject *)ck_cls, *et = (PyTypeObject *)entry_cls;
+    if ((ck = ct->tp_new(ct, pcore_empty, NULL)) == NULL)
+        goto out;
+    Py_INCREF(offset_obj); Py_INCREF(pop_time_obj); Py_INCREF(a[13]); Py_INCREF(q_obj); Py_INCREF(topic);
+    Py_INCREF(group); Py_INCREF(broker_name); Py_INCREF(diffs);
+    if (pcore_set(ck, pcore_n_start_offset, offset_obj) < 0 || pcore_set(ck, pcore_n_pop_time, pop_time_obj) < 0
+        || pcore_set(ck, pcore_n_invisible_time, a[13]) < 0 || pcore_set(ck, pcore_n_num, PyLong_FromLongLong(n)) < 0
+        || pcore_set(ck, pcore_n_queue_id, q_obj) < 0 || pcore_set(ck, pcore_n_topic, topic) < 0
+        || pcore_set(ck, pcore_n_group, group) < 0 || pcore_set(ck, pcore_n_broker_name, broker_name) < 0
+        || pcore_set(ck, pcore_n_queue_offset_diff, diffs) < 0 || pcore_set(ck, pcore_n_bit_map, PyLong_FromLong(0)) < 0
+        || pcore_set(ck, pcore_n_revive_offset, PyLong_FromLong(0)) < 0
+        || pcore_set(ck, pcore_n_re_put_times, PyLong_FromLong(0)) < 0)
+        goto out;
+    if (n < 63) {
+        full = PyLong_FromLongLong((1LL << n) - 1);
+    } else {
+        PyObject *one = PyLong_FromLong(1), *sh = PyLong_FromLongLong(n), *big = NULL;
+        if (one != NULL && sh != NULL && (big = PyNumber_Lshift(one, sh)) != NULL)
+            full = PyNumber_Subtract(big, one);
+        Py_XDECREF(one); Py_XDECREF(sh); Py_XDECREF(big);
+    }
+    if (full == NULL || (entry = et->tp_new(et, pcore_empty, NULL)) == NULL)
+        goto out;
+    Py_INCREF(ck); Py_INCREF(a[15]); Py_INCREF(a[11]); Py_INCREF(full); Py_INCREF(Py_True); Py_INCREF(Py_False);
+    if (pcore_set(entry, pcore_n_ck, ck) < 0 || pcore_set(entry, pcore_n_revive_qid, a[15]) < 0
+        || pcore_set(entry, pcore_n_next_offset, a[11]) < 0 || pcore_set(entry, pcore_n_acked, PyLong_FromLong(0)) < 0
+        || pcore_set(entry, pcore_n_full, full) < 0 || pcore_set(entry, pcore_n_contiguous, Py_True) < 0
+        || pcore_set(entry, pcore_n_stored, Py_False) < 0
+        || pcore_set(entry, pcore_n_flush_at, PyLong_FromLongLong(flush_at)) < 0)
+        goto out;
+    if ((key = PyTuple_Pack(5, group, topic, q_obj, offset_obj, pop_time_obj)) == NULL)
+        goto out;
+    if ((buf = PyMem_Malloc(cap)) == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    char flag = retry == Py_True ? '1' : '0';
+    char *d = buf;
+    *d++ = flag; *d++ = ' '; d = pcore_ll(d, q); *d++ = ' '; d = pcore_ll(d, offset);
+    if ((starts = PyUnicode_DecodeASCII(buf, d - buf, NULL)) == NULL)
+        goto out;
+    d = buf;
+    *d++ = flag; *d++ = ' '; d = pcore_ll(d, q); *d++ = ' '; d = pcore_run(d, offset, end);
+    if ((infos = PyUnicode_DecodeASCII(buf, d - buf, NULL)) == NULL)
+        goto out;
+    /* the journal's C line (PopJournal.ck with contiguous diffs) */
+    d = buf;
+    *d++ = 'C'; *d++ = ' ';
+    memcpy(d, g, (size_t)glen); d += glen; *d++ = ' ';
+    memcpy(d, t, (size_t)tlen); d += tlen; *d++ = ' ';
+    d = pcore_ll(d, q); *d++ = ' '; d = pcore_ll(d, offset); *d++ = ' '; d = pcore_ll(d, pop_time); *d++ = ' ';
+    d = pcore_ll(d, invisible); *d++ = ' '; d = pcore_ll(d, revive_qid); *d++ = ' '; d = pcore_ll(d, end); *d++ = ' ';
+    d = pcore_run(d, 0, n); *d++ = '\n';
+    Py_ssize_t line = d - buf;
+    if (pcore_write((int)fd, buf, line) < 0)
+        goto out;
+    /* the state, in the reference's order: _by_key, then the queue */
+    if (PyDict_SetItem(by_key, key, entry) < 0)
+        goto out;
+    PyObject *bq = PyDict_GetItemWithError(queues, qkey);
+    int scan = 0;
+    if (bq == NULL) {
+        if (PyErr_Occurred() || (bq = PyObject_CallNoArgs(deque_cls)) == NULL)
+            goto out;
+        int r = PyDict_SetItem(queues, qkey, bq);
+        Py_DECREF(bq);  /* the dict holds it */
+        if (r < 0)
+            goto out;
+    }
+    PyObject *ok = PyObject_CallMethodOneArg(bq, pcore_n_append, entry);
+    if (ok == NULL)
+        goto out;
+    Py_DECREF(ok);
+    if ((first = PySequence_GetItem(bq, 0)) == NULL)
+        goto out;
+    if (first != entry) {  /* first.stored or first.acked == first.full: the caller scans */
+        PyObject *st = PyObject_GetAttr(first, pcore_n_stored);
+        if (st == NULL)
+            goto out;
+        scan = PyObject_IsTrue(st);
+        Py_DECREF(st);
+        if (scan < 0)
+            goto out;
+        if (!scan) {
+            PyObject *ac = PyObject_GetAttr(first, pcore_n_acked), *fu = ac ? PyObject_GetAttr(first, pcore_n_full) : NULL;
+            scan = fu != NULL ? PyObject_RichCompareBool(ac, fu, Py_EQ) : -1;
+            Py_XDECREF(ac); Py_XDECREF(fu);
+            if (scan < 0)
+                goto out;
+        }
+    }
+    res = Py_BuildValue("(nOOO)", line, scan ? Py_True : Py_False, starts, infos);
+out:
+    PyMem_Free(buf);
+    Py_XDECREF(ck); Py_XDECREF(entry); Py_XDECREF(diffs); Py_XDECREF(key); Py_XDECREF(full); Py_XDECREF(starts);
+    Py_XDECREF(infos); Py_XDECREF(first);
+    return res;
+}
+
+/* ack_settle(by_key, key, start, stop, fd): PopBufferMergeService.ack_one for a buffered, unstored, contiguous entry
+ * of at most 62 messages -> (journal bytes written, settled: its _by_key entry deleted), or None (nothing changed) */
+static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 5) {
+        PyErr_SetString(PyExc_TypeError, "ack_settle takes 5 arguments");
+        return NULL;
+    }
+    if (pcore_init_names() < 0)
+        return NULL;
+    PyObject *by_key = a[0], *key = a[1];
+    long long start, stop, fd, kq, kso, kpt;
+    if (!PyDict_CheckExact(by_key) || !PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 5
+        || !PyUnicode_CheckExact(PyTuple_GET_ITEM(key, 0)) || !PyUnicode_CheckExact(PyTuple_GET_ITEM(key, 1))
+        || !pcore_int(PyTuple_GET_ITEM(key, 2), &kq) || !pcore_int(PyTuple_GET_ITEM(key, 3), &kso)
+        || !pcore_int(PyTuple_GET_ITEM(key, 4), &kpt) || !pcore_int(a[2], &start) || !pcore_int(a[3], &stop)
+        || !pcore_int(a[4], &fd) || fd < 0 || fd > INT_MAX || start >= stop || stop - start > 1024)
+        Py_RETURN_NONE;
+    PyObject *entry = PyDict_GetItemWithError(by_key, key);
+    if (entry == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(entry);
+    PyObject *res = NULL, *stored = NULL, *contiguous = NULL, *ck = NULL, *so_obj = NULL, *diffs = NULL, *acked_obj = NULL,
+             *full_obj = NULL, *new_acked = NULL;
+    char *buf = NULL;
+    int decline = 1;
+    long long so, acked, full;
+    if ((stored = PyObject_GetAttr(entry, pcore_n_stored)) == NULL
+        || (contiguous = PyObject_GetAttr(entry, pcore_n_contiguous)) == NULL)
+        goto out;
+    if (stored != Py_False || contiguous != Py_True)
+        goto out;
+    if ((ck = PyObject_GetAttr(entry, pcore_n_ck)) == NULL || (acked_obj = PyObject_GetAttr(entry, pcore_n_acked)) == NULL
+        || (full_obj = PyObject_GetAttr(entry, pcore_n_full)) == NULL)
+        goto out;
+    if ((so_obj = PyObject_GetAttr(ck, pcore_n_start_offset)) == NULL
+        || (diffs = PyObject_GetAttr(ck, pcore_n_queue_offset_diff)) == NULL)
+        goto out;
+    if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
+        || !pcore_int(full_obj, &full))
+        goto out;
+    Py_ssize_t n = PyList_GET_SIZE(diffs);
+    if (n > 62 || acked < 0 || full < 0)
+        goto out;
+    Py_ssize_t glen, tlen;
+    const char *g = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(key, 0), &glen);
+    const char *t = g != NULL ? PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(key, 1), &tlen) : NULL;
+    if (t == NULL) {
+        PyErr_Clear();
+        goto out;
+    }
+    decline = 0;
+    /* _ack_run: the bits of [first, first + stop - start) the checkpoint holds */
+    long long firstd = start - so, lo = firstd > 0 ? firstd : 0, hi = firstd + (stop - start);
+    if (hi > n)
+        hi = n;
+    if (lo < hi)
+        acked |= (long long)((((unsigned long long)1 << (hi - lo)) - 1) << lo);
+    if ((new_acked = PyLong_FromLongLong(acked)) == NULL || PyObject_SetAttr(entry, pcore_n_acked, new_acked) < 0)
+        goto out;
+    size_t cap = (size_t)glen + (size_t)tlen + 128 + (size_t)(stop - start) * 21;
+    if ((buf = PyMem_Malloc(cap)) == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    char *d = buf;
+    *d++ = 'A'; *d++ = ' ';
+    memcpy(d, g, (size_t)glen); d += glen; *d++ = ' ';
+    memcpy(d, t, (size_t)tlen); d += tlen; *d++ = ' ';
+    d = pcore_ll(d, kq); *d++ = ' '; d = pcore_ll(d, kso); *d++ = ' '; d = pcore_ll(d, kpt); *d++ = ' ';
+    d = pcore_run(d, start, stop); *d++ = '\n';
+    Py_ssize_t line = d - buf;
+    if (pcore_write((int)fd, buf, line) < 0)
+        goto out;
+    int settled = acked == full;
+    if (settled && PyDict_DelItem(by_key, key) < 0)
+        goto out;
+    res = Py_BuildValue("(nO)", line, settled ? Py_True : Py_False);
+out:
+    PyMem_Free(buf);
+    Py_XDECREF(stored); Py_XDECREF(contiguous); Py_XDECREF(ck); Py_XDECREF(so_obj); Py_XDECREF(diffs);
+    Py_XDECREF(acked_obj); Py_XDECREF(full_obj); Py_XDECREF(new_acked); Py_DECREF(entry);
+    if (decline) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+/* ============================ end of THE POP CORE ===================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -7679,6 +8011,13 @@ static PyMethodDef methods[] = {
      "pop_ack_take(buf, n, opaque): True when a lone caller's read is just its SUCCESS response, or None."},
     {"pop_ack_frame", (PyCFunction)(void (*)(void))pop_ack_frame, METH_FASTCALL,
      "pop_ack_frame(msgs, MessageExt, topic, group, opaque): PopConsumer.ack_batch's BATCH_ACK_MESSAGE frame, or None."},
+    /* THE POP CORE (branch pop-core): the block above the table */
+    {"pop_register", (PyCFunction)(void (*)(void))pop_register, METH_FASTCALL,
+     "pop_register(PopCheckPoint, _Entry, deque, by_key, queues, qkey, fd, group, topic, q, offset, end, ...): "
+     "a contiguous pop registered in the POP buffer: (journal bytes, scan, startOffsetInfo item, msgOffsetInfo item) or None."},
+    {"ack_settle", (PyCFunction)(void (*)(void))ack_settle, METH_FASTCALL,
+     "ack_settle(by_key, key, start, stop, fd): PopBufferMergeService.ack_one for a contiguous entry: (journal bytes, "
+     "settled) or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,12 +16,13 @@ import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rmq_eventstore.broker import Broker, pop_service
+from rmq_eventstore.broker import Broker, pop_buffer, pop_service
 from rmq_eventstore.broker.processor import pop as pop_processor
-from rmq_eventstore.broker.processor.pop import AckMessageProcessor, PopMessageProcessor
+from rmq_eventstore.broker.processor.pop import ACK_FRAME, AckMessageProcessor, PopMessageProcessor
 from rmq_eventstore.broker.server import serve_in_thread
 from rmq_eventstore.client import PopConsumer, Producer
 from rmq_eventstore.common import Message, codec
@@ -59,7 +60,7 @@ def fields(frame: bytes) -> tuple | None:
 class Pair:
     """Two brokers on copies of one store: `lane` serves frames by the POP lane, `ref` by the reference."""
 
-    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, retry: bool = True) -> None:
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, retry: bool = True, big: int = 0) -> None:
         seed = root / "seed"
         with MessageStore.open(seed, **SMALL) as store:
             b = Broker(store)
@@ -72,6 +73,8 @@ class Pair:
                 store.put_messages([Message("jobs", f"a{i}".encode(), tags="skip" if i % 4 == 3 else "t", queue_id=0)
                                     for i in range(30)])
                 store.put_messages([Message("jobs", f"b{i}".encode(), tags="t", queue_id=2) for i in range(5)])
+                if big:  # queue 1: `big` more (pops of more than the 62 messages ack_settle takes)
+                    store.put_messages([Message("jobs", f"c{i}".encode(), tags="t", queue_id=1) for i in range(big)])
                 # stored even without the retry topic's config: its queue is popped once the config exists
                 store.put_messages([Message(pop_retry_topic("g", "jobs"), f"r{i}".encode(), tags="t", queue_id=0)
                                     for i in range(3)])
@@ -134,8 +137,10 @@ class Pair:
         self.check_state()
         return got
 
-    def ack(self, resp: bytes, which: str = "all") -> None:
-        """Ack (one ACK_MESSAGE per message) the popped messages of a response on both brokers."""
+    def ack(self, resp: bytes, which: str = "all", lane: bool = False) -> None:
+        """Ack (one ACK_MESSAGE per message) the popped messages of a response on both brokers; with `lane`, the
+        lane broker serves each by the ACK lane (`AckMessageProcessor.lane`: `PopBufferMergeService.ack_one`,
+        `_native.ack_settle`) when it takes it, the reference broker by `process`."""
         r = decode_frame(resp[4:])
         x = r.ext_fields
         starts = {}
@@ -153,9 +158,38 @@ class Pair:
                 extra = (f"{starts[(flag, qid)]} {x['popTime']} {x['invisibleTime']} {x['reviveQid']} {flag} "
                          f"{self.brokers[0].config.broker_name} {qid} {off}")
                 for p in (self.lane_ack, self.ref_ack):
-                    a = p.process(RemotingCommand.request(RequestCode.ACK_MESSAGE, {
-                        "consumerGroup": "g", "topic": topic, "queueId": qid, "extraInfo": extra, "offset": off}), None)
+                    req = RemotingCommand.request(RequestCode.ACK_MESSAGE, {
+                        "consumerGroup": "g", "topic": topic, "queueId": qid, "extraInfo": extra, "offset": off})
+                    if lane and p is self.lane_ack and ACK_FRAME is not None:
+                        got = ACK_FRAME(req.encode(), MAX_FRAME, MAX_HEADER, bytearray())
+                        assert got is not None
+                        if p.lane(got):
+                            continue
+                    a = p.process(req, None)
                     assert a.code == ResponseCode.SUCCESS
+        self.check_state()
+
+    def ack_batch(self, resp: bytes) -> None:
+        """Ack every popped message of a response with one BATCH_ACK_MESSAGE entry per queue on both brokers: the
+        lane broker by the ACK lane when it takes it, the reference broker by `process`."""
+        x = decode_frame(resp[4:]).ext_fields
+        starts = {}
+        for item in filter(None, x["startOffsetInfo"].split(";")):
+            flag, qid, start = item.split(" ")
+            starts[(flag, qid)] = int(start)
+        acks = []
+        for item in filter(None, x["msgOffsetInfo"].split(";")):
+            flag, qid, offsets = item.split(" ")
+            so = starts[(flag, qid)]
+            acks.append({"c": "g", "t": "jobs", "r": flag, "so": so, "q": int(qid), "rq": int(x["reviveQid"]),
+                         "pt": int(x["popTime"]), "it": int(x["invisibleTime"]),
+                         "b": [int(o) - so for o in offsets.split(",")]})
+        req = RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {})
+        req.body = json.dumps({"acks": acks}, separators=(",", ":")).encode()
+        got = ACK_FRAME(req.encode(), MAX_FRAME, MAX_HEADER, bytearray()) if ACK_FRAME is not None else None
+        if got is None or not self.lane_ack.lane(got):
+            assert self.lane_ack.process(req, None).code == ResponseCode.SUCCESS
+        assert self.ref_ack.process(req, None).code == ResponseCode.SUCCESS
         self.check_state()
 
     def check_state(self) -> None:
@@ -169,7 +203,11 @@ class Pair:
                {k: [(e.next_offset, e.acked, e.full, e.stored, e.contiguous, e.revive_qid, e.flush_at, e.ck)
                     for e in q] for k, q in br._queues.items()}
         assert bl._by_key.keys() == br._by_key.keys()
+        assert [type(v).__name__ for e in bl._by_key.values() for v in (e.acked, e.full, e.flush_at, e.ck.num)] == \
+               [type(v).__name__ for e in br._by_key.values() for v in (e.acked, e.full, e.flush_at, e.ck.num)]
         assert bl._count == br._count
+        assert (bl.settled, bl.stored, bl._committed_by_me) == (br.settled, br.stored, br._committed_by_me)
+        assert bl.journal.size == br.journal.size == len(jl)
         assert lane.pop_service._qid == ref.pop_service._qid
 
 
@@ -293,6 +331,99 @@ def test_the_buffer_off_is_declined(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         p.pop(pop_request(queue_id=0), monkeypatch, served=False)
     finally:
         p.close()
+
+
+# -- the POP core: pop_now's registration and ack_one's settling in C (_native.pop_register / ack_settle) -----
+@pytest.mark.parametrize("batch", [1, 2, 5, 32])
+def test_pops_acked_by_the_ack_lane_as_the_reference_acks_them(pair: Pair, monkeypatch: pytest.MonkeyPatch,
+                                                               batch: int) -> None:
+    """Entries the lane's POP registered (`pop_register`), settled by the ACK lane (`ack_settle`) on one broker
+    and by the reference's pop and ack on the other: every frame, journal byte and buffer field the same."""
+    calls = {"register": 0, "settle": 0}
+    for module, name, what in ((pop_service, "_POP_REGISTER", "register"), (pop_buffer, "_ACK_SETTLE", "settle")):
+        real = getattr(module, name)
+        if real is not None:
+            def counted(*args: object, _real: Any = real, _what: str = what) -> Any:
+                got = _real(*args)
+                calls[_what] += got is not None
+                return got
+            monkeypatch.setattr(module, name, counted)
+    pair.pop(pop_request(max_nums=batch), monkeypatch, served=False)  # the "*" filter is made here
+    for i in range(40):
+        got = pair.pop(pop_request(max_nums=batch, queue_id=-1 if i % 3 else 0), monkeypatch)
+        assert got is not None
+        if decode_frame(got[4:]).code == ResponseCode.NO_MESSAGE:
+            break
+        if i % 4 == 3:
+            pair.ack_batch(got)
+        else:
+            pair.ack(got, "odd" if i % 4 == 1 else "all", lane=True)
+    assert (calls["register"] > 0 and calls["settle"] > 0) == LANE, calls  # the pure loops: neither C half
+
+
+def test_a_pop_of_many_and_its_acks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pop of more than 62 messages (a full mask past 64 bits: pop_register makes it, ack_settle declines to
+    `_ack_run`) and one of exactly 62 (the largest ack_settle takes)."""
+    p = Pair(tmp_path, monkeypatch, retry=False, big=200)
+    try:
+        for store in p.stores:  # reads of up to 1024 messages (32 by default)
+            store.config.max_transfer_count_on_message_in_memory = 1024
+        p.pop(pop_request(queue_id=1, max_nums=2), monkeypatch, served=False)
+        for n, how in ((100, "odd"), (62, "all"), (36, "batch")):
+            got = p.pop(pop_request(queue_id=1, max_nums=n), monkeypatch)
+            assert got is not None
+            assert len(decode_frame(got[4:]).ext_fields["msgOffsetInfo"].split(" ")[2].split(",")) == n
+            if how == "batch":
+                p.ack_batch(got)
+            else:
+                p.ack(got, how, lane=True)
+        assert [len(b.pop_service.buffer._by_key) for b in p.brokers] == [2, 2]  # the first pop, the 100s unacked half
+    finally:
+        p.close()
+
+
+def test_the_core_declines_what_is_not_its_case_before_anything_changed(pair: Pair) -> None:
+    from collections import deque
+
+    from rmq_eventstore.broker.pop_buffer import _Entry
+    from rmq_eventstore.common.pop import PopCheckPoint
+
+    buffer = pair.brokers[0].pop_service.buffer
+    fd = buffer.journal._fd
+    by_key: dict = {}
+    queues: dict = {}
+    good = [PopCheckPoint, _Entry, deque, by_key, queues, ("g", "jobs", 0), fd, "g", "jobs", 0, 5, 7, 10**12,
+            60_000, "b", 3, 10_000, 500, False]
+    for i, bad in ((3, {}.items()), (5, ["g", "jobs", 0]), (6, -1), (7, b"g"), (8, None), (9, 1.0), (10, 7),
+                   (10, True), (11, 5 + 1025), (11, 2**70), (12, "1"), (14, None), (18, 0), (7, "g\udc80")):
+        args = list(good)
+        args[i] = bad
+        assert _native.pop_register(*args) is None, (i, bad)
+    assert not by_key and not queues and Path(buffer.journal.path).read_bytes() == b""
+    got = _native.pop_register(*good)
+    assert got == (len(b"C g jobs 0 5 1000000000000 60000 3 7 0,1\n"), False, "0 0 5", "0 0 5,6")
+    entry = by_key[("g", "jobs", 0, 5, 10**12)]
+    assert list(queues[("g", "jobs", 0)]) == [entry]
+    # ack_settle: what it leaves to `_ack_run` (and `ack_one`'s own refusals) changes nothing
+    key = ("g", "jobs", 0, 5, 10**12)
+    journal = Path(buffer.journal.path).read_bytes()
+    for args in ((by_key, ("g", "jobs", 0, 5, 10**12 + 1), 5, 6, fd), (by_key, key, 6, 6, fd), (by_key, key, 6, 5, fd),
+                 (by_key, list(key), 5, 6, fd), (by_key, key, 5, 6, -1), (by_key, key, 5.0, 6, fd),
+                 (dict(by_key), ("g", "jobs", 0, 5, True), 5, 6, fd)):
+        assert _native.ack_settle(*args) is None
+    entry.stored = True
+    assert _native.ack_settle(by_key, key, 5, 6, fd) is None
+    entry.stored = False
+    entry.contiguous = False
+    assert _native.ack_settle(by_key, key, 5, 6, fd) is None
+    entry.contiguous = True
+    assert entry.acked == 0 and Path(buffer.journal.path).read_bytes() == journal
+    assert _native.ack_settle(by_key, key, 4, 6, fd) == (len("A g jobs 0 5 1000000000000 4,5\n"), False)
+    assert entry.acked == 1 and key in by_key
+    assert _native.ack_settle(by_key, key, 6, 9, fd) == (len("A g jobs 0 5 1000000000000 6,7,8\n"), True)
+    assert entry.acked == 3 and key not in by_key
+    assert Path(buffer.journal.path).read_bytes() == journal + b"A g jobs 0 5 1000000000000 4,5\n" \
+        b"A g jobs 0 5 1000000000000 6,7,8\n"
 
 
 # -- the frame reader -------------------------------------------------------------------------------------

@@ -33,10 +33,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..common.native import native
 from ..common.pop import PopCheckPoint, offsets_text
 
 QueueKey = tuple[str, str, int]  # group, topic, queue id
 CkKey = tuple[str, str, int, int, int]  # group, topic, queue id, start offset, pop time
+# THE POP CORE of `_native`: `ack_one`'s settling of a contiguous entry (`_ack_run`'s bits, journal line and _by_key
+# entry) in C; None without the native core (RMQ_EVENTSTORE_PURE=1, not built): `_ack_run` serves
+_ACK_SETTLE = getattr(native, "ack_settle", None)
 
 
 def _ack_mask(diffs: list[int], start: int, offsets: list[int], contiguous: bool) -> int:
@@ -326,8 +330,18 @@ class PopBufferMergeService:
     def ack_one(self, key: CkKey, start: int, stop: int) -> bool:
         """`ack(key, range(start, stop))` (consecutive offsets, start < stop: the usual ack) when `key` is a
         buffered checkpoint that is not stored: the same bits, journal line and offset commit, True. False, with
-        nothing changed, otherwise (the caller's general path then writes an ack record)."""
+        nothing changed, otherwise (the caller's general path then writes an ack record). A contiguous entry of at
+        most 62 messages is settled in C (`_native.ack_settle`: `_ack_run`'s bits, journal line and _by_key entry)."""
         with self._lock:
+            j = self.journal
+            if j is not None and _ACK_SETTLE is not None:  # _ack_run for a contiguous entry, in C
+                got = _ACK_SETTLE(self._by_key, key, start, stop, j._fd)
+                if got is not None:
+                    j.size += got[0]
+                    if got[1]:  # settled: its _by_key entry is gone
+                        self.settled += 1
+                        self._scan_commit(key[:3])  # type: ignore[arg-type]
+                    return True
             entry = self._by_key.get(key)
             if entry is None or entry.stored:
                 return False

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from ..common import GetMessageStatus, Message, MessageExt, codec
 from ..common.filter import MessageFilter
+from ..common.native import native
 from ..common.pop import (
     ACK_TAG,
     BATCH_ACK_TAG,
@@ -73,6 +74,9 @@ log = logging.getLogger(__name__)
 REVIVE_INTERVAL = 0.1  # seconds between revive rounds (RocketMQ's reviveInterval is 1 s)
 POP_FROM_RETRY_PROBABILITY = 20  # percent of pops that look at the retry topic first
 _RECORD_LAYOUT_SIZE = _RECORD_LAYOUT.size
+# THE POP CORE of `_native` (pop_now's registration of a contiguous pop: checkpoint, buffer entry, journal line,
+# response texts); None without the native core (RMQ_EVENTSTORE_PURE=1, not built): the Python block serves
+_POP_REGISTER = getattr(native, "pop_register", None)
 
 
 @dataclass
@@ -368,7 +372,8 @@ class PopService:
         on with a journal, the store's native pull read. The same look at the same queues in the same
         order, the same checkpoint, journal line, consume offset and response fields as `_pop_once` (the
         reference; tests/test_pop_lane.py compares them), with a fraction of its calls: the buffer's pop
-        offset, the read and the checkpoint's registration are inlined. Returns (pop_time, revive_qid,
+        offset, the read and the checkpoint's registration are inlined (the registration of a contiguous pop, with
+        its response texts, in C: `_native.pop_register`, which makes no Python frame). Returns (pop_time, revive_qid,
         rest_num, count, body, startOffsetInfo, msgOffsetInfo), or None before anything changed when the
         case is not that one (the caller then takes `pop`). Inside the loop, anything unusual (a buffer full,
         an offset outside the queue, a read that found nothing) takes the reference's own call for it.
@@ -468,6 +473,25 @@ class PopService:
                         buffer.add_offset(group, t, q, end)
                     continue
                 contiguous = offsets.__class__ is range
+                if contiguous and _POP_REGISTER is not None:  # the block below in C (THE POP CORE in _native.c)
+                    got = None
+                    with blk:
+                        if buffer.enabled and buffer._count < buffer.max_size:
+                            got = _POP_REGISTER(PopCheckPoint, _Entry, deque, buffer._by_key, bqueues, qkey,
+                                                journal._fd, group, t, q, offset, end, pop_time, invisible_time,
+                                                broker_name, revive_qid, buffer.stay_ms, buffer.margin_ms, retry)
+                            if got is not None:
+                                journal.size += got[0]
+                                buffer._count += 1
+                                if got[1]:
+                                    buffer._scan_commit(qkey)
+                    if got is not None:
+                        starts.append(got[2])
+                        infos.append(got[3])
+                        bodies.append(body)
+                        count += n
+                        rest += max(max_offset - end, 0)
+                        continue
                 ck = PopCheckPoint(offset, pop_time, invisible_time, n, q, t, group, broker_name,
                                    list(range(n)) if contiguous else [o - offset for o in offsets])
                 added = False

@@ -3760,7 +3760,10 @@ done:
 /* uniq_create(generator) -> str or None: UniqueIdGenerator.create's fast path (the millisecond of the ids
  * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
  * same reads and writes of `_time`, `_time_used`, `_counter` as the Python method, and the same id text.
- * None, having changed nothing, when the fast path does not apply (create() then claims). */
+ * A new millisecond (branch send-core) is served too, as `_claim(1)` serves it: its `_head` is `_prefix` +
+ * the 8 hex digits of (ms - `_month_start`) mod 2**32, stored with `_head_time`, while the millisecond lies in
+ * [`_month_start`, `_next_month`). None, having changed nothing, when the fast path does not apply (a month
+ * roll, 65536 ids in the millisecond, unusual slot values: create() then claims). */
 /* A threading.Lock taken and released without a method call (issue 16, branch single-put): a single put
  * takes two uncontended locks (the UniqueIdGenerator's and the put lock) and `lock.acquire()` parses its
  * arguments each time. CPython 3.11 / 3.12's _thread.lock is {PyObject_HEAD; PyThread_type_lock lock_lock;
@@ -3848,8 +3851,9 @@ static int fl_release(PyObject *lock) {
 /* The generator's state is in slots (UniqueIdGenerator.__slots__): their offsets, found once for its type
  * (slot_offsets), are read and written directly, not through attribute look-ups (~8 per id, most of this
  * function's cost). A type whose fields are not object slots is declined (create() runs). */
-enum { U_LOCK, U_TIME, U_USED, U_HEAD, U_HEAD_TIME, U_COUNTER, U_COUNT };
-static const char *u_names[U_COUNT] = {"_lock", "_time", "_time_used", "_head", "_head_time", "_counter"};
+enum { U_LOCK, U_TIME, U_USED, U_HEAD, U_HEAD_TIME, U_COUNTER, U_PREFIX, U_MONTH_START, U_NEXT_MONTH, U_COUNT };
+static const char *u_names[U_COUNT] = {"_lock", "_time", "_time_used", "_head", "_head_time", "_counter", "_prefix",
+                                       "_month_start", "_next_month"};
 static PyTypeObject *u_type = NULL, *u_bad_type = NULL;  /* the last type that had the slots / did not */
 static Py_ssize_t u_off[U_COUNT];
 
@@ -3877,13 +3881,6 @@ static int u_get(PyObject *gen, int i, int64_t lo, int64_t hi, int64_t *out) {
     return v != NULL && PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
 }
 
-static int u_set(PyObject *gen, int i, int64_t v) {  /* 0, or -1 with an error set */
-    PyObject *x = PyLong_FromLongLong(v);
-    if (x == NULL) return -1;
-    Py_XSETREF(U_SLOT(gen, i), x);
-    return 0;
-}
-
 static PyObject *uniq_create(PyObject *self, PyObject *gen) {
     int got = u_slots(Py_TYPE(gen));
     if (got < 0) return NULL;
@@ -3901,26 +3898,56 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
           u_get(gen, U_HEAD_TIME, INT64_MIN, INT64_MAX, &head_t) && u_get(gen, U_COUNTER, 0, 0xFFFF, &counter) &&
           head != NULL && PyUnicode_CheckExact(head) && PyUnicode_IS_ASCII(head);
     int new_ms = 0;
+    PyObject *new_head = NULL, *new_head_t = NULL, *new_t = NULL, *new_used = NULL, *new_counter = NULL;
+    static const char hex[] = "0123456789ABCDEF";
     if (got) {
         if (now > t) { t = now; used = 0; new_ms = 1; }
-        if (t != head_t || used >= 0x10000) got = 0;
+        if (used >= 0x10000) got = 0;  /* the counter would repeat: _claim borrows the next millisecond */
     }
-    if (got) {
+    if (got && t != head_t) {  /* a new millisecond: its head, as _claim(1) makes it (no month roll) */
+        PyObject *prefix = U_SLOT(gen, U_PREFIX);
+        int64_t ms0, ms1;
+        got = u_get(gen, U_MONTH_START, INT64_MIN, INT64_MAX, &ms0) &&
+              u_get(gen, U_NEXT_MONTH, INT64_MIN, INT64_MAX, &ms1) && t >= ms0 && t < ms1 &&
+              prefix != NULL && PyUnicode_CheckExact(prefix) && PyUnicode_IS_ASCII(prefix);
+        if (got) {
+            Py_ssize_t pl = PyUnicode_GET_LENGTH(prefix);
+            new_head = PyUnicode_New(pl + 8, 127);
+            new_head_t = PyLong_FromLongLong(t);
+            if (new_head == NULL || new_head_t == NULL) got = -1;
+            else {
+                char *d = (char *)PyUnicode_1BYTE_DATA(new_head);
+                memcpy(d, PyUnicode_1BYTE_DATA(prefix), pl);
+                uint32_t diff = (uint32_t)((uint64_t)t - (uint64_t)ms0);
+                for (int k = 0; k < 8; k++) d[pl + k] = hex[(diff >> (28 - 4 * k)) & 15];
+                head = new_head;
+            }
+        }
+    }
+    if (got > 0) {
         Py_ssize_t hl = PyUnicode_GET_LENGTH(head);
         result = PyUnicode_New(hl + 4, 127);
-        if (result == NULL) got = -1;
+        new_t = new_ms ? PyLong_FromLongLong(t) : NULL;
+        new_used = PyLong_FromLongLong(used + 1);
+        new_counter = PyLong_FromLongLong((counter + 1) & 0xFFFF);
+        if (result == NULL || (new_ms && new_t == NULL) || new_used == NULL || new_counter == NULL) got = -1;
         else {
-            static const char hex[] = "0123456789ABCDEF";
             char *d = (char *)PyUnicode_1BYTE_DATA(result);
             memcpy(d, PyUnicode_1BYTE_DATA(head), hl);
             unsigned c = (unsigned)counter;
             d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
-            /* commit: the same state the Python fast path leaves (which writes _time only when it moves) */
-            if ((new_ms && u_set(gen, U_TIME, t) < 0) || u_set(gen, U_USED, used + 1) < 0 ||
-                u_set(gen, U_COUNTER, (counter + 1) & 0xFFFF) < 0)
-                got = -1;
+            /* commit, nothing left to fail: the state the Python path leaves (_time written only when it
+             * moves; _head and _head_time only for a new millisecond) */
+            if (new_ms) Py_XSETREF(U_SLOT(gen, U_TIME), Py_NewRef(new_t));
+            Py_XSETREF(U_SLOT(gen, U_USED), Py_NewRef(new_used));
+            Py_XSETREF(U_SLOT(gen, U_COUNTER), Py_NewRef(new_counter));
+            if (new_head != NULL) {
+                Py_XSETREF(U_SLOT(gen, U_HEAD), Py_NewRef(new_head));
+                Py_XSETREF(U_SLOT(gen, U_HEAD_TIME), Py_NewRef(new_head_t));
+            }
         }
     }
+    Py_XDECREF(new_head); Py_XDECREF(new_head_t); Py_XDECREF(new_t); Py_XDECREF(new_used); Py_XDECREF(new_counter);
     if (fl_release(lock) < 0) got = -1;
     Py_DECREF(lock);
     if (got <= 0) {

@@ -36,6 +36,8 @@
  *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
  *   send_lane           SendMessageProcessor.lane: a plain SEND_MESSAGE_V2 checked, decorated, stored and answered
  *                       (its frame) in one call (block above the table)
+ *   slot_getattr,       getattr / setattr by slot offset where the generic protocol reads / writes that slot: how
+ *   slot_setattr        dispatch_singles reads and writes its objects' fields (SLOT FIELDS, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -5020,6 +5022,15 @@ static PyObject *int_run(PyObject *self, PyObject *value) {
 }
 /* ============================ end of POP offsets ===================================================== */
 
+/* SLOT FIELDS (issue speed, branch send-core; the block above the method table): the dispatch pass reads and
+ * writes its objects' fields by slot offset, through these */
+typedef struct { PyTypeObject *tp; unsigned int tag; Py_ssize_t off; } sf_entry;
+typedef struct { sf_entry e[4]; } sf_cache;  /* one field name's offsets in the last four types */
+static PyObject *sf_get(PyObject *o, PyObject *name, sf_cache *c);
+static int sf_set(PyObject *o, PyObject *name, sf_cache *c, PyObject *v);
+static int ds_i64(PyObject *o, int i, int64_t lo, int64_t hi, int64_t *out);
+static int ds_set_i64(PyObject *o, int i, int64_t v);
+
 /* ============================================================================================== */
 /* THE DISPATCH PASS (issue 16, branch dispatch-native): a dispatch pass over single puts in one call */
 /*  dispatch_singles: ReputMessageService's pass (take_pending, MessageStore._dispatch: the consume    */
@@ -5047,6 +5058,7 @@ static const char *d_strs[D_N] = {
     "_end_phy_offset", "_hash_slot_count", "mm", "_dirty", "checkpoint", "logics_msg_timestamp", "popleft",
     "message_index_enable", "_gated"};
 static PyObject *d_names[D_N];
+static sf_cache d_cache[D_N];  /* where each field is a slot (sf_get / sf_set, SLOT FIELDS) */
 
 typedef struct {
     PyObject *cq, *topic, *mf;  /* new references */
@@ -5056,8 +5068,8 @@ typedef struct {
 } ds_queue;
 
 /* an attribute's truth: 1, 0, or -1 (error set) */
-static int ds_truth(PyObject *o, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(o, name);
+static int ds_truth(PyObject *o, int i) {
+    PyObject *v = sf_get(o, d_names[i], &d_cache[i]);
     if (v == NULL) return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -5066,7 +5078,7 @@ static int ds_truth(PyObject *o, PyObject *name) {
 
 /* the commit log's readable end (MappedFileQueue.get_max_offset): 1, 0 when not plain ints, -1 on error */
 static int ds_max_offset(PyObject *mfq, int64_t *out) {
-    PyObject *files = PyObject_GetAttr(mfq, d_names[D_MAPPED_FILES]);
+    PyObject *files = sf_get(mfq, d_names[D_MAPPED_FILES], &d_cache[D_MAPPED_FILES]);
     if (files == NULL) return -1;
     int got = 1;
     if (!PyList_CheckExact(files)) got = 0;
@@ -5075,10 +5087,10 @@ static int ds_max_offset(PyObject *mfq, int64_t *out) {
         PyObject *f = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
         Py_INCREF(f);
         int64_t from, pos;
-        int tr = ds_truth(f, d_names[D_TRANSIENT]);
+        int tr = ds_truth(f, D_TRANSIENT);
         if (tr < 0) got = -1;
-        if (got > 0) got = single_attr_i64(f, d_names[D_FROM], 0, INT64_MAX / 2, &from);
-        if (got > 0) got = single_attr_i64(f, d_names[tr ? D_COMMITTED : D_WROTE], 0, INT64_MAX / 2, &pos);
+        if (got > 0) got = ds_i64(f, D_FROM, 0, INT64_MAX / 2, &from);
+        if (got > 0) got = ds_i64(f, tr ? D_COMMITTED : D_WROTE, 0, INT64_MAX / 2, &pos);
         if (got > 0) *out = from + pos;
         Py_DECREF(f);
     }
@@ -5127,35 +5139,35 @@ static int ds_record_hashes(PyObject *topic, PyObject *uniq, PyObject *keys, int
 typedef struct {
     PyObject *f;  /* new reference, or NULL: no index this pass */
     Py_buffer mm;
-    int has_mm;
+    int has_mm, begun;  /* begun: the begin fields were set this pass (send-core: only changed fields written back) */
     int64_t count, count0, index_num, slots, entries_base, begin_ts, end_ts, begin_phy, end_phy, slot_count;
 } ds_index;
 
 /* open the last index file for writing: 1, 0 (the general path decides: none, full, read-only, closed,
  * unusual values), -1 on error */
 static int ds_index_open(ds_index *ix, PyObject *service) {
-    int ro = ds_truth(service, d_names[D_READ_ONLY]);
+    int ro = ds_truth(service, D_READ_ONLY);
     if (ro != 0) return ro < 0 ? -1 : 0;
-    PyObject *files = PyObject_GetAttr(service, d_names[D_FILES]);
+    PyObject *files = sf_get(service, d_names[D_FILES], &d_cache[D_FILES]);
     if (files == NULL) return -1;
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
     ix->f = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
     Py_DECREF(files);
     PyObject *f = ix->f;
-    ro = ds_truth(f, d_names[D_READ_ONLY]);
+    ro = ds_truth(f, D_READ_ONLY);
     if (ro != 0) return ro < 0 ? -1 : 0;
-    int got = single_attr_i64(f, d_names[D_INDEX_COUNT], 1, INT32_MAX, &ix->count);
-    if (got > 0) got = single_attr_i64(f, d_names[D_INDEX_NUM], 1, INT32_MAX, &ix->index_num);
-    if (got > 0) got = single_attr_i64(f, d_names[D_SLOT_NUM], 1, INT32_MAX, &ix->slots);
-    if (got > 0) got = single_attr_i64(f, d_names[D_ENTRIES_BASE], 40, INT64_MAX / 4, &ix->entries_base);
-    if (got > 0) got = single_attr_i64(f, d_names[D_BEGIN_TS], INT64_MIN, INT64_MAX, &ix->begin_ts);
-    if (got > 0) got = single_attr_i64(f, d_names[D_END_TS], INT64_MIN, INT64_MAX, &ix->end_ts);
-    if (got > 0) got = single_attr_i64(f, d_names[D_BEGIN_PHY], INT64_MIN, INT64_MAX, &ix->begin_phy);
-    if (got > 0) got = single_attr_i64(f, d_names[D_END_PHY], INT64_MIN, INT64_MAX, &ix->end_phy);
-    if (got > 0) got = single_attr_i64(f, d_names[D_SLOT_COUNT], INT32_MIN, INT32_MAX, &ix->slot_count);
+    int got = ds_i64(f, D_INDEX_COUNT, 1, INT32_MAX, &ix->count);
+    if (got > 0) got = ds_i64(f, D_INDEX_NUM, 1, INT32_MAX, &ix->index_num);
+    if (got > 0) got = ds_i64(f, D_SLOT_NUM, 1, INT32_MAX, &ix->slots);
+    if (got > 0) got = ds_i64(f, D_ENTRIES_BASE, 40, INT64_MAX / 4, &ix->entries_base);
+    if (got > 0) got = ds_i64(f, D_BEGIN_TS, INT64_MIN, INT64_MAX, &ix->begin_ts);
+    if (got > 0) got = ds_i64(f, D_END_TS, INT64_MIN, INT64_MAX, &ix->end_ts);
+    if (got > 0) got = ds_i64(f, D_BEGIN_PHY, INT64_MIN, INT64_MAX, &ix->begin_phy);
+    if (got > 0) got = ds_i64(f, D_END_PHY, INT64_MIN, INT64_MAX, &ix->end_phy);
+    if (got > 0) got = ds_i64(f, D_SLOT_COUNT, INT32_MIN, INT32_MAX, &ix->slot_count);
     if (got <= 0) return got;
     if (ix->count >= ix->index_num || ix->entries_base != 40 + ix->slots * 4) return 0;  /* full: a new file */
-    PyObject *mm = PyObject_GetAttr(f, d_names[D_MM]);
+    PyObject *mm = sf_get(f, d_names[D_MM], &d_cache[D_MM]);
     if (mm == NULL) return -1;
     if (mm == Py_None || PyObject_GetBuffer(mm, &ix->mm, PyBUF_WRITABLE) < 0) {  /* closed: the general path says */
         PyErr_Clear();
@@ -5184,7 +5196,7 @@ static inline int ds_put_entry(ds_index *ix, int32_t h, int64_t phy, int64_t t) 
     put_i32(e, h); put_i64(e + 4, phy); put_i32(e + 12, (int32_t)td); put_i32(e + 16, (int32_t)sv);
     __atomic_thread_fence(__ATOMIC_RELEASE);  /* a reader following the slot finds the entry written */
     put_i32(slot, (int32_t)ix->count);
-    if (ix->count <= 1) { ix->begin_phy = phy; ix->begin_ts = t; }
+    if (ix->count <= 1) { ix->begin_phy = phy; ix->begin_ts = t; ix->begun = 1; }
     ix->count++;
     ix->end_phy = phy;
     ix->end_ts = t;
@@ -5194,28 +5206,28 @@ static inline int ds_put_entry(ds_index *ix, int32_t h, int64_t phy, int64_t t) 
 /* a queue's consume-queue state for this pass: 1, 0 (the general path decides), -1 on error */
 static int ds_queue_open(ds_queue *q, PyObject *cq) {
     q->cq = Py_NewRef(cq);
-    int ro = ds_truth(cq, d_names[D_READ_ONLY]);
+    int ro = ds_truth(cq, D_READ_ONLY);
     if (ro != 0) return ro < 0 ? -1 : 0;
-    int got = single_attr_i64(cq, d_names[D_MAXPHYS], INT64_MIN, INT64_MAX, &q->max_phys);
+    int got = ds_i64(cq, D_MAXPHYS, INT64_MIN, INT64_MAX, &q->max_phys);
     if (got <= 0) return got;
-    PyObject *mfq = PyObject_GetAttr(cq, d_names[D_MFQ]);
+    PyObject *mfq = sf_get(cq, d_names[D_MFQ], &d_cache[D_MFQ]);
     if (mfq == NULL) return -1;
-    PyObject *files = PyObject_GetAttr(mfq, d_names[D_MAPPED_FILES]);
+    PyObject *files = sf_get(mfq, d_names[D_MAPPED_FILES], &d_cache[D_MAPPED_FILES]);
     Py_DECREF(mfq);
     if (files == NULL) return -1;
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
     q->mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
     Py_DECREF(files);
     int64_t from;
-    got = single_attr_i64(q->mf, d_names[D_WROTE], 0, INT32_MAX, &q->wrote);
-    if (got > 0) got = single_attr_i64(q->mf, d_names[D_FILE_SIZE], 0, INT32_MAX, &q->file_size);
-    if (got > 0) got = single_attr_i64(q->mf, d_names[D_FROM], 0, INT64_MAX / 2, &from);
+    got = ds_i64(q->mf, D_WROTE, 0, INT32_MAX, &q->wrote);
+    if (got > 0) got = ds_i64(q->mf, D_FILE_SIZE, 0, INT32_MAX, &q->file_size);
+    if (got > 0) got = ds_i64(q->mf, D_FROM, 0, INT64_MAX / 2, &from);
     if (got <= 0) return got;
     if (q->wrote == 0) {  /* a new first file of the queue (fillPreBlank): the general path */
-        int fc = ds_truth(q->mf, d_names[D_FIRST_CREATE]);
+        int fc = ds_truth(q->mf, D_FIRST_CREATE);
         if (fc != 0) return fc < 0 ? -1 : 0;
     }
-    PyObject *view = PyObject_GetAttr(q->mf, d_names[D_WRITE_VIEW]);
+    PyObject *view = sf_get(q->mf, d_names[D_WRITE_VIEW], &d_cache[D_WRITE_VIEW]);
     if (view == NULL) return -1;
     if (PyObject_GetBuffer(view, &q->view, PyBUF_WRITABLE) < 0) { PyErr_Clear(); Py_DECREF(view); return 0; }
     Py_DECREF(view);
@@ -5230,12 +5242,12 @@ static int ds_queue_open(ds_queue *q, PyObject *cq) {
  * NULL without an error when no listener is to be called: reput.listeners is empty and no gated listener's
  * gate (`_gated`: (fn, obj, attr or None, queues or None), ReputMessageService.add_listener) is open */
 static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
-    PyObject *ls = PyObject_GetAttr(reput, d_names[D_LISTENERS]);
+    PyObject *ls = sf_get(reput, d_names[D_LISTENERS], &d_cache[D_LISTENERS]);
     if (ls == NULL) return NULL;
     int need = PyObject_IsTrue(ls);
     Py_DECREF(ls);
     if (need < 0) return NULL;
-    PyObject *gated = PyObject_GetAttr(reput, d_names[D_GATED]);
+    PyObject *gated = sf_get(reput, d_names[D_GATED], &d_cache[D_GATED]);
     if (gated == NULL) return NULL;
     PyObject *grown = NULL;
     if (!PyList_CheckExact(gated)) need = 1;  /* not ours to read: let Python look */
@@ -5244,10 +5256,11 @@ static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
     if (grown == NULL) goto done;
     for (Py_ssize_t j = 0; j < nq; j++) {
         if (qs[j].wrote == qs[j].wrote0) continue;
-        PyObject *key = Py_BuildValue("(OL)", qs[j].topic, (long long)qs[j].qid);
+        PyObject *qv = PyLong_FromLongLong(qs[j].qid);
+        PyObject *key = qv != NULL ? PyTuple_Pack(2, qs[j].topic, qv) : NULL;
         PyObject *nv = PyLong_FromLongLong(qs[j].last_cq + 1);
         int bad = key == NULL || nv == NULL || PyDict_SetItem(grown, key, nv) < 0;
-        Py_XDECREF(key); Py_XDECREF(nv);
+        Py_XDECREF(qv); Py_XDECREF(key); Py_XDECREF(nv);
         if (bad) { Py_CLEAR(grown); goto done; }
     }
     for (Py_ssize_t i = 0; !need && i < PyList_GET_SIZE(gated); i++) {
@@ -5280,6 +5293,18 @@ static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
 done:
     Py_DECREF(gated);
     return grown;
+}
+
+/* (taken, grown, behind) as a new tuple, or NULL with an error set (Py_BuildValue's "(nOL)" without parsing
+ * a format per call; branch send-core) */
+static PyObject *ds_result(Py_ssize_t taken, PyObject *grown, int64_t behind) {
+    PyObject *a = PyLong_FromSsize_t(taken), *c = PyLong_FromLongLong(behind);
+    PyObject *t = a != NULL && c != NULL ? PyTuple_New(3) : NULL;
+    if (t == NULL) { Py_XDECREF(a); Py_XDECREF(c); return NULL; }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(grown));
+    PyTuple_SET_ITEM(t, 2, c);
+    return t;
 }
 
 /* dispatch_singles(reput, ctx, here) -> (taken, grown or None, behind)
@@ -5321,13 +5346,13 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
     int64_t limit, offset, dispatched, pcount, last_ts = 0, slots_used = 0;
     if (!PyDict_CheckExact(table)) goto decline;
     got = ds_max_offset(cl_mfq, &limit);
-    if (got > 0) got = single_attr_i64(reput, d_names[D_REPUT_FROM], INT64_MIN, INT64_MAX / 2, &offset);
-    if (got > 0) got = single_attr_i64(reput, d_names[D_DISPATCHED], INT64_MIN, INT64_MAX / 2, &dispatched);
-    if (got > 0) got = single_attr_i64(reput, d_names[D_PCOUNT], 0, INT64_MAX / 2, &pcount);
+    if (got > 0) got = ds_i64(reput, D_REPUT_FROM, INT64_MIN, INT64_MAX / 2, &offset);
+    if (got > 0) got = ds_i64(reput, D_DISPATCHED, INT64_MIN, INT64_MAX / 2, &dispatched);
+    if (got > 0) got = ds_i64(reput, D_PCOUNT, 0, INT64_MAX / 2, &pcount);
     if (got < 0) goto fail;
     if (got == 0) goto decline;
     if (offset >= limit) goto finish;
-    pend = PyObject_GetAttr(reput, d_names[D_PENDING]);
+    pend = sf_get(reput, d_names[D_PENDING], &d_cache[D_PENDING]);
     if (pend == NULL) goto fail;
     {   /* the leading requests alone, contiguous from `offset`, ending by `limit` */
         Py_ssize_t n = PyObject_Length(pend);
@@ -5349,7 +5374,7 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
     }
     if (npeek == 0) goto decline;
     {
-        int en = ds_truth(config, d_names[D_INDEX_ENABLE]);
+        int en = ds_truth(config, D_INDEX_ENABLE);
         if (en < 0) goto fail;
         if (en) {
             got = ds_index_open(&ix, index_service);
@@ -5357,7 +5382,7 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
             if (got == 0) goto decline;  /* no file, a full or closed one: the general path (which makes one) */
         }
     }
-    cut = PyObject_GetAttr(deletions, d_names[D_CUTOFFS]);
+    cut = sf_get(deletions, d_names[D_CUTOFFS], &d_cache[D_CUTOFFS]);
     if (cut == NULL) goto fail;
     if (!PyDict_CheckExact(cut)) goto decline;
     if (fl_acquire(dlock) < 0) goto fail;
@@ -5427,8 +5452,8 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
      * file's header (the six fields _after_put writes), the checkpoint's logics time, the reput's offsets */
     for (Py_ssize_t j = 0; j < nq; j++) {
         if (qs[j].wrote == qs[j].wrote0) continue;
-        if (single_set_i64(qs[j].mf, d_names[D_WROTE], qs[j].wrote) < 0 ||
-            single_set_i64(qs[j].cq, d_names[D_MAXPHYS], qs[j].max_phys) < 0)
+        if (ds_set_i64(qs[j].mf, D_WROTE, qs[j].wrote) < 0 ||
+            ds_set_i64(qs[j].cq, D_MAXPHYS, qs[j].max_phys) < 0)
             goto fail;
     }
     if (ix.f != NULL && ix.count != ix.count0) {
@@ -5436,19 +5461,19 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
         ix.slot_count += slots_used;
         put_i64(hp, ix.begin_ts); put_i64(hp + 8, ix.end_ts); put_i64(hp + 16, ix.begin_phy);
         put_i64(hp + 24, ix.end_phy); put_i32(hp + 32, (int32_t)ix.slot_count); put_i32(hp + 36, (int32_t)ix.count);
-        if (single_set_i64(ix.f, d_names[D_BEGIN_TS], ix.begin_ts) < 0 ||
-            single_set_i64(ix.f, d_names[D_END_TS], ix.end_ts) < 0 ||
-            single_set_i64(ix.f, d_names[D_BEGIN_PHY], ix.begin_phy) < 0 ||
-            single_set_i64(ix.f, d_names[D_END_PHY], ix.end_phy) < 0 ||
-            single_set_i64(ix.f, d_names[D_SLOT_COUNT], ix.slot_count) < 0 ||
-            single_set_i64(ix.f, d_names[D_INDEX_COUNT], ix.count) < 0 ||
-            PyObject_SetAttr(ix.f, d_names[D_DIRTY], Py_True) < 0)
+        if ((ix.begun && ds_set_i64(ix.f, D_BEGIN_TS, ix.begin_ts) < 0) ||
+            ds_set_i64(ix.f, D_END_TS, ix.end_ts) < 0 ||
+            (ix.begun && ds_set_i64(ix.f, D_BEGIN_PHY, ix.begin_phy) < 0) ||
+            ds_set_i64(ix.f, D_END_PHY, ix.end_phy) < 0 ||
+            (slots_used && ds_set_i64(ix.f, D_SLOT_COUNT, ix.slot_count) < 0) ||
+            ds_set_i64(ix.f, D_INDEX_COUNT, ix.count) < 0 ||
+            sf_set(ix.f, d_names[D_DIRTY], &d_cache[D_DIRTY], Py_True) < 0)
             goto fail;
     }
     if (taken) {
-        PyObject *cp = PyObject_GetAttr(store, d_names[D_CHECKPOINT]);
+        PyObject *cp = sf_get(store, d_names[D_CHECKPOINT], &d_cache[D_CHECKPOINT]);
         if (cp == NULL) goto fail;
-        int rc = cp == Py_None ? 0 : single_set_i64(cp, d_names[D_LOGICS_TS], last_ts);
+        int rc = cp == Py_None ? 0 : ds_set_i64(cp, D_LOGICS_TS, last_ts);
         Py_DECREF(cp);
         if (rc < 0) goto fail;
         for (Py_ssize_t i = 0; i < taken; i++) {
@@ -5456,10 +5481,12 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
             if (p == NULL) goto fail;
             Py_DECREF(p);
         }
-        if (single_set_i64(reput, d_names[D_PCOUNT], pcount - taken) < 0 ||
-            single_set_i64(reput, d_names[D_REPUT_FROM], offset) < 0 ||
-            single_set_i64(reput, d_names[D_DISPATCHED], offset) < 0)
-            goto fail;
+        PyObject *ov = PyLong_FromLongLong(offset);  /* one int for both offsets */
+        int bad = ov == NULL || ds_set_i64(reput, D_PCOUNT, pcount - taken) < 0 ||
+                  sf_set(reput, d_names[D_REPUT_FROM], &d_cache[D_REPUT_FROM], ov) < 0 ||
+                  sf_set(reput, d_names[D_DISPATCHED], &d_cache[D_DISPATCHED], ov) < 0;
+        Py_XDECREF(ov);
+        if (bad) goto fail;
         grown = ds_grown(reput, qs, nq);
         if (grown == NULL && PyErr_Occurred()) goto fail;
         dispatched = offset;
@@ -5470,11 +5497,11 @@ finish:
     got = ds_max_offset(cl_mfq, &limit);  /* again: the dispatch lock may have waited, the GIL released */
     if (got < 0) goto fail;
     if (got == 0) limit = dispatched + 1;  /* unknown: say something is behind, the general path looks */
-    if (here && limit <= dispatched && PyObject_SetAttr(reput, d_names[D_SIGNALLED], Py_False) < 0) goto fail;
-    result = Py_BuildValue("(nOL)", taken, grown != NULL ? grown : Py_None, (long long)(limit - dispatched));
+    if (here && limit <= dispatched && sf_set(reput, d_names[D_SIGNALLED], &d_cache[D_SIGNALLED], Py_False) < 0) goto fail;
+    result = ds_result(taken, grown != NULL ? grown : Py_None, limit - dispatched);
     goto done;
 decline:
-    result = Py_BuildValue("(nOL)", (Py_ssize_t)0, Py_None, (long long)1);
+    result = ds_result(0, Py_None, 1);
     goto done;
 fail:
     result = NULL;
@@ -7431,6 +7458,125 @@ out:
 }
 /* ============================ end of THE POP CLIENT ================================================== */
 
+/* ============================================================================================== */
+/* SLOT FIELDS (issue speed, branch send-core): a field of a Python object read and written at its     */
+/*  slot's offset instead of through PyObject_GetAttr / PyObject_SetAttr (~200 and ~300 instructions,  */
+/*  most of it the name's look-up in the instance). The dispatch pass (dispatch_singles) reads and     */
+/*  writes ~45 fields of its objects per pass; the fields are slots of their classes (MappedFile,       */
+/*  MappedFileQueue, ConsumeQueue, IndexFile, IndexService, ReputMessageService: `__slots__`, which     */
+/*  keep a `__dict__` for everything else). sf_get / sf_set take the slot only when the generic        */
+/*  protocol would do exactly that: the type's tp_getattro / tp_setattro are the generic ones and the  */
+/*  name's look-up on the type (_PyType_Lookup, the MRO) finds a writable object member descriptor     */
+/*  (T_OBJECT_EX) of a base of the type. The offset is cached per field for the last four types, keyed */
+/*  by the type's version tag, which CPython renews whenever the type or a base changes (a property     */
+/*  put in place of the slot, say); any other object, an unset slot (its AttributeError) and a type    */
+/*  without a valid tag take the generic calls. The prototypes and the cache type are declared above   */
+/*  THE DISPATCH PASS. Reference: the generic protocol (tests/test_slot_fields_native.py) and the      */
+/*  Python dispatch pass (tests/test_dispatch_native.py).                                              */
+/* ============================================================================================== */
+/* the slot offset of field `name` of objects of type `tp`, or -1: use the generic protocol */
+static Py_ssize_t sf_offset(PyTypeObject *tp, PyObject *name, sf_cache *c) {
+    int valid = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0;
+    for (int i = 0; i < 4; i++)
+        if (valid && c->e[i].tp == tp && c->e[i].tag == tp->tp_version_tag) return c->e[i].off;
+    Py_ssize_t off = -1;
+    if (tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_setattro == PyObject_GenericSetAttr &&
+        PyUnicode_CheckExact(name)) {
+        PyObject *d = _PyType_Lookup(tp, name);  /* borrowed; gives the type a version tag when it can */
+        if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READONLY) && PyType_IsSubtype(tp, PyDescr_TYPE(d)))
+                off = m->offset;
+        }
+    }
+    if ((tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0) {
+        memmove(&c->e[1], &c->e[0], 3 * sizeof c->e[0]);  /* the type pointer is only compared: a tag is never reused */
+        c->e[0].tp = tp;
+        c->e[0].tag = tp->tp_version_tag;
+        c->e[0].off = off;
+    }
+    return off;
+}
+
+/* getattr(o, name): a new reference, or NULL with an error set */
+static PyObject *sf_get(PyObject *o, PyObject *name, sf_cache *c) {
+    Py_ssize_t off = sf_offset(Py_TYPE(o), name, c);
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)o + off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);  /* also an unset slot's AttributeError */
+}
+
+/* setattr(o, name, v): 0, or -1 with an error set (as PyMember_SetOne does for a T_OBJECT_EX slot) */
+static int sf_set(PyObject *o, PyObject *name, sf_cache *c, PyObject *v) {
+    Py_ssize_t off = sf_offset(Py_TYPE(o), name, c);
+    if (off >= 0 && v != NULL) {
+        Py_XSETREF(*(PyObject **)((char *)o + off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+/* the dispatch pass's single_attr_i64 / single_set_i64 for its field `i` (d_names / d_cache) */
+static int ds_i64(PyObject *o, int i, int64_t lo, int64_t hi, int64_t *out) {
+    PyObject *v = sf_get(o, d_names[i], &d_cache[i]);
+    if (v == NULL) return -1;
+    int ok = PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+static int ds_set_i64(PyObject *o, int i, int64_t v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (x == NULL) return -1;
+    int r = sf_set(o, d_names[i], &d_cache[i], x);
+    Py_DECREF(x);
+    return r;
+}
+
+/* slot_getattr(o, name) / slot_setattr(o, name, value): sf_get / sf_set from Python, for the tests that
+ * compare them with getattr / setattr. As in the dispatch pass, each field name has a cache of its own
+ * (the first 32 names seen, kept alive in sf_test_names; later ones an error). */
+static PyObject *sf_test_names = NULL;  /* {name: index into sf_test_caches} */
+static sf_cache sf_test_caches[32];
+
+static sf_cache *sf_test_cache(PyObject *name) {
+    if (sf_test_names == NULL && (sf_test_names = PyDict_New()) == NULL) return NULL;
+    PyObject *i = PyDict_GetItemWithError(sf_test_names, name);
+    if (i == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_ssize_t n = PyDict_GET_SIZE(sf_test_names);
+        if (n == 32) { PyErr_SetString(PyExc_RuntimeError, "slot_getattr / slot_setattr: 32 names at most"); return NULL; }
+        i = PyLong_FromSsize_t(n);
+        int bad = i == NULL || PyDict_SetItem(sf_test_names, name, i) < 0;
+        Py_XDECREF(i);
+        if (bad) return NULL;
+        return &sf_test_caches[n];
+    }
+    return &sf_test_caches[PyLong_AsSsize_t(i)];
+}
+
+static PyObject *slot_getattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_getattr(o, name)");
+        return NULL;
+    }
+    sf_cache *c = sf_test_cache(args[1]);
+    return c != NULL ? sf_get(args[0], args[1], c) : NULL;
+}
+
+static PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_setattr(o, name, value)");
+        return NULL;
+    }
+    sf_cache *c = sf_test_cache(args[1]);
+    if (c == NULL || sf_set(args[0], args[1], c, args[2]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+/* ============================ end of SLOT FIELDS ==================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -7475,6 +7621,11 @@ static PyMethodDef methods[] = {
      "single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)."},
     {"take_requests", (PyCFunction)(void (*)(void))take_requests, METH_FASTCALL,
      "ReputMessageService._take_pending's walk over request chunks: (offset, taken)."},
+    /* SLOT FIELDS (branch send-core): the block above the table */
+    {"slot_getattr", (PyCFunction)(void (*)(void))slot_getattr, METH_FASTCALL,
+     "getattr(o, name) as the dispatch pass reads a field: by slot offset when the generic protocol would read that slot."},
+    {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
+     "setattr(o, name, value) as the dispatch pass writes a field: by slot offset when the generic protocol would."},
     {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
     {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
      "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},

@@ -36,8 +36,8 @@
  *                       and offsets in one call (MessageStore._dispatch is the reference; block above the table)
  *   send_lane           SendMessageProcessor.lane: a plain SEND_MESSAGE_V2 checked, decorated, stored and answered
  *                       (its frame) in one call (block above the table)
- *   slot_getattr,       getattr / setattr by slot offset where the generic protocol reads / writes that slot: how
- *   slot_setattr        dispatch_singles reads and writes its objects' fields (SLOT FIELDS, block above the table)
+ *   slot_getattr(_any), getattr / setattr by slot offset where the generic protocol reads / writes that slot: how
+ *   slot_setattr(_any)  dispatch_singles and the single put read and write fields (SLOT FIELDS, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -3409,8 +3409,10 @@ static int64_t single_now_ms(void) { /* int(time.time() * 1000) */
 }
 
 /* an attribute that is an int fitting [lo, hi]: 1; 0 when it is not (error cleared); -1 on a lookup error */
+static PyObject *sf_get_any(PyObject *o, PyObject *name);  /* SLOT FIELDS (branch send-core), above the table */
+static int sf_set_any(PyObject *o, PyObject *name, PyObject *v);
 static int single_attr_i64(PyObject *o, PyObject *name, int64_t lo, int64_t hi, int64_t *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = sf_get_any(o, name);
     if (v == NULL) return -1;
     int ok = PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
     Py_DECREF(v);
@@ -3420,7 +3422,7 @@ static int single_attr_i64(PyObject *o, PyObject *name, int64_t lo, int64_t hi, 
 static int single_set_i64(PyObject *o, PyObject *name, int64_t v) {
     PyObject *x = PyLong_FromLongLong(v);
     if (x == NULL) return -1;
-    int r = PyObject_SetAttr(o, name, x);
+    int r = sf_set_any(o, name, x);
     Py_DECREF(x);
     return r;
 }
@@ -3535,7 +3537,7 @@ static int single_handoff(PyObject *cb, PyObject *req) {
     int got = single_attr_i64(svc, h_count, INT64_MIN, INT64_MAX - 1, &count);
     if (got <= 0) return got;  /* not an int: the method itself decides */
     if (count < notify_max_pending) {
-        PyObject *pend = PyObject_GetAttr(svc, h_pending);
+        PyObject *pend = sf_get_any(svc, h_pending);
         if (pend == NULL) return -1;
         PyObject *r = PyObject_CallMethodOneArg(pend, h_append, req);
         Py_DECREF(pend);
@@ -3543,14 +3545,14 @@ static int single_handoff(PyObject *cb, PyObject *req) {
         Py_DECREF(r);
         if (single_set_i64(svc, h_count, count + 1) < 0) return -1;
     }
-    PyObject *sig = PyObject_GetAttr(svc, h_signalled);
+    PyObject *sig = sf_get_any(svc, h_signalled);
     if (sig == NULL) return -1;
     int is_set = PyObject_IsTrue(sig);
     Py_DECREF(sig);
     if (is_set < 0) return -1;
     if (!is_set) {
-        if (PyObject_SetAttr(svc, h_signalled, Py_True) < 0) return -1;
-        PyObject *ev = PyObject_GetAttr(svc, h_wakeup);
+        if (sf_set_any(svc, h_signalled, Py_True) < 0) return -1;
+        PyObject *ev = sf_get_any(svc, h_wakeup);
         if (ev == NULL) return -1;
         PyObject *r = PyObject_CallMethodNoArgs(ev, h_set);
         Py_DECREF(ev);
@@ -3589,9 +3591,9 @@ static int single_begin(single_put *sp, PyObject *const *args, Py_ssize_t nargs,
 /* the current file (files[-1]) with room beyond the END_FILE_MIN_BLANK_LENGTH, and the message's queue
  * offset: topic_queue_table[f"{topic}-{queue_id}"], an existing queue */
 static int single_locate(single_put *sp, PyObject *msg) {
-    PyObject *mfq = PyObject_GetAttr(sp->cl, s_mfq);
+    PyObject *mfq = sf_get_any(sp->cl, s_mfq);
     if (mfq == NULL) return -1;
-    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
+    PyObject *files = sf_get_any(mfq, s_mapped_files);
     Py_DECREF(mfq);
     if (files == NULL) return -1;
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
@@ -3602,7 +3604,7 @@ static int single_locate(single_put *sp, PyObject *msg) {
     if (sp->file_size - sp->pos <= 8) return 0;  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
     PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
     if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) return 0;
-    sp->table = PyObject_GetAttr(sp->cl, s_table);
+    sp->table = sf_get_any(sp->cl, s_table);
     if (sp->table == NULL) return -1;
     if (!PyDict_CheckExact(sp->table)) return 0;
     sp->key = single_queue_key(topic, qid);
@@ -3621,7 +3623,7 @@ static int single_locate(single_put *sp, PyObject *msg) {
  * its store timestamp to its end, so no other thread can look at begin_time_in_lock meanwhile and
  * single_stamp need not set it. 0 otherwise, -1 on error. Keeps on_appended for single_publish. */
 static int single_quiet(single_put *sp) {
-    sp->cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    sp->cb = sf_get_any(sp->cl, s_on_appended);
     if (sp->cb == NULL) return -1;
     return notify_fn != NULL && PyMethod_Check(sp->cb) && PyMethod_GET_FUNCTION(sp->cb) == notify_fn;
 }
@@ -3634,7 +3636,7 @@ static int single_stamp(single_put *sp, int quiet) {
     sp->now_obj = PyLong_FromLongLong(sp->now);
     if (sp->base_obj == NULL || sp->now_obj == NULL) return -1;
     if (!quiet) {
-        if (PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0) return -1;
+        if (sf_set_any(sp->cl, s_begin_in_lock, sp->now_obj) < 0) return -1;
         sp->stamped = 1;
     }
     return 1;
@@ -3642,7 +3644,7 @@ static int single_stamp(single_put *sp, int quiet) {
 
 /* the file's write view, held in dst (the caller releases it) when `total` bytes fit at pos; 0 otherwise */
 static int single_view(single_put *sp, Py_ssize_t total, Py_buffer *dst) {
-    PyObject *view = PyObject_GetAttr(sp->mf, s_write_view);
+    PyObject *view = sf_get_any(sp->mf, s_write_view);
     if (view == NULL) return -1;
     if (PyObject_GetBuffer(view, dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); return -1; }
     Py_DECREF(view);
@@ -3656,12 +3658,12 @@ static int single_view(single_put *sp, Py_ssize_t total, Py_buffer *dst) {
 static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, PyObject *host, PyObject *port) {
     PyObject *nq = PyLong_FromLongLong(sp->q + 1);
     if (nq == NULL || single_set_i64(sp->mf, s_wrote_position, sp->pos + total) < 0 ||
-        PyObject_SetAttr(sp->mf, s_store_ts, sp->now_obj) < 0 || PyDict_SetItem(sp->table, sp->key, nq) < 0) {
+        sf_set_any(sp->mf, s_store_ts, sp->now_obj) < 0 || PyDict_SetItem(sp->table, sp->key, nq) < 0) {
         Py_XDECREF(nq);
         return NULL;
     }
     Py_DECREF(nq);
-    PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : PyObject_GetAttr(sp->cl, s_on_appended);
+    PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : sf_get_any(sp->cl, s_on_appended);
     if (cb == NULL) return NULL;
     if (cb != Py_None) {
         int h = single_handoff(cb, req);  /* the request is untracked (plain_request): never walked while it waits */
@@ -7471,8 +7473,11 @@ out:
 /*  by the type's version tag, which CPython renews whenever the type or a base changes (a property     */
 /*  put in place of the slot, say); any other object, an unset slot (its AttributeError) and a type    */
 /*  without a valid tag take the generic calls. The prototypes and the cache type are declared above   */
-/*  THE DISPATCH PASS. Reference: the generic protocol (tests/test_slot_fields_native.py) and the      */
-/*  Python dispatch pass (tests/test_dispatch_native.py).                                              */
+/*  THE DISPATCH PASS. sf_get_any / sf_set_any do the same with one (name, type) table for callers     */
+/*  with names of their own: single_attr_i64 / single_set_i64 and the single put's hand-off, locate    */
+/*  and publish (CommitLog, MappedFile, ReputMessageService fields; prototypes above single_attr_i64). */
+/*  Reference: the generic protocol (tests/test_slot_fields_native.py) and the Python paths            */
+/*  (tests/test_dispatch_native.py, tests/test_single_put*.py).                                        */
 /* ============================================================================================== */
 /* the slot offset of field `name` of objects of type `tp`, or -1: use the generic protocol */
 static Py_ssize_t sf_offset(PyTypeObject *tp, PyObject *name, sf_cache *c) {
@@ -7535,6 +7540,49 @@ static int ds_set_i64(PyObject *o, int i, int64_t v) {
     return r;
 }
 
+/* For callers with names of their own (single_attr_i64 / single_set_i64, the single put's hand-off): one
+ * table of offsets keyed by (name, type), direct-mapped; an entry holds its name (so the name's address is
+ * not reused while cached) and is overwritten on a collision. */
+typedef struct { PyObject *name; PyTypeObject *tp; unsigned int tag; Py_ssize_t off; } sf_any_entry;
+static sf_any_entry sf_any_table[128];
+
+static Py_ssize_t sf_offset_any(PyTypeObject *tp, PyObject *name) {
+    sf_any_entry *e = &sf_any_table[(((uintptr_t)name >> 4) ^ ((uintptr_t)tp >> 4)) & 127];
+    if (e->name == name && e->tp == tp && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        e->tag == tp->tp_version_tag)
+        return e->off;
+    sf_cache one;
+    memset(&one, 0, sizeof one);
+    Py_ssize_t off = sf_offset(tp, name, &one);
+    if (one.e[0].tp == tp) {  /* cacheable (the type has a valid version tag) */
+        PyObject *old = e->name;
+        e->name = Py_NewRef(name);
+        e->tp = tp;
+        e->tag = one.e[0].tag;
+        e->off = off;
+        Py_XDECREF(old);
+    }
+    return off;
+}
+
+static PyObject *sf_get_any(PyObject *o, PyObject *name) {
+    Py_ssize_t off = sf_offset_any(Py_TYPE(o), name);
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)o + off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+static int sf_set_any(PyObject *o, PyObject *name, PyObject *v) {
+    Py_ssize_t off = sf_offset_any(Py_TYPE(o), name);
+    if (off >= 0 && v != NULL) {
+        Py_XSETREF(*(PyObject **)((char *)o + off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
 /* slot_getattr(o, name) / slot_setattr(o, name, value): sf_get / sf_set from Python, for the tests that
  * compare them with getattr / setattr. As in the dispatch pass, each field name has a cache of its own
  * (the first 32 names seen, kept alive in sf_test_names; later ones an error). */
@@ -7573,6 +7621,24 @@ static PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     sf_cache *c = sf_test_cache(args[1]);
     if (c == NULL || sf_set(args[0], args[1], c, args[2]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* slot_getattr_any(o, name) / slot_setattr_any(o, name, value): sf_get_any / sf_set_any, for the tests */
+static PyObject *slot_getattr_any(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_getattr_any(o, name)");
+        return NULL;
+    }
+    return sf_get_any(args[0], args[1]);
+}
+
+static PyObject *slot_setattr_any(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_setattr_any(o, name, value)");
+        return NULL;
+    }
+    if (sf_set_any(args[0], args[1], args[2]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 /* ============================ end of SLOT FIELDS ==================================================== */
@@ -7626,6 +7692,10 @@ static PyMethodDef methods[] = {
      "getattr(o, name) as the dispatch pass reads a field: by slot offset when the generic protocol would read that slot."},
     {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
      "setattr(o, name, value) as the dispatch pass writes a field: by slot offset when the generic protocol would."},
+    {"slot_getattr_any", (PyCFunction)(void (*)(void))slot_getattr_any, METH_FASTCALL,
+     "slot_getattr with the (name, type) table single_attr_i64 and the single put's hand-off use."},
+    {"slot_setattr_any", (PyCFunction)(void (*)(void))slot_setattr_any, METH_FASTCALL,
+     "slot_setattr with the (name, type) table single_set_i64 and the single put's hand-off use."},
     {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
     {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
      "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},

@@ -12,9 +12,11 @@ followed. The functions are called directly, so the file also runs under `RMQ_EV
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rmq_eventstore.store.commitlog import CommitLog
 from rmq_eventstore.store.consume_queue import ConsumeQueue
 from rmq_eventstore.store.index import IndexFile, IndexService
 from rmq_eventstore.store.mapped_file import MappedFile, MappedFileQueue
@@ -109,12 +111,15 @@ def _state(o: object) -> tuple:
     return slots, dict(d[1]) if d[0] == "ok" else None
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.parametrize("get,put", [(_native.slot_getattr, _native.slot_setattr),
+                                     (_native.slot_getattr_any, _native.slot_setattr_any)], ids=["field", "any"])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
 @given(ops=st.lists(st.tuples(st.sampled_from(SHAPES), st.booleans(), st.sampled_from(NAMES),
                               st.integers(-(1 << 62), 1 << 62)), max_size=30))
-def test_slot_fields_equal_getattr_setattr(ops) -> None:
+def test_slot_fields_equal_getattr_setattr(get, put, ops) -> None:
     """Reads and writes on objects of mixed shapes, each pair alike: one through getattr / setattr, its twin
-    through the C helpers; then the same slots, instance dicts and hook calls."""
+    through the C helpers (the dispatch pass's per-field caches, or the (name, type) table of
+    single_attr_i64 and the single put); then the same slots, instance dicts and hook calls."""
     pairs: dict = {}
     for shape, write, name, v in ops:
         if shape not in pairs:
@@ -123,14 +128,16 @@ def test_slot_fields_equal_getattr_setattr(ops) -> None:
             pairs[shape] = (shape(ref_calls), shape(c_calls), ref_calls, c_calls)
         ref, c, _, _ = pairs[shape]
         if write:
-            assert _outcome(_native.slot_setattr, c, name, v) == _outcome(setattr, ref, name, v)
+            assert _outcome(put, c, name, v) == _outcome(setattr, ref, name, v)
         else:
-            assert _outcome(_native.slot_getattr, c, name) == _outcome(getattr, ref, name)
+            assert _outcome(get, c, name) == _outcome(getattr, ref, name)
     for ref, c, ref_calls, c_calls in pairs.values():
         assert _state(c) == _state(ref) and c_calls == ref_calls
 
 
-def test_slot_fields_follow_a_class_changed_later() -> None:
+@pytest.mark.parametrize("get,put", [(_native.slot_getattr, _native.slot_setattr),
+                                     (_native.slot_getattr_any, _native.slot_setattr_any)], ids=["field", "any"])
+def test_slot_fields_follow_a_class_changed_later(get, put) -> None:
     """A property put on a class in place of a slot the helpers read and wrote (the type's version tag
     changes) takes over, as it does for getattr; with the slot's descriptor back, the slot again."""
 
@@ -142,34 +149,35 @@ def test_slot_fields_follow_a_class_changed_later() -> None:
 
     o = Late()
     slot = Late.__dict__["n"]
-    assert _native.slot_getattr(o, "n") == 1
-    _native.slot_setattr(o, "n", 2)
+    assert get(o, "n") == 1
+    put(o, "n", 2)
     assert slot.__get__(o) == 2
     seen = []
     Late.n = property(lambda self: 40, lambda self, v: seen.append(v))
-    assert _native.slot_getattr(o, "n") == 40 == o.n
-    _native.slot_setattr(o, "n", 3)
+    assert get(o, "n") == 40 == o.n
+    put(o, "n", 3)
     assert seen == [3] and slot.__get__(o) == 2
     Late.n = slot
-    assert _native.slot_getattr(o, "n") == 2
-    _native.slot_setattr(o, "n", 5)
+    assert get(o, "n") == 2
+    put(o, "n", 5)
     assert o.n == 5
 
 
 def test_the_dispatch_fields_are_slots() -> None:
-    """The fields `dispatch_singles` reads and writes are slots of their classes (else the pass still works,
+    """The fields `dispatch_singles` and the single put read and write are slots of their classes (else the pass still works,
     through the generic protocol, but pays the look-ups this block removes), and the classes keep a
     `__dict__` and weak references for everything else."""
     fields = {
         MappedFile: ("file_from_offset", "file_size", "read_only", "first_create_in_queue", "wrote_position",
-                     "committed_position", "transient", "_write_view"),
+                     "committed_position", "transient", "_write_view", "store_timestamp"),
+        CommitLog: ("mapped_file_queue", "topic_queue_table", "begin_time_in_lock", "on_appended"),
         MappedFileQueue: ("mapped_files",),
         ConsumeQueue: ("read_only", "_max_physic_offset", "mapped_file_queue"),
         IndexFile: ("read_only", "_index_count", "index_num", "hash_slot_num", "_entries_base", "_begin_timestamp",
                     "_end_timestamp", "_begin_phy_offset", "_end_phy_offset", "_hash_slot_count", "mm", "_dirty"),
         IndexService: ("read_only", "_files"),
         ReputMessageService: ("reput_from_offset", "dispatched_offset", "_pending", "_pending_count", "_signalled",
-                              "listeners", "_gated"),
+                              "listeners", "_gated", "_wakeup"),
     }
     for cls, names in fields.items():
         assert set(names) <= set(cls.__slots__), cls

@@ -64,10 +64,10 @@ class MappedFile:
     read a store that another process (a broker, Apache RocketMQ itself) is writing.
     """
 
-    # the fields the native passes read and write are slots (`_native.dispatch_singles` reads them by offset,
-    # not by attribute look-up); everything else lives in the instance dict as before
+    # the fields the native passes read and write are slots (`_native.dispatch_singles` and the single put
+    # read them by offset, not by attribute look-up); everything else lives in the instance dict as before
     __slots__ = ("file_from_offset", "file_size", "read_only", "first_create_in_queue", "wrote_position",
-                 "committed_position", "transient", "_write_view", "__dict__", "__weakref__")
+                 "committed_position", "transient", "_write_view", "store_timestamp", "__dict__", "__weakref__")
 
     def __init__(self, path: str, file_size: int, read_only: bool = False) -> None:
         self.path = path

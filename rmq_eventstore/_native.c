@@ -40,6 +40,8 @@
  *                       (its frame) in one call (block above the table)
  *   (half lane)         the same lane serves the usual half message of a transaction (TRAN_MSG=true) as
  *                       SendMessageProcessor.process stores and answers it (THE HALF LANE, above the table)
+ *   slot_getattr(_any), getattr / setattr by slot offset where the generic protocol reads / writes that slot: how
+ *   slot_setattr(_any)  dispatch_singles and the single put read and write fields (SLOT FIELDS, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -3411,8 +3413,10 @@ static int64_t single_now_ms(void) { /* int(time.time() * 1000) */
 }
 
 /* an attribute that is an int fitting [lo, hi]: 1; 0 when it is not (error cleared); -1 on a lookup error */
+static PyObject *sf_get_any(PyObject *o, PyObject *name);  /* SLOT FIELDS (branch send-core), above the table */
+static int sf_set_any(PyObject *o, PyObject *name, PyObject *v);
 static int single_attr_i64(PyObject *o, PyObject *name, int64_t lo, int64_t hi, int64_t *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = sf_get_any(o, name);
     if (v == NULL) return -1;
     int ok = PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
     Py_DECREF(v);
@@ -3422,7 +3426,7 @@ static int single_attr_i64(PyObject *o, PyObject *name, int64_t lo, int64_t hi, 
 static int single_set_i64(PyObject *o, PyObject *name, int64_t v) {
     PyObject *x = PyLong_FromLongLong(v);
     if (x == NULL) return -1;
-    int r = PyObject_SetAttr(o, name, x);
+    int r = sf_set_any(o, name, x);
     Py_DECREF(x);
     return r;
 }
@@ -3537,7 +3541,7 @@ static int single_handoff(PyObject *cb, PyObject *req) {
     int got = single_attr_i64(svc, h_count, INT64_MIN, INT64_MAX - 1, &count);
     if (got <= 0) return got;  /* not an int: the method itself decides */
     if (count < notify_max_pending) {
-        PyObject *pend = PyObject_GetAttr(svc, h_pending);
+        PyObject *pend = sf_get_any(svc, h_pending);
         if (pend == NULL) return -1;
         PyObject *r = PyObject_CallMethodOneArg(pend, h_append, req);
         Py_DECREF(pend);
@@ -3545,14 +3549,14 @@ static int single_handoff(PyObject *cb, PyObject *req) {
         Py_DECREF(r);
         if (single_set_i64(svc, h_count, count + 1) < 0) return -1;
     }
-    PyObject *sig = PyObject_GetAttr(svc, h_signalled);
+    PyObject *sig = sf_get_any(svc, h_signalled);
     if (sig == NULL) return -1;
     int is_set = PyObject_IsTrue(sig);
     Py_DECREF(sig);
     if (is_set < 0) return -1;
     if (!is_set) {
-        if (PyObject_SetAttr(svc, h_signalled, Py_True) < 0) return -1;
-        PyObject *ev = PyObject_GetAttr(svc, h_wakeup);
+        if (sf_set_any(svc, h_signalled, Py_True) < 0) return -1;
+        PyObject *ev = sf_get_any(svc, h_wakeup);
         if (ev == NULL) return -1;
         PyObject *r = PyObject_CallMethodNoArgs(ev, h_set);
         Py_DECREF(ev);
@@ -3591,9 +3595,9 @@ static int single_begin(single_put *sp, PyObject *const *args, Py_ssize_t nargs,
 /* the current file (files[-1]) with room beyond the END_FILE_MIN_BLANK_LENGTH, and the message's queue
  * offset: topic_queue_table[f"{topic}-{queue_id}"], an existing queue */
 static int single_locate(single_put *sp, PyObject *msg) {
-    PyObject *mfq = PyObject_GetAttr(sp->cl, s_mfq);
+    PyObject *mfq = sf_get_any(sp->cl, s_mfq);
     if (mfq == NULL) return -1;
-    PyObject *files = PyObject_GetAttr(mfq, s_mapped_files);
+    PyObject *files = sf_get_any(mfq, s_mapped_files);
     Py_DECREF(mfq);
     if (files == NULL) return -1;
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
@@ -3604,7 +3608,7 @@ static int single_locate(single_put *sp, PyObject *msg) {
     if (sp->file_size - sp->pos <= 8) return 0;  /* END_FILE_MIN_BLANK_LENGTH: the general path rolls */
     PyObject *topic = field(msg, F_TOPIC), *qid = field(msg, F_QUEUE_ID);
     if (topic == NULL || qid == NULL || !PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid)) return 0;
-    sp->table = PyObject_GetAttr(sp->cl, s_table);
+    sp->table = sf_get_any(sp->cl, s_table);
     if (sp->table == NULL) return -1;
     if (!PyDict_CheckExact(sp->table)) return 0;
     sp->key = single_queue_key(topic, qid);
@@ -3623,7 +3627,7 @@ static int single_locate(single_put *sp, PyObject *msg) {
  * its store timestamp to its end, so no other thread can look at begin_time_in_lock meanwhile and
  * single_stamp need not set it. 0 otherwise, -1 on error. Keeps on_appended for single_publish. */
 static int single_quiet(single_put *sp) {
-    sp->cb = PyObject_GetAttr(sp->cl, s_on_appended);
+    sp->cb = sf_get_any(sp->cl, s_on_appended);
     if (sp->cb == NULL) return -1;
     return notify_fn != NULL && PyMethod_Check(sp->cb) && PyMethod_GET_FUNCTION(sp->cb) == notify_fn;
 }
@@ -3636,7 +3640,7 @@ static int single_stamp(single_put *sp, int quiet) {
     sp->now_obj = PyLong_FromLongLong(sp->now);
     if (sp->base_obj == NULL || sp->now_obj == NULL) return -1;
     if (!quiet) {
-        if (PyObject_SetAttr(sp->cl, s_begin_in_lock, sp->now_obj) < 0) return -1;
+        if (sf_set_any(sp->cl, s_begin_in_lock, sp->now_obj) < 0) return -1;
         sp->stamped = 1;
     }
     return 1;
@@ -3644,7 +3648,7 @@ static int single_stamp(single_put *sp, int quiet) {
 
 /* the file's write view, held in dst (the caller releases it) when `total` bytes fit at pos; 0 otherwise */
 static int single_view(single_put *sp, Py_ssize_t total, Py_buffer *dst) {
-    PyObject *view = PyObject_GetAttr(sp->mf, s_write_view);
+    PyObject *view = sf_get_any(sp->mf, s_write_view);
     if (view == NULL) return -1;
     if (PyObject_GetBuffer(view, dst, PyBUF_WRITABLE) < 0) { Py_DECREF(view); return -1; }
     Py_DECREF(view);
@@ -3658,12 +3662,12 @@ static int single_view(single_put *sp, Py_ssize_t total, Py_buffer *dst) {
 static PyObject *single_publish(single_put *sp, PyObject *req, int64_t total, PyObject *host, PyObject *port) {
     PyObject *nq = PyLong_FromLongLong(sp->q + 1);
     if (nq == NULL || single_set_i64(sp->mf, s_wrote_position, sp->pos + total) < 0 ||
-        PyObject_SetAttr(sp->mf, s_store_ts, sp->now_obj) < 0 || PyDict_SetItem(sp->table, sp->key, nq) < 0) {
+        sf_set_any(sp->mf, s_store_ts, sp->now_obj) < 0 || PyDict_SetItem(sp->table, sp->key, nq) < 0) {
         Py_XDECREF(nq);
         return NULL;
     }
     Py_DECREF(nq);
-    PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : PyObject_GetAttr(sp->cl, s_on_appended);
+    PyObject *cb = sp->cb != NULL ? Py_NewRef(sp->cb) : sf_get_any(sp->cl, s_on_appended);
     if (cb == NULL) return NULL;
     if (cb != Py_None) {
         int h = single_handoff(cb, req);  /* the request is untracked (plain_request): never walked while it waits */
@@ -3764,7 +3768,10 @@ done:
 /* uniq_create(generator) -> str or None: UniqueIdGenerator.create's fast path (the millisecond of the ids
  * being issued already has its text `_head` and fewer than 65536 ids): under the generator's `_lock`, the
  * same reads and writes of `_time`, `_time_used`, `_counter` as the Python method, and the same id text.
- * None, having changed nothing, when the fast path does not apply (create() then claims). */
+ * A new millisecond (branch send-core) is served too, as `_claim(1)` serves it: its `_head` is `_prefix` +
+ * the 8 hex digits of (ms - `_month_start`) mod 2**32, stored with `_head_time`, while the millisecond lies in
+ * [`_month_start`, `_next_month`). None, having changed nothing, when the fast path does not apply (a month
+ * roll, 65536 ids in the millisecond, unusual slot values: create() then claims). */
 /* A threading.Lock taken and released without a method call (issue 16, branch single-put): a single put
  * takes two uncontended locks (the UniqueIdGenerator's and the put lock) and `lock.acquire()` parses its
  * arguments each time. CPython 3.11 / 3.12's _thread.lock is {PyObject_HEAD; PyThread_type_lock lock_lock;
@@ -3852,8 +3859,9 @@ static int fl_release(PyObject *lock) {
 /* The generator's state is in slots (UniqueIdGenerator.__slots__): their offsets, found once for its type
  * (slot_offsets), are read and written directly, not through attribute look-ups (~8 per id, most of this
  * function's cost). A type whose fields are not object slots is declined (create() runs). */
-enum { U_LOCK, U_TIME, U_USED, U_HEAD, U_HEAD_TIME, U_COUNTER, U_COUNT };
-static const char *u_names[U_COUNT] = {"_lock", "_time", "_time_used", "_head", "_head_time", "_counter"};
+enum { U_LOCK, U_TIME, U_USED, U_HEAD, U_HEAD_TIME, U_COUNTER, U_PREFIX, U_MONTH_START, U_NEXT_MONTH, U_COUNT };
+static const char *u_names[U_COUNT] = {"_lock", "_time", "_time_used", "_head", "_head_time", "_counter", "_prefix",
+                                       "_month_start", "_next_month"};
 static PyTypeObject *u_type = NULL, *u_bad_type = NULL;  /* the last type that had the slots / did not */
 static Py_ssize_t u_off[U_COUNT];
 
@@ -3881,13 +3889,6 @@ static int u_get(PyObject *gen, int i, int64_t lo, int64_t hi, int64_t *out) {
     return v != NULL && PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
 }
 
-static int u_set(PyObject *gen, int i, int64_t v) {  /* 0, or -1 with an error set */
-    PyObject *x = PyLong_FromLongLong(v);
-    if (x == NULL) return -1;
-    Py_XSETREF(U_SLOT(gen, i), x);
-    return 0;
-}
-
 static PyObject *uniq_create(PyObject *self, PyObject *gen) {
     int got = u_slots(Py_TYPE(gen));
     if (got < 0) return NULL;
@@ -3905,26 +3906,56 @@ static PyObject *uniq_create(PyObject *self, PyObject *gen) {
           u_get(gen, U_HEAD_TIME, INT64_MIN, INT64_MAX, &head_t) && u_get(gen, U_COUNTER, 0, 0xFFFF, &counter) &&
           head != NULL && PyUnicode_CheckExact(head) && PyUnicode_IS_ASCII(head);
     int new_ms = 0;
+    PyObject *new_head = NULL, *new_head_t = NULL, *new_t = NULL, *new_used = NULL, *new_counter = NULL;
+    static const char hex[] = "0123456789ABCDEF";
     if (got) {
         if (now > t) { t = now; used = 0; new_ms = 1; }
-        if (t != head_t || used >= 0x10000) got = 0;
+        if (used >= 0x10000) got = 0;  /* the counter would repeat: _claim borrows the next millisecond */
     }
-    if (got) {
+    if (got && t != head_t) {  /* a new millisecond: its head, as _claim(1) makes it (no month roll) */
+        PyObject *prefix = U_SLOT(gen, U_PREFIX);
+        int64_t ms0, ms1;
+        got = u_get(gen, U_MONTH_START, INT64_MIN, INT64_MAX, &ms0) &&
+              u_get(gen, U_NEXT_MONTH, INT64_MIN, INT64_MAX, &ms1) && t >= ms0 && t < ms1 &&
+              prefix != NULL && PyUnicode_CheckExact(prefix) && PyUnicode_IS_ASCII(prefix);
+        if (got) {
+            Py_ssize_t pl = PyUnicode_GET_LENGTH(prefix);
+            new_head = PyUnicode_New(pl + 8, 127);
+            new_head_t = PyLong_FromLongLong(t);
+            if (new_head == NULL || new_head_t == NULL) got = -1;
+            else {
+                char *d = (char *)PyUnicode_1BYTE_DATA(new_head);
+                memcpy(d, PyUnicode_1BYTE_DATA(prefix), pl);
+                uint32_t diff = (uint32_t)((uint64_t)t - (uint64_t)ms0);
+                for (int k = 0; k < 8; k++) d[pl + k] = hex[(diff >> (28 - 4 * k)) & 15];
+                head = new_head;
+            }
+        }
+    }
+    if (got > 0) {
         Py_ssize_t hl = PyUnicode_GET_LENGTH(head);
         result = PyUnicode_New(hl + 4, 127);
-        if (result == NULL) got = -1;
+        new_t = new_ms ? PyLong_FromLongLong(t) : NULL;
+        new_used = PyLong_FromLongLong(used + 1);
+        new_counter = PyLong_FromLongLong((counter + 1) & 0xFFFF);
+        if (result == NULL || (new_ms && new_t == NULL) || new_used == NULL || new_counter == NULL) got = -1;
         else {
-            static const char hex[] = "0123456789ABCDEF";
             char *d = (char *)PyUnicode_1BYTE_DATA(result);
             memcpy(d, PyUnicode_1BYTE_DATA(head), hl);
             unsigned c = (unsigned)counter;
             d[hl] = hex[c >> 12]; d[hl + 1] = hex[(c >> 8) & 15]; d[hl + 2] = hex[(c >> 4) & 15]; d[hl + 3] = hex[c & 15];
-            /* commit: the same state the Python fast path leaves (which writes _time only when it moves) */
-            if ((new_ms && u_set(gen, U_TIME, t) < 0) || u_set(gen, U_USED, used + 1) < 0 ||
-                u_set(gen, U_COUNTER, (counter + 1) & 0xFFFF) < 0)
-                got = -1;
+            /* commit, nothing left to fail: the state the Python path leaves (_time written only when it
+             * moves; _head and _head_time only for a new millisecond) */
+            if (new_ms) Py_XSETREF(U_SLOT(gen, U_TIME), Py_NewRef(new_t));
+            Py_XSETREF(U_SLOT(gen, U_USED), Py_NewRef(new_used));
+            Py_XSETREF(U_SLOT(gen, U_COUNTER), Py_NewRef(new_counter));
+            if (new_head != NULL) {
+                Py_XSETREF(U_SLOT(gen, U_HEAD), Py_NewRef(new_head));
+                Py_XSETREF(U_SLOT(gen, U_HEAD_TIME), Py_NewRef(new_head_t));
+            }
         }
     }
+    Py_XDECREF(new_head); Py_XDECREF(new_head_t); Py_XDECREF(new_t); Py_XDECREF(new_used); Py_XDECREF(new_counter);
     if (fl_release(lock) < 0) got = -1;
     Py_DECREF(lock);
     if (got <= 0) {
@@ -4997,6 +5028,15 @@ static PyObject *int_run(PyObject *self, PyObject *value) {
 }
 /* ============================ end of POP offsets ===================================================== */
 
+/* SLOT FIELDS (issue speed, branch send-core; the block above the method table): the dispatch pass reads and
+ * writes its objects' fields by slot offset, through these */
+typedef struct { PyTypeObject *tp; unsigned int tag; Py_ssize_t off; } sf_entry;
+typedef struct { sf_entry e[4]; } sf_cache;  /* one field name's offsets in the last four types */
+static PyObject *sf_get(PyObject *o, PyObject *name, sf_cache *c);
+static int sf_set(PyObject *o, PyObject *name, sf_cache *c, PyObject *v);
+static int ds_i64(PyObject *o, int i, int64_t lo, int64_t hi, int64_t *out);
+static int ds_set_i64(PyObject *o, int i, int64_t v);
+
 /* ============================================================================================== */
 /* THE DISPATCH PASS (issue 16, branch dispatch-native): a dispatch pass over single puts in one call */
 /*  dispatch_singles: ReputMessageService's pass (take_pending, MessageStore._dispatch: the consume    */
@@ -5024,6 +5064,7 @@ static const char *d_strs[D_N] = {
     "_end_phy_offset", "_hash_slot_count", "mm", "_dirty", "checkpoint", "logics_msg_timestamp", "popleft",
     "message_index_enable", "_gated"};
 static PyObject *d_names[D_N];
+static sf_cache d_cache[D_N];  /* where each field is a slot (sf_get / sf_set, SLOT FIELDS) */
 
 typedef struct {
     PyObject *cq, *topic, *mf;  /* new references */
@@ -5033,8 +5074,8 @@ typedef struct {
 } ds_queue;
 
 /* an attribute's truth: 1, 0, or -1 (error set) */
-static int ds_truth(PyObject *o, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(o, name);
+static int ds_truth(PyObject *o, int i) {
+    PyObject *v = sf_get(o, d_names[i], &d_cache[i]);
     if (v == NULL) return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -5043,7 +5084,7 @@ static int ds_truth(PyObject *o, PyObject *name) {
 
 /* the commit log's readable end (MappedFileQueue.get_max_offset): 1, 0 when not plain ints, -1 on error */
 static int ds_max_offset(PyObject *mfq, int64_t *out) {
-    PyObject *files = PyObject_GetAttr(mfq, d_names[D_MAPPED_FILES]);
+    PyObject *files = sf_get(mfq, d_names[D_MAPPED_FILES], &d_cache[D_MAPPED_FILES]);
     if (files == NULL) return -1;
     int got = 1;
     if (!PyList_CheckExact(files)) got = 0;
@@ -5052,10 +5093,10 @@ static int ds_max_offset(PyObject *mfq, int64_t *out) {
         PyObject *f = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
         Py_INCREF(f);
         int64_t from, pos;
-        int tr = ds_truth(f, d_names[D_TRANSIENT]);
+        int tr = ds_truth(f, D_TRANSIENT);
         if (tr < 0) got = -1;
-        if (got > 0) got = single_attr_i64(f, d_names[D_FROM], 0, INT64_MAX / 2, &from);
-        if (got > 0) got = single_attr_i64(f, d_names[tr ? D_COMMITTED : D_WROTE], 0, INT64_MAX / 2, &pos);
+        if (got > 0) got = ds_i64(f, D_FROM, 0, INT64_MAX / 2, &from);
+        if (got > 0) got = ds_i64(f, tr ? D_COMMITTED : D_WROTE, 0, INT64_MAX / 2, &pos);
         if (got > 0) *out = from + pos;
         Py_DECREF(f);
     }
@@ -5104,35 +5145,35 @@ static int ds_record_hashes(PyObject *topic, PyObject *uniq, PyObject *keys, int
 typedef struct {
     PyObject *f;  /* new reference, or NULL: no index this pass */
     Py_buffer mm;
-    int has_mm;
+    int has_mm, begun;  /* begun: the begin fields were set this pass (send-core: only changed fields written back) */
     int64_t count, count0, index_num, slots, entries_base, begin_ts, end_ts, begin_phy, end_phy, slot_count;
 } ds_index;
 
 /* open the last index file for writing: 1, 0 (the general path decides: none, full, read-only, closed,
  * unusual values), -1 on error */
 static int ds_index_open(ds_index *ix, PyObject *service) {
-    int ro = ds_truth(service, d_names[D_READ_ONLY]);
+    int ro = ds_truth(service, D_READ_ONLY);
     if (ro != 0) return ro < 0 ? -1 : 0;
-    PyObject *files = PyObject_GetAttr(service, d_names[D_FILES]);
+    PyObject *files = sf_get(service, d_names[D_FILES], &d_cache[D_FILES]);
     if (files == NULL) return -1;
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
     ix->f = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
     Py_DECREF(files);
     PyObject *f = ix->f;
-    ro = ds_truth(f, d_names[D_READ_ONLY]);
+    ro = ds_truth(f, D_READ_ONLY);
     if (ro != 0) return ro < 0 ? -1 : 0;
-    int got = single_attr_i64(f, d_names[D_INDEX_COUNT], 1, INT32_MAX, &ix->count);
-    if (got > 0) got = single_attr_i64(f, d_names[D_INDEX_NUM], 1, INT32_MAX, &ix->index_num);
-    if (got > 0) got = single_attr_i64(f, d_names[D_SLOT_NUM], 1, INT32_MAX, &ix->slots);
-    if (got > 0) got = single_attr_i64(f, d_names[D_ENTRIES_BASE], 40, INT64_MAX / 4, &ix->entries_base);
-    if (got > 0) got = single_attr_i64(f, d_names[D_BEGIN_TS], INT64_MIN, INT64_MAX, &ix->begin_ts);
-    if (got > 0) got = single_attr_i64(f, d_names[D_END_TS], INT64_MIN, INT64_MAX, &ix->end_ts);
-    if (got > 0) got = single_attr_i64(f, d_names[D_BEGIN_PHY], INT64_MIN, INT64_MAX, &ix->begin_phy);
-    if (got > 0) got = single_attr_i64(f, d_names[D_END_PHY], INT64_MIN, INT64_MAX, &ix->end_phy);
-    if (got > 0) got = single_attr_i64(f, d_names[D_SLOT_COUNT], INT32_MIN, INT32_MAX, &ix->slot_count);
+    int got = ds_i64(f, D_INDEX_COUNT, 1, INT32_MAX, &ix->count);
+    if (got > 0) got = ds_i64(f, D_INDEX_NUM, 1, INT32_MAX, &ix->index_num);
+    if (got > 0) got = ds_i64(f, D_SLOT_NUM, 1, INT32_MAX, &ix->slots);
+    if (got > 0) got = ds_i64(f, D_ENTRIES_BASE, 40, INT64_MAX / 4, &ix->entries_base);
+    if (got > 0) got = ds_i64(f, D_BEGIN_TS, INT64_MIN, INT64_MAX, &ix->begin_ts);
+    if (got > 0) got = ds_i64(f, D_END_TS, INT64_MIN, INT64_MAX, &ix->end_ts);
+    if (got > 0) got = ds_i64(f, D_BEGIN_PHY, INT64_MIN, INT64_MAX, &ix->begin_phy);
+    if (got > 0) got = ds_i64(f, D_END_PHY, INT64_MIN, INT64_MAX, &ix->end_phy);
+    if (got > 0) got = ds_i64(f, D_SLOT_COUNT, INT32_MIN, INT32_MAX, &ix->slot_count);
     if (got <= 0) return got;
     if (ix->count >= ix->index_num || ix->entries_base != 40 + ix->slots * 4) return 0;  /* full: a new file */
-    PyObject *mm = PyObject_GetAttr(f, d_names[D_MM]);
+    PyObject *mm = sf_get(f, d_names[D_MM], &d_cache[D_MM]);
     if (mm == NULL) return -1;
     if (mm == Py_None || PyObject_GetBuffer(mm, &ix->mm, PyBUF_WRITABLE) < 0) {  /* closed: the general path says */
         PyErr_Clear();
@@ -5161,7 +5202,7 @@ static inline int ds_put_entry(ds_index *ix, int32_t h, int64_t phy, int64_t t) 
     put_i32(e, h); put_i64(e + 4, phy); put_i32(e + 12, (int32_t)td); put_i32(e + 16, (int32_t)sv);
     __atomic_thread_fence(__ATOMIC_RELEASE);  /* a reader following the slot finds the entry written */
     put_i32(slot, (int32_t)ix->count);
-    if (ix->count <= 1) { ix->begin_phy = phy; ix->begin_ts = t; }
+    if (ix->count <= 1) { ix->begin_phy = phy; ix->begin_ts = t; ix->begun = 1; }
     ix->count++;
     ix->end_phy = phy;
     ix->end_ts = t;
@@ -5171,28 +5212,28 @@ static inline int ds_put_entry(ds_index *ix, int32_t h, int64_t phy, int64_t t) 
 /* a queue's consume-queue state for this pass: 1, 0 (the general path decides), -1 on error */
 static int ds_queue_open(ds_queue *q, PyObject *cq) {
     q->cq = Py_NewRef(cq);
-    int ro = ds_truth(cq, d_names[D_READ_ONLY]);
+    int ro = ds_truth(cq, D_READ_ONLY);
     if (ro != 0) return ro < 0 ? -1 : 0;
-    int got = single_attr_i64(cq, d_names[D_MAXPHYS], INT64_MIN, INT64_MAX, &q->max_phys);
+    int got = ds_i64(cq, D_MAXPHYS, INT64_MIN, INT64_MAX, &q->max_phys);
     if (got <= 0) return got;
-    PyObject *mfq = PyObject_GetAttr(cq, d_names[D_MFQ]);
+    PyObject *mfq = sf_get(cq, d_names[D_MFQ], &d_cache[D_MFQ]);
     if (mfq == NULL) return -1;
-    PyObject *files = PyObject_GetAttr(mfq, d_names[D_MAPPED_FILES]);
+    PyObject *files = sf_get(mfq, d_names[D_MAPPED_FILES], &d_cache[D_MAPPED_FILES]);
     Py_DECREF(mfq);
     if (files == NULL) return -1;
     if (!PyList_CheckExact(files) || PyList_GET_SIZE(files) == 0) { Py_DECREF(files); return 0; }
     q->mf = Py_NewRef(PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1));
     Py_DECREF(files);
     int64_t from;
-    got = single_attr_i64(q->mf, d_names[D_WROTE], 0, INT32_MAX, &q->wrote);
-    if (got > 0) got = single_attr_i64(q->mf, d_names[D_FILE_SIZE], 0, INT32_MAX, &q->file_size);
-    if (got > 0) got = single_attr_i64(q->mf, d_names[D_FROM], 0, INT64_MAX / 2, &from);
+    got = ds_i64(q->mf, D_WROTE, 0, INT32_MAX, &q->wrote);
+    if (got > 0) got = ds_i64(q->mf, D_FILE_SIZE, 0, INT32_MAX, &q->file_size);
+    if (got > 0) got = ds_i64(q->mf, D_FROM, 0, INT64_MAX / 2, &from);
     if (got <= 0) return got;
     if (q->wrote == 0) {  /* a new first file of the queue (fillPreBlank): the general path */
-        int fc = ds_truth(q->mf, d_names[D_FIRST_CREATE]);
+        int fc = ds_truth(q->mf, D_FIRST_CREATE);
         if (fc != 0) return fc < 0 ? -1 : 0;
     }
-    PyObject *view = PyObject_GetAttr(q->mf, d_names[D_WRITE_VIEW]);
+    PyObject *view = sf_get(q->mf, d_names[D_WRITE_VIEW], &d_cache[D_WRITE_VIEW]);
     if (view == NULL) return -1;
     if (PyObject_GetBuffer(view, &q->view, PyBUF_WRITABLE) < 0) { PyErr_Clear(); Py_DECREF(view); return 0; }
     Py_DECREF(view);
@@ -5207,12 +5248,12 @@ static int ds_queue_open(ds_queue *q, PyObject *cq) {
  * NULL without an error when no listener is to be called: reput.listeners is empty and no gated listener's
  * gate (`_gated`: (fn, obj, attr or None, queues or None), ReputMessageService.add_listener) is open */
 static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
-    PyObject *ls = PyObject_GetAttr(reput, d_names[D_LISTENERS]);
+    PyObject *ls = sf_get(reput, d_names[D_LISTENERS], &d_cache[D_LISTENERS]);
     if (ls == NULL) return NULL;
     int need = PyObject_IsTrue(ls);
     Py_DECREF(ls);
     if (need < 0) return NULL;
-    PyObject *gated = PyObject_GetAttr(reput, d_names[D_GATED]);
+    PyObject *gated = sf_get(reput, d_names[D_GATED], &d_cache[D_GATED]);
     if (gated == NULL) return NULL;
     PyObject *grown = NULL;
     if (!PyList_CheckExact(gated)) need = 1;  /* not ours to read: let Python look */
@@ -5221,10 +5262,11 @@ static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
     if (grown == NULL) goto done;
     for (Py_ssize_t j = 0; j < nq; j++) {
         if (qs[j].wrote == qs[j].wrote0) continue;
-        PyObject *key = Py_BuildValue("(OL)", qs[j].topic, (long long)qs[j].qid);
+        PyObject *qv = PyLong_FromLongLong(qs[j].qid);
+        PyObject *key = qv != NULL ? PyTuple_Pack(2, qs[j].topic, qv) : NULL;
         PyObject *nv = PyLong_FromLongLong(qs[j].last_cq + 1);
         int bad = key == NULL || nv == NULL || PyDict_SetItem(grown, key, nv) < 0;
-        Py_XDECREF(key); Py_XDECREF(nv);
+        Py_XDECREF(qv); Py_XDECREF(key); Py_XDECREF(nv);
         if (bad) { Py_CLEAR(grown); goto done; }
     }
     for (Py_ssize_t i = 0; !need && i < PyList_GET_SIZE(gated); i++) {
@@ -5257,6 +5299,18 @@ static PyObject *ds_grown(PyObject *reput, ds_queue *qs, Py_ssize_t nq) {
 done:
     Py_DECREF(gated);
     return grown;
+}
+
+/* (taken, grown, behind) as a new tuple, or NULL with an error set (Py_BuildValue's "(nOL)" without parsing
+ * a format per call; branch send-core) */
+static PyObject *ds_result(Py_ssize_t taken, PyObject *grown, int64_t behind) {
+    PyObject *a = PyLong_FromSsize_t(taken), *c = PyLong_FromLongLong(behind);
+    PyObject *t = a != NULL && c != NULL ? PyTuple_New(3) : NULL;
+    if (t == NULL) { Py_XDECREF(a); Py_XDECREF(c); return NULL; }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(grown));
+    PyTuple_SET_ITEM(t, 2, c);
+    return t;
 }
 
 /* dispatch_singles(reput, ctx, here) -> (taken, grown or None, behind)
@@ -5298,13 +5352,13 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
     int64_t limit, offset, dispatched, pcount, last_ts = 0, slots_used = 0;
     if (!PyDict_CheckExact(table)) goto decline;
     got = ds_max_offset(cl_mfq, &limit);
-    if (got > 0) got = single_attr_i64(reput, d_names[D_REPUT_FROM], INT64_MIN, INT64_MAX / 2, &offset);
-    if (got > 0) got = single_attr_i64(reput, d_names[D_DISPATCHED], INT64_MIN, INT64_MAX / 2, &dispatched);
-    if (got > 0) got = single_attr_i64(reput, d_names[D_PCOUNT], 0, INT64_MAX / 2, &pcount);
+    if (got > 0) got = ds_i64(reput, D_REPUT_FROM, INT64_MIN, INT64_MAX / 2, &offset);
+    if (got > 0) got = ds_i64(reput, D_DISPATCHED, INT64_MIN, INT64_MAX / 2, &dispatched);
+    if (got > 0) got = ds_i64(reput, D_PCOUNT, 0, INT64_MAX / 2, &pcount);
     if (got < 0) goto fail;
     if (got == 0) goto decline;
     if (offset >= limit) goto finish;
-    pend = PyObject_GetAttr(reput, d_names[D_PENDING]);
+    pend = sf_get(reput, d_names[D_PENDING], &d_cache[D_PENDING]);
     if (pend == NULL) goto fail;
     {   /* the leading requests alone, contiguous from `offset`, ending by `limit` */
         Py_ssize_t n = PyObject_Length(pend);
@@ -5326,7 +5380,7 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
     }
     if (npeek == 0) goto decline;
     {
-        int en = ds_truth(config, d_names[D_INDEX_ENABLE]);
+        int en = ds_truth(config, D_INDEX_ENABLE);
         if (en < 0) goto fail;
         if (en) {
             got = ds_index_open(&ix, index_service);
@@ -5334,7 +5388,7 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
             if (got == 0) goto decline;  /* no file, a full or closed one: the general path (which makes one) */
         }
     }
-    cut = PyObject_GetAttr(deletions, d_names[D_CUTOFFS]);
+    cut = sf_get(deletions, d_names[D_CUTOFFS], &d_cache[D_CUTOFFS]);
     if (cut == NULL) goto fail;
     if (!PyDict_CheckExact(cut)) goto decline;
     if (fl_acquire(dlock) < 0) goto fail;
@@ -5404,8 +5458,8 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
      * file's header (the six fields _after_put writes), the checkpoint's logics time, the reput's offsets */
     for (Py_ssize_t j = 0; j < nq; j++) {
         if (qs[j].wrote == qs[j].wrote0) continue;
-        if (single_set_i64(qs[j].mf, d_names[D_WROTE], qs[j].wrote) < 0 ||
-            single_set_i64(qs[j].cq, d_names[D_MAXPHYS], qs[j].max_phys) < 0)
+        if (ds_set_i64(qs[j].mf, D_WROTE, qs[j].wrote) < 0 ||
+            ds_set_i64(qs[j].cq, D_MAXPHYS, qs[j].max_phys) < 0)
             goto fail;
     }
     if (ix.f != NULL && ix.count != ix.count0) {
@@ -5413,19 +5467,19 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
         ix.slot_count += slots_used;
         put_i64(hp, ix.begin_ts); put_i64(hp + 8, ix.end_ts); put_i64(hp + 16, ix.begin_phy);
         put_i64(hp + 24, ix.end_phy); put_i32(hp + 32, (int32_t)ix.slot_count); put_i32(hp + 36, (int32_t)ix.count);
-        if (single_set_i64(ix.f, d_names[D_BEGIN_TS], ix.begin_ts) < 0 ||
-            single_set_i64(ix.f, d_names[D_END_TS], ix.end_ts) < 0 ||
-            single_set_i64(ix.f, d_names[D_BEGIN_PHY], ix.begin_phy) < 0 ||
-            single_set_i64(ix.f, d_names[D_END_PHY], ix.end_phy) < 0 ||
-            single_set_i64(ix.f, d_names[D_SLOT_COUNT], ix.slot_count) < 0 ||
-            single_set_i64(ix.f, d_names[D_INDEX_COUNT], ix.count) < 0 ||
-            PyObject_SetAttr(ix.f, d_names[D_DIRTY], Py_True) < 0)
+        if ((ix.begun && ds_set_i64(ix.f, D_BEGIN_TS, ix.begin_ts) < 0) ||
+            ds_set_i64(ix.f, D_END_TS, ix.end_ts) < 0 ||
+            (ix.begun && ds_set_i64(ix.f, D_BEGIN_PHY, ix.begin_phy) < 0) ||
+            ds_set_i64(ix.f, D_END_PHY, ix.end_phy) < 0 ||
+            (slots_used && ds_set_i64(ix.f, D_SLOT_COUNT, ix.slot_count) < 0) ||
+            ds_set_i64(ix.f, D_INDEX_COUNT, ix.count) < 0 ||
+            sf_set(ix.f, d_names[D_DIRTY], &d_cache[D_DIRTY], Py_True) < 0)
             goto fail;
     }
     if (taken) {
-        PyObject *cp = PyObject_GetAttr(store, d_names[D_CHECKPOINT]);
+        PyObject *cp = sf_get(store, d_names[D_CHECKPOINT], &d_cache[D_CHECKPOINT]);
         if (cp == NULL) goto fail;
-        int rc = cp == Py_None ? 0 : single_set_i64(cp, d_names[D_LOGICS_TS], last_ts);
+        int rc = cp == Py_None ? 0 : ds_set_i64(cp, D_LOGICS_TS, last_ts);
         Py_DECREF(cp);
         if (rc < 0) goto fail;
         for (Py_ssize_t i = 0; i < taken; i++) {
@@ -5433,10 +5487,12 @@ static PyObject *dispatch_singles(PyObject *self, PyObject *const *args, Py_ssiz
             if (p == NULL) goto fail;
             Py_DECREF(p);
         }
-        if (single_set_i64(reput, d_names[D_PCOUNT], pcount - taken) < 0 ||
-            single_set_i64(reput, d_names[D_REPUT_FROM], offset) < 0 ||
-            single_set_i64(reput, d_names[D_DISPATCHED], offset) < 0)
-            goto fail;
+        PyObject *ov = PyLong_FromLongLong(offset);  /* one int for both offsets */
+        int bad = ov == NULL || ds_set_i64(reput, D_PCOUNT, pcount - taken) < 0 ||
+                  sf_set(reput, d_names[D_REPUT_FROM], &d_cache[D_REPUT_FROM], ov) < 0 ||
+                  sf_set(reput, d_names[D_DISPATCHED], &d_cache[D_DISPATCHED], ov) < 0;
+        Py_XDECREF(ov);
+        if (bad) goto fail;
         grown = ds_grown(reput, qs, nq);
         if (grown == NULL && PyErr_Occurred()) goto fail;
         dispatched = offset;
@@ -5447,11 +5503,11 @@ finish:
     got = ds_max_offset(cl_mfq, &limit);  /* again: the dispatch lock may have waited, the GIL released */
     if (got < 0) goto fail;
     if (got == 0) limit = dispatched + 1;  /* unknown: say something is behind, the general path looks */
-    if (here && limit <= dispatched && PyObject_SetAttr(reput, d_names[D_SIGNALLED], Py_False) < 0) goto fail;
-    result = Py_BuildValue("(nOL)", taken, grown != NULL ? grown : Py_None, (long long)(limit - dispatched));
+    if (here && limit <= dispatched && sf_set(reput, d_names[D_SIGNALLED], &d_cache[D_SIGNALLED], Py_False) < 0) goto fail;
+    result = ds_result(taken, grown != NULL ? grown : Py_None, limit - dispatched);
     goto done;
 decline:
-    result = Py_BuildValue("(nOL)", (Py_ssize_t)0, Py_None, (long long)1);
+    result = ds_result(0, Py_None, 1);
     goto done;
 fail:
     result = NULL;
@@ -7900,6 +7956,189 @@ out:
 }
 /* ============================ end of THE POP CORE ===================================================== */
 
+/* ============================================================================================== */
+/* SLOT FIELDS (issue speed, branch send-core): a field of a Python object read and written at its     */
+/*  slot's offset instead of through PyObject_GetAttr / PyObject_SetAttr (~200 and ~300 instructions,  */
+/*  most of it the name's look-up in the instance). The dispatch pass (dispatch_singles) reads and     */
+/*  writes ~45 fields of its objects per pass; the fields are slots of their classes (MappedFile,       */
+/*  MappedFileQueue, ConsumeQueue, IndexFile, IndexService, ReputMessageService: `__slots__`, which     */
+/*  keep a `__dict__` for everything else). sf_get / sf_set take the slot only when the generic        */
+/*  protocol would do exactly that: the type's tp_getattro / tp_setattro are the generic ones and the  */
+/*  name's look-up on the type (_PyType_Lookup, the MRO) finds a writable object member descriptor     */
+/*  (T_OBJECT_EX) of a base of the type. The offset is cached per field for the last four types, keyed */
+/*  by the type's version tag, which CPython renews whenever the type or a base changes (a property     */
+/*  put in place of the slot, say); any other object, an unset slot (its AttributeError) and a type    */
+/*  without a valid tag take the generic calls. The prototypes and the cache type are declared above   */
+/*  THE DISPATCH PASS. sf_get_any / sf_set_any do the same with one (name, type) table for callers     */
+/*  with names of their own: single_attr_i64 / single_set_i64 and the single put's hand-off, locate    */
+/*  and publish (CommitLog, MappedFile, ReputMessageService fields; prototypes above single_attr_i64). */
+/*  Reference: the generic protocol (tests/test_slot_fields_native.py) and the Python paths            */
+/*  (tests/test_dispatch_native.py, tests/test_single_put*.py).                                        */
+/* ============================================================================================== */
+/* the slot offset of field `name` of objects of type `tp`, or -1: use the generic protocol */
+static Py_ssize_t sf_offset(PyTypeObject *tp, PyObject *name, sf_cache *c) {
+    int valid = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0;
+    for (int i = 0; i < 4; i++)
+        if (valid && c->e[i].tp == tp && c->e[i].tag == tp->tp_version_tag) return c->e[i].off;
+    Py_ssize_t off = -1;
+    if (tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_setattro == PyObject_GenericSetAttr &&
+        PyUnicode_CheckExact(name)) {
+        PyObject *d = _PyType_Lookup(tp, name);  /* borrowed; gives the type a version tag when it can */
+        if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READONLY) && PyType_IsSubtype(tp, PyDescr_TYPE(d)))
+                off = m->offset;
+        }
+    }
+    if ((tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag != 0) {
+        memmove(&c->e[1], &c->e[0], 3 * sizeof c->e[0]);  /* the type pointer is only compared: a tag is never reused */
+        c->e[0].tp = tp;
+        c->e[0].tag = tp->tp_version_tag;
+        c->e[0].off = off;
+    }
+    return off;
+}
+
+/* getattr(o, name): a new reference, or NULL with an error set */
+static PyObject *sf_get(PyObject *o, PyObject *name, sf_cache *c) {
+    Py_ssize_t off = sf_offset(Py_TYPE(o), name, c);
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)o + off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);  /* also an unset slot's AttributeError */
+}
+
+/* setattr(o, name, v): 0, or -1 with an error set (as PyMember_SetOne does for a T_OBJECT_EX slot) */
+static int sf_set(PyObject *o, PyObject *name, sf_cache *c, PyObject *v) {
+    Py_ssize_t off = sf_offset(Py_TYPE(o), name, c);
+    if (off >= 0 && v != NULL) {
+        Py_XSETREF(*(PyObject **)((char *)o + off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+/* the dispatch pass's single_attr_i64 / single_set_i64 for its field `i` (d_names / d_cache) */
+static int ds_i64(PyObject *o, int i, int64_t lo, int64_t hi, int64_t *out) {
+    PyObject *v = sf_get(o, d_names[i], &d_cache[i]);
+    if (v == NULL) return -1;
+    int ok = PyLong_CheckExact(v) && as_i64(v, lo, hi, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+static int ds_set_i64(PyObject *o, int i, int64_t v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (x == NULL) return -1;
+    int r = sf_set(o, d_names[i], &d_cache[i], x);
+    Py_DECREF(x);
+    return r;
+}
+
+/* For callers with names of their own (single_attr_i64 / single_set_i64, the single put's hand-off): one
+ * table of offsets keyed by (name, type), direct-mapped; an entry holds its name (so the name's address is
+ * not reused while cached) and is overwritten on a collision. */
+typedef struct { PyObject *name; PyTypeObject *tp; unsigned int tag; Py_ssize_t off; } sf_any_entry;
+static sf_any_entry sf_any_table[128];
+
+static Py_ssize_t sf_offset_any(PyTypeObject *tp, PyObject *name) {
+    sf_any_entry *e = &sf_any_table[(((uintptr_t)name >> 4) ^ ((uintptr_t)tp >> 4)) & 127];
+    if (e->name == name && e->tp == tp && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        e->tag == tp->tp_version_tag)
+        return e->off;
+    sf_cache one;
+    memset(&one, 0, sizeof one);
+    Py_ssize_t off = sf_offset(tp, name, &one);
+    if (one.e[0].tp == tp) {  /* cacheable (the type has a valid version tag) */
+        PyObject *old = e->name;
+        e->name = Py_NewRef(name);
+        e->tp = tp;
+        e->tag = one.e[0].tag;
+        e->off = off;
+        Py_XDECREF(old);
+    }
+    return off;
+}
+
+static PyObject *sf_get_any(PyObject *o, PyObject *name) {
+    Py_ssize_t off = sf_offset_any(Py_TYPE(o), name);
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)o + off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+static int sf_set_any(PyObject *o, PyObject *name, PyObject *v) {
+    Py_ssize_t off = sf_offset_any(Py_TYPE(o), name);
+    if (off >= 0 && v != NULL) {
+        Py_XSETREF(*(PyObject **)((char *)o + off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+/* slot_getattr(o, name) / slot_setattr(o, name, value): sf_get / sf_set from Python, for the tests that
+ * compare them with getattr / setattr. As in the dispatch pass, each field name has a cache of its own
+ * (the first 32 names seen, kept alive in sf_test_names; later ones an error). */
+static PyObject *sf_test_names = NULL;  /* {name: index into sf_test_caches} */
+static sf_cache sf_test_caches[32];
+
+static sf_cache *sf_test_cache(PyObject *name) {
+    if (sf_test_names == NULL && (sf_test_names = PyDict_New()) == NULL) return NULL;
+    PyObject *i = PyDict_GetItemWithError(sf_test_names, name);
+    if (i == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_ssize_t n = PyDict_GET_SIZE(sf_test_names);
+        if (n == 32) { PyErr_SetString(PyExc_RuntimeError, "slot_getattr / slot_setattr: 32 names at most"); return NULL; }
+        i = PyLong_FromSsize_t(n);
+        int bad = i == NULL || PyDict_SetItem(sf_test_names, name, i) < 0;
+        Py_XDECREF(i);
+        if (bad) return NULL;
+        return &sf_test_caches[n];
+    }
+    return &sf_test_caches[PyLong_AsSsize_t(i)];
+}
+
+static PyObject *slot_getattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_getattr(o, name)");
+        return NULL;
+    }
+    sf_cache *c = sf_test_cache(args[1]);
+    return c != NULL ? sf_get(args[0], args[1], c) : NULL;
+}
+
+static PyObject *slot_setattr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_setattr(o, name, value)");
+        return NULL;
+    }
+    sf_cache *c = sf_test_cache(args[1]);
+    if (c == NULL || sf_set(args[0], args[1], c, args[2]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* slot_getattr_any(o, name) / slot_setattr_any(o, name, value): sf_get_any / sf_set_any, for the tests */
+static PyObject *slot_getattr_any(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_getattr_any(o, name)");
+        return NULL;
+    }
+    return sf_get_any(args[0], args[1]);
+}
+
+static PyObject *slot_setattr_any(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_setattr_any(o, name, value)");
+        return NULL;
+    }
+    if (sf_set_any(args[0], args[1], args[2]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+/* ============================ end of SLOT FIELDS ==================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -7944,6 +8183,15 @@ static PyMethodDef methods[] = {
      "single_init(AppendMessageResult, PutMessageResult, AppendMessageStatus.PUT_OK, PutMessageStatus.PUT_OK)."},
     {"take_requests", (PyCFunction)(void (*)(void))take_requests, METH_FASTCALL,
      "ReputMessageService._take_pending's walk over request chunks: (offset, taken)."},
+    /* SLOT FIELDS (branch send-core): the block above the table */
+    {"slot_getattr", (PyCFunction)(void (*)(void))slot_getattr, METH_FASTCALL,
+     "getattr(o, name) as the dispatch pass reads a field: by slot offset when the generic protocol would read that slot."},
+    {"slot_setattr", (PyCFunction)(void (*)(void))slot_setattr, METH_FASTCALL,
+     "setattr(o, name, value) as the dispatch pass writes a field: by slot offset when the generic protocol would."},
+    {"slot_getattr_any", (PyCFunction)(void (*)(void))slot_getattr_any, METH_FASTCALL,
+     "slot_getattr with the (name, type) table single_attr_i64 and the single put's hand-off use."},
+    {"slot_setattr_any", (PyCFunction)(void (*)(void))slot_setattr_any, METH_FASTCALL,
+     "slot_setattr with the (name, type) table single_set_i64 and the single put's hand-off use."},
     {"uniq_create", uniq_create, METH_O, "UniqueIdGenerator.create's fast path: the id, or None (create() claims)."},
     {"append_one", (PyCFunction)(void (*)(void))append_one, METH_FASTCALL,
      "CommitLog._append_one's locked body: PutMessageResult(PUT_OK, AppendMessageResult) or None."},

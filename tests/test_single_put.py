@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rmq_eventstore.common import codec
 from rmq_eventstore.common import message_id as message_id_module
@@ -99,9 +101,10 @@ def _gen_state(g: UniqueIdGenerator) -> tuple:
 
 def test_uniq_create_is_create_fast_path(monkeypatch) -> None:
     """`_native.uniq_create` issues the id `create()` issues from the same state and leaves the same state;
-    it declines (None, state untouched) where `create()` must claim: a new millisecond without its text yet,
-    or 65536 ids issued in the millisecond. Real ids from it are unique and well formed. (`create()` itself
-    is the Python method here: it takes the C fast path too when the native core is there.)"""
+    it declines (None, state untouched) where `create()` must claim more than one millisecond's text: a new
+    millisecond outside the generator's month (here: no month yet), or 65536 ids issued in the millisecond.
+    Real ids from it are unique and well formed. (`create()` itself is the Python method here: it takes the
+    C fast path too when the native core is there.)"""
     monkeypatch.setattr(message_id_module, "_native_uniq", None)
     far = 1 << 60  # a millisecond ahead of the clock: `now > _time` never fires, the state decides alone
     for counter, used, head_time in ((0, 0, far), (0xFFFF, 5, far), (17, 0xFFFF, far), (3, 0x10000, far),
@@ -123,6 +126,123 @@ def test_uniq_create_is_create_fast_path(monkeypatch) -> None:
         ids.append(i or g.create())  # as the put path: create() claims each new millisecond
     assert len(set(ids)) == len(ids) and all(len(i) == 32 and i == i.upper() for i in ids)
     assert fast > 10000  # the fast path is taken
+    assert fast == 20000 - 1  # only the first id (no month yet) is claimed by create()
+
+
+class _FrozenClock:
+    """`time` for message_id's Python path: time() answers one millisecond (`ms`, mid-millisecond)."""
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def time(self) -> float:
+        return (self.ms + 0.5) / 1000
+
+
+def _uniq_pair(ip: bytes, state: tuple) -> tuple[UniqueIdGenerator, UniqueIdGenerator]:
+    """Two generators alike (salt, counter and clock state): one for the C path, one for the reference."""
+    a = UniqueIdGenerator(ip=ip, pid=7)
+    b = UniqueIdGenerator(ip=ip, pid=7)
+    b._prefix = a._prefix
+    for g in (a, b):
+        g._time, g._time_used, g._counter, g._head, g._head_time, g._month_start, g._next_month = state
+    return a, b
+
+
+def _full_state(g: UniqueIdGenerator) -> tuple:
+    return (g._time, g._time_used, g._counter, g._head, g._head_time, g._month_start, g._next_month, g._prefix)
+
+
+def _reference_create(monkeypatch, g: UniqueIdGenerator, now: int) -> str:
+    """`UniqueIdGenerator.create` in Python (its fast path, else `_claim(1)`) with the clock at `now` ms."""
+    monkeypatch.setattr(message_id_module, "_native_uniq", None)
+    monkeypatch.setattr(message_id_module, "time", _FrozenClock(now))
+    try:
+        return g.create()
+    finally:
+        monkeypatch.undo()
+
+
+_IPS = st.sampled_from([b"\x0a\x00\x00\x01", bytes(range(16))])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ip=_IPS, month=st.integers(0, 1200), into=st.integers(-3, 40 * 86_400_000),
+       head_back=st.sampled_from([0, 1, 2, 1000, 1 << 40, None]), used=st.sampled_from([0, 1, 0xFFFE, 0xFFFF, 0x10000]),
+       counter=st.integers(0, 0xFFFF), from_end=st.one_of(st.none(), st.integers(-2, 1)))
+def test_uniq_create_new_millisecond_equals_claim(monkeypatch, ip, month, into, head_back, used, counter,
+                                                  from_end) -> None:
+    """A millisecond ahead of the clock (so `now > _time` never fires and the state alone decides): from the
+    same state `_native.uniq_create` issues the id `create()` / `_claim(1)` issues and leaves the same slots,
+    including a new millisecond's `_head` and `_head_time`, across real month boundaries (the month of
+    `_roll_month`, months of 28 to 31 days, `into` ms past its start or `from_end` ms from its end: past its
+    end the month rolls). It declines, changing nothing, exactly at a month roll or with 65536 ids issued in
+    the millisecond."""
+    import datetime as dt
+
+    base = dt.datetime(2300, 1, 1) + dt.timedelta(days=31 * month)
+    g0 = UniqueIdGenerator(ip=ip, pid=7)
+    g0._roll_month(int(base.timestamp() * 1000))
+    t = g0._month_start + into if from_end is None else g0._next_month + from_end  # or at the month's end
+    head_time = -1 if head_back is None else t - head_back
+    a, b = _uniq_pair(ip, (t, used, counter, "CD" * 14, head_time, g0._month_start, g0._next_month))
+    before = _full_state(a)
+    got = _native.uniq_create(a)
+    rolls = head_time != t and not (g0._month_start <= t < g0._next_month)
+    if rolls or used >= 0x10000:
+        assert got is None and _full_state(a) == before
+        return
+    assert got is not None
+    want = _reference_create(monkeypatch, b, 0)  # the clock far behind _time: only the state counts
+    assert got == want and _full_state(a) == _full_state(b)
+    if head_time != t:  # the new head: prefix + ms since the month's start
+        assert a._head == a._prefix + f"{(t - g0._month_start) & 0xFFFFFFFF:08X}" and a._head_time == t
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ip=_IPS, behind=st.integers(1, 10**9), head_back=st.sampled_from([0, 1, 5000, None]),
+       used=st.sampled_from([0, 7, 0xFFFF, 0x10000]), counter=st.integers(0, 0xFFFF),
+       month_around=st.booleans())
+def test_uniq_create_with_the_clock_moving_equals_create(monkeypatch, ip, behind, head_back, used, counter,
+                                                         month_around) -> None:
+    """The real clock ahead of `_time` (`now > _time`: the counter of a new millisecond restarts): the C path
+    reads the clock once, and `create()` with the clock stopped at the millisecond C stamped (its `_time`
+    afterwards) issues the same id and leaves the same slots. The generator's month holds the clock (or,
+    with `month_around` false, ends before it: a month roll, declined with nothing changed)."""
+    import time as real_time
+
+    now0 = int(real_time.time() * 1000)
+    t = now0 - behind
+    head_time = -1 if head_back is None else t - head_back
+    ms0, ms1 = (now0 - 2 * 10**9, now0 + 10**9) if month_around else (now0 - 2 * 10**9, now0 - 1)
+    a, b = _uniq_pair(ip, (t, used, counter, "EF" * 14, head_time, ms0, ms1))
+    before = _full_state(a)
+    got = _native.uniq_create(a)
+    if not month_around:
+        assert got is None and _full_state(a) == before
+        return
+    assert got is not None and now0 <= a._time <= int(real_time.time() * 1000) and a._time_used == 1
+    assert got == _reference_create(monkeypatch, b, a._time) and _full_state(a) == _full_state(b)
+    assert a._head_time == a._time and a._head == a._prefix + f"{(a._time - ms0) & 0xFFFFFFFF:08X}"
+
+
+def test_uniq_create_threads_issue_unique_ids() -> None:
+    """Threads sharing one generator through the put path (`uniq_create`, else `create()`, both under the
+    generator's lock) issue unique, well-formed ids."""
+    g = UniqueIdGenerator(ip=b"\x0a\x00\x00\x01", pid=7)
+    out: list[list[str]] = [[] for _ in range(4)]
+
+    def work(k: int) -> None:
+        for _ in range(15000):
+            out[k].append(_native.uniq_create(g) or g.create())
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    ids = [i for ids in out for i in ids]
+    assert len(set(ids)) == len(ids) == 60000 and all(len(i) == 32 and i == i.upper() for i in ids)
 
 
 class _DictGenerator:

@@ -159,6 +159,11 @@ class CommitLog:
     native batch put), so the reput service need not parse back records this process encoded itself.
     """
 
+    # the fields the native single put reads and writes are slots (by offset, not by attribute look-up:
+    # `_native`'s SLOT FIELDS); everything else lives in the instance dict as before
+    __slots__ = ("mapped_file_queue", "topic_queue_table", "begin_time_in_lock", "on_appended", "__dict__",
+                 "__weakref__")
+
     def __init__(self, config: StoreConfig, read_only: bool = False) -> None:
         self.config = config
         self.read_only = read_only

@@ -55,6 +55,9 @@ class ConsumeQueue:
     read a queue in order and filter by tag without touching the commitlog.
     """
 
+    # the fields `_native.dispatch_singles` reads and writes are slots (by offset, not by attribute look-up)
+    __slots__ = ("read_only", "_max_physic_offset", "mapped_file_queue", "__dict__", "__weakref__")
+
     def __init__(self, topic: str, queue_id: int, store_path: str, mapped_file_size: int,
                  read_only: bool = False) -> None:
         if mapped_file_size <= 0 or mapped_file_size % CQ_STORE_UNIT_SIZE:

@@ -176,6 +176,12 @@ class IndexFile:
     the dispatcher. A file opened `read_only` maps what exists and never writes.
     """
 
+    # the header fields and the mapping, which `_native.dispatch_singles` reads and writes, are slots (read by
+    # offset, not by attribute look-up); everything else lives in the instance dict as before
+    __slots__ = ("read_only", "_index_count", "index_num", "hash_slot_num", "_entries_base", "_begin_timestamp",
+                 "_end_timestamp", "_begin_phy_offset", "_end_phy_offset", "_hash_slot_count", "mm", "_dirty",
+                 "__dict__", "__weakref__")
+
     def __init__(
         self, path: str, hash_slot_num: int, index_num: int, end_phy_offset: int = 0,
         end_timestamp: int = 0, read_only: bool = False,
@@ -698,6 +704,8 @@ class IndexService:
     `"Aa".hashCode() == "BB".hashCode()`) both come back. The store must read each message and keep
     only those whose topic and key really match (RocketMQ issue #3613).
     """
+
+    __slots__ = ("read_only", "_files", "__dict__", "__weakref__")  # for `_native.dispatch_singles`, see IndexFile
 
     def __init__(
         self, store_path: str, hash_slot_num: int, index_num: int, max_msgs_num_batch: int = 64,

@@ -64,6 +64,11 @@ class MappedFile:
     read a store that another process (a broker, Apache RocketMQ itself) is writing.
     """
 
+    # the fields the native passes read and write are slots (`_native.dispatch_singles` and the single put
+    # read them by offset, not by attribute look-up); everything else lives in the instance dict as before
+    __slots__ = ("file_from_offset", "file_size", "read_only", "first_create_in_queue", "wrote_position",
+                 "committed_position", "transient", "_write_view", "store_timestamp", "__dict__", "__weakref__")
+
     def __init__(self, path: str, file_size: int, read_only: bool = False) -> None:
         self.path = path
         self.file_name = os.path.basename(path)
@@ -358,6 +363,8 @@ class MappedFileQueue:
     The file list is replaced, never mutated in place, so readers on other threads iterate a stable
     snapshot while the writer adds or removes files (RocketMQ uses a CopyOnWriteArrayList).
     """
+
+    __slots__ = ("mapped_files", "__dict__", "__weakref__")  # a slot for `_native.dispatch_singles`, see MappedFile
 
     def __init__(self, store_path: str, mapped_file_size: int, read_only: bool = False,
                  transient_store_pool: TransientStorePool | None = None) -> None:

@@ -43,6 +43,11 @@ def _chunk_start(chunk: tuple) -> int:
 class ReputMessageService:
     """Dispatch loop from `reput_from_offset` to the commitlog's readable end (`ReputMessageService`)."""
 
+    # the fields `_native.dispatch_singles` and the single put's hand-off read and write are slots (by offset,
+    # not by attribute look-up)
+    __slots__ = ("reput_from_offset", "dispatched_offset", "_pending", "_pending_count", "_signalled", "listeners",
+                 "_gated", "_wakeup", "__dict__", "__weakref__")
+
     def __init__(self, commit_log: CommitLog, dispatch: Callable[[list[DispatchRequest]], None]) -> None:
         self.commit_log = commit_log
         self.dispatch = dispatch

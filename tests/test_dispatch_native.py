@@ -27,6 +27,7 @@ import pytest
 from rmq_eventstore.common import codec
 from rmq_eventstore.common.sysflag import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from rmq_eventstore.store import Message, MessageStore, PutMessageStatus
+from rmq_eventstore.store import commitlog as commitlog_module
 from rmq_eventstore.store import reput as reput_module
 from tests.conftest import import_native, stop_reput_thread
 
@@ -67,9 +68,14 @@ class Twin:
         self.ref.add_message_arriving_listener(lambda g: self.heard["ref"].append(dict(g)))
 
     def put(self, msg: Message) -> None:
-        for s in (self.fast, self.ref):
-            r = s.put_message(msg)
-            assert r.status == PutMessageStatus.PUT_OK, r
+        r = self.fast.put_message(msg)
+        assert r.status == PutMessageStatus.PUT_OK, r
+        stamp = r.append_result.store_timestamp
+        with self.monkeypatch.context() as m:  # the reference stamped at the same millisecond: the two puts may
+            m.setattr(commitlog_module, "now_ms", lambda: stamp)  # straddle one (its put then takes Python's path)
+            r = self.ref.put_message(msg)
+        assert r.status == PutMessageStatus.PUT_OK, r
+        assert r.append_result.store_timestamp == stamp
 
     def dispatch(self, here: bool = True) -> int:
         """Dispatch everything on each store (`dispatch_here` until nothing is behind, or the thread's

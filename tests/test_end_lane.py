@@ -22,7 +22,12 @@ from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.processor.end_transaction import EndTransactionProcessor
 from rmq_eventstore.broker.transaction import service as tx_service
 from rmq_eventstore.common import Message, codec
-from rmq_eventstore.common.properties import delete_properties, get_property, set_property, string_to_properties
+from rmq_eventstore.common.properties import (
+    delete_properties,
+    get_property,
+    set_property,
+    string_to_properties,
+)
 from rmq_eventstore.common.topic import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 from rmq_eventstore.store import MessageStore

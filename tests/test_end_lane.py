@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.processor.end_transaction import EndTransactionProcessor
 from rmq_eventstore.broker.transaction import service as tx_service
-from rmq_eventstore.common import Message, codec
+from rmq_eventstore.common import Message, MessageExt, codec
 from rmq_eventstore.common.properties import (
     delete_properties,
     get_property,
@@ -34,6 +34,7 @@ from rmq_eventstore.store import MessageStore
 from tests.conftest import SMALL_GEOMETRY, import_native
 
 NATIVE = import_native()  # the C functions are compared directly, with the native core on or off
+NATIVE.init_pull(MessageExt)  # its pull decoder's type (bound by codec only with the native core on)
 DROPPED = ("REAL_TOPIC", "REAL_QID", "TRANSACTION_CHECK_TIMES")
 
 
@@ -214,3 +215,46 @@ def test_twin_brokers_store_the_same_ends(twins: tuple[Broker, Broker], monkeypa
     assert _state(c) == _state(py)
     commits = [r for r in _stored(c) if len(r) > 3 and r[0] in ("Tx", "Other")]
     assert len(commits) == 2 * sum(commit for _, commit in HALVES)
+
+
+# -- the half message read -------------------------------------------------------------------------------
+LOOKED = [  # messages whose records are read back by offset, as an END reads its half
+    {"topic": "Tx", "body": b"x" * 200, "properties_string": "UNIQ_KEY\x01A\x02REAL_TOPIC\x01Tx\x02"},
+    {"topic": "Tx", "body": b"", "properties_string": ""},
+    {"topic": "Tx", "body": b"\x00\xff", "properties_string": "KEYS\x01caf\xe9 \u4e2d\x02", "flag": 7,
+     "reconsume_times": 3, "prepared_transaction_offset": 99},
+    {"topic": "%RETRY%" + "g" * 140, "body": b"v2 record", "properties_string": "TAGS\x01t\x02"},
+    {"topic": "Tx", "body": b"v2 forced", "properties_string": "TAGS\x01t\x02", "force_v2": True},
+    {"topic": "Tx", "body": b"six", "properties_string": "a\x01b", "born_host": "[::1]:5"},
+    {"topic": "Tx", "body": b"sys", "properties_string": "", "sys_flag": codec.TRANSACTION_PREPARED_TYPE | 0x1},
+]
+
+
+def _fields(m: object) -> dict[str, object]:
+    return {k: getattr(m, k) for k in type(m).__slots__ if k != "_properties"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("prop_crc", [False, True])
+def test_a_record_looked_up_by_offset_is_decode_messages(tmp_path: Path, prop_crc: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    with MessageStore.open(tmp_path / "s", enabled_append_prop_crc=prop_crc, **SMALL_GEOMETRY) as store:
+        offsets = []
+        for fields in LOOKED:
+            r = store.put_message(Message(born_timestamp=1700000000123, **fields))  # type: ignore[arg-type]
+            assert r.is_ok(), r.status
+            offsets.append(r.append_result.wrote_offset)
+        taken = [NATIVE.decode_records(bytes(store.commit_log.read_record(o)), 0, [], False) > 0  # type: ignore[arg-type]
+                 for o in offsets]
+        assert all(taken)  # each is decoded in C
+        monkeypatch.setattr(codec, "pull_native", NATIVE)  # the C decoder, with the native core on or off
+        got = [store.look_message_by_offset(o) for o in offsets]
+        monkeypatch.setattr(codec, "pull_native", None)  # the Python path
+        want = [store.look_message_by_offset(o) for o in offsets]
+        assert [_fields(m) for m in want] == [_fields(codec.decode_message(store.commit_log.read_record(o)))  # type: ignore[arg-type]
+                                              for o in offsets]
+        assert [_fields(m) for m in got] == [_fields(m) for m in want]
+        assert [type(m.body) for m in got] == [bytes] * len(LOOKED)
+        assert [m.properties for m in got] == [m.properties for m in want]
+        for bad in (offsets[1] + 1, store.get_max_phy_offset(), store.get_max_phy_offset() + 10**6):
+            monkeypatch.setattr(codec, "pull_native", NATIVE)
+            assert store.look_message_by_offset(bad) is None

@@ -44,6 +44,7 @@
  *   slot_setattr(_any)  dispatch_singles and the single put read and write fields (SLOT FIELDS, block above the table)
  *   end_commit_props,   TransactionalMessageService._commit_message's properties and half_message's properties dict,
  *   end_props_dict      in one pass over the half's properties string (THE END LANE, block above the table)
+ *   end_index_have      IndexService.have_candidates' walk of an index file (THE END LANE)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -8265,6 +8266,83 @@ static PyObject *end_props_dict(PyObject *self, PyObject *arg) {
     }
     return d;
 }
+/* end_index_have(mm, size, slot_num, count, begin_ts, entries_base, keys, found) -> left | None:
+ * IndexService.have_candidates' walk of one index file: for each keys[i] (the indexed `topic#key` str) whose
+ * found[i] is False, whether the file holds an entry with its key hash (IndexFile.select_by_hash with
+ * max_num 1 and the time range [0, 2**62]); found[i] set True for those (written only at the end), and the
+ * count of keys still not found returned. None (nothing changed) for what it does not take: a key with a
+ * lone surrogate, a read past the buffer (the Python walk logs and stops there), odd sizes. */
+static PyObject *end_index_have(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7])) Py_RETURN_NONE;
+    long long size = PyLong_AsLongLong(args[1]), slot_num = PyLong_AsLongLong(args[2]);
+    long long count = PyLong_AsLongLong(args[3]), begin_ts = PyLong_AsLongLong(args[4]);
+    long long base = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *keys = args[6], *found = args[7];
+    Py_ssize_t nk = PyList_GET_SIZE(keys);
+    if (nk != PyList_GET_SIZE(found) || nk > 64 || slot_num <= 0 || size < 0 || base < 0 || count > INT32_MAX ||
+        begin_ts < -(1LL << 60) || begin_ts > (1LL << 60))
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const unsigned char *mm = (const unsigned char *)view.buf;
+    long long mlen = (long long)view.len;
+    int hit[64];
+    Py_ssize_t left = 0;
+    int declined = 0;
+    for (Py_ssize_t i = 0; i < nk && !declined; i++) {
+        hit[i] = 0;
+        PyObject *f = PyList_GET_ITEM(found, i);
+        if (f == Py_True) continue;
+        if (f != Py_False) { declined = 1; break; }
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        uint32_t h32 = 0;
+        if (!PyUnicode_CheckExact(k) || java_hash_append(k, 0, PyUnicode_GET_LENGTH(k), &h32) < 0) {
+            declined = 1;
+            break;
+        }
+        long long key_hash = index_hash(h32);
+        long long slot_pos = 40 + (key_hash % slot_num) * 4;  /* INDEX_HEADER_SIZE, HASH_SLOT_SIZE */
+        if (slot_pos + 4 <= size) {
+            if (slot_pos + 4 > mlen) { declined = 1; break; }
+            long long slot_value = get_i32(mm + slot_pos);
+            if (!(slot_value <= 0 || slot_value > count || count <= 1)) {
+                long long nxt = slot_value;
+                for (long long step = 0; step < count; step++) {
+                    long long pos = base + nxt * 20;  /* INDEX_SIZE */
+                    if (pos + 20 > size) break;
+                    if (pos + 20 > mlen) { declined = 1; break; }
+                    int32_t eh = get_i32(mm + pos);
+                    int32_t time_diff = get_i32(mm + pos + 12);
+                    long long prev = get_i32(mm + pos + 16);
+                    if (time_diff < 0) break;
+                    long long time_read = begin_ts + (long long)time_diff * 1000;
+                    if (eh == key_hash && time_read >= 0 && time_read <= (1LL << 62)) {
+                        hit[i] = 1;
+                        break;
+                    }
+                    if (prev <= 0 || prev > count || prev == nxt || time_read < 0) break;
+                    nxt = prev;
+                }
+            }
+        }
+        if (!hit[i]) left++;
+    }
+    PyBuffer_Release(&view);
+    if (declined) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (hit[i]) {
+            Py_INCREF(Py_True);
+            if (PyList_SetItem(found, i, Py_True) < 0) return NULL;
+        }
+    return PyLong_FromSsize_t(left);
+}
 /* ============================ end of THE END LANE ==================================================== */
 
 static PyMethodDef methods[] = {
@@ -8397,6 +8475,9 @@ static PyMethodDef methods[] = {
     {"end_commit_props", (PyCFunction)(void (*)(void))end_commit_props, METH_FASTCALL,
      "end_commit_props(props, queue_offset, drop_crc): an END COMMIT's record properties from its half's, "
      "(commit_props, real_topic, real_qid), or None (THE END LANE)."},
+    {"end_index_have", (PyCFunction)(void (*)(void))end_index_have, METH_FASTCALL,
+     "end_index_have(mm, size, slot_num, count, begin_ts, entries_base, keys, found): have_candidates' walk "
+     "of one index file (found set in place), the keys still not found, or None (THE END LANE)."},
     {"end_props_dict", (PyCFunction)end_props_dict, METH_O,
      "end_props_dict(props): string_to_properties(props) for an ASCII string, else None (THE END LANE)."},
     {NULL, NULL, 0, NULL},

@@ -30,7 +30,10 @@ from rmq_eventstore.common.properties import (
 )
 from rmq_eventstore.common.topic import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
+from rmq_eventstore.common.codec import DispatchRequest
 from rmq_eventstore.store import MessageStore
+from rmq_eventstore.store import index as index_module
+from rmq_eventstore.store.index import IndexService
 from tests.conftest import SMALL_GEOMETRY, import_native
 
 NATIVE = import_native()  # the C functions are compared directly, with the native core on or off
@@ -258,3 +261,42 @@ def test_a_record_looked_up_by_offset_is_decode_messages(tmp_path: Path, prop_cr
         for bad in (offsets[1] + 1, store.get_max_phy_offset(), store.get_max_phy_offset() + 10**6):
             monkeypatch.setattr(codec, "pull_native", NATIVE)
             assert store.look_message_by_offset(bad) is None
+
+
+# -- the index's look for earlier ends ---------------------------------------------------------------------
+KEY_TEXT = st.text(alphabet=st.sampled_from("abAB#\xe9\u4e2d"), min_size=0, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(stored=st.lists(st.tuples(st.sampled_from(["T", "U", "Aa", "BB"]), KEY_TEXT, st.integers(0, 5)),
+                       max_size=40),
+       asked=st.lists(st.tuples(st.sampled_from(["T", "U", "Aa", "BB", ""]), KEY_TEXT), max_size=6))
+def test_have_candidates_in_c_is_the_python_walk(tmp_path_factory: pytest.TempPathFactory,
+                                                 stored: list[tuple[str, str, int]],
+                                                 asked: list[tuple[str, str]]) -> None:
+    """Small files (4 slots, 7 entries: chains, hash collisions, several files) with keys of any text, times
+    over several seconds; the C walk (`_native.end_index_have`, with the native core on or off) answers as
+    `have_candidates_py`."""
+    svc = IndexService(str(tmp_path_factory.mktemp("idx")), 4, 7, flush_in_background=False)
+    try:
+        svc.build_index([DispatchRequest(t, 0, i * 100, 100, 0, 1_000_000 + s * 1000, 0, k or None, None, 0, 0, "")
+                         for i, (t, k, s) in enumerate(stored)])
+        want = svc.have_candidates_py(asked)
+        for f in reversed(svc.files):  # the C walk itself, file by file, takes every file here
+            found = [False] * len(asked)
+            assert NATIVE.end_index_have(f.mm, f.mapped_size, f.hash_slot_num, f._index_count, f._begin_timestamp,
+                                         f._entries_base, [f"{t}#{k}" for t, k in asked], found) is not None
+        original = index_module._INDEX_HAVE
+        index_module._INDEX_HAVE = NATIVE.end_index_have
+        try:
+            assert svc.have_candidates(asked) == want
+        finally:
+            index_module._INDEX_HAVE = original
+        assert want == [bool(svc.query_offset(t, k, 64, 0, 2**62).phy_offsets) for t, k in asked]
+    finally:
+        svc.shutdown()
+
+
+def test_have_candidates_declines_a_lone_surrogate() -> None:
+    assert NATIVE.end_index_have(b"\0" * 100, 100, 4, 2, 0, 56, ["T#\ud800"], [False]) is None
+    assert NATIVE.end_index_have(b"\0" * 10, 100, 4, 2, 0, 56, ["T#k"], [False]) is None  # a read past the buffer

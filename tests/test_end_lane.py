@@ -22,6 +22,7 @@ from rmq_eventstore.broker import Broker
 from rmq_eventstore.broker.processor.end_transaction import EndTransactionProcessor
 from rmq_eventstore.broker.transaction import service as tx_service
 from rmq_eventstore.common import Message, MessageExt, codec
+from rmq_eventstore.common.codec import DispatchRequest
 from rmq_eventstore.common.properties import (
     delete_properties,
     get_property,
@@ -30,7 +31,6 @@ from rmq_eventstore.common.properties import (
 )
 from rmq_eventstore.common.topic import RMQ_SYS_TRANS_HALF_TOPIC, RMQ_SYS_TRANS_OP_HALF_TOPIC
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
-from rmq_eventstore.common.codec import DispatchRequest
 from rmq_eventstore.store import MessageStore
 from rmq_eventstore.store import index as index_module
 from rmq_eventstore.store.index import IndexService

@@ -74,6 +74,11 @@ class EndResult:
     changed: bool = False
 
 
+# The successful results, made once (an EndResult is immutable): what `end` answers per END.
+_SUCCESS = {(outcome, changed): EndResult(ResponseCode.SUCCESS, None, outcome, changed)
+            for outcome in (COMMIT, ROLLBACK) for changed in (False, True)}
+
+
 def transaction_id(msg: MessageExt) -> str:
     """The id a transaction is known by: the half message's UNIQ_KEY (what RocketMQ's clients use as the
     transaction id; indexed, and kept by the committed record and by every check-back copy)."""
@@ -161,7 +166,7 @@ class TransactionalMessageService:
         if outcome == DISCARDED:
             return EndResult(ResponseCode.SYSTEM_ERROR,
                              f"transaction {txid} was discarded after too many check-backs", outcome)
-        return EndResult(ResponseCode.SUCCESS, None, outcome, changed)
+        return _SUCCESS[outcome, changed]
 
     def _decide(self, half: MessageExt, txid: str, commit: bool) -> tuple[str, bool] | EndResult:
         """Under the lock: the transaction's outcome (this end's, or an earlier one's) and whether this end

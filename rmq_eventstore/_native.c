@@ -42,6 +42,9 @@
  *                       SendMessageProcessor.process stores and answers it (THE HALF LANE, above the table)
  *   slot_getattr(_any), getattr / setattr by slot offset where the generic protocol reads / writes that slot: how
  *   slot_setattr(_any)  dispatch_singles and the single put read and write fields (SLOT FIELDS, block above the table)
+ *   end_commit_props,   TransactionalMessageService._commit_message's properties and half_message's properties dict,
+ *   end_props_dict      in one pass over the half's properties string (THE END LANE, block above the table)
+ *   end_index_have      IndexService.have_candidates' walk of an index file (THE END LANE)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -8139,6 +8142,209 @@ static PyObject *slot_setattr_any(PyObject *self, PyObject *const *args, Py_ssiz
 }
 /* ============================ end of SLOT FIELDS ==================================================== */
 
+/* ============================ THE END LANE (branch end-lane) ========================================
+ * The properties of an END_TRANSACTION COMMIT's record and of the half message it ends, in one pass over
+ * the half's properties string (TransactionalMessageService._commit_message / half_message are the
+ * reference). ASCII strings only: anything else declines (None) to the Python path. */
+
+/* end_commit_props(props, queue_offset, drop_crc) -> (commit_props, real_topic, real_qid) | None:
+ *   real_topic = get_property(props, "REAL_TOPIC") or ""
+ *   real_qid   = int(get_property(props, "REAL_QID") or 0)       (plain digits only, else None)
+ *   commit_props = set_property(delete_properties(props, dropped), "TRAN_PREPARED_QUEUE_OFFSET", str(qo))
+ * dropped: REAL_TOPIC, REAL_QID, TRANSACTION_CHECK_TIMES (and __CRC32# with drop_crc). One pass: a segment
+ * (split on 0x02) starting with any dropped name or TRAN_PREPARED_QUEUE_OFFSET + 0x01 goes; every kept
+ * segment but the string's last keeps its 0x02; then 0x02 unless empty or ending in one, then the new entry
+ * (delete_properties then set_property's delete_property give the same bytes: see the tests). */
+static int el_starts(const char *s, Py_ssize_t n, const char *lead, Py_ssize_t ln) {
+    return n >= ln && memcmp(s, lead, (size_t)ln) == 0;
+}
+
+static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *const drops[] = {
+        "REAL_TOPIC\x01", "REAL_QID\x01", "TRANSACTION_CHECK_TIMES\x01", "TRAN_PREPARED_QUEUE_OFFSET\x01",
+        "__CRC32#\x01",
+    };
+    if (nargs != 3 || !PyUnicode_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) Py_RETURN_NONE;
+    PyObject *ps = args[0];
+    if (!PyUnicode_IS_ASCII(ps)) Py_RETURN_NONE;
+    int overflow = 0;
+    long long qo = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (overflow || (qo == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    int drop_crc = PyObject_IsTrue(args[2]);
+    if (drop_crc < 0) return NULL;
+    int ndrops = drop_crc ? 5 : 4;
+    const char *s = (const char *)PyUnicode_DATA(ps);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(ps);
+    char qtext[32];
+    int qn = snprintf(qtext, sizeof qtext, "%lld", qo);
+    static const char entry[] = "TRAN_PREPARED_QUEUE_OFFSET\x01";
+    Py_ssize_t cap = n + 1 + (Py_ssize_t)(sizeof entry - 1) + qn + 1;
+    char small[512];
+    char *o = cap <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)cap);
+    if (o == NULL) return PyErr_NoMemory();
+    Py_ssize_t w = 0;
+    const char *rt = NULL, *rq = NULL;
+    Py_ssize_t rtn = 0, rqn = 0;
+    Py_ssize_t i = 0;
+    for (;;) {
+        const char *seg = s + i;
+        const char *sep = memchr(seg, 0x02, (size_t)(n - i));
+        Py_ssize_t sn = sep != NULL ? sep - seg : n - i;
+        int last = sep == NULL;
+        if (rt == NULL && el_starts(seg, sn, "REAL_TOPIC\x01", 11)) { rt = seg + 11; rtn = sn - 11; }
+        if (rq == NULL && el_starts(seg, sn, "REAL_QID\x01", 9)) { rq = seg + 9; rqn = sn - 9; }
+        int drop = 0;
+        for (int k = 0; k < ndrops && !drop; k++) drop = el_starts(seg, sn, drops[k], (Py_ssize_t)strlen(drops[k]));
+        if (!drop) {
+            memcpy(o + w, seg, (size_t)sn);
+            w += sn;
+            if (!last) o[w++] = 0x02;
+        }
+        if (last) break;
+        i += sn + 1;
+    }
+    long qid = 0;
+    if (rq != NULL && rqn > 0) {
+        int bad = rqn > 9;
+        for (Py_ssize_t k = 0; k < rqn && !bad; k++) {
+            if (rq[k] < '0' || rq[k] > '9') bad = 1;
+            else qid = qid * 10 + (rq[k] - '0');
+        }
+        if (bad) {
+            if (o != small) PyMem_Free(o);
+            Py_RETURN_NONE;
+        }
+    }
+    if (w > 0 && o[w - 1] != 0x02) o[w++] = 0x02;
+    memcpy(o + w, entry, sizeof entry - 1);
+    w += (Py_ssize_t)(sizeof entry - 1);
+    memcpy(o + w, qtext, (size_t)qn);
+    w += qn;
+    o[w++] = 0x02;
+    PyObject *out = PyUnicode_FromStringAndSize(o, w);
+    PyObject *topic = out != NULL ? PyUnicode_FromStringAndSize(rt != NULL ? rt : "", rt != NULL ? rtn : 0) : NULL;
+    if (o != small) PyMem_Free(o);
+    if (topic == NULL) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return Py_BuildValue("(NNl)", out, topic, qid);
+}
+
+/* end_props_dict(props) -> dict | None: string_to_properties(props) (the half's `properties`, in C):
+ * each 0x02-separated segment with a 0x01 at index i, 0 < i < len - 1, sets name -> value (a later one
+ * wins). ASCII strings only. */
+static PyObject *end_props_dict(PyObject *self, PyObject *arg) {
+    if (!PyUnicode_CheckExact(arg) || !PyUnicode_IS_ASCII(arg)) Py_RETURN_NONE;
+    const char *s = (const char *)PyUnicode_DATA(arg);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(arg);
+    PyObject *d = PyDict_New();
+    if (d == NULL || n == 0) return d;
+    Py_ssize_t i = 0;
+    for (;;) {
+        const char *seg = s + i;
+        const char *sep = memchr(seg, 0x02, (size_t)(n - i));
+        Py_ssize_t sn = sep != NULL ? sep - seg : n - i;
+        const char *eq = memchr(seg, 0x01, (size_t)sn);
+        if (eq != NULL && eq > seg && eq - seg < sn - 1) {
+            PyObject *k = PyUnicode_FromStringAndSize(seg, eq - seg);
+            PyObject *v = k != NULL ? PyUnicode_FromStringAndSize(eq + 1, sn - (eq - seg) - 1) : NULL;
+            if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
+                Py_XDECREF(k);
+                Py_XDECREF(v);
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(k);
+            Py_DECREF(v);
+        }
+        if (sep == NULL) break;
+        i += sn + 1;
+    }
+    return d;
+}
+/* end_index_have(mm, size, slot_num, count, begin_ts, entries_base, keys, found) -> left | None:
+ * IndexService.have_candidates' walk of one index file: for each keys[i] (the indexed `topic#key` str) whose
+ * found[i] is False, whether the file holds an entry with its key hash (IndexFile.select_by_hash with
+ * max_num 1 and the time range [0, 2**62]); found[i] set True for those (written only at the end), and the
+ * count of keys still not found returned. None (nothing changed) for what it does not take: a key with a
+ * lone surrogate, a read past the buffer (the Python walk logs and stops there), odd sizes. */
+static PyObject *end_index_have(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7])) Py_RETURN_NONE;
+    long long size = PyLong_AsLongLong(args[1]), slot_num = PyLong_AsLongLong(args[2]);
+    long long count = PyLong_AsLongLong(args[3]), begin_ts = PyLong_AsLongLong(args[4]);
+    long long base = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *keys = args[6], *found = args[7];
+    Py_ssize_t nk = PyList_GET_SIZE(keys);
+    if (nk != PyList_GET_SIZE(found) || nk > 64 || slot_num <= 0 || size < 0 || base < 0 || count > INT32_MAX ||
+        begin_ts < -(1LL << 60) || begin_ts > (1LL << 60))
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const unsigned char *mm = (const unsigned char *)view.buf;
+    long long mlen = (long long)view.len;
+    int hit[64];
+    Py_ssize_t left = 0;
+    int declined = 0;
+    for (Py_ssize_t i = 0; i < nk && !declined; i++) {
+        hit[i] = 0;
+        PyObject *f = PyList_GET_ITEM(found, i);
+        if (f == Py_True) continue;
+        if (f != Py_False) { declined = 1; break; }
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        uint32_t h32 = 0;
+        if (!PyUnicode_CheckExact(k) || java_hash_append(k, 0, PyUnicode_GET_LENGTH(k), &h32) < 0) {
+            declined = 1;
+            break;
+        }
+        long long key_hash = index_hash(h32);
+        long long slot_pos = 40 + (key_hash % slot_num) * 4;  /* INDEX_HEADER_SIZE, HASH_SLOT_SIZE */
+        if (slot_pos + 4 <= size) {
+            if (slot_pos + 4 > mlen) { declined = 1; break; }
+            long long slot_value = get_i32(mm + slot_pos);
+            if (!(slot_value <= 0 || slot_value > count || count <= 1)) {
+                long long nxt = slot_value;
+                for (long long step = 0; step < count; step++) {
+                    long long pos = base + nxt * 20;  /* INDEX_SIZE */
+                    if (pos + 20 > size) break;
+                    if (pos + 20 > mlen) { declined = 1; break; }
+                    int32_t eh = get_i32(mm + pos);
+                    int32_t time_diff = get_i32(mm + pos + 12);
+                    long long prev = get_i32(mm + pos + 16);
+                    if (time_diff < 0) break;
+                    long long time_read = begin_ts + (long long)time_diff * 1000;
+                    if (eh == key_hash && time_read >= 0 && time_read <= (1LL << 62)) {
+                        hit[i] = 1;
+                        break;
+                    }
+                    if (prev <= 0 || prev > count || prev == nxt || time_read < 0) break;
+                    nxt = prev;
+                }
+            }
+        }
+        if (!hit[i]) left++;
+    }
+    PyBuffer_Release(&view);
+    if (declined) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (hit[i]) {
+            Py_INCREF(Py_True);
+            if (PyList_SetItem(found, i, Py_True) < 0) return NULL;
+        }
+    return PyLong_FromSsize_t(left);
+}
+/* ============================ end of THE END LANE ==================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -8266,6 +8472,14 @@ static PyMethodDef methods[] = {
     {"ack_settle", (PyCFunction)(void (*)(void))ack_settle, METH_FASTCALL,
      "ack_settle(by_key, key, start, stop, fd): PopBufferMergeService.ack_one for a contiguous entry: (journal bytes, "
      "settled) or None."},
+    {"end_commit_props", (PyCFunction)(void (*)(void))end_commit_props, METH_FASTCALL,
+     "end_commit_props(props, queue_offset, drop_crc): an END COMMIT's record properties from its half's, "
+     "(commit_props, real_topic, real_qid), or None (THE END LANE)."},
+    {"end_index_have", (PyCFunction)(void (*)(void))end_index_have, METH_FASTCALL,
+     "end_index_have(mm, size, slot_num, count, begin_ts, entries_base, keys, found): have_candidates' walk "
+     "of one index file (found set in place), the keys still not found, or None (THE END LANE)."},
+    {"end_props_dict", (PyCFunction)end_props_dict, METH_O,
+     "end_props_dict(props): string_to_properties(props) for an ASCII string, else None (THE END LANE)."},
     {NULL, NULL, 0, NULL},
 };
 

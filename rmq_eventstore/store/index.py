@@ -106,6 +106,8 @@ def index_key_hashes(keys: list[str]) -> np.ndarray:
     return h.astype(np.int32)
 
 
+# have_candidates' walk of an index file in C (THE END LANE), when the native core is active
+_INDEX_HAVE = getattr(codec.native, "end_index_have", None) if codec.native is not None else None
 _I64 = struct.Struct("=q")  # the native loop's offsets and times (native byte order, as numpy's int64)
 _RAW_MAX = 16  # build_index passes of up to this many records skip the arrays (IndexFile.put_keys_raw)
 
@@ -925,7 +927,27 @@ class IndexService:
         """For each `(topic, key)`: whether any index file holds an entry with its key hash (a candidate
         `query_offset` would return, of any time). False means no message of that topic has that key; True
         only that one may (hash matches include other keys). One walk of the files for all keys, and no
-        record read: what a look-up that usually finds nothing (an END's search for earlier ends) asks first."""
+        record read: what a look-up that usually finds nothing (an END's search for earlier ends) asks first.
+        Each file's walk in C with the native core (`_native.end_index_have`); when it declines, this walk."""
+        if _INDEX_HAVE is not None:
+            keys = [f"{t}#{k}" for t, k in topic_keys]
+            found = [False] * len(keys)
+            left: int | None = len(keys)
+            for f in reversed(self.files):
+                mm = f.mm
+                if mm is not None:
+                    left = _INDEX_HAVE(mm, f.mapped_size, f.hash_slot_num, f._index_count, f._begin_timestamp,
+                                       f._entries_base, keys, found)
+                    if left is None:
+                        break
+                if not left:
+                    break
+            if left is not None:
+                return found
+        return self.have_candidates_py(topic_keys)
+
+    def have_candidates_py(self, topic_keys: list[tuple[str, str]]) -> list[bool]:
+        """`have_candidates` in Python (the reference)."""
         hashes = [index_key_hash(build_key(t, k)) for t, k in topic_keys]
         found = [False] * len(hashes)
         left = len(hashes)

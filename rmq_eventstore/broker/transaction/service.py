@@ -58,6 +58,10 @@ COMMIT, ROLLBACK, DISCARDED = "COMMIT", "ROLLBACK", "DISCARDED"
 RECENT_ENDS = 200_000  # transaction outcomes remembered in memory (older ones are found in the index)
 _COMMIT_DROPPED = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_CHECK_TIMES)  # not on a commit
 _COMMIT_DROPPED_CRC = (*_COMMIT_DROPPED, codec.PROPERTY_CRC32)
+# THE END LANE: the commit record's properties and the half's properties dict in C (`_native.end_commit_props`,
+# `_native.end_props_dict`); each declines (None) to the Python below for what it does not handle.
+END_NATIVE = (codec.native if codec.native is not None and hasattr(codec.native, "end_commit_props")
+              else None)
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,21 @@ class EndResult:
     changed: bool = False
 
 
+# The successful results, made once (an EndResult is immutable): what `end` answers per END.
+_SUCCESS = {(outcome, changed): EndResult(ResponseCode.SUCCESS, None, outcome, changed)
+            for outcome in (COMMIT, ROLLBACK) for changed in (False, True)}
+
+
 def transaction_id(msg: MessageExt) -> str:
     """The id a transaction is known by: the half message's UNIQ_KEY (what RocketMQ's clients use as the
     transaction id; indexed, and kept by the committed record and by every check-back copy)."""
     return msg.uniq_key or msg.properties.get(PROPERTY_TRANSACTION_ID) or msg.msg_id
+
+
+def op_properties_string(txid: str) -> str:
+    """The op message's properties string: `codec.build_properties_string` of a message with tag `d` and the
+    one key `txid` (TAGS, then KEYS when `txid` is not empty), without building it from the message."""
+    return f"TAGS\x01{REMOVE_TAG}\x02KEYS\x01{txid}\x02" if txid else f"TAGS\x01{REMOVE_TAG}\x02"
 
 
 class TransactionalMessageService:
@@ -113,6 +128,8 @@ class TransactionalMessageService:
         if msg is None or msg.topic != RMQ_SYS_TRANS_HALF_TOPIC:
             return None, EndResult(ResponseCode.SYSTEM_ERROR,
                                    f"Find prepared transaction message failed, commitLogOffset {commit_log_offset}")
+        if END_NATIVE is not None and msg._properties is None:
+            msg._properties = END_NATIVE.end_props_dict(msg.properties_string)  # None: parsed in Python
         group = msg.properties.get(PROPERTY_PRODUCER_GROUP)
         if producer_group is not None and group != producer_group:
             return None, EndResult(ResponseCode.SYSTEM_ERROR,
@@ -149,7 +166,7 @@ class TransactionalMessageService:
         if outcome == DISCARDED:
             return EndResult(ResponseCode.SYSTEM_ERROR,
                              f"transaction {txid} was discarded after too many check-backs", outcome)
-        return EndResult(ResponseCode.SUCCESS, None, outcome, changed)
+        return _SUCCESS[outcome, changed]
 
     def _decide(self, half: MessageExt, txid: str, commit: bool) -> tuple[str, bool] | EndResult:
         """Under the lock: the transaction's outcome (this end's, or an earlier one's) and whether this end
@@ -231,11 +248,16 @@ class TransactionalMessageService:
         the other properties (the same bytes), so the store's C path takes the record instead of declining
         a properties string that holds a trailer already."""
         props = half.properties_string
-        real_topic = get_property(props, PROPERTY_REAL_TOPIC) or ""
-        real_qid = int(get_property(props, PROPERTY_REAL_QUEUE_ID) or 0)
-        props = delete_properties(props, _COMMIT_DROPPED_CRC if self.store.config.enabled_append_prop_crc
-                                  else _COMMIT_DROPPED)
-        props = set_property(props, PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
+        done = (END_NATIVE.end_commit_props(props, half.queue_offset, self.store.config.enabled_append_prop_crc)
+                if END_NATIVE is not None else None)
+        if done is not None:
+            props, real_topic, real_qid = done
+        else:
+            real_topic = get_property(props, PROPERTY_REAL_TOPIC) or ""
+            real_qid = int(get_property(props, PROPERTY_REAL_QUEUE_ID) or 0)
+            props = delete_properties(props, _COMMIT_DROPPED_CRC if self.store.config.enabled_append_prop_crc
+                                      else _COMMIT_DROPPED)
+            props = set_property(props, PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
         sys_flag = (half.sys_flag & ~codec.TRANSACTION_ROLLBACK_TYPE) | codec.TRANSACTION_COMMIT_TYPE
         return Message(topic=real_topic, body=bytes(half.body), queue_id=real_qid, flag=half.flag,
                        properties_string=props, sys_flag=sys_flag, born_timestamp=half.born_timestamp,
@@ -246,7 +268,7 @@ class TransactionalMessageService:
         """The op message (`TransactionalMessageBridge.addRemoveTagInTransactionOp`), keyed by the transaction."""
         op = Message(topic=RMQ_SYS_TRANS_OP_HALF_TOPIC, body=str(half.queue_offset).encode(), tags=REMOVE_TAG,
                      keys=[txid], queue_id=half.queue_id)
-        op.properties_string = codec.build_properties_string(op)
+        op.properties_string = op_properties_string(txid)
         r = self.store.put_message(op)
         if r.is_ok():
             self._remember(txid, outcome, True)

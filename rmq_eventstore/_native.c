@@ -5743,9 +5743,10 @@ static PyObject *sl_serve(sl_req *r, PyObject *body, PyObject *born_host, PyObje
     PyObject *topic = r->topic;
     if (topic == NULL || !PyUnicode_CheckExact(topic)) Py_RETURN_NONE;
     /* the routes are those of the topics' current version (else the Python lane makes them again) */
-    PyObject *st[5] = {PyObject_GetAttr(dv, sl_names[SL_COUNTER]), PyObject_GetAttr(proc, sl_names[SL_LCOUNTER]),
-                       PyObject_GetAttr(dv, sl_names[SL_TIMESTAMP]), PyObject_GetAttr(proc, sl_names[SL_LTIMESTAMP]),
-                       PyObject_GetAttr(proc, sl_names[SL_ROUTES])};
+    /* sf_get_any (SLOT FIELDS): at the slot's offset when the class declares it (the processor's _lane_* do) */
+    PyObject *st[5] = {PyObject_GetAttr(dv, sl_names[SL_COUNTER]), sf_get_any(proc, sl_names[SL_LCOUNTER]),
+                       PyObject_GetAttr(dv, sl_names[SL_TIMESTAMP]), sf_get_any(proc, sl_names[SL_LTIMESTAMP]),
+                       sf_get_any(proc, sl_names[SL_ROUTES])};
     PyObject *result = NULL, *route = NULL, *props = NULL, *uniq = NULL, *decorated = NULL, *msg = NULL, *res = NULL;
     PyObject *ints[5] = {NULL, NULL, NULL, NULL, NULL};
     PyObject *half_topic = NULL, *htx = NULL;  /* a half message's (THE HALF LANE): its topic (borrowed), its id */

@@ -8131,6 +8131,8 @@ static PyObject *slot_setattr_any(PyObject *self, PyObject *const *args, Py_ssiz
 /*  record bytes object, no lists, no dict, no queue-table look-up: single_locate found the queue      */
 /*  offset) and the born host parsed once per distinct str (parse_host is a pure function of it: a      */
 /*  one-entry cache keyed by the str object and the function). Then single_publish, as before.         */
+/*  The properties' TAGS / KEYS / UNIQ_KEY found in one forward pass (sc_props: find_prop's answers),  */
+/*  the body CRC and the __CRC32# trailer's CRC by vf_crc32 (zlib's values, PCLMULQDQ-folded).         */
 /*  Returns 1 (*result set), 0 (declined, nothing written), -1 (error).                                */
 /*  Edits elsewhere: THE NETWORK SINGLE PUT's append_one_net calls it (its encode_network_run call).   */
 /*  Reference: CommitLog._append_one_net_py (tests/test_single_put_net.py, tests/test_send_core_net.py). */
@@ -8145,6 +8147,43 @@ static PyObject *sc_parse_host(PyObject *fn, PyObject *born) {  /* a new referen
     Py_XSETREF(sc_born_key, Py_NewRef(born));
     Py_XSETREF(sc_born_val, Py_NewRef(h));
     return h;
+}
+
+/* find_prop's three answers (TAGS, KEYS, UNIQ_KEY) in one forward pass over the properties' segments (a
+ * name can only start one: at 0 or after a 0x02, its value running to the next 0x02): the last segment
+ * naming a property is the one find_prop's backward search finds. -1 when one found has an empty value
+ * (find_prop's -1: the batch declined), else 0. */
+static int sc_props(const char *u, Py_ssize_t n, net_rec *r) {
+    r->tags_at = r->keys_at = r->uniq_at = -1;
+    r->tags_len = r->keys_len = r->uniq_len = 0;
+    Py_ssize_t s = 0;
+    for (;;) {
+        const char *e = memchr(u + s, 2, (size_t)(n - s));
+        Py_ssize_t end = e != NULL ? e - u : n, sl = end - s;
+        const char *p = u + s;
+        if (sl >= 5 && p[4] == 1 && memcmp(p, "TAGS", 4) == 0) { r->tags_at = s + 5; r->tags_len = sl - 5; }
+        else if (sl >= 5 && p[4] == 1 && memcmp(p, "KEYS", 4) == 0) { r->keys_at = s + 5; r->keys_len = sl - 5; }
+        else if (sl >= 9 && p[8] == 1 && memcmp(p, "UNIQ_KEY", 8) == 0) { r->uniq_at = s + 9; r->uniq_len = sl - 9; }
+        if (e == NULL) break;
+        s = end + 1;
+    }
+    if ((r->tags_at >= 0 && r->tags_len == 0) || (r->keys_at >= 0 && r->keys_len == 0) ||
+        (r->uniq_at >= 0 && r->uniq_len == 0))
+        return -1;
+    return 0;
+}
+
+/* fill_crc_trailer with vf_crc32 (zlib's value, folded with PCLMULQDQ where the CPU has it) */
+static void sc_fill_crc_trailer(unsigned char *rec, Py_ssize_t total) {
+    Py_ssize_t end = total - CRC_RESERVED;
+    uint32_t c = vf_crc32(rec, end) & 0x7FFFFFFFu;
+    unsigned char *t = rec + end;
+    memcpy(t, "__CRC32#\x01", 9);
+    for (int k = 0; k < 10; k++) {  /* least-significant digit first, '0'-padded */
+        t[9 + k] = (unsigned char)('0' + c % 10);
+        c /= 10;
+    }
+    t[19] = 2;
 }
 
 static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObject *netctx, PyObject **result) {
@@ -8183,10 +8222,7 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
     if (cmp == 0) return 0;
     r->pu = PyUnicode_AsUTF8AndSize(ps, &r->pl);
     if (r->pu == NULL) { PyErr_Clear(); return 0; }
-    if (find_prop(r->pu, r->pl, "TAGS\x01", 5, &r->tags_at, &r->tags_len) < 0 ||
-        find_prop(r->pu, r->pl, "KEYS\x01", 5, &r->keys_at, &r->keys_len) < 0 ||
-        find_prop(r->pu, r->pl, "UNIQ_KEY\x01", 9, &r->uniq_at, &r->uniq_len) < 0)
-        return 0;
+    if (sc_props(r->pu, r->pl, r) < 0) return 0;
     if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &v)) return 0;
     r->magic = (int32_t)v;
     r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
@@ -8229,7 +8265,7 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
     r->reconsume = (int32_t)rc; r->ptx = ptx;
     r->plen = r->pl;
     if (reserved) {
-        if (r->pl >= 8 && memmem_simple(r->pu, r->pl, "__CRC32#", 8)) return 0;
+        if (r->pl >= 8 && memmem(r->pu, (size_t)r->pl, "__CRC32#", 8) != NULL) return 0;
         if (r->pl && r->pu[r->pl - 1] != 2) r->plen++;
         r->plen += reserved;
     }
@@ -8287,7 +8323,7 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
     unsigned char *out = (unsigned char *)dst.buf + sp->pos, *p = out;
     const unsigned char *bp = (const unsigned char *)PyBytes_AS_STRING(body);
     put_i32(p, (int32_t)total); put_i32(p + 4, r->magic);
-    put_i32(p + 8, (int32_t)(crc32_update(0, bp, bl) & 0x7FFFFFFFu));
+    put_i32(p + 8, (int32_t)(vf_crc32(bp, bl) & 0x7FFFFFFFu));
     put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
     put_i64(p + 20, r->q); put_i64(p + 28, base); put_i32(p + 36, r->sys_flag); put_i64(p + 40, r->born_ts);
     p += 48;
@@ -8301,7 +8337,7 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
     memcpy(p, r->pu, r->pl);
     if (reserved) {
         if (r->plen - reserved > r->pl) p[r->pl] = 2;
-        fill_crc_trailer(out, total);
+        sc_fill_crc_trailer(out, total);
     }
     PyBuffer_Release(&dst);
     *result = single_publish(sp, req, total, PyTuple_GET_ITEM(netctx, 1), PyTuple_GET_ITEM(netctx, 2));

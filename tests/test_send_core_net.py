@@ -4,8 +4,9 @@ born host once per str object (a one-entry cache keyed by the str and the `parse
 the pure-Python reference `CommitLog._append_one_net_py`, put by put (record bytes, write position, store
 time, queue table, the request handed to `on_appended`, the result; a decline changing nothing): messages
 drawn by Hypothesis over born hosts (v4, v6, v4-mapped v6, unparsable, the same str object again and equal
-texts in new objects), flags, sys flags, tags and keys (non-ASCII too), reconsume times, prepared offsets,
-with and without the CRC trailer. Also: the born host cache follows the netctx's `parse_host`."""
+texts in new objects), flags, sys flags, tags and keys (non-ASCII too, named twice, empty, named inside
+values), reconsume times, prepared offsets, bodies below and above the folded CRC's 64 bytes, with and
+without the CRC trailer. Also: the born host cache follows the netctx's `parse_host`."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def _message(draw: st.DrawFn) -> Message:
     if draw(st.booleans()):
         props += f"KEYS\x01k{i} \u00fc{i % 3}\x02"
     props += f"UNIQ_KEY\x01{i:032X}\x02CLUSTER\x01DefaultCluster"
+    # a property twice (the last counts), an empty value, names inside values, a trailer already there
+    props = draw(st.sampled_from(["", "TAGS\x01old\x02KEYS\x01o1\x02UNIQ_KEY\x01EE\x02", "TAGS\x01\x02", "KEYS\x01\x02",
+                                  "UNIQ_KEY\x01\x02", "xTAGS\x01no\x02", "A\x01TAGS\x01KEYS\x01\x02", "__CRC32#\x010\x02"])) + props
     if draw(st.booleans()):
         props += "\x02"
     m = Message(topic=draw(st.sampled_from(["TopicA", "%RETRY%g-1"])), body=bytes([i % 251]) * draw(st.integers(0, 900)),

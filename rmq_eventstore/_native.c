@@ -26,6 +26,7 @@
  *   remoting_*          the remoting frame codec (its own block below: RemotingCommand.encode, FrameDecoder.feed)
  *   append_one          CommitLog._append_one's locked body (a single put: file, queue offset, record, hand-off)
  *   append_one_net      CommitLog._append_one_net's locked body (a network single put; THE NETWORK SINGLE PUT)
+ *                       its record written into the file and its request built by sc_append_net (THE SEND CORE)
  *   uniq_create         UniqueIdGenerator.create's fast path (a single put's UNIQ_KEY)
  *   take_requests       ReputMessageService._take_pending's walk over a run of request chunks
  *   pop_set_handles,    PopConsumer.pop / _ack_requests: append each message's POP_CK handle, read it back into its

@@ -8144,9 +8144,12 @@ static PyObject *sc_parse_host(PyObject *fn, PyObject *born) {  /* a new referen
     if (born == sc_born_key && fn == sc_born_fn) return Py_NewRef(sc_born_val);
     PyObject *h = PyObject_CallOneArg(fn, born);
     if (h == NULL) return NULL;
-    Py_XSETREF(sc_born_fn, Py_NewRef(fn));
-    Py_XSETREF(sc_born_key, Py_NewRef(born));
-    Py_XSETREF(sc_born_val, Py_NewRef(h));
+    /* the three swapped before any old one is released (a release may run Python code, another thread) */
+    PyObject *ofn = sc_born_fn, *okey = sc_born_key, *oval = sc_born_val;
+    sc_born_fn = Py_NewRef(fn);
+    sc_born_key = Py_NewRef(born);
+    sc_born_val = Py_NewRef(h);
+    Py_XDECREF(ofn); Py_XDECREF(okey); Py_XDECREF(oval);
     return h;
 }
 

@@ -101,6 +101,9 @@ def _header_int(x: dict[str, str], short: str, long: str, default: Any) -> Any:
 class SendMessageProcessor:
     """Producers' sends and consumers' send-backs."""
 
+    # the lane's route stamp and routes are slots: the C send lane (`sl_serve`) reads them at their offsets
+    __slots__ = ("_lane_counter", "_lane_timestamp", "_lane_routes", "__dict__", "__weakref__")
+
     CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
              RequestCode.CONSUMER_SEND_MSG_BACK)
 

@@ -11,9 +11,10 @@ the client is this process (our `Producer` / `PopConsumer`, not under valgrind).
 out; the broker's idle wake-ups (timed waits of its service threads) add a little noise. `trivial` is a
 GET_MAX_OFFSET round trip, `single` a SEND_MESSAGE_V2 of one 200-byte message, `pop1` a POP of one
 message followed by its ACK (counted as one request pair), `pop32` POPs of 32 messages each followed by one
-BATCH_ACK (counted per message), `tx` a half message and its one-way END_TRANSACTION COMMIT (per pair); both include the sends that fill the topic first (100 a batch), which
-`fill` alone counts (subtract it). A profiling tool: nothing is compared with a
-peer and nothing is timed. Needs valgrind (Debian's `valgrind`).
+BATCH_ACK (counted per message), `tx` a half message and its one-way END_TRANSACTION COMMIT (per pair),
+`query` a QUERY_MESSAGE by key (what a QuerySet's `filter(keys=...)` asks). The pop phases and `query`
+include the sends that fill the topic first (100 a batch), which `fill` alone counts (subtract it). A
+profiling tool: nothing is compared with a peer and nothing is timed. Needs valgrind (Debian's `valgrind`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,14 @@ def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
                     addr, _q = tp._pick("Profile", 0, None)  # a request answered after every END was served
                     tp._base.remoting.invoke(addr, RemotingCommand.request(
                         RequestCode.GET_MAX_OFFSET, {"topic": "Profile", "queueId": 0}), timeout=60)
+            elif phase == "query":  # a QUERY_MESSAGE by key per request (a QuerySet's filter(keys=...)), after the fill
+                from rmq_eventstore.client import Admin
+
+                for i in range(0, n, 100):
+                    p.send_batch(msgs[i:i + 100], queue_id=0)
+                with Admin(namesrv, 60_000) as admin:
+                    for i in range(n):
+                        assert len(admin.query_message("Profile", f"k{i:010d}", 32)) == 1
             else:
                 raise SystemExit(f"unknown phase {phase!r}")
         proc.stdin.write("quit\n")

@@ -25,7 +25,7 @@ from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from ..remoting.command import OPAQUES
 from .base import ROUTE_TTL_SECONDS, ClientBase
-from .remoting_client import MQBrokerError, RemotingError
+from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
 
 _SEND_STATUS = {
     ResponseCode.SUCCESS: "SEND_OK",
@@ -273,6 +273,8 @@ class Producer:
                     conn = remoting.connection(addr)
                 r = conn.invoke_frame(frame, opaque, _SEND_V2, timeout, _send_take)
             except RemotingError as e:
+                if isinstance(e, RemotingTimeoutError):
+                    raise  # the call's timeout is spent: not sent again (see `_send`)
                 if self.retry_times_when_send_failed > 0:
                     base.route(topic, refresh=True)
                 props, uniq = self._properties(msg, uniq, 0)
@@ -432,7 +434,14 @@ class Producer:
         if plain:
             sys_flag_s, flag_s, reconsume_s = (text(sys_flag) or str(sys_flag), text(flag) or str(flag),
                                                text(reconsume) or str(reconsume))
+        # the timeout is the whole call's, as in RocketMQ's sendDefaultImpl: a retry gets what is left of it, and
+        # none is made once it is spent. A request that timed out may have been stored: sending it again could
+        # store the message twice (a Celery task run twice), so a timeout is raised, never retried
+        deadline = _monotonic() + timeout
         for attempt in range(start, 1 + self.retry_times_when_send_failed):
+            left = deadline - _monotonic()
+            if last is not None and (left <= 0 or isinstance(last, RemotingTimeoutError)):
+                break
             addr, q = picked if picked is not None and attempt == 0 else self._pick(topic, queue_id, avoid)
             fast = plain and q.__class__ is int
             if fast:
@@ -463,11 +472,12 @@ class Producer:
             else:
                 cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE, ext, body)
             try:
-                r = self._base.invoke(addr, cmd, timeout, ok=ok, while_waiting=run_once if work else None)
+                r = self._base.invoke(addr, cmd, max(left, 0.001), ok=ok, while_waiting=run_once if work else None)
             except RemotingError as e:
                 last = e
                 avoid = addr
-                if attempt < self.retry_times_when_send_failed and stream is None:
+                if (attempt < self.retry_times_when_send_failed and stream is None
+                        and not isinstance(e, RemotingTimeoutError)):
                     self._base.route(topic, refresh=True)
                 if stream is not None:
                     break  # an append may have been stored: a blind retry could add the events twice

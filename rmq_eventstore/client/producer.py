@@ -216,17 +216,13 @@ class Producer:
             # the plain send (one Python frame to the socket and back): taken when the route is cached and
             # fresh and requests are not signed, and a `queue_id` asked for is among its writeable queues
             # (the kombu transport's sends, to a queue's lane); nothing has happened yet when it is not
-            base = self._base
-            fast = _FAST_BASES.get(base.__class__)
-            if fast or (fast is None and _fast_base(base.__class__)):
-                route = base._routes.get(topic)
-                if (route is not None and route.queues and _monotonic() - route.fetched < ROUTE_TTL_SECONDS
-                        and base.remoting._sign is None):
-                    if queue_id is None:
-                        return self._send_plain(msg, topic, route.queues, timeout_ms)
-                    for picked in route.queues:  # _pick's choice for an explicit queue: its first entry
-                        if picked[1] == queue_id:
-                            return self._send_plain(msg, topic, route.queues, timeout_ms, queue_id, picked)
+            queues = self._cached_queues(topic)
+            if queues is not None:
+                if queue_id is None:
+                    return self._send_plain(msg, topic, queues, timeout_ms)
+                for picked in queues:  # _pick's choice for an explicit queue: its first entry
+                    if picked[1] == queue_id:
+                        return self._send_plain(msg, topic, queues, timeout_ms, queue_id, picked)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:
@@ -239,8 +235,8 @@ class Producer:
                           msg.reconsume_times, uniq, False, timeout_ms, stream, expected_version)
 
     def _cached_queues(self, topic: str) -> list[tuple[str, int]] | None:
-        """The writeable queues of `topic` when a request built in C may go straight to the connection (what
-        `send` checks inline for its plain case): a base that routes and invokes as ClientBase does, its route
+        """The writeable queues of `topic` when a request built in C may go straight to the connection (`send`'s
+        plain case, `TransactionProducer.prepare`'s): a base that routes and invokes as ClientBase does, its route
         of `topic` cached and fresh, requests not signed. None: not, the general path's `_pick` and invoke."""
         base = self._base
         fast = _FAST_BASES.get(base.__class__)

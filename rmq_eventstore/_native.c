@@ -8150,6 +8150,7 @@ static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssiz
         "REAL_TOPIC\x01", "REAL_QID\x01", "TRANSACTION_CHECK_TIMES\x01", "TRAN_PREPARED_QUEUE_OFFSET\x01",
         "__CRC32#\x01",
     };
+    static const Py_ssize_t drop_lens[] = {11, 9, 24, 27, 9};
     if (nargs != 3 || !PyUnicode_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) Py_RETURN_NONE;
     PyObject *ps = args[0];
     if (!PyUnicode_IS_ASCII(ps)) Py_RETURN_NONE;
@@ -8164,8 +8165,9 @@ static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssiz
     int ndrops = drop_crc ? 5 : 4;
     const char *s = (const char *)PyUnicode_DATA(ps);
     Py_ssize_t n = PyUnicode_GET_LENGTH(ps);
-    char qtext[32];
-    int qn = snprintf(qtext, sizeof qtext, "%lld", qo);
+    char qbuf[24];
+    const char *qtext = sl_digits(qbuf + sizeof qbuf, qo);  /* str(qo) (THE SEND LANE's digits) */
+    int qn = (int)(qbuf + sizeof qbuf - qtext);
     static const char entry[] = "TRAN_PREPARED_QUEUE_OFFSET\x01";
     Py_ssize_t cap = n + 1 + (Py_ssize_t)(sizeof entry - 1) + qn + 1;
     char small[512];
@@ -8183,7 +8185,7 @@ static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssiz
         if (rt == NULL && el_starts(seg, sn, "REAL_TOPIC\x01", 11)) { rt = seg + 11; rtn = sn - 11; }
         if (rq == NULL && el_starts(seg, sn, "REAL_QID\x01", 9)) { rq = seg + 9; rqn = sn - 9; }
         int drop = 0;
-        for (int k = 0; k < ndrops && !drop; k++) drop = el_starts(seg, sn, drops[k], (Py_ssize_t)strlen(drops[k]));
+        for (int k = 0; k < ndrops && !drop; k++) drop = el_starts(seg, sn, drops[k], drop_lens[k]);
         if (!drop) {
             memcpy(o + w, seg, (size_t)sn);
             w += sn;
@@ -8906,7 +8908,8 @@ static PyObject *end_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *globals = PyTuple_GET_ITEM(ctx, EFC_GLOBALS);
     if (!PyUnicode_CheckExact(half_topic) || !PyUnicode_IS_ASCII(half_topic) || !PyDict_CheckExact(globals) ||
         !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)) ||
-        !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC)))
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC)) ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_TAG)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_TAG)))
         Py_RETURN_NONE;
     ef_state s;
     memset(&s, 0, sizeof s);
@@ -9003,10 +9006,19 @@ static PyObject *end_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_DECREF(qo); Py_DECREF(crc);
         if (done == NULL) goto error;
         if (done == Py_None) goto decline;  /* an odd REAL_QID: Python's */
-        char hb[48];
-        int hn = snprintf(hb, sizeof hb, "%u.%u.%u.%u:%d", rec[48], rec[49], rec[50], rec[51], (int)born_port);
+        /* format_host of an IPv4 address: "a.b.c.d:port" */
+        char hb[48], *w = hb, t[24];
+        for (int k = 0; k < 4; k++) {
+            const char *d = sl_digits(t + sizeof t, rec[48 + k]);
+            memcpy(w, d, (size_t)(t + sizeof t - d));
+            w += t + sizeof t - d;
+            *w++ = k < 3 ? '.' : ':';
+        }
+        const char *d = sl_digits(t + sizeof t, born_port);
+        memcpy(w, d, (size_t)(t + sizeof t - d));
+        w += t + sizeof t - d;
         body = PyBytes_FromStringAndSize((const char *)rec + 88, body_len);
-        host = body != NULL ? PyUnicode_DecodeASCII(hb, hn, NULL) : NULL;
+        host = body != NULL ? PyUnicode_DecodeASCII(hb, w - hb, NULL) : NULL;
         if (host == NULL) goto error;
     }
     keys = PyList_New(3);
@@ -9076,15 +9088,25 @@ static PyObject *end_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (ef_remember(s.recent, txid, outcome, 0, globals) < 0) goto error;
     {
         char qb[24];
-        int qn = snprintf(qb, sizeof qb, "%lld", (long long)queue_offset);
+        const char *qd = sl_digits(qb + sizeof qb, queue_offset);  /* str(half.queue_offset).encode() */
         PyObject *keyl = PyList_New(1);
         if (keyl == NULL) goto error;
         PyList_SET_ITEM(keyl, 0, Py_NewRef(txid));
         /* op_properties_string(txid): TAGS then KEYS (txid is not empty) */
         PyObject *tag = PyTuple_GET_ITEM(ctx, EFC_TAG);
-        PyObject *ops = PyUnicode_FromFormat("TAGS\x01%U\x02KEYS\x01%U\x02", tag, txid);
+        Py_ssize_t tgn = PyUnicode_GET_LENGTH(tag), txn = PyUnicode_GET_LENGTH(txid);
+        PyObject *ops = PyUnicode_New(5 + tgn + 6 + txn + 1, 127);
+        if (ops != NULL) {
+            Py_UCS1 *o = PyUnicode_1BYTE_DATA(ops);
+            memcpy(o, "TAGS\x01", 5); o += 5;
+            memcpy(o, PyUnicode_1BYTE_DATA(tag), (size_t)tgn); o += tgn;
+            memcpy(o, "\x02KEYS\x01", 6); o += 6;
+            memcpy(o, PyUnicode_1BYTE_DATA(txid), (size_t)txn); o += txn;
+            *o = 2;
+        }
         PyObject *fv[F_COUNT] = {
-            Py_NewRef(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)), PyBytes_FromStringAndSize(qb, qn), Py_NewRef(tag), keyl,
+            Py_NewRef(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)), PyBytes_FromStringAndSize(qd, qb + sizeof qb - qd),
+            Py_NewRef(tag), keyl,
             PyLong_FromLong(queue_id), PyLong_FromLong(0), Py_NewRef(Py_None), PyLong_FromLong(0), PyLong_FromLong(0),
             Py_NewRef(Py_None), PyLong_FromLong(0), PyLong_FromLong(0), ops, Py_NewRef(Py_None), Py_NewRef(Py_False)};
         omsg = ef_message(fv);

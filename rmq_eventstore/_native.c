@@ -8565,8 +8565,9 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
 /* A one-way END_TRANSACTION COMMIT / ROLLBACK served from the bytes read, in one C call (issue "speed").  */
 /*  end_frame(data, pos, (ctx, hold, max_frame, max_header, buffered)) -> int | None: the frame at `pos`  */
 /*  of `data` read as send_frame reads a SEND_MESSAGE_V2 (a subset of what the C frame decoder takes: a   */
-/*  JSON header of the plain shape, extFields of strings with plain ASCII keys; it stops at `"code"` for */
-/*  any other request), then what EndTransactionProcessor.process(wait=False) does for it, through        */
+/*  JSON header of the plain shape, extFields of strings with plain ASCII keys; a header that does not   */
+/*  begin with `{"code":37,` is not read further), then what EndTransactionProcessor.process(wait=False) */
+/*  does for it, through                                                                                 */
 /*  TransactionalMessageService.half_message, end, _decide, _outcome, _commit_message, _put_op and        */
 /*  _remember: the half read from the commitlog's current file, its checks, the look for an earlier end  */
 /*  (the recent ends, then each index file's walk, end_index_have), hold() (the server's dispatch hold,   */
@@ -8806,17 +8807,19 @@ static PyObject *end_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "end_frame(data, pos, (ctx, hold, max_frame, max_header, buffered))");
         return NULL;
     }
-    if (ef_init() < 0) return NULL;
     PyObject *data = args[0], *fctx = args[2], *ctx = PyTuple_GET_ITEM(fctx, 0);
     Py_ssize_t at = PyLong_AsSsize_t(args[1]);
     if (at == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (at < 0 || n - at < 24) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data) + at;
+    /* the code is the header's first member in every peer's frames (as ack_frame reads them): others at once */
+    if (memcmp(base + 8, "{\"code\":37,", 11) != 0) Py_RETURN_NONE;
+    if (ef_init() < 0) return NULL;
     if (PyByteArray_GET_SIZE(PyTuple_GET_ITEM(fctx, 4)) != 0 || message_type == NULL)
         Py_RETURN_NONE;  /* the decoder holds part of a frame: its read */
     Py_ssize_t max_frame = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 2)), max_header = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 3));
     if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
-    Py_ssize_t n = PyBytes_GET_SIZE(data);
-    if (at < 0 || n - at < 8) Py_RETURN_NONE;
-    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data) + at;
     int32_t length = get_i32(base), word = get_i32(base + 4);
     Py_ssize_t hlen = word & 0xFFFFFF;
     if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen <= 0 ||

@@ -481,13 +481,19 @@ def _header_text(offsets: tuple[int, int], ext: str | None = None, head: str = "
     return f'{{"code":37,{head}"language":"PYTHON","version":1,"opaque":7,"flag":{flag},"extFields":{{{ext}}}{tail}}}'
 
 
+def _spaced(header: str) -> str:
+    """White space around every separator after the leading `{"code":37,`."""
+    i = header.index(",") + 1
+    return header[:i] + header[i:].replace(",", " ,\n ").replace(":", " : ").replace("}", " }")
+
+
 HEADER_VARIANTS = [  # served: (name, header text of the END of a half at offsets o)
     ("ours", lambda o: _header_text(o)),
     ("remark with escapes, extra fields", lambda o: _header_text(
         o, head='"remark":"boom: \\"x\\" \\u00e9\\n",', tail=',"serializeTypeCurrentRPC":"JSON","n":null,"t":true,"i":-3')),
-    ("white space", lambda o: _header_text(o).replace(",", " ,\n ").replace(":", " : ")),
-    ("keys in another order", lambda o: (f'{{"flag":2,"extFields":{{"commitOrRollback":"8","commitLogOffset":"{o[0]}",'
-                                         f'"producerGroup":"g"}},"code":37}}')),
+    ("white space after the code", lambda o: _spaced(_header_text(o))),
+    ("keys in another order", lambda o: (f'{{"code":37,"extFields":{{"commitOrRollback":"8","commitLogOffset":"{o[0]}",'
+                                         f'"producerGroup":"g"}},"flag":2}}')),
     ("a repeated key: the last", lambda o: _header_text(o, ext=(
         f'"commitOrRollback":"12","producerGroup":"x","commitLogOffset":"{o[0]}","commitOrRollback":"8",'
         f'"producerGroup":"g","tranStateTableOffset":"{o[1]}","other":"\\u0041"'))),
@@ -532,6 +538,9 @@ def test_end_frames_it_does_not_take_are_left_to_the_decoder(twins: tuple[Broker
         "a float": _raw_frame(_header_text(o, tail=',"x":1.5')),
         "a nested value": _raw_frame(_header_text(o, tail=',"x":[1]')),
         "no code": _raw_frame(_header_text(o).replace('"code":37,', "")),
+        "the code not first": _raw_frame(_header_text(o).replace('"code":37,', "").replace('"flag":2', '"flag":2,"code":37')),
+        "white space in the code": _raw_frame(_header_text(o).replace('"code":37', '"code" : 37')),
+        "white space before the code": _raw_frame(" " + _header_text(o)),
         "kind 0": _raw_frame(_header_text(o).replace('"commitOrRollback":"8"', '"commitOrRollback":"0"')),
         "kind 4": _raw_frame(_header_text(o).replace('"commitOrRollback":"8"', '"commitOrRollback":"4"')),
         "kind empty": _raw_frame(_header_text(o).replace('"commitOrRollback":"8"', '"commitOrRollback":""')),

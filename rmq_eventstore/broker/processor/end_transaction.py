@@ -3,6 +3,10 @@
 `commitOrRollback` carries the sysFlag value: TRANSACTION_COMMIT_TYPE (8) commits, TRANSACTION_ROLLBACK_TYPE
 (12) rolls back, TRANSACTION_NOT_TYPE (0, the producer does not know yet) changes nothing and leaves the
 transaction to the check-back. Producers send it one-way; an answer goes back only to a two-way request.
+
+The usual one-way END is served before it is decoded, from the bytes read, by `_native.end_frame` (THE END FRAME,
+called by the server's `Connection.data_received` with `frame_context()`); `process` is its reference and serves
+everything it declines.
 """
 
 from __future__ import annotations

@@ -2632,23 +2632,26 @@ static inline PyObject *same_bytes(PyObject **slot, const unsigned char *p, Py_s
  * record from `pos` on that codec.decode_records' fast branch decodes itself, and returns the position of
  * the first record it does not (one that branch hands to decode_message: anything unusual, or a ZLIB body
  * to inflate), or len(buf). The caller decodes that record in Python and calls again after it. */
-static PyObject *decode_records_c(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *out;
-    Py_ssize_t pos;
-    int decompress;
-    if (!PyArg_ParseTuple(args, "O!nO!p", &PyBytes_Type, &buf_obj, &pos, &PyList_Type, &out, &decompress))
-        return NULL;
-    if (ext_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "init_pull(MessageExt) was not called");
-        return NULL;
-    }
-    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(buf_obj);
-    Py_ssize_t n = PyBytes_GET_SIZE(buf_obj);
+static PyObject *dr_cache[X_COUNT];
+static int64_t dr_cached[X_COUNT];
+static PyObject *dr_topic;  /* the last topic decoded, kept from call to call (reused for the same ASCII bytes) */
+
+/* The loop of decode_records over b[0:n] from `pos`: the position of the first record it leaves, -1 on an
+ * error, -2 when `props` (given: pop_take's) declined a record. `props(ctx, topic, p, pl, queue id, queue
+ * offset)` makes a record's properties string (a new reference; NULL: an error if one is set, else declined)
+ * instead of its UTF-8 decode. */
+typedef PyObject *(*dr_props_fn)(void *ctx, PyObject *topic, const unsigned char *p, Py_ssize_t pl, int32_t qid,
+                                 int64_t qoff);
+static Py_ssize_t decode_records_core(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, PyObject *out,
+                                      int decompress, dr_props_fn props, void *ctx) {
     PyObject *topic = NULL;  /* the last topic decoded, and where its bytes are */
     const unsigned char *topic_at = NULL;
     Py_ssize_t topic_len = -1;
-    PyObject *cache[X_COUNT] = {NULL};  /* the previous record's field objects (same_long / same_bytes) */
-    int64_t cached[X_COUNT] = {0};
+    /* the previous record's field objects (same_long / same_bytes), kept from call to call: a lone consumer's
+     * batches of one message share them too (under the GIL; every object is immutable) */
+    PyObject **cache = dr_cache;
+    int64_t *cached = dr_cached;
+    int declined = 0;
     if (pos < 0) pos = 0;
     while (pos < n) {
         if (pos + 40 > n) break;
@@ -2677,8 +2680,15 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
             ((sys_flag & SF_COMPRESSION_MASK) == 0 || (sys_flag & SF_COMPRESSION_MASK) == 0x300)) break;
         /* the record is one the fast branch decodes: build its MessageExt */
         if (topic == NULL || tl != topic_len || memcmp(topic_at, b + tpos, (size_t)tl) != 0) {
-            PyObject *t = PyUnicode_DecodeUTF8((const char *)b + tpos, tl, "replace");
-            if (t == NULL) goto fail;
+            PyObject *t;
+            if (dr_topic != NULL && PyUnicode_IS_ASCII(dr_topic) && PyUnicode_GET_LENGTH(dr_topic) == tl
+                && memcmp(PyUnicode_1BYTE_DATA(dr_topic), b + tpos, (size_t)tl) == 0) {
+                t = Py_NewRef(dr_topic);  /* what the decode of these ASCII bytes gives */
+            } else {
+                t = PyUnicode_DecodeUTF8((const char *)b + tpos, tl, "replace");
+                if (t == NULL) goto fail;
+                Py_XSETREF(dr_topic, Py_NewRef(t));
+            }
             Py_XSETREF(topic, t);
             topic_at = b + tpos;
             topic_len = tl;
@@ -2708,24 +2718,42 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
         v[X_PREP_TX] = same_long(&cache[X_PREP_TX], &cached[X_PREP_TX], get_i64(h + 8));
         v[X_BODY] = PyBytes_FromStringAndSize((const char *)b + bpos, body_len);
         v[X_TOPIC] = Py_NewRef(topic);
-        v[X_PROPS] = pl ? PyUnicode_DecodeUTF8((const char *)b + ppos, pl, "replace") : PyUnicode_New(0, 0);
+        v[X_PROPS] = props != NULL ? props(ctx, topic, b + ppos, pl, get_i32(r + 12), get_i64(r + 20))
+                     : pl ? PyUnicode_DecodeUTF8((const char *)b + ppos, pl, "replace") : PyUnicode_New(0, 0);
         v[X_PARSED] = Py_NewRef(Py_None);
         int bad = 0;
         for (int i = 0; i < X_COUNT; i++) {
             if (v[i] == NULL) bad = 1;
             *(PyObject **)((char *)m + ext_offsets[i]) = v[i];  /* the fresh object's slots are NULL */
         }
-        if (bad || PyList_Append(out, m) < 0) { Py_DECREF(m); goto fail; }
+        if (bad || PyList_Append(out, m) < 0) {
+            Py_DECREF(m);
+            if (bad && props != NULL && v[X_PROPS] == NULL && !PyErr_Occurred()) declined = 1;
+            goto fail;
+        }
         Py_DECREF(m);
         pos = rec_end;
     }
     Py_XDECREF(topic);
-    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
-    return PyLong_FromSsize_t(pos < n ? pos : n);
+    return pos < n ? pos : n;
 fail:
     Py_XDECREF(topic);
-    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
-    return NULL;
+    return declined ? -2 : -1;
+}
+
+static PyObject *decode_records_c(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *out;
+    Py_ssize_t pos;
+    int decompress;
+    if (!PyArg_ParseTuple(args, "O!nO!p", &PyBytes_Type, &buf_obj, &pos, &PyList_Type, &out, &decompress))
+        return NULL;
+    if (ext_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "init_pull(MessageExt) was not called");
+        return NULL;
+    }
+    Py_ssize_t got = decode_records_core((const unsigned char *)PyBytes_AS_STRING(buf_obj), PyBytes_GET_SIZE(buf_obj),
+                                         pos, out, decompress, NULL, NULL);
+    return got < 0 ? NULL : PyLong_FromSsize_t(got);
 }
 
 /* read_runs(units, queue_offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count, disk_bytes,
@@ -7132,6 +7160,58 @@ static PyObject *pc_handle_string(PyObject *s, PyObject *lead, long long off) {
     return r;
 }
 
+/* the first byte at or after q that j_scan stops at ('"', '\\', a control character, non-ASCII), or end:
+ * sixteen bytes a step while that many are left */
+static inline const unsigned char *pc_plain_end(const unsigned char *q, const unsigned char *end) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\'), sp = _mm_set1_epi8(0x20);
+    while (end - q >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)q);
+        /* signed: bytes >= 0x80 are negative, so "< 0x20" takes them with the control characters */
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bs)), _mm_cmplt_epi8(v, sp));
+        int mask = _mm_movemask_epi8(m);
+        if (mask) return q + __builtin_ctz((unsigned)mask);
+        q += 16;
+    }
+#endif
+    while (q < end && !j_scan[*q]) q++;
+    return q;
+}
+
+/* cs_skip (j_string(c, NULL, 0) with the plain case inline), scanning with pc_plain_end */
+static inline int pc_skip(jcur *c) {
+    const unsigned char *q = pc_plain_end(c->p + 1, c->end);
+    if (q < c->end && *q == '"') { c->p = q + 1; return J_OK; }
+    return j_string(c, NULL, 0);
+}
+
+/* j_member with the compact case inline: at c->p a key of plain printable ASCII (no escape: j_scan passes every
+ * byte), its closing quote, ':' at once and a value that does not start with white space: the same key and
+ * position j_member gives; anything else is j_member's */
+static inline int pc_member(jcur *c, const unsigned char **k, Py_ssize_t *kn) {
+    const unsigned char *p = c->p, *q = p + 1;
+    if (p < c->end && *p == '"') {
+        q = pc_plain_end(q, c->end);
+        if (q + 2 < c->end && q[0] == '"' && q[1] == ':' && q[2] != ' ' && q[2] != '\t' && q[2] != '\n'
+            && q[2] != '\r') {
+            *k = p + 1;
+            *kn = q - p - 1;
+            c->p = q + 2;
+            return J_OK;
+        }
+    }
+    return j_member(c, k, kn);
+}
+
+/* j_next with the compact case inline */
+static inline int pc_next(jcur *c) {
+    if (c->p < c->end) {
+        if (*c->p == ',') { c->p++; return 1; }
+        if (*c->p == '}') { c->p++; return 0; }
+    }
+    return j_next(c);
+}
+
 /* A response header read in place, as client_send_take reads it (j_header's grammar; no command, no dict):
  * 1 when it is a response (flag bit 0) to `want` with code 0 whose extFields' values are plain strings; then
  * vs[i]..ve[i] is the text of the last extFields' member names[i] (vs[i] NULL when it has none), which holds
@@ -7141,7 +7221,9 @@ static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, cons
     jcur c = {h, h + hlen};
     long long code = 0, opaque = 0, flag = 0, ignored;
     int have_code = 0;
-    for (int i = 0; i < nn; i++) vs[i] = ve[i] = NULL;
+    Py_ssize_t nl[8];
+    if (nn > 8) return 0;
+    for (int i = 0; i < nn; i++) { vs[i] = ve[i] = NULL; nl[i] = (Py_ssize_t)strlen(names[i]); }
     if (hlen < 2 || *c.p != '{') return 0;
     c.p++;
     j_ws(&c);
@@ -7149,13 +7231,13 @@ static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, cons
     for (;;) {
         const unsigned char *k;
         Py_ssize_t kn;
-        if (j_member(&c, &k, &kn) != J_OK) return 0;
+        if (pc_member(&c, &k, &kn) != J_OK) return 0;
         long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &ignored);
         if (iv != NULL) {
             have_code |= iv == &code;
             if (j_int32(&c, iv) != J_OK) return 0;
         } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
-            if (*c.p != '"' || cs_skip(&c) != J_OK) return 0;
+            if (*c.p != '"' || pc_skip(&c) != J_OK) return 0;
         } else if (key_is(k, kn, "extFields", 9)) {
             if (*c.p != '{') return 0;
             c.p++;
@@ -7165,23 +7247,23 @@ static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, cons
             else for (;;) {
                 const unsigned char *ek;
                 Py_ssize_t ekn;
-                if (j_member(&c, &ek, &ekn) != J_OK || *c.p != '"') return 0;
+                if (pc_member(&c, &ek, &ekn) != J_OK || *c.p != '"') return 0;
                 const unsigned char *v = c.p;
-                if (cs_skip(&c) != J_OK) return 0;
+                if (pc_skip(&c) != J_OK) return 0;
                 for (int i = 0; i < nn; i++)
-                    if (key_is(ek, ekn, names[i], (Py_ssize_t)strlen(names[i]))) {
+                    if (ekn == nl[i] && memcmp(ek, names[i], ekn) == 0) {
                         if (memchr(v + 1, '\\', c.p - 2 - v) != NULL) return 0;
                         vs[i] = v + 1; ve[i] = c.p - 1;  /* the last of a key counts, as in the dict */
                     }
-                int more = j_next(&c);
+                int more = pc_next(&c);
                 if (more > 0) continue;
                 if (more == 0) break;
                 return 0;
             }
-        } else if (j_skip_value(&c) != J_OK) {  /* another field: checked, not kept (as j_header) */
+        } else if (*c.p == '"' ? pc_skip(&c) != J_OK : j_skip_value(&c) != J_OK) {  /* checked, not kept (j_header) */
             return 0;
         }
-        int more = j_next(&c);
+        int more = pc_next(&c);
         if (more > 0) continue;
         if (more == 0) break;
         return 0;
@@ -7221,14 +7303,156 @@ static PyObject *pop_ack_take(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 #define PC_MAX_STARTS 64
+#define PC_MAX_LEAD (7 + 4 * 24 + 4 + 256 + 24 + 2)
+/* pop_take's state while the records are decoded (pc_props, decode_records_core's hook) */
+typedef struct {
+    PyObject *topic;    /* the topic popped for */
+    PyObject *checked;  /* (strong) the last record topic object found equal to it */
+    long long pt, it, rq, lead_q;
+    const char *bn;
+    Py_ssize_t bn_len, lead_len;
+    int ns, bn_ascii;
+    long long sq[PC_MAX_STARTS], ss[PC_MAX_STARTS];
+    char lead[PC_MAX_LEAD];  /* "POP_CK\x01<start> <popTime> <invisibleTime> <reviveQid> 0 <broker> <queueId> " */
+    PyObject *lead_obj;      /* its str, made when a record's properties are not ASCII */
+} pc_take;
+
+/* whether p[0:n] is ASCII (so its UTF-8 decode is these bytes as an ASCII str) */
+static inline int pc_is_ascii(const unsigned char *p, Py_ssize_t n) {
+    uint64_t acc = 0;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) acc |= p[i];
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
+/* decode_records_core's hook for pop_take: a record's properties string with its handle appended, what
+ * pc_handle_string(decode(p[0:pl]), lead, qoff) gives (built in one go when both are ASCII); NULL without an
+ * error (declined) for a record of another topic (the retry topic's: pop() sets its handle and topic) or of a
+ * queue without a start offset (pop() makes the message its own checkpoint start) */
+static PyObject *pc_props(void *vctx, PyObject *t, const unsigned char *p, Py_ssize_t pl, int32_t qid, int64_t qoff) {
+    pc_take *x = vctx;
+    if (t != x->checked) {
+        if (t != x->topic) {
+            int same = PyUnicode_Compare(t, x->topic);
+            if (same != 0) return NULL;  /* another topic, or an error (set) */
+        }
+        Py_XSETREF(x->checked, Py_NewRef(t));
+    }
+    if (qid < 0) return NULL;
+    if (x->lead_len == 0 || qid != x->lead_q) {
+        int k;
+        for (k = 0; k < x->ns && x->sq[k] != qid; k++) {}
+        if (k == x->ns) return NULL;  /* no start offset: the message is its own checkpoint start (pop()) */
+        char *d = x->lead;
+        memcpy(d, "POP_CK\x01", 7); d += 7;
+        d = pc_put_ll(d, x->ss[k]); *d++ = ' ';
+        d = pc_put_ll(d, x->pt); *d++ = ' ';
+        d = pc_put_ll(d, x->it); *d++ = ' ';
+        d = pc_put_ll(d, x->rq); *d++ = ' '; *d++ = '0'; *d++ = ' ';
+        memcpy(d, x->bn, x->bn_len); d += x->bn_len; *d++ = ' ';
+        d = pc_put_ll(d, qid); *d++ = ' ';
+        x->lead_len = d - x->lead;
+        x->lead_q = qid;
+        Py_CLEAR(x->lead_obj);
+    }
+    if (x->bn_ascii && pc_is_ascii(p, pl)) {
+        char digits[24], *de = pc_put_ll(digits, qoff);
+        Py_ssize_t nd = de - digits;
+        int glue = pl > 0 && p[pl - 1] != 2;
+        PyObject *r = PyUnicode_New(pl + glue + x->lead_len + nd + 1, 127);
+        if (r == NULL) return NULL;
+        char *d = (char *)PyUnicode_DATA(r);
+        memcpy(d, p, pl); d += pl;
+        if (glue) *d++ = 2;
+        memcpy(d, x->lead, x->lead_len); d += x->lead_len;
+        memcpy(d, digits, nd); d += nd;
+        *d = 2;
+        return r;
+    }
+    if (x->lead_obj == NULL && (x->lead_obj = PyUnicode_DecodeUTF8(x->lead, x->lead_len, NULL)) == NULL) return NULL;
+    PyObject *s = pl ? PyUnicode_DecodeUTF8((const char *)p, pl, "replace") : PyUnicode_New(0, 0);
+    if (s == NULL) return NULL;
+    PyObject *r = pc_handle_string(s, x->lead_obj, qoff);
+    Py_DECREF(s);
+    return r;
+}
+
 /* pop_take(topic, broker_name, buf, n, opaque) -> list of MessageExt or None.
  * buf[:n] (a bytearray: a lone caller's read, nothing buffered before it) is exactly one JSON frame that
  * client_take_response takes, the SUCCESS response to `opaque` with a body: the messages PopConsumer.pop
  * returns for it, each with "POP_CK\x01<start> <popTime> <invisibleTime> <reviveQid> 0 <broker_name>
- * <queueId> <queueOffset>\x02" appended to its properties string (pop's _set_handle on an unparsed message).
- * None, nothing consumed, for anything else: another code or shape, extFields int() may read otherwise
- * (signs, spaces, ...) or _parse_starts would refuse, a record codec.decode_records leaves to Python, a
- * message of another topic (the retry topic's) or of a queue without its start offset; Python decides. */
+ * <queueId> <queueOffset>\x02" appended to its properties string (pop's _set_handle on an unparsed message),
+ * decoded from the buffer in place with their handles (decode_records' loop, pc_props making each properties
+ * string once). None, nothing consumed, for anything else: another code or shape, extFields int() may read
+ * otherwise (signs, spaces, ...) or _parse_starts would refuse, a record codec.decode_records leaves to Python,
+ * a message of another topic (the retry topic's) or of a queue without its start offset; Python decides. */
+static PyObject *pc_take_core(PyObject *topic, PyObject *bname, const unsigned char *base, Py_ssize_t n,
+                              Py_ssize_t hlen, long long want) {
+    if (ph_init_names() < 0) return NULL;
+    if (!ph_bind((PyObject *)ext_type)) Py_RETURN_NONE;
+    static const char *const names[4] = {"popTime", "invisibleTime", "reviveQid", "startOffsetInfo"};
+    const unsigned char *vs[4], *ve[4];
+    if (!pc_scan(base + 8, hlen, want, names, 4, vs, ve)) return rbuf_declined();
+    for (int i = 0; i < 4; i++)
+        if (vs[i] == NULL) Py_RETURN_NONE;  /* int(x["popTime"]) raises; no startOffsetInfo: no handle here */
+    pc_take x;
+    x.pt = pc_digits_span((const char *)vs[0], (const char *)ve[0]);
+    x.it = pc_digits_span((const char *)vs[1], (const char *)ve[1]);
+    x.rq = pc_digits_span((const char *)vs[2], (const char *)ve[2]);
+    if (x.pt < 0 || x.it < 0 || x.rq < 0) Py_RETURN_NONE;
+    /* _parse_starts: "retry qid start" items between ';' (the last of a key counts); only retry "0" kept */
+    x.ns = 0;
+    {
+        const char *p = (const char *)vs[3], *e = (const char *)ve[3];
+        while (p < e) {
+            const char *ie = memchr(p, ';', e - p);
+            if (ie == NULL) ie = e;
+            if (ie > p) {
+                const char *f[3];
+                int nf = 0;
+                f[nf++] = p;
+                for (const char *q = p; q < ie; q++)
+                    if (*q == ' ') { if (nf == 3) Py_RETURN_NONE; f[nf++] = q + 1; }
+                if (nf != 3) Py_RETURN_NONE;  /* item.split(" ") into three, or _parse_starts raises */
+                long long qid = pc_digits_span(f[1], f[2] - 1), st = pc_digits_span(f[2], ie);
+                if (qid < 0 || st < 0) Py_RETURN_NONE;
+                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {  /* retry != "0": a retry queue's, not used here */
+                    int k;
+                    for (k = 0; k < x.ns && x.sq[k] != qid; k++) {}
+                    if (k == x.ns) { if (x.ns == PC_MAX_STARTS) Py_RETURN_NONE; x.sq[x.ns++] = qid; }
+                    x.ss[k] = st;
+                }
+            }
+            p = ie + 1;
+        }
+    }
+    x.bn = PyUnicode_AsUTF8AndSize(bname, &x.bn_len);
+    if (x.bn == NULL) return rbuf_declined();
+    if (x.bn_len > 256) Py_RETURN_NONE;
+    x.bn_ascii = PyUnicode_IS_ASCII(bname);
+    x.topic = topic;
+    x.checked = NULL;
+    x.lead_obj = NULL;
+    x.lead_len = 0;
+    x.lead_q = -1;
+    PyObject *out = PyList_New(0), *res = NULL;
+    if (out == NULL) return NULL;
+    Py_ssize_t blen = n - 8 - hlen;
+    Py_ssize_t got = decode_records_core(base + 8 + hlen, blen, 0, out, 1, pc_props, &x);
+    if (got == blen) res = Py_NewRef(out);
+    else if (got == -1) res = NULL;
+    else res = Py_NewRef(Py_None);  /* a record decode_records leaves to Python, or one pc_props declined */
+    Py_XDECREF(x.checked);
+    Py_XDECREF(x.lead_obj);
+    Py_DECREF(out);
+    return res;
+}
+
 static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "pop_take takes 5 arguments");
@@ -7243,112 +7467,7 @@ static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t narg
     long long want = PyLong_AsLongLong(args[4]);
     if (want == -1 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
     if (hlen < 0 || n - 8 - hlen <= 0) Py_RETURN_NONE;  /* no body: _popped answers [] */
-    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[2]);
-    if (ph_init_names() < 0) return NULL;
-    if (!ph_bind((PyObject *)ext_type)) Py_RETURN_NONE;
-    PyObject *body = NULL, *out = NULL, *lead = NULL, *res = NULL, *targs = NULL, *pos = NULL;
-    static const char *const names[4] = {"popTime", "invisibleTime", "reviveQid", "startOffsetInfo"};
-    const unsigned char *vs[4], *ve[4];
-    if (!pc_scan(base + 8, hlen, want, names, 4, vs, ve)) goto decline;
-    for (int i = 0; i < 4; i++)
-        if (vs[i] == NULL) goto decline;  /* int(x["popTime"]) raises; no startOffsetInfo: no handle here */
-    long long pt = pc_digits_span((const char *)vs[0], (const char *)ve[0]),
-              it = pc_digits_span((const char *)vs[1], (const char *)ve[1]),
-              rq = pc_digits_span((const char *)vs[2], (const char *)ve[2]);
-    if (pt < 0 || it < 0 || rq < 0) goto decline;
-    /* _parse_starts: "retry qid start" items between ';' (the last of a key counts); only retry "0" kept */
-    long long sq[PC_MAX_STARTS], ss[PC_MAX_STARTS];
-    int ns = 0;
-    {
-        const char *p = (const char *)vs[3], *e = (const char *)ve[3];
-        while (p < e) {
-            const char *ie = memchr(p, ';', e - p);
-            if (ie == NULL) ie = e;
-            if (ie > p) {
-                const char *f[3];
-                int nf = 0;
-                f[nf++] = p;
-                for (const char *q = p; q < ie; q++)
-                    if (*q == ' ') { if (nf == 3) goto decline; f[nf++] = q + 1; }
-                if (nf != 3) goto decline;  /* item.split(" ") into three, or _parse_starts raises */
-                long long qid = pc_digits_span(f[1], f[2] - 1), st = pc_digits_span(f[2], ie);
-                if (qid < 0 || st < 0) goto decline;
-                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {  /* retry != "0": a retry queue's, not used here */
-                    int k;
-                    for (k = 0; k < ns && sq[k] != qid; k++) {}
-                    if (k == ns) { if (ns == PC_MAX_STARTS) goto decline; sq[ns++] = qid; }
-                    ss[k] = st;
-                }
-            }
-            p = ie + 1;
-        }
-    }
-    body = PyBytes_FromStringAndSize((const char *)base + 8 + hlen, n - 8 - hlen);
-    out = PyList_New(0);
-    if (body == NULL || out == NULL) goto error;
-    targs = Py_BuildValue("(OnOO)", body, (Py_ssize_t)0, out, Py_True);
-    if (targs == NULL) goto error;
-    pos = decode_records_c(NULL, targs);
-    if (pos == NULL) goto error;
-    if (PyLong_AsSsize_t(pos) != PyBytes_GET_SIZE(body)) { if (PyErr_Occurred()) goto error; goto decline; }
-    Py_ssize_t bn_len;
-    const char *bn = PyUnicode_AsUTF8AndSize(bname, &bn_len);
-    if (bn == NULL) { PyErr_Clear(); goto decline; }
-    if (bn_len > 256) goto decline;
-    long long lead_q = -1;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
-        PyObject *m = PyList_GET_ITEM(out, i);
-        if (Py_TYPE(m) != ext_type) goto decline;
-        PyObject *t = *(PyObject **)((char *)m + ph_slot_off[PH_TOPIC]), *q = *(PyObject **)((char *)m + ph_slot_off[PH_QID]),
-                 *off = *(PyObject **)((char *)m + ph_slot_off[PH_QOFF]), *s = *(PyObject **)((char *)m + ph_slot_off[PH_PROPS]),
-                 *parsed = *(PyObject **)((char *)m + ph_slot_off[PH_PARSED]);
-        if (t == NULL || q == NULL || off == NULL || s == NULL || parsed != Py_None || !PyUnicode_CheckExact(t)
-            || !PyLong_CheckExact(q) || !PyLong_CheckExact(off) || !PyUnicode_CheckExact(s))
-            goto decline;
-        if (t != topic) {
-            int same = PyUnicode_Compare(t, topic);
-            if (same == -1 && PyErr_Occurred()) goto error;
-            if (same != 0) goto decline;  /* the retry topic's: pop() sets its handle and topic */
-        }
-        int overflow = 0;
-        long long qv = PyLong_AsLongLongAndOverflow(q, &overflow), ov;
-        if (overflow || qv < 0) goto decline;
-        ov = PyLong_AsLongLongAndOverflow(off, &overflow);
-        if (overflow || (ov == -1 && PyErr_Occurred())) { PyErr_Clear(); goto decline; }
-        if (lead == NULL || qv != lead_q) {
-            int k;
-            for (k = 0; k < ns && sq[k] != qv; k++) {}
-            if (k == ns) goto decline;  /* no start offset: the message is its own checkpoint start (pop()) */
-            char tmp[7 + 4 * 24 + 4 + 256 + 24 + 2], *d = tmp;
-            memcpy(d, "POP_CK\x01", 7); d += 7;
-            d = pc_put_ll(d, ss[k]); *d++ = ' ';
-            d = pc_put_ll(d, pt); *d++ = ' ';
-            d = pc_put_ll(d, it); *d++ = ' ';
-            d = pc_put_ll(d, rq); *d++ = ' '; *d++ = '0'; *d++ = ' ';
-            memcpy(d, bn, bn_len); d += bn_len; *d++ = ' ';
-            d = pc_put_ll(d, qv); *d++ = ' ';
-            Py_XSETREF(lead, PyUnicode_DecodeUTF8(tmp, d - tmp, NULL));
-            if (lead == NULL) goto error;
-            lead_q = qv;
-        }
-        PyObject *joined = pc_handle_string(s, lead, ov);
-        if (joined == NULL) goto error;
-        Py_XSETREF(*(PyObject **)((char *)m + ph_slot_off[PH_PROPS]), joined);
-    }
-    res = Py_NewRef(out);
-    goto done;
-decline:
-    if (PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto error;
-        PyErr_Clear();
-    }
-    res = Py_NewRef(Py_None);
-    goto done;
-error:
-    res = NULL;
-done:
-    Py_XDECREF(body); Py_XDECREF(out); Py_XDECREF(lead); Py_XDECREF(targs); Py_XDECREF(pos);
-    return res;
+    return pc_take_core(topic, bname, (const unsigned char *)PyByteArray_AS_STRING(args[2]), n, hlen, want);
 }
 
 static PyObject *pc_s_popck;  /* "POP_CK" */
@@ -7395,7 +7514,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
     b.p = b.small; b.len = 8; b.cap = sizeof b.small;
     bits.p = bits.small; bits.len = 0; bits.cap = sizeof bits.small;
     PyObject *res = NULL;
-    int decline = 1;
+    int decline = 1, last = -1;  /* the entry of the message before */
     if (!rbuf_grow(&bits, nm * (Py_ssize_t)(sizeof(int) + sizeof(long long)))) goto out;
     for (Py_ssize_t i = 0; i < nm; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i);
@@ -7449,6 +7568,16 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
             }
             h = hbuf;
         }
+        if (last >= 0 && hl > ents[last].len + 1 && h[ents[last].len] == ' '
+            && memcmp(h, pre.p + ents[last].at, ents[last].len) == 0) {
+            /* the prefix of the last message's entry (its 7 fields checked then): only the offset to read */
+            long long off = pc_canon(h + ents[last].len + 1, hl - ents[last].len - 1);
+            if (off < 0) goto out;  /* a ninth field, not a canonical decimal: as the split below declines */
+            long long bit = off - ents[last].ck;
+            memcpy(bits.p + bits.len, &last, sizeof last); bits.len += sizeof last;
+            memcpy(bits.p + bits.len, &bit, sizeof bit); bits.len += sizeof bit;
+            continue;
+        }
         const char *f[9];
         int nf = 0;
         f[nf++] = h;
@@ -7480,6 +7609,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
             if (!rbuf_put(&pre, h, plen)) goto out;
         }
         int ei = e;
+        last = e;
         long long bit = v[7] - ents[e].ck;
         memcpy(bits.p + bits.len, &ei, sizeof ei); bits.len += sizeof ei;
         memcpy(bits.p + bits.len, &bit, sizeof bit); bits.len += sizeof bit;
@@ -8409,6 +8539,7 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
     return *result == NULL ? -1 : 1;
 }
 /* ============================ end of THE SEND CORE ================================================== */
+
 
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},

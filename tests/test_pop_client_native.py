@@ -431,3 +431,44 @@ def test_errors_and_retry_messages_end_as_the_general_path(broker: RunningBroker
         with pytest.raises(ValueError, match="no POP_CK"):
             c.ack_batch([MessageExt(0, 0, 0, 0, 0, 0, 0, 0, 0, b"\0\0\0\0", 0, 0, b"\0\0\0\0", 0, 0, 0, b"",
                                     "tasks", "")])
+
+
+# -- the same handle prefix again: only the offset is read ----------------------------------------------------
+TAILS = st.one_of(st.integers(0, 2**40).map(str), st.sampled_from(["", "07", "+7", "7 1", "7x", " 7", "\u0667", "7\x01"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(TAILS, min_size=1, max_size=8), st.integers(0, 3), st.booleans())
+def test_ack_frame_reads_a_known_prefix_as_the_split(tails: list[str], at: int, other_first: bool) -> None:
+    """Messages whose handles repeat the previous one's first seven fields (pop_ack_frame reads only the offset):
+    the frame is the general path's, and every tail the split refuses is refused."""
+    prefix = "5 100 60000 1 0 broker-a 1"
+    msgs = [popped("T", f"{prefix} 5")]
+    if other_first:
+        msgs.insert(0, popped("T", "9 100 60000 1 0 broker-a 2 9"))
+    msgs += [popped("T", f"{prefix} {t}") for t in tails]
+    msgs.insert(min(at, len(msgs)), popped("T", f"{prefix}2 12"))  # queue 12: the same text up to a character more
+    got = native.pop_ack_frame(msgs, MessageExt, "T", "g", 3)
+    want = reference_ack_frame(msgs, "g", 3)
+    if got is not None:
+        assert got == want
+    if all(re.fullmatch("0|[1-9][0-9]{0,17}", t) for t in tails):
+        assert got is not None
+    else:
+        assert got is None
+
+
+def test_decoded_fields_kept_between_calls_are_the_records() -> None:
+    """decode_records keeps the last topic and the fields a batch shares from call to call: a later call with
+    other values (a same-length ASCII topic, wide characters, other hosts and ports) gets its own."""
+    other_host = (b"\x0a\x00\x00\x07", 4242)
+    runs = [("AB", HOST), ("AC", HOST), ("AC", other_host), ("\u00e9C", other_host), ("AB", HOST)]
+    for topic, host in runs:
+        rec = bytes(encode_record(topic=topic, body=b"b", properties_string="K\x01v\x02", queue_id=1, queue_offset=3,
+                                  born_host=host, store_host=host, born_timestamp=5, store_timestamp=6,
+                                  physical_offset=7))
+        out: list[MessageExt] = []
+        assert native.decode_records(rec, 0, out, True) == len(rec)
+        (m,) = out
+        assert (m.topic, m.born_host_bytes, m.born_port, m.store_host_bytes, m.store_port) == (topic, *host, *host)
+

@@ -8540,6 +8540,509 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
 }
 /* ============================ end of THE SEND CORE ================================================== */
 
+/* ============================================================================================== */
+/* THE LONE CALLER (issue 16, branch pop-client): ClientConnection.invoke_frame's lone caller in    */
+/* one C call (client/remoting_client.py; used by PopConsumer.pop and ack_batch).                   */
+/*   client_lone_init  remoting_client's module dict (its _Pending, RCVTIMEO_SLACK / _STRETCH)       */
+/*   client_lone       register the request and take the read role (one round of the connection's  */
+/*                     lock), write the frame, make the first read, ask `take` about it and, when   */
+/*                     it answers, drop the request and release the role (a second round): the     */
+/*                     steps, reads and writes of invoke_frame's while_waiting=None path, in order. */
+/* Before anything is done it declines (None) when the lock is busy or of another kind, the         */
+/* connection closed or another caller reading: invoke_frame then does the whole request. After the */
+/* write every other outcome goes to invoke_frame's own tails (_send_failed, _first_dispatch,        */
+/* _finish, _lost), so errors, timeouts and hand-offs are the Python code's.                         */
+/* ============================================================================================== */
+#include <sys/socket.h>
+#include <errno.h>
+
+enum {
+    LC_LOCK, LC_CLOSED, LC_BUSY, LC_PENDING, LC_SEND_LOCK, LC_SOCK, LC_RCVTIMEO, LC_RBUF, LC_DECODER, LC_BUF,
+    LC_IDLE, LC_LAST, LC_HAND_ON, LC_FILENO, LC_SET_RCVTIMEO, LC_FINISH, LC_SEND_FAILED, LC_FIRST_DISPATCH,
+    LC_LOST, LC_PENDING_CLS, LC_SLACK, LC_STRETCH, LC_N
+};
+static const char *const lc_names[LC_N] = {
+    "_lock", "closed", "_reader_busy", "_pending", "_send_lock", "sock", "_rcvtimeo", "_rbuf", "_decoder", "_buf",
+    "_idle_reading", "_last_read", "_hand_on", "fileno", "_set_rcvtimeo", "_finish", "_send_failed",
+    "_first_dispatch", "_lost", "_Pending", "RCVTIMEO_SLACK", "RCVTIMEO_STRETCH",
+};
+static PyObject *lc_s[LC_N];
+static PyObject *lc_globals;  /* remoting_client's module dict */
+
+/* an exception taken out of the error indicator as one object (3.12's PyErr_GetRaisedException), NULL if none */
+static PyObject *lc_fetch(void) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (t == NULL) return NULL;
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL && v != NULL) PyException_SetTraceback(v, tb);
+    Py_DECREF(t);
+    Py_XDECREF(tb);
+    return v;
+}
+/* and put back (3.12's PyErr_SetRaisedException) */
+static void lc_restore(PyObject *v) {
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(v)), v, PyException_GetTraceback(v));
+}
+
+
+/* time.monotonic(): CLOCK_MONOTONIC as CPython 3.11's _PyTime_AsSecondsDouble makes it a float */
+static double lc_monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (ns % 1000000000LL == 0) return (double)(ns / 1000000000LL);
+    double d = (double)ns;
+    return d / 1e9;
+}
+
+/* CPython 3.11 / 3.12's _socket.socket begins {PyObject_HEAD; int sock_fd; int sock_family; int sock_type; int
+ * sock_proto; PyObject *(*errorhandler)(void); _PyTime_t sock_timeout; ...}: the descriptor its calls use (-1
+ * once closed) and its timeout (negative: blocking, 0: non-blocking; either way its calls make no poll), read in place after lc_sock_check proved
+ * that layout on a socket of the running interpreter (fileno(), close(), settimeout() moving the fields as
+ * expected); without it client_lone declines. */
+typedef struct {
+    PyObject_HEAD
+    int sock_fd;
+    int sock_family, sock_type, sock_proto;
+    PyObject *(*errorhandler)(void);
+    int64_t sock_timeout;
+} lc_sockobject;
+static PyTypeObject *lc_sock_type;  /* _socket.socket once its layout checked out */
+
+static void lc_sock_check(void) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+    PyObject *mod = PyImport_ImportModule("_socket"), *tp = NULL, *so = NULL, *r = NULL;
+    if (mod == NULL) goto out;
+    tp = PyObject_GetAttrString(mod, "socket");
+    if (tp == NULL || !PyType_Check(tp) || ((PyTypeObject *)tp)->tp_basicsize < (Py_ssize_t)sizeof(lc_sockobject))
+        goto out;
+    so = PyObject_CallFunction(tp, "ii", AF_INET, SOCK_STREAM);
+    if (so == NULL) goto out;
+    lc_sockobject *x = (lc_sockobject *)so;
+    r = PyObject_CallMethod(so, "fileno", NULL);
+    int ok = r != NULL && PyLong_AsLong(r) == x->sock_fd && x->sock_fd >= 0 && x->sock_family == AF_INET
+             && x->sock_type == SOCK_STREAM && x->sock_timeout < 0;
+    int64_t blocking = x->sock_timeout;
+    Py_CLEAR(r);
+    if (ok) {
+        r = PyObject_CallMethod(so, "settimeout", "d", 2.5);
+        ok = r != NULL && x->sock_timeout == 2500000000LL;
+        Py_CLEAR(r);
+        r = ok ? PyObject_CallMethod(so, "settimeout", "O", Py_None) : NULL;
+        ok = r != NULL && x->sock_timeout == blocking;
+        Py_CLEAR(r);
+    }
+    r = PyObject_CallMethod(so, "close", NULL);
+    ok = ok && r != NULL && x->sock_fd == -1;
+    if (ok) lc_sock_type = (PyTypeObject *)Py_NewRef(tp);
+out:
+    PyErr_Clear();
+    Py_XDECREF(r); Py_XDECREF(so); Py_XDECREF(tp); Py_XDECREF(mod);
+#endif
+}
+
+/* the socket's descriptor, read as its own calls read it (-1 once closed) */
+static inline int lc_fd(PyObject *sock) { return ((lc_sockobject *)sock)->sock_fd; }
+
+/* client_lone_init(globals): remoting_client's module dict, read at each call (_Pending, the RCVTIMEO bounds) */
+static PyObject *client_lone_init(PyObject *self, PyObject *arg) {
+    if (!PyDict_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "client_lone_init takes a dict");
+        return NULL;
+    }
+    for (int i = 0; i < LC_N; i++)
+        if (lc_s[i] == NULL && (lc_s[i] = PyUnicode_InternFromString(lc_names[i])) == NULL) return NULL;
+    fl_check();
+    if (lc_sock_type == NULL) lc_sock_check();
+    Py_XSETREF(lc_globals, Py_NewRef(arg));
+    Py_RETURN_NONE;
+}
+
+/* a float module global of remoting_client, or -1 with an error */
+static int lc_global_double(int i, double *out) {
+    PyObject *v = PyDict_GetItemWithError(lc_globals, lc_s[i]);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_NameError, lc_s[i]);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* obj.<name> is true: 1 / 0, -1 with an error */
+static int lc_true(PyObject *obj, int i) {
+    PyObject *v = PyObject_GetAttr(obj, lc_s[i]);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* The connection's data attributes are read and written in its instance dict (materialised once) when its
+ * type defines none of them as a data descriptor (checked once per type and version tag): the same values
+ * PyObject_GetAttr / SetAttr would read and write, a dict look-up instead of the generic attribute path. */
+static const int lc_data[] = {LC_LOCK, LC_CLOSED, LC_BUSY, LC_PENDING, LC_SEND_LOCK, LC_SOCK, LC_RCVTIMEO, LC_RBUF,
+                              LC_DECODER, LC_IDLE, LC_LAST};
+static PyTypeObject *lc_dict_tp;  /* (strong) the type last found fit, at version lc_dict_tag */
+static unsigned int lc_dict_tag;
+static int lc_dict_ok(PyTypeObject *tp) {
+    if (tp == lc_dict_tp && tp->tp_version_tag == lc_dict_tag && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return 1;
+    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_setattro != PyObject_GenericSetAttr
+        || tp->tp_dictoffset == 0)
+        return 0;
+    for (size_t i = 0; i < sizeof lc_data / sizeof lc_data[0]; i++) {
+        PyObject *a = _PyType_Lookup(tp, lc_s[lc_data[i]]);
+        if (a != NULL && Py_TYPE(a)->tp_descr_set != NULL) return 0;
+    }
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;  /* (_PyType_Lookup assigns one) */
+    Py_XSETREF(lc_dict_tp, (PyTypeObject *)Py_NewRef((PyObject *)tp));
+    lc_dict_tag = tp->tp_version_tag;
+    return 1;
+}
+/* obj.<name> (new reference, NULL with the error): from its dict `d` when given and holding it */
+static inline PyObject *lc_get(PyObject *d, PyObject *obj, int i) {
+    if (d != NULL) {
+        PyObject *v = PyDict_GetItemWithError(d, lc_s[i]);
+        if (v != NULL) return Py_NewRef(v);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(obj, lc_s[i]);
+}
+static inline int lc_set(PyObject *d, PyObject *obj, int i, PyObject *v) {
+    return d != NULL ? PyDict_SetItem(d, lc_s[i], v) : PyObject_SetAttr(obj, lc_s[i], v);
+}
+static inline int lc_truth(PyObject *d, PyObject *obj, int i) {
+    PyObject *v = lc_get(d, obj, i);
+    if (v == NULL) return -1;
+    int t = v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* client_lone(conn, frame, opaque, code, timeout, take, *args) -> take's answer, the response, or None.
+ * invoke_frame(frame, opaque, code, timeout, partial(take, *args)) of a ClientConnection for a caller that
+ * finds nobody reading: None, nothing done, when the connection's lock is busy or not a _thread.lock whose
+ * layout fl_check proved, when the connection is closed or another caller holds the read role (invoke_frame
+ * decides then, raising or waiting as it does). Otherwise the request is registered (a _Pending, made before
+ * the lock is taken), the read role taken, the frame written under the send lock, and the first read made
+ * (SO_RCVTIMEO set through _set_rcvtimeo when the time left is out of its bounds); a read that `take(*args,
+ * buf, n, opaque)` answers (not None) drops the request and releases the role as invoke_frame does, and the
+ * answer is returned. A failed write goes to _send_failed, a read with nothing for take or a partial frame
+ * buffered to _first_dispatch, anything else (EOF, an error, SO_RCVTIMEO running out, take's None, no time
+ * left) to _finish, each with invoke_frame's arguments. */
+static PyObject *lc_invoke(PyObject *conn, PyObject *frame, PyObject *opaque, PyObject *code, PyObject *timeout_o,
+                           PyObject *take, PyObject *const *targs, Py_ssize_t ntargs) {
+    if (lc_globals == NULL || lc_sock_type == NULL || fl_lock_type == NULL || !PyBytes_CheckExact(frame)
+        || !PyLong_CheckExact(opaque))
+        Py_RETURN_NONE;
+    double timeout = PyFloat_AsDouble(timeout_o);
+    if (timeout == -1.0 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    PyObject *d = NULL, *lock = NULL, *slot = NULL, *pending = NULL, *send_lock = NULL, *sock = NULL, *rbuf = NULL,
+             *res = NULL, *first = NULL, *nobj = NULL, *v = NULL;
+    int locked = 0;
+#ifdef FL_LAYOUT
+    if (lc_dict_ok(Py_TYPE(conn)) && (d = PyObject_GenericGetDict(conn, NULL)) == NULL) return NULL;
+    lock = lc_get(d, conn, LC_LOCK);
+    if (lock == NULL) goto done;
+    sock = lc_get(d, conn, LC_SOCK);
+    if (sock == NULL) goto done;
+    if (Py_TYPE(lock) != fl_lock_type || !PyObject_TypeCheck(sock, lc_sock_type)
+        || ((lc_sockobject *)sock)->sock_timeout > 0) {  /* a socket with a timeout polls first: Python's call */
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *pcls = PyDict_GetItemWithError(lc_globals, lc_s[LC_PENDING_CLS]);
+    if (pcls == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_NameError, lc_s[LC_PENDING_CLS]);
+        goto done;
+    }
+    PyTypeObject *ptp = (PyTypeObject *)pcls;
+    if (PyType_Check(pcls) && ptp->tp_new == PyBaseObject_Type.tp_new && ptp->tp_init == PyBaseObject_Type.tp_init
+        && !(ptp->tp_flags & Py_TPFLAGS_IS_ABSTRACT))
+        slot = ptp->tp_alloc(ptp, 0);  /* what _Pending() makes: object's __new__ and __init__, nothing else */
+    else
+        slot = PyObject_CallNoArgs(pcls);  /* before the lock, as invoke_frame */
+    if (slot == NULL) goto done;
+    fl_lockobject *l = (fl_lockobject *)lock;
+    if (PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) != 1) { res = Py_NewRef(Py_None); goto done; }
+    l->locked = 1;
+    locked = 1;
+    int t = lc_truth(d, conn, LC_CLOSED);
+    if (t == 0) t = lc_truth(d, conn, LC_BUSY);
+    if (t < 0) goto done;
+    if (t) { res = Py_NewRef(Py_None); goto done; }  /* closed, or another caller reads: invoke_frame decides */
+    pending = lc_get(d, conn, LC_PENDING);
+    if (pending == NULL || PyObject_SetItem(pending, opaque, slot) < 0 || lc_set(d, conn, LC_BUSY, Py_True) < 0)
+        goto done;
+    Py_CLEAR(pending);
+    l->locked = 0;
+    PyThread_release_lock(l->lock_lock);
+    locked = 0;
+    double deadline = lc_monotonic() + timeout;
+    /* the write: self.sock.sendall(frame) under the send lock */
+    send_lock = lc_get(d, conn, LC_SEND_LOCK);
+    if (send_lock == NULL || fl_acquire(send_lock) < 0) goto done;
+    int sent_ok = 1;  /* (sock: read once; only __init__ sets it) */
+    {
+        const char *p = PyBytes_AS_STRING(frame);
+        Py_ssize_t len = PyBytes_GET_SIZE(frame);
+        do {  /* sock_sendall's loop: signal handlers run after every send, and on EINTR */
+            int fd = lc_fd(sock);
+            ssize_t k;
+            int err;
+            Py_BEGIN_ALLOW_THREADS
+            k = send(fd, p, (size_t)len, 0);
+            err = errno;
+            Py_END_ALLOW_THREADS
+            if (k < 0) {
+                if (err == EINTR) {
+                    if (PyErr_CheckSignals() < 0) { sent_ok = 0; break; }
+                    continue;
+                }
+                errno = err;
+                PyErr_SetFromErrno(PyExc_OSError);
+                sent_ok = 0;
+                break;
+            }
+            p += k;
+            len -= k;
+            if (PyErr_CheckSignals() < 0) { sent_ok = 0; break; }
+        } while (len > 0);
+    }
+    if (fl_release(send_lock) < 0) goto done;
+    if (!sent_ok) {
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) goto done;  /* a signal handler's exception: as sendall's */
+        PyObject *e = lc_fetch();
+        PyObject *was = PyErr_GetHandledException();
+        PyErr_SetHandledException(e);  /* _send_failed runs in invoke_frame's `except OSError` */
+        v = PyObject_CallMethodObjArgs(conn, lc_s[LC_SEND_FAILED], e, opaque, Py_True, NULL);
+        PyErr_SetHandledException(was);
+        Py_XDECREF(was);
+        Py_DECREF(e);
+        if (v != NULL) res = Py_NewRef(Py_None);  /* (it raises) */
+        goto done;
+    }
+    /* the first read */
+    double remaining = deadline - lc_monotonic();
+    if (remaining <= 0) goto finish;
+    double slack, stretch, rcvtimeo;
+    if (lc_global_double(LC_SLACK, &slack) < 0 || lc_global_double(LC_STRETCH, &stretch) < 0) goto done;
+    v = lc_get(d, conn, LC_RCVTIMEO);
+    if (v == NULL) goto done;
+    rcvtimeo = PyFloat_AsDouble(v);
+    Py_CLEAR(v);
+    if (rcvtimeo == -1.0 && PyErr_Occurred()) goto done;
+    if (!(rcvtimeo - slack <= remaining && remaining <= rcvtimeo * stretch)) {
+        PyObject *rem = PyFloat_FromDouble(remaining);
+        if (rem == NULL) goto done;
+        v = PyObject_CallMethodOneArg(conn, lc_s[LC_SET_RCVTIMEO], rem);
+        Py_DECREF(rem);
+        if (v == NULL) goto done;
+        Py_CLEAR(v);
+    }
+    rbuf = lc_get(d, conn, LC_RBUF);
+    if (rbuf == NULL) goto done;
+    Py_buffer view;
+    if (PyObject_GetBuffer(rbuf, &view, PyBUF_WRITABLE) < 0) goto done;
+    ssize_t n;
+    for (;;) {  /* sock_recv_into: recv, signal handlers on EINTR */
+        int fd = lc_fd(sock), err;
+        Py_BEGIN_ALLOW_THREADS
+        n = recv(fd, view.buf, (size_t)view.len, 0);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (n >= 0) break;
+        if (err == EINTR) {
+            if (PyErr_CheckSignals() < 0) { PyBuffer_Release(&view); goto done; }
+            continue;
+        }
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        break;
+    }
+    PyBuffer_Release(&view);
+    if (n < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BlockingIOError)) { PyErr_Clear(); goto finish; }  /* SO_RCVTIMEO ran out */
+        first = lc_fetch();  /* _await fails the connection with it */
+        goto finish;
+    }
+    nobj = PyLong_FromSsize_t(n);
+    if (nobj == NULL) goto done;
+    if (n == 0) { first = Py_NewRef(nobj); goto finish; }  /* EOF: _await fails the connection */
+    int buffered;
+    {
+        PyObject *dec = lc_get(d, conn, LC_DECODER);
+        if (dec == NULL) goto done;
+        buffered = lc_true(dec, LC_BUF);
+        Py_DECREF(dec);
+        if (buffered < 0) goto done;
+    }
+    if (take == Py_None || buffered) {
+        PyObject *dl = PyFloat_FromDouble(deadline);
+        if (dl == NULL) goto done;
+        res = PyObject_CallMethodObjArgs(conn, lc_s[LC_FIRST_DISPATCH], opaque, code, slot, dl, timeout_o, nobj, NULL);
+        Py_DECREF(dl);
+        goto done;
+    }
+    {
+        PyObject *stack[7];
+        Py_ssize_t na = ntargs;
+        for (Py_ssize_t i = 0; i < na; i++) stack[i] = targs[i];
+        stack[na] = rbuf; stack[na + 1] = nobj; stack[na + 2] = opaque;
+        v = PyObject_Vectorcall(take, stack, (size_t)(na + 3), NULL);
+    }
+    if (v == NULL) goto done;
+    if (v == Py_None) {  /* not a read take answers: _await dispatches it */
+        Py_CLEAR(v);
+        first = Py_NewRef(nobj);
+        goto finish;
+    }
+    /* taken: the slot dropped, the read role released, the role handed on, in one lock round */
+    if (fl_acquire(lock) < 0) goto done;
+    locked = 1;
+    pending = lc_get(d, conn, LC_PENDING);  /* _fail may have replaced it */
+    if (pending == NULL) goto done;
+    PyObject *mine = NULL;
+    if (PyDict_CheckExact(pending)) {
+        mine = PyDict_GetItemWithError(pending, opaque);
+        if (mine != NULL) {
+            Py_INCREF(mine);
+            if (PyDict_DelItem(pending, opaque) < 0) { Py_DECREF(mine); goto done; }
+        } else if (PyErr_Occurred()) goto done;
+    } else {
+        PyObject *pop = PyObject_CallMethod(pending, "pop", "OO", opaque, Py_None);
+        if (pop == NULL) goto done;
+        if (pop != Py_None) mine = pop;
+        else Py_DECREF(pop);
+    }
+    PyObject *now = PyFloat_FromDouble(lc_monotonic());
+    int ok = now != NULL && lc_set(d, conn, LC_BUSY, Py_False) == 0 && lc_set(d, conn, LC_IDLE, Py_False) == 0
+             && lc_set(d, conn, LC_LAST, now) == 0;
+    Py_XDECREF(now);
+    if (ok) {
+        int more = PyDict_CheckExact(pending) ? PyDict_GET_SIZE(pending) > 0 : PyObject_IsTrue(pending);
+        if (more < 0) ok = 0;
+        else if (more) {
+            PyObject *h = PyObject_CallMethodNoArgs(conn, lc_s[LC_HAND_ON]);
+            if (h == NULL) ok = 0;
+            Py_XDECREF(h);
+        }
+    }
+    if (!ok) { Py_XDECREF(mine); goto done; }
+    locked = 0;
+    if (fl_release(lock) < 0) { Py_XDECREF(mine); goto done; }
+    if (mine == NULL) {  /* _fail took it meanwhile: its error, as _dispatch would leave it */
+        PyObject *e = PyObject_CallMethodOneArg(conn, lc_s[LC_LOST], slot);
+        if (e != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+            Py_DECREF(e);
+        }
+        goto done;
+    }
+    Py_DECREF(mine);
+    res = v;
+    v = NULL;
+    goto done;
+finish:
+    {
+        PyObject *dl = PyFloat_FromDouble(deadline);
+        if (dl == NULL) goto done;
+        res = PyObject_CallMethodObjArgs(conn, lc_s[LC_FINISH], opaque, code, slot, dl, timeout_o, Py_True,
+                                         first != NULL ? first : Py_None, NULL);
+        Py_DECREF(dl);
+    }
+done:
+    if (locked) {
+        PyObject *exc = lc_fetch();
+        if (fl_release(lock) < 0) Py_CLEAR(res);
+        if (exc != NULL) lc_restore(exc);
+    }
+#else
+    res = Py_NewRef(Py_None);
+#endif
+    Py_XDECREF(d); Py_XDECREF(lock); Py_XDECREF(slot); Py_XDECREF(pending); Py_XDECREF(send_lock);
+    Py_XDECREF(sock); Py_XDECREF(rbuf); Py_XDECREF(first); Py_XDECREF(nobj); Py_XDECREF(v);
+    return res;
+}
+
+static PyObject *client_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 6 || nargs > 10) {
+        PyErr_SetString(PyExc_TypeError, "client_lone takes 6 to 10 arguments");
+        return NULL;
+    }
+    return lc_invoke(args[0], args[1], args[2], args[3], args[4], args[5], args + 6, nargs - 6);
+}
+
+/* next(opaques) & 0x7FFFFFFF (what `next(OPAQUES) & 0x7FFFFFFF` gives), NULL with an error */
+static PyObject *lc_opaque(PyObject *opaques) {
+    PyObject *o = PyIter_Next(opaques);
+    if (o == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+    }
+    static PyObject *mask;
+    if (mask == NULL && (mask = PyLong_FromLong(0x7FFFFFFF)) == NULL) { Py_DECREF(o); return NULL; }
+    PyObject *r = PyNumber_And(o, mask);
+    Py_DECREF(o);
+    return r;
+}
+
+static PyObject *lc_code_pop, *lc_code_batch_ack;
+static int lc_codes(void) {
+    if (lc_code_pop == NULL && (lc_code_pop = PyLong_FromLong(200050)) == NULL) return -1;
+    if (lc_code_batch_ack == NULL && (lc_code_batch_ack = PyLong_FromLong(200151)) == NULL) return -1;
+    return 0;
+}
+
+/* pop_lone(conn, opaques, group, topic, queue_id, max_nums, invisible_time, poll_time, tags, timeout, take,
+ * broker_name) -> take's answer, the response, or None: the opaque next(opaques) & 0x7FFFFFFF, the POP_MESSAGE
+ * frame pop_request_frame makes with it, and client_lone(conn, frame, opaque, POP_MESSAGE, timeout, take, topic,
+ * broker_name), in one call. None when the frame or client_lone declines (nothing sent; an opaque was taken):
+ * the caller then goes its own way. */
+static PyObject *pop_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "pop_lone takes 12 arguments");
+        return NULL;
+    }
+    if (lc_codes() < 0) return NULL;
+    PyObject *opaque = lc_opaque(args[1]);
+    if (opaque == NULL) return NULL;
+    PyObject *fargs[8] = {args[2], args[3], args[4], args[5], args[6], args[7], args[8], opaque};
+    PyObject *frame = pop_request_frame(NULL, fargs, 8), *res = NULL;
+    if (frame != NULL && frame != Py_None) {
+        PyObject *targs[2] = {args[3], args[11]};
+        res = lc_invoke(args[0], frame, opaque, lc_code_pop, args[9], args[10], targs, 2);
+    } else if (frame != NULL) {
+        res = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(frame);
+    Py_DECREF(opaque);
+    return res;
+}
+
+/* ack_lone(conn, opaques, msgs, cls, topic, group, timeout, take) -> take's answer, the response, or None: the
+ * opaque next(opaques) & 0x7FFFFFFF, the BATCH_ACK_MESSAGE frame pop_ack_frame(msgs, cls, topic, group, opaque)
+ * makes and client_lone(conn, frame, opaque, BATCH_ACK_MESSAGE, timeout, take) in one call; None when the frame
+ * or client_lone declines (nothing sent). */
+static PyObject *ack_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "ack_lone takes 8 arguments");
+        return NULL;
+    }
+    if (lc_codes() < 0) return NULL;
+    PyObject *opaque = lc_opaque(args[1]);
+    if (opaque == NULL) return NULL;
+    PyObject *fargs[5] = {args[2], args[3], args[4], args[5], opaque};
+    PyObject *frame = pop_ack_frame(NULL, fargs, 5), *res = NULL;
+    if (frame != NULL && frame != Py_None) res = lc_invoke(args[0], frame, opaque, lc_code_batch_ack, args[6], args[7], NULL, 0);
+    else if (frame != NULL) res = Py_NewRef(Py_None);
+    Py_XDECREF(frame);
+    Py_DECREF(opaque);
+    return res;
+}
+/* ============================ end of THE LONE CALLER ================================================= */
 
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
@@ -8676,6 +9179,17 @@ static PyMethodDef methods[] = {
      "of one index file (found set in place), the keys still not found, or None (THE END LANE)."},
     {"end_props_dict", (PyCFunction)end_props_dict, METH_O,
      "end_props_dict(props): string_to_properties(props) for an ASCII string, else None (THE END LANE)."},
+    {"client_lone_init", (PyCFunction)client_lone_init, METH_O,
+     "client_lone_init(globals): remoting_client's module dict, for client_lone (THE LONE CALLER)."},
+    {"pop_lone", (PyCFunction)(void (*)(void))pop_lone, METH_FASTCALL,
+     "pop_lone(conn, opaques, group, topic, queue_id, max_nums, invisible_time, poll_time, tags, timeout, take, "
+     "broker_name): pop_request_frame + client_lone in one call, or None (THE LONE CALLER)."},
+    {"ack_lone", (PyCFunction)(void (*)(void))ack_lone, METH_FASTCALL,
+     "ack_lone(conn, opaques, msgs, cls, topic, group, timeout, take): pop_ack_frame + client_lone in one call, "
+     "or None (THE LONE CALLER)."},
+    {"client_lone", (PyCFunction)(void (*)(void))client_lone, METH_FASTCALL,
+     "client_lone(conn, frame, opaque, code, timeout, take, *args): ClientConnection.invoke_frame of a lone caller "
+     "in one call (take called as take(*args, buf, n, opaque)), or None, nothing done (THE LONE CALLER)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from rmq_eventstore.broker import RunningBroker, serve_in_thread
 from rmq_eventstore.client import Message, MQBrokerError, PopConsumer, Producer
 from rmq_eventstore.client import pop_consumer as pop_mod
+from rmq_eventstore.client import remoting_client as rc_mod
+from rmq_eventstore.client.remoting_client import RemotingClient
 from rmq_eventstore.common import MessageExt
 from rmq_eventstore.common.codec import encode_record
 from rmq_eventstore.common.pop import ExtraInfo
@@ -44,6 +46,10 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     monkeypatch.setattr(pop_mod, "_pop_take", native.pop_take if fast else None)
     monkeypatch.setattr(pop_mod, "_ack_frame", native.pop_ack_frame if fast else None)
     monkeypatch.setattr(pop_mod, "_ack_take", native.pop_ack_take if fast else None)
+    monkeypatch.setattr(pop_mod, "_pop_lone", native.pop_lone if fast else None)
+    monkeypatch.setattr(pop_mod, "_ack_lone", native.ack_lone if fast else None)
+    if fast:
+        native.client_lone_init(rc_mod.__dict__)  # what remoting_client does at import, unless RMQ_EVENTSTORE_PURE=1
     return request.param
 
 
@@ -374,7 +380,7 @@ def test_pop_and_ack_batch_against_a_broker(broker: RunningBroker, path: str, mo
     ns = broker.namesrv_address
     calls: list[str] = []
     if path == "fast":  # the C functions were used (and what they declined went the general way)
-        for name in ("_pop_take", "_ack_frame"):
+        for name in ("_pop_take", "_ack_frame", "_pop_lone", "_ack_lone"):
             f = getattr(pop_mod, name)
             def spy(*a: object, f=f, name: str = name) -> object:  # noqa: ANN001
                 r = f(*a)
@@ -402,7 +408,7 @@ def test_pop_and_ack_batch_against_a_broker(broker: RunningBroker, path: str, mo
         assert c.pop("tasks", max_nums=32, invisible_time=1000, poll_time=300) == []
         assert c.pop("tasks", max_nums=32, invisible_time=1000) == []  # NO_MESSAGE at once
     if path == "fast":  # the broker's responses and the client's acks took the C paths, not only tried them
-        assert "_pop_take:list" in calls and "_ack_frame:bytes" in calls
+        assert "_pop_lone:list" in calls and "_ack_lone:bool" in calls
 
 
 def test_errors_and_retry_messages_end_as_the_general_path(broker: RunningBroker, path: str) -> None:
@@ -472,3 +478,42 @@ def test_decoded_fields_kept_between_calls_are_the_records() -> None:
         (m,) = out
         assert (m.topic, m.born_host_bytes, m.born_port, m.store_host_bytes, m.store_port) == (topic, *host, *host)
 
+
+# -- pop_lone and ack_lone: opaque, frame and the lone caller's request in one call --------------------------
+def test_pop_lone_and_ack_lone_send_the_frames_and_take_the_answers() -> None:
+    import itertools
+
+    from tests.lone_peer import Peer, reply
+
+    ext = {"popTime": "100", "invisibleTime": "60000", "reviveQid": "1", "startOffsetInfo": "0 0 5"}
+    body = record("T", 0, 5, "TAGS\x01a\x02", b"x") + record("T", 0, 6, "", b"y")
+    answers: list[object] = []
+
+    def answer(frame: bytes) -> bytes:
+        (req,) = FrameDecoder().feed(frame)
+        if req.code == 200050:
+            return response(ext, body, opaque=req.opaque)
+        return reply(frame, code=answers.pop(0) if answers else 0, ext={})
+
+    peer = Peer(answer)
+    try:
+        with RemotingClient() as rc:
+            conn = rc.connection(peer.address)
+            opaques = itertools.count(2**31 + 40)  # & 0x7FFFFFFF: 40, 41, ...
+            got = native.pop_lone(conn, opaques, "g", "T", -1, 2, 60_000, 1000, "*", 5.0, native.pop_take, "broker-a")
+            assert state(got) == state(reference_take(response(ext, body, opaque=40), "T", "broker-a"))
+            assert peer.frames == [native.pop_request_frame("g", "T", -1, 2, 60_000, 1000, "*", 40)]
+            assert native.ack_lone(conn, opaques, got, MessageExt, "T", "g", 5.0, native.pop_ack_take) is True
+            assert peer.frames[1] == native.pop_ack_frame(got, MessageExt, "T", "g", 41)
+            answers.append(17)  # an error answer: the response, for ack_batch to raise
+            r = native.ack_lone(conn, opaques, got, MessageExt, "T", "g", 5.0, native.pop_ack_take)
+            assert isinstance(r, RemotingCommand) and r.code == 17 and r.opaque == 42
+            # declines: nothing sent, an opaque taken
+            assert native.pop_lone(conn, opaques, "g", "T", 1.5, 2, 60_000, 1000, "*", 5.0, native.pop_take, "b") is None
+            assert native.ack_lone(conn, opaques, [], MessageExt, "T", "g", 5.0, native.pop_ack_take) is None
+            conn._reader_busy = True
+            assert native.pop_lone(conn, opaques, "g", "T", -1, 2, 60_000, 1000, "*", 5.0, native.pop_take, "b") is None
+            conn._reader_busy = False
+            assert len(peer.frames) == 3 and next(opaques) == 2**31 + 46 and not conn._pending
+    finally:
+        peer.close()

@@ -7084,6 +7084,7 @@ static PyObject *pc_frame(rbuf *b) { return rbuf_frame(b, NULL, 0); }
  * str(max_nums), "invisibleTime": str(invisible_time), "pollTime": str(poll_time), "bornTime": "0", "initMode":
  * "1", "expType": "TAG", "exp": tags, "order": "false"}, b"", opaque).encode(). None for another type (the ints
  * exact ints within 64 bits, the texts exact str that encode) */
+static PyObject *prf_key[7], *prf_tail;  /* the arguments of the last frame made, and its text after the opaque */
 static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "pop_request_frame takes 8 arguments");
@@ -7093,8 +7094,17 @@ static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssi
     rbuf b;
     b.p = b.small; b.len = 8; b.cap = sizeof b.small;
 #define PPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
-    int ok = PPUT("{\"code\":200050,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, args[7])
-             && PPUT(",\"flag\":0,\"extFields\":{\"consumerGroup\":") && rbuf_jstr(&b, args[0])
+    int ok = PPUT("{\"code\":200050,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, args[7]);
+    Py_ssize_t mark = b.len;  /* what follows the opaque depends on the other arguments only */
+    int same = prf_tail != NULL;
+    for (int i = 0; same && i < 7; i++) same = args[i] == prf_key[i];
+    if (ok && same) {  /* the same objects as the last frame's (exact str and int: immutable): its text again */
+        ok = rbuf_put(&b, PyBytes_AS_STRING(prf_tail), PyBytes_GET_SIZE(prf_tail));
+        PyObject *res = ok ? pc_frame(&b) : NULL;
+        rbuf_free(&b);
+        return res;
+    }
+    ok = ok && PPUT(",\"flag\":0,\"extFields\":{\"consumerGroup\":") && rbuf_jstr(&b, args[0])
              && PPUT(",\"topic\":") && rbuf_jstr(&b, args[1]) && PPUT(",\"queueId\":") && cs_put_qint(&b, args[2])
              && PPUT(",\"maxMsgNums\":") && cs_put_qint(&b, args[3]) && PPUT(",\"invisibleTime\":")
              && cs_put_qint(&b, args[4]) && PPUT(",\"pollTime\":") && cs_put_qint(&b, args[5])
@@ -7102,7 +7112,17 @@ static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssi
              && PPUT(",\"order\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
 #undef PPUT
     PyObject *res;
-    if (ok) res = pc_frame(&b);
+    if (ok) {
+        int exact = PyUnicode_CheckExact(args[0]) && PyUnicode_CheckExact(args[1]) && PyUnicode_CheckExact(args[6]);
+        for (int i = 2; exact && i < 6; i++) exact = PyLong_CheckExact(args[i]);
+        if (exact) {  /* kept for the next call with the same objects */
+            PyObject *tail = PyBytes_FromStringAndSize((const char *)b.p + mark, b.len - mark);
+            if (tail == NULL) { rbuf_free(&b); return NULL; }
+            Py_XSETREF(prf_tail, tail);
+            for (int i = 0; i < 7; i++) Py_XSETREF(prf_key[i], Py_NewRef(args[i]));
+        }
+        res = pc_frame(&b);
+    }
     else if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
     else { PyErr_Clear(); res = Py_NewRef(Py_None); }
     rbuf_free(&b);

@@ -119,6 +119,20 @@ def test_pop_frame_is_the_general_paths(group: str, topic: str, q: object, mx: o
         assert got is None
 
 
+def test_pop_frame_again_with_the_same_arguments() -> None:
+    """The text after the opaque is kept for the next call with the same argument objects: a frame is still the
+    general path's whatever came before it (the same objects, equal ones, others, a declined call)."""
+    group, topic, tags = "g", "T" + "x" * 3, "a || b"
+    calls = [(group, topic, -1, 32, 60_000, 1000, tags), (group, topic, -1, 32, 60_000, 1000, tags),
+             ("g", "Txxx", -1, 32, 60_000, 1000, "a || b"), (group, topic, 2, 32, 60_000, 1000, tags),
+             (group, topic, -1, 32, 60_000, 1000, 7), (group, topic, -1, 32, 60_000, 1000, tags),
+             (group, "U", -1, 2**40, 60_000, 0, tags), (group, topic, -1, 32, 60_000, 1000, tags)]
+    for opaque, args in enumerate(calls):
+        got = native.pop_request_frame(*args, opaque)
+        want = reference_pop_frame(*args, opaque)
+        assert (got == want) if type(args[6]) is str else got is None
+
+
 def test_pop_frame_declines_other_types() -> None:
     assert native.pop_request_frame("g", "T", -1, 32, 60_000, 0, "*", "1") is None
     assert native.pop_request_frame(1, "T", -1, 32, 60_000, 0, "*", 1) is None

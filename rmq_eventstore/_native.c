@@ -2635,23 +2635,26 @@ static inline PyObject *same_bytes(PyObject **slot, const unsigned char *p, Py_s
  * record from `pos` on that codec.decode_records' fast branch decodes itself, and returns the position of
  * the first record it does not (one that branch hands to decode_message: anything unusual, or a ZLIB body
  * to inflate), or len(buf). The caller decodes that record in Python and calls again after it. */
-static PyObject *decode_records_c(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *out;
-    Py_ssize_t pos;
-    int decompress;
-    if (!PyArg_ParseTuple(args, "O!nO!p", &PyBytes_Type, &buf_obj, &pos, &PyList_Type, &out, &decompress))
-        return NULL;
-    if (ext_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "init_pull(MessageExt) was not called");
-        return NULL;
-    }
-    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(buf_obj);
-    Py_ssize_t n = PyBytes_GET_SIZE(buf_obj);
+static PyObject *dr_cache[X_COUNT];
+static int64_t dr_cached[X_COUNT];
+static PyObject *dr_topic;  /* the last topic decoded, kept from call to call (reused for the same ASCII bytes) */
+
+/* The loop of decode_records over b[0:n] from `pos`: the position of the first record it leaves, -1 on an
+ * error, -2 when `props` (given: pop_take's) declined a record. `props(ctx, topic, p, pl, queue id, queue
+ * offset)` makes a record's properties string (a new reference; NULL: an error if one is set, else declined)
+ * instead of its UTF-8 decode. */
+typedef PyObject *(*dr_props_fn)(void *ctx, PyObject *topic, const unsigned char *p, Py_ssize_t pl, int32_t qid,
+                                 int64_t qoff);
+static Py_ssize_t decode_records_core(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos, PyObject *out,
+                                      int decompress, dr_props_fn props, void *ctx) {
     PyObject *topic = NULL;  /* the last topic decoded, and where its bytes are */
     const unsigned char *topic_at = NULL;
     Py_ssize_t topic_len = -1;
-    PyObject *cache[X_COUNT] = {NULL};  /* the previous record's field objects (same_long / same_bytes) */
-    int64_t cached[X_COUNT] = {0};
+    /* the previous record's field objects (same_long / same_bytes), kept from call to call: a lone consumer's
+     * batches of one message share them too (under the GIL; every object is immutable) */
+    PyObject **cache = dr_cache;
+    int64_t *cached = dr_cached;
+    int declined = 0;
     if (pos < 0) pos = 0;
     while (pos < n) {
         if (pos + 40 > n) break;
@@ -2680,8 +2683,15 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
             ((sys_flag & SF_COMPRESSION_MASK) == 0 || (sys_flag & SF_COMPRESSION_MASK) == 0x300)) break;
         /* the record is one the fast branch decodes: build its MessageExt */
         if (topic == NULL || tl != topic_len || memcmp(topic_at, b + tpos, (size_t)tl) != 0) {
-            PyObject *t = PyUnicode_DecodeUTF8((const char *)b + tpos, tl, "replace");
-            if (t == NULL) goto fail;
+            PyObject *t;
+            if (dr_topic != NULL && PyUnicode_IS_ASCII(dr_topic) && PyUnicode_GET_LENGTH(dr_topic) == tl
+                && memcmp(PyUnicode_1BYTE_DATA(dr_topic), b + tpos, (size_t)tl) == 0) {
+                t = Py_NewRef(dr_topic);  /* what the decode of these ASCII bytes gives */
+            } else {
+                t = PyUnicode_DecodeUTF8((const char *)b + tpos, tl, "replace");
+                if (t == NULL) goto fail;
+                Py_XSETREF(dr_topic, Py_NewRef(t));
+            }
             Py_XSETREF(topic, t);
             topic_at = b + tpos;
             topic_len = tl;
@@ -2711,24 +2721,42 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
         v[X_PREP_TX] = same_long(&cache[X_PREP_TX], &cached[X_PREP_TX], get_i64(h + 8));
         v[X_BODY] = PyBytes_FromStringAndSize((const char *)b + bpos, body_len);
         v[X_TOPIC] = Py_NewRef(topic);
-        v[X_PROPS] = pl ? PyUnicode_DecodeUTF8((const char *)b + ppos, pl, "replace") : PyUnicode_New(0, 0);
+        v[X_PROPS] = props != NULL ? props(ctx, topic, b + ppos, pl, get_i32(r + 12), get_i64(r + 20))
+                     : pl ? PyUnicode_DecodeUTF8((const char *)b + ppos, pl, "replace") : PyUnicode_New(0, 0);
         v[X_PARSED] = Py_NewRef(Py_None);
         int bad = 0;
         for (int i = 0; i < X_COUNT; i++) {
             if (v[i] == NULL) bad = 1;
             *(PyObject **)((char *)m + ext_offsets[i]) = v[i];  /* the fresh object's slots are NULL */
         }
-        if (bad || PyList_Append(out, m) < 0) { Py_DECREF(m); goto fail; }
+        if (bad || PyList_Append(out, m) < 0) {
+            Py_DECREF(m);
+            if (bad && props != NULL && v[X_PROPS] == NULL && !PyErr_Occurred()) declined = 1;
+            goto fail;
+        }
         Py_DECREF(m);
         pos = rec_end;
     }
     Py_XDECREF(topic);
-    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
-    return PyLong_FromSsize_t(pos < n ? pos : n);
+    return pos < n ? pos : n;
 fail:
     Py_XDECREF(topic);
-    for (int i = 0; i < X_COUNT; i++) Py_XDECREF(cache[i]);
-    return NULL;
+    return declined ? -2 : -1;
+}
+
+static PyObject *decode_records_c(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *out;
+    Py_ssize_t pos;
+    int decompress;
+    if (!PyArg_ParseTuple(args, "O!nO!p", &PyBytes_Type, &buf_obj, &pos, &PyList_Type, &out, &decompress))
+        return NULL;
+    if (ext_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "init_pull(MessageExt) was not called");
+        return NULL;
+    }
+    Py_ssize_t got = decode_records_core((const unsigned char *)PyBytes_AS_STRING(buf_obj), PyBytes_GET_SIZE(buf_obj),
+                                         pos, out, decompress, NULL, NULL);
+    return got < 0 ? NULL : PyLong_FromSsize_t(got);
 }
 
 /* read_runs(units, queue_offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count, disk_bytes,
@@ -7059,6 +7087,7 @@ static PyObject *pc_frame(rbuf *b) { return rbuf_frame(b, NULL, 0); }
  * str(max_nums), "invisibleTime": str(invisible_time), "pollTime": str(poll_time), "bornTime": "0", "initMode":
  * "1", "expType": "TAG", "exp": tags, "order": "false"}, b"", opaque).encode(). None for another type (the ints
  * exact ints within 64 bits, the texts exact str that encode) */
+static PyObject *prf_key[7], *prf_tail;  /* the arguments of the last frame made, and its text after the opaque */
 static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "pop_request_frame takes 8 arguments");
@@ -7068,8 +7097,17 @@ static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssi
     rbuf b;
     b.p = b.small; b.len = 8; b.cap = sizeof b.small;
 #define PPUT(lit) rbuf_put(&b, lit, sizeof(lit) - 1)
-    int ok = PPUT("{\"code\":200050,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, args[7])
-             && PPUT(",\"flag\":0,\"extFields\":{\"consumerGroup\":") && rbuf_jstr(&b, args[0])
+    int ok = PPUT("{\"code\":200050,\"language\":\"PYTHON\",\"version\":435,\"opaque\":") && rbuf_int(&b, args[7]);
+    Py_ssize_t mark = b.len;  /* what follows the opaque depends on the other arguments only */
+    int same = prf_tail != NULL;
+    for (int i = 0; same && i < 7; i++) same = args[i] == prf_key[i];
+    if (ok && same) {  /* the same objects as the last frame's (exact str and int: immutable): its text again */
+        ok = rbuf_put(&b, PyBytes_AS_STRING(prf_tail), PyBytes_GET_SIZE(prf_tail));
+        PyObject *res = ok ? pc_frame(&b) : NULL;
+        rbuf_free(&b);
+        return res;
+    }
+    ok = ok && PPUT(",\"flag\":0,\"extFields\":{\"consumerGroup\":") && rbuf_jstr(&b, args[0])
              && PPUT(",\"topic\":") && rbuf_jstr(&b, args[1]) && PPUT(",\"queueId\":") && cs_put_qint(&b, args[2])
              && PPUT(",\"maxMsgNums\":") && cs_put_qint(&b, args[3]) && PPUT(",\"invisibleTime\":")
              && cs_put_qint(&b, args[4]) && PPUT(",\"pollTime\":") && cs_put_qint(&b, args[5])
@@ -7077,7 +7115,17 @@ static PyObject *pop_request_frame(PyObject *self, PyObject *const *args, Py_ssi
              && PPUT(",\"order\":\"false\"},\"serializeTypeCurrentRPC\":\"JSON\"}");
 #undef PPUT
     PyObject *res;
-    if (ok) res = pc_frame(&b);
+    if (ok) {
+        int exact = PyUnicode_CheckExact(args[0]) && PyUnicode_CheckExact(args[1]) && PyUnicode_CheckExact(args[6]);
+        for (int i = 2; exact && i < 6; i++) exact = PyLong_CheckExact(args[i]);
+        if (exact) {  /* kept for the next call with the same objects */
+            PyObject *tail = PyBytes_FromStringAndSize((const char *)b.p + mark, b.len - mark);
+            if (tail == NULL) { rbuf_free(&b); return NULL; }
+            Py_XSETREF(prf_tail, tail);
+            for (int i = 0; i < 7; i++) Py_XSETREF(prf_key[i], Py_NewRef(args[i]));
+        }
+        res = pc_frame(&b);
+    }
     else if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) res = NULL;
     else { PyErr_Clear(); res = Py_NewRef(Py_None); }
     rbuf_free(&b);
@@ -7135,6 +7183,58 @@ static PyObject *pc_handle_string(PyObject *s, PyObject *lead, long long off) {
     return r;
 }
 
+/* the first byte at or after q that j_scan stops at ('"', '\\', a control character, non-ASCII), or end:
+ * sixteen bytes a step while that many are left */
+static inline const unsigned char *pc_plain_end(const unsigned char *q, const unsigned char *end) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\'), sp = _mm_set1_epi8(0x20);
+    while (end - q >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)q);
+        /* signed: bytes >= 0x80 are negative, so "< 0x20" takes them with the control characters */
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bs)), _mm_cmplt_epi8(v, sp));
+        int mask = _mm_movemask_epi8(m);
+        if (mask) return q + __builtin_ctz((unsigned)mask);
+        q += 16;
+    }
+#endif
+    while (q < end && !j_scan[*q]) q++;
+    return q;
+}
+
+/* cs_skip (j_string(c, NULL, 0) with the plain case inline), scanning with pc_plain_end */
+static inline int pc_skip(jcur *c) {
+    const unsigned char *q = pc_plain_end(c->p + 1, c->end);
+    if (q < c->end && *q == '"') { c->p = q + 1; return J_OK; }
+    return j_string(c, NULL, 0);
+}
+
+/* j_member with the compact case inline: at c->p a key of plain printable ASCII (no escape: j_scan passes every
+ * byte), its closing quote, ':' at once and a value that does not start with white space: the same key and
+ * position j_member gives; anything else is j_member's */
+static inline int pc_member(jcur *c, const unsigned char **k, Py_ssize_t *kn) {
+    const unsigned char *p = c->p, *q = p + 1;
+    if (p < c->end && *p == '"') {
+        q = pc_plain_end(q, c->end);
+        if (q + 2 < c->end && q[0] == '"' && q[1] == ':' && q[2] != ' ' && q[2] != '\t' && q[2] != '\n'
+            && q[2] != '\r') {
+            *k = p + 1;
+            *kn = q - p - 1;
+            c->p = q + 2;
+            return J_OK;
+        }
+    }
+    return j_member(c, k, kn);
+}
+
+/* j_next with the compact case inline */
+static inline int pc_next(jcur *c) {
+    if (c->p < c->end) {
+        if (*c->p == ',') { c->p++; return 1; }
+        if (*c->p == '}') { c->p++; return 0; }
+    }
+    return j_next(c);
+}
+
 /* A response header read in place, as client_send_take reads it (j_header's grammar; no command, no dict):
  * 1 when it is a response (flag bit 0) to `want` with code 0 whose extFields' values are plain strings; then
  * vs[i]..ve[i] is the text of the last extFields' member names[i] (vs[i] NULL when it has none), which holds
@@ -7144,7 +7244,9 @@ static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, cons
     jcur c = {h, h + hlen};
     long long code = 0, opaque = 0, flag = 0, ignored;
     int have_code = 0;
-    for (int i = 0; i < nn; i++) vs[i] = ve[i] = NULL;
+    Py_ssize_t nl[8];
+    if (nn > 8) return 0;
+    for (int i = 0; i < nn; i++) { vs[i] = ve[i] = NULL; nl[i] = (Py_ssize_t)strlen(names[i]); }
     if (hlen < 2 || *c.p != '{') return 0;
     c.p++;
     j_ws(&c);
@@ -7152,13 +7254,13 @@ static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, cons
     for (;;) {
         const unsigned char *k;
         Py_ssize_t kn;
-        if (j_member(&c, &k, &kn) != J_OK) return 0;
+        if (pc_member(&c, &k, &kn) != J_OK) return 0;
         long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &ignored);
         if (iv != NULL) {
             have_code |= iv == &code;
             if (j_int32(&c, iv) != J_OK) return 0;
         } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
-            if (*c.p != '"' || cs_skip(&c) != J_OK) return 0;
+            if (*c.p != '"' || pc_skip(&c) != J_OK) return 0;
         } else if (key_is(k, kn, "extFields", 9)) {
             if (*c.p != '{') return 0;
             c.p++;
@@ -7168,23 +7270,23 @@ static int pc_scan(const unsigned char *h, Py_ssize_t hlen, long long want, cons
             else for (;;) {
                 const unsigned char *ek;
                 Py_ssize_t ekn;
-                if (j_member(&c, &ek, &ekn) != J_OK || *c.p != '"') return 0;
+                if (pc_member(&c, &ek, &ekn) != J_OK || *c.p != '"') return 0;
                 const unsigned char *v = c.p;
-                if (cs_skip(&c) != J_OK) return 0;
+                if (pc_skip(&c) != J_OK) return 0;
                 for (int i = 0; i < nn; i++)
-                    if (key_is(ek, ekn, names[i], (Py_ssize_t)strlen(names[i]))) {
+                    if (ekn == nl[i] && memcmp(ek, names[i], ekn) == 0) {
                         if (memchr(v + 1, '\\', c.p - 2 - v) != NULL) return 0;
                         vs[i] = v + 1; ve[i] = c.p - 1;  /* the last of a key counts, as in the dict */
                     }
-                int more = j_next(&c);
+                int more = pc_next(&c);
                 if (more > 0) continue;
                 if (more == 0) break;
                 return 0;
             }
-        } else if (j_skip_value(&c) != J_OK) {  /* another field: checked, not kept (as j_header) */
+        } else if (*c.p == '"' ? pc_skip(&c) != J_OK : j_skip_value(&c) != J_OK) {  /* checked, not kept (j_header) */
             return 0;
         }
-        int more = j_next(&c);
+        int more = pc_next(&c);
         if (more > 0) continue;
         if (more == 0) break;
         return 0;
@@ -7224,14 +7326,156 @@ static PyObject *pop_ack_take(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 #define PC_MAX_STARTS 64
+#define PC_MAX_LEAD (7 + 4 * 24 + 4 + 256 + 24 + 2)
+/* pop_take's state while the records are decoded (pc_props, decode_records_core's hook) */
+typedef struct {
+    PyObject *topic;    /* the topic popped for */
+    PyObject *checked;  /* (strong) the last record topic object found equal to it */
+    long long pt, it, rq, lead_q;
+    const char *bn;
+    Py_ssize_t bn_len, lead_len;
+    int ns, bn_ascii;
+    long long sq[PC_MAX_STARTS], ss[PC_MAX_STARTS];
+    char lead[PC_MAX_LEAD];  /* "POP_CK\x01<start> <popTime> <invisibleTime> <reviveQid> 0 <broker> <queueId> " */
+    PyObject *lead_obj;      /* its str, made when a record's properties are not ASCII */
+} pc_take;
+
+/* whether p[0:n] is ASCII (so its UTF-8 decode is these bytes as an ASCII str) */
+static inline int pc_is_ascii(const unsigned char *p, Py_ssize_t n) {
+    uint64_t acc = 0;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) acc |= p[i];
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
+/* decode_records_core's hook for pop_take: a record's properties string with its handle appended, what
+ * pc_handle_string(decode(p[0:pl]), lead, qoff) gives (built in one go when both are ASCII); NULL without an
+ * error (declined) for a record of another topic (the retry topic's: pop() sets its handle and topic) or of a
+ * queue without a start offset (pop() makes the message its own checkpoint start) */
+static PyObject *pc_props(void *vctx, PyObject *t, const unsigned char *p, Py_ssize_t pl, int32_t qid, int64_t qoff) {
+    pc_take *x = vctx;
+    if (t != x->checked) {
+        if (t != x->topic) {
+            int same = PyUnicode_Compare(t, x->topic);
+            if (same != 0) return NULL;  /* another topic, or an error (set) */
+        }
+        Py_XSETREF(x->checked, Py_NewRef(t));
+    }
+    if (qid < 0) return NULL;
+    if (x->lead_len == 0 || qid != x->lead_q) {
+        int k;
+        for (k = 0; k < x->ns && x->sq[k] != qid; k++) {}
+        if (k == x->ns) return NULL;  /* no start offset: the message is its own checkpoint start (pop()) */
+        char *d = x->lead;
+        memcpy(d, "POP_CK\x01", 7); d += 7;
+        d = pc_put_ll(d, x->ss[k]); *d++ = ' ';
+        d = pc_put_ll(d, x->pt); *d++ = ' ';
+        d = pc_put_ll(d, x->it); *d++ = ' ';
+        d = pc_put_ll(d, x->rq); *d++ = ' '; *d++ = '0'; *d++ = ' ';
+        memcpy(d, x->bn, x->bn_len); d += x->bn_len; *d++ = ' ';
+        d = pc_put_ll(d, qid); *d++ = ' ';
+        x->lead_len = d - x->lead;
+        x->lead_q = qid;
+        Py_CLEAR(x->lead_obj);
+    }
+    if (x->bn_ascii && pc_is_ascii(p, pl)) {
+        char digits[24], *de = pc_put_ll(digits, qoff);
+        Py_ssize_t nd = de - digits;
+        int glue = pl > 0 && p[pl - 1] != 2;
+        PyObject *r = PyUnicode_New(pl + glue + x->lead_len + nd + 1, 127);
+        if (r == NULL) return NULL;
+        char *d = (char *)PyUnicode_DATA(r);
+        memcpy(d, p, pl); d += pl;
+        if (glue) *d++ = 2;
+        memcpy(d, x->lead, x->lead_len); d += x->lead_len;
+        memcpy(d, digits, nd); d += nd;
+        *d = 2;
+        return r;
+    }
+    if (x->lead_obj == NULL && (x->lead_obj = PyUnicode_DecodeUTF8(x->lead, x->lead_len, NULL)) == NULL) return NULL;
+    PyObject *s = pl ? PyUnicode_DecodeUTF8((const char *)p, pl, "replace") : PyUnicode_New(0, 0);
+    if (s == NULL) return NULL;
+    PyObject *r = pc_handle_string(s, x->lead_obj, qoff);
+    Py_DECREF(s);
+    return r;
+}
+
 /* pop_take(topic, broker_name, buf, n, opaque) -> list of MessageExt or None.
  * buf[:n] (a bytearray: a lone caller's read, nothing buffered before it) is exactly one JSON frame that
  * client_take_response takes, the SUCCESS response to `opaque` with a body: the messages PopConsumer.pop
  * returns for it, each with "POP_CK\x01<start> <popTime> <invisibleTime> <reviveQid> 0 <broker_name>
- * <queueId> <queueOffset>\x02" appended to its properties string (pop's _set_handle on an unparsed message).
- * None, nothing consumed, for anything else: another code or shape, extFields int() may read otherwise
- * (signs, spaces, ...) or _parse_starts would refuse, a record codec.decode_records leaves to Python, a
- * message of another topic (the retry topic's) or of a queue without its start offset; Python decides. */
+ * <queueId> <queueOffset>\x02" appended to its properties string (pop's _set_handle on an unparsed message),
+ * decoded from the buffer in place with their handles (decode_records' loop, pc_props making each properties
+ * string once). None, nothing consumed, for anything else: another code or shape, extFields int() may read
+ * otherwise (signs, spaces, ...) or _parse_starts would refuse, a record codec.decode_records leaves to Python,
+ * a message of another topic (the retry topic's) or of a queue without its start offset; Python decides. */
+static PyObject *pc_take_core(PyObject *topic, PyObject *bname, const unsigned char *base, Py_ssize_t n,
+                              Py_ssize_t hlen, long long want) {
+    if (ph_init_names() < 0) return NULL;
+    if (!ph_bind((PyObject *)ext_type)) Py_RETURN_NONE;
+    static const char *const names[4] = {"popTime", "invisibleTime", "reviveQid", "startOffsetInfo"};
+    const unsigned char *vs[4], *ve[4];
+    if (!pc_scan(base + 8, hlen, want, names, 4, vs, ve)) return rbuf_declined();
+    for (int i = 0; i < 4; i++)
+        if (vs[i] == NULL) Py_RETURN_NONE;  /* int(x["popTime"]) raises; no startOffsetInfo: no handle here */
+    pc_take x;
+    x.pt = pc_digits_span((const char *)vs[0], (const char *)ve[0]);
+    x.it = pc_digits_span((const char *)vs[1], (const char *)ve[1]);
+    x.rq = pc_digits_span((const char *)vs[2], (const char *)ve[2]);
+    if (x.pt < 0 || x.it < 0 || x.rq < 0) Py_RETURN_NONE;
+    /* _parse_starts: "retry qid start" items between ';' (the last of a key counts); only retry "0" kept */
+    x.ns = 0;
+    {
+        const char *p = (const char *)vs[3], *e = (const char *)ve[3];
+        while (p < e) {
+            const char *ie = memchr(p, ';', e - p);
+            if (ie == NULL) ie = e;
+            if (ie > p) {
+                const char *f[3];
+                int nf = 0;
+                f[nf++] = p;
+                for (const char *q = p; q < ie; q++)
+                    if (*q == ' ') { if (nf == 3) Py_RETURN_NONE; f[nf++] = q + 1; }
+                if (nf != 3) Py_RETURN_NONE;  /* item.split(" ") into three, or _parse_starts raises */
+                long long qid = pc_digits_span(f[1], f[2] - 1), st = pc_digits_span(f[2], ie);
+                if (qid < 0 || st < 0) Py_RETURN_NONE;
+                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {  /* retry != "0": a retry queue's, not used here */
+                    int k;
+                    for (k = 0; k < x.ns && x.sq[k] != qid; k++) {}
+                    if (k == x.ns) { if (x.ns == PC_MAX_STARTS) Py_RETURN_NONE; x.sq[x.ns++] = qid; }
+                    x.ss[k] = st;
+                }
+            }
+            p = ie + 1;
+        }
+    }
+    x.bn = PyUnicode_AsUTF8AndSize(bname, &x.bn_len);
+    if (x.bn == NULL) return rbuf_declined();
+    if (x.bn_len > 256) Py_RETURN_NONE;
+    x.bn_ascii = PyUnicode_IS_ASCII(bname);
+    x.topic = topic;
+    x.checked = NULL;
+    x.lead_obj = NULL;
+    x.lead_len = 0;
+    x.lead_q = -1;
+    PyObject *out = PyList_New(0), *res = NULL;
+    if (out == NULL) return NULL;
+    Py_ssize_t blen = n - 8 - hlen;
+    Py_ssize_t got = decode_records_core(base + 8 + hlen, blen, 0, out, 1, pc_props, &x);
+    if (got == blen) res = Py_NewRef(out);
+    else if (got == -1) res = NULL;
+    else res = Py_NewRef(Py_None);  /* a record decode_records leaves to Python, or one pc_props declined */
+    Py_XDECREF(x.checked);
+    Py_XDECREF(x.lead_obj);
+    Py_DECREF(out);
+    return res;
+}
+
 static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "pop_take takes 5 arguments");
@@ -7246,112 +7490,7 @@ static PyObject *pop_take(PyObject *self, PyObject *const *args, Py_ssize_t narg
     long long want = PyLong_AsLongLong(args[4]);
     if (want == -1 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
     if (hlen < 0 || n - 8 - hlen <= 0) Py_RETURN_NONE;  /* no body: _popped answers [] */
-    const unsigned char *base = (const unsigned char *)PyByteArray_AS_STRING(args[2]);
-    if (ph_init_names() < 0) return NULL;
-    if (!ph_bind((PyObject *)ext_type)) Py_RETURN_NONE;
-    PyObject *body = NULL, *out = NULL, *lead = NULL, *res = NULL, *targs = NULL, *pos = NULL;
-    static const char *const names[4] = {"popTime", "invisibleTime", "reviveQid", "startOffsetInfo"};
-    const unsigned char *vs[4], *ve[4];
-    if (!pc_scan(base + 8, hlen, want, names, 4, vs, ve)) goto decline;
-    for (int i = 0; i < 4; i++)
-        if (vs[i] == NULL) goto decline;  /* int(x["popTime"]) raises; no startOffsetInfo: no handle here */
-    long long pt = pc_digits_span((const char *)vs[0], (const char *)ve[0]),
-              it = pc_digits_span((const char *)vs[1], (const char *)ve[1]),
-              rq = pc_digits_span((const char *)vs[2], (const char *)ve[2]);
-    if (pt < 0 || it < 0 || rq < 0) goto decline;
-    /* _parse_starts: "retry qid start" items between ';' (the last of a key counts); only retry "0" kept */
-    long long sq[PC_MAX_STARTS], ss[PC_MAX_STARTS];
-    int ns = 0;
-    {
-        const char *p = (const char *)vs[3], *e = (const char *)ve[3];
-        while (p < e) {
-            const char *ie = memchr(p, ';', e - p);
-            if (ie == NULL) ie = e;
-            if (ie > p) {
-                const char *f[3];
-                int nf = 0;
-                f[nf++] = p;
-                for (const char *q = p; q < ie; q++)
-                    if (*q == ' ') { if (nf == 3) goto decline; f[nf++] = q + 1; }
-                if (nf != 3) goto decline;  /* item.split(" ") into three, or _parse_starts raises */
-                long long qid = pc_digits_span(f[1], f[2] - 1), st = pc_digits_span(f[2], ie);
-                if (qid < 0 || st < 0) goto decline;
-                if (f[1] - 1 - f[0] == 1 && f[0][0] == '0') {  /* retry != "0": a retry queue's, not used here */
-                    int k;
-                    for (k = 0; k < ns && sq[k] != qid; k++) {}
-                    if (k == ns) { if (ns == PC_MAX_STARTS) goto decline; sq[ns++] = qid; }
-                    ss[k] = st;
-                }
-            }
-            p = ie + 1;
-        }
-    }
-    body = PyBytes_FromStringAndSize((const char *)base + 8 + hlen, n - 8 - hlen);
-    out = PyList_New(0);
-    if (body == NULL || out == NULL) goto error;
-    targs = Py_BuildValue("(OnOO)", body, (Py_ssize_t)0, out, Py_True);
-    if (targs == NULL) goto error;
-    pos = decode_records_c(NULL, targs);
-    if (pos == NULL) goto error;
-    if (PyLong_AsSsize_t(pos) != PyBytes_GET_SIZE(body)) { if (PyErr_Occurred()) goto error; goto decline; }
-    Py_ssize_t bn_len;
-    const char *bn = PyUnicode_AsUTF8AndSize(bname, &bn_len);
-    if (bn == NULL) { PyErr_Clear(); goto decline; }
-    if (bn_len > 256) goto decline;
-    long long lead_q = -1;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
-        PyObject *m = PyList_GET_ITEM(out, i);
-        if (Py_TYPE(m) != ext_type) goto decline;
-        PyObject *t = *(PyObject **)((char *)m + ph_slot_off[PH_TOPIC]), *q = *(PyObject **)((char *)m + ph_slot_off[PH_QID]),
-                 *off = *(PyObject **)((char *)m + ph_slot_off[PH_QOFF]), *s = *(PyObject **)((char *)m + ph_slot_off[PH_PROPS]),
-                 *parsed = *(PyObject **)((char *)m + ph_slot_off[PH_PARSED]);
-        if (t == NULL || q == NULL || off == NULL || s == NULL || parsed != Py_None || !PyUnicode_CheckExact(t)
-            || !PyLong_CheckExact(q) || !PyLong_CheckExact(off) || !PyUnicode_CheckExact(s))
-            goto decline;
-        if (t != topic) {
-            int same = PyUnicode_Compare(t, topic);
-            if (same == -1 && PyErr_Occurred()) goto error;
-            if (same != 0) goto decline;  /* the retry topic's: pop() sets its handle and topic */
-        }
-        int overflow = 0;
-        long long qv = PyLong_AsLongLongAndOverflow(q, &overflow), ov;
-        if (overflow || qv < 0) goto decline;
-        ov = PyLong_AsLongLongAndOverflow(off, &overflow);
-        if (overflow || (ov == -1 && PyErr_Occurred())) { PyErr_Clear(); goto decline; }
-        if (lead == NULL || qv != lead_q) {
-            int k;
-            for (k = 0; k < ns && sq[k] != qv; k++) {}
-            if (k == ns) goto decline;  /* no start offset: the message is its own checkpoint start (pop()) */
-            char tmp[7 + 4 * 24 + 4 + 256 + 24 + 2], *d = tmp;
-            memcpy(d, "POP_CK\x01", 7); d += 7;
-            d = pc_put_ll(d, ss[k]); *d++ = ' ';
-            d = pc_put_ll(d, pt); *d++ = ' ';
-            d = pc_put_ll(d, it); *d++ = ' ';
-            d = pc_put_ll(d, rq); *d++ = ' '; *d++ = '0'; *d++ = ' ';
-            memcpy(d, bn, bn_len); d += bn_len; *d++ = ' ';
-            d = pc_put_ll(d, qv); *d++ = ' ';
-            Py_XSETREF(lead, PyUnicode_DecodeUTF8(tmp, d - tmp, NULL));
-            if (lead == NULL) goto error;
-            lead_q = qv;
-        }
-        PyObject *joined = pc_handle_string(s, lead, ov);
-        if (joined == NULL) goto error;
-        Py_XSETREF(*(PyObject **)((char *)m + ph_slot_off[PH_PROPS]), joined);
-    }
-    res = Py_NewRef(out);
-    goto done;
-decline:
-    if (PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto error;
-        PyErr_Clear();
-    }
-    res = Py_NewRef(Py_None);
-    goto done;
-error:
-    res = NULL;
-done:
-    Py_XDECREF(body); Py_XDECREF(out); Py_XDECREF(lead); Py_XDECREF(targs); Py_XDECREF(pos);
-    return res;
+    return pc_take_core(topic, bname, (const unsigned char *)PyByteArray_AS_STRING(args[2]), n, hlen, want);
 }
 
 static PyObject *pc_s_popck;  /* "POP_CK" */
@@ -7398,7 +7537,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
     b.p = b.small; b.len = 8; b.cap = sizeof b.small;
     bits.p = bits.small; bits.len = 0; bits.cap = sizeof bits.small;
     PyObject *res = NULL;
-    int decline = 1;
+    int decline = 1, last = -1;  /* the entry of the message before */
     if (!rbuf_grow(&bits, nm * (Py_ssize_t)(sizeof(int) + sizeof(long long)))) goto out;
     for (Py_ssize_t i = 0; i < nm; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i);
@@ -7452,6 +7591,16 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
             }
             h = hbuf;
         }
+        if (last >= 0 && hl > ents[last].len + 1 && h[ents[last].len] == ' '
+            && memcmp(h, pre.p + ents[last].at, ents[last].len) == 0) {
+            /* the prefix of the last message's entry (its 7 fields checked then): only the offset to read */
+            long long off = pc_canon(h + ents[last].len + 1, hl - ents[last].len - 1);
+            if (off < 0) goto out;  /* a ninth field, not a canonical decimal: as the split below declines */
+            long long bit = off - ents[last].ck;
+            memcpy(bits.p + bits.len, &last, sizeof last); bits.len += sizeof last;
+            memcpy(bits.p + bits.len, &bit, sizeof bit); bits.len += sizeof bit;
+            continue;
+        }
         const char *f[9];
         int nf = 0;
         f[nf++] = h;
@@ -7483,6 +7632,7 @@ static PyObject *pop_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t
             if (!rbuf_put(&pre, h, plen)) goto out;
         }
         int ei = e;
+        last = e;
         long long bit = v[7] - ents[e].ck;
         memcpy(bits.p + bits.len, &ei, sizeof ei); bits.len += sizeof ei;
         memcpy(bits.p + bits.len, &bit, sizeof bit); bits.len += sizeof bit;
@@ -9003,6 +9153,509 @@ out:
     return result;
 }
 /* ============================ end of THE END FRAME ================================================== */
+/* ============================================================================================== */
+/* THE LONE CALLER (issue 16, branch pop-client): ClientConnection.invoke_frame's lone caller in    */
+/* one C call (client/remoting_client.py; used by PopConsumer.pop and ack_batch).                   */
+/*   client_lone_init  remoting_client's module dict (its _Pending, RCVTIMEO_SLACK / _STRETCH)       */
+/*   client_lone       register the request and take the read role (one round of the connection's  */
+/*                     lock), write the frame, make the first read, ask `take` about it and, when   */
+/*                     it answers, drop the request and release the role (a second round): the     */
+/*                     steps, reads and writes of invoke_frame's while_waiting=None path, in order. */
+/* Before anything is done it declines (None) when the lock is busy or of another kind, the         */
+/* connection closed or another caller reading: invoke_frame then does the whole request. After the */
+/* write every other outcome goes to invoke_frame's own tails (_send_failed, _first_dispatch,        */
+/* _finish, _lost), so errors, timeouts and hand-offs are the Python code's.                         */
+/* ============================================================================================== */
+#include <sys/socket.h>
+#include <errno.h>
+
+enum {
+    LC_LOCK, LC_CLOSED, LC_BUSY, LC_PENDING, LC_SEND_LOCK, LC_SOCK, LC_RCVTIMEO, LC_RBUF, LC_DECODER, LC_BUF,
+    LC_IDLE, LC_LAST, LC_HAND_ON, LC_FILENO, LC_SET_RCVTIMEO, LC_FINISH, LC_SEND_FAILED, LC_FIRST_DISPATCH,
+    LC_LOST, LC_PENDING_CLS, LC_SLACK, LC_STRETCH, LC_N
+};
+static const char *const lc_names[LC_N] = {
+    "_lock", "closed", "_reader_busy", "_pending", "_send_lock", "sock", "_rcvtimeo", "_rbuf", "_decoder", "_buf",
+    "_idle_reading", "_last_read", "_hand_on", "fileno", "_set_rcvtimeo", "_finish", "_send_failed",
+    "_first_dispatch", "_lost", "_Pending", "RCVTIMEO_SLACK", "RCVTIMEO_STRETCH",
+};
+static PyObject *lc_s[LC_N];
+static PyObject *lc_globals;  /* remoting_client's module dict */
+
+/* an exception taken out of the error indicator as one object (3.12's PyErr_GetRaisedException), NULL if none */
+static PyObject *lc_fetch(void) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (t == NULL) return NULL;
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL && v != NULL) PyException_SetTraceback(v, tb);
+    Py_DECREF(t);
+    Py_XDECREF(tb);
+    return v;
+}
+/* and put back (3.12's PyErr_SetRaisedException) */
+static void lc_restore(PyObject *v) {
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(v)), v, PyException_GetTraceback(v));
+}
+
+
+/* time.monotonic(): CLOCK_MONOTONIC as CPython 3.11's _PyTime_AsSecondsDouble makes it a float */
+static double lc_monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (ns % 1000000000LL == 0) return (double)(ns / 1000000000LL);
+    double d = (double)ns;
+    return d / 1e9;
+}
+
+/* CPython 3.11 / 3.12's _socket.socket begins {PyObject_HEAD; int sock_fd; int sock_family; int sock_type; int
+ * sock_proto; PyObject *(*errorhandler)(void); _PyTime_t sock_timeout; ...}: the descriptor its calls use (-1
+ * once closed) and its timeout (negative: blocking, 0: non-blocking; either way its calls make no poll), read in place after lc_sock_check proved
+ * that layout on a socket of the running interpreter (fileno(), close(), settimeout() moving the fields as
+ * expected); without it client_lone declines. */
+typedef struct {
+    PyObject_HEAD
+    int sock_fd;
+    int sock_family, sock_type, sock_proto;
+    PyObject *(*errorhandler)(void);
+    int64_t sock_timeout;
+} lc_sockobject;
+static PyTypeObject *lc_sock_type;  /* _socket.socket once its layout checked out */
+
+static void lc_sock_check(void) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+    PyObject *mod = PyImport_ImportModule("_socket"), *tp = NULL, *so = NULL, *r = NULL;
+    if (mod == NULL) goto out;
+    tp = PyObject_GetAttrString(mod, "socket");
+    if (tp == NULL || !PyType_Check(tp) || ((PyTypeObject *)tp)->tp_basicsize < (Py_ssize_t)sizeof(lc_sockobject))
+        goto out;
+    so = PyObject_CallFunction(tp, "ii", AF_INET, SOCK_STREAM);
+    if (so == NULL) goto out;
+    lc_sockobject *x = (lc_sockobject *)so;
+    r = PyObject_CallMethod(so, "fileno", NULL);
+    int ok = r != NULL && PyLong_AsLong(r) == x->sock_fd && x->sock_fd >= 0 && x->sock_family == AF_INET
+             && x->sock_type == SOCK_STREAM && x->sock_timeout < 0;
+    int64_t blocking = x->sock_timeout;
+    Py_CLEAR(r);
+    if (ok) {
+        r = PyObject_CallMethod(so, "settimeout", "d", 2.5);
+        ok = r != NULL && x->sock_timeout == 2500000000LL;
+        Py_CLEAR(r);
+        r = ok ? PyObject_CallMethod(so, "settimeout", "O", Py_None) : NULL;
+        ok = r != NULL && x->sock_timeout == blocking;
+        Py_CLEAR(r);
+    }
+    r = PyObject_CallMethod(so, "close", NULL);
+    ok = ok && r != NULL && x->sock_fd == -1;
+    if (ok) lc_sock_type = (PyTypeObject *)Py_NewRef(tp);
+out:
+    PyErr_Clear();
+    Py_XDECREF(r); Py_XDECREF(so); Py_XDECREF(tp); Py_XDECREF(mod);
+#endif
+}
+
+/* the socket's descriptor, read as its own calls read it (-1 once closed) */
+static inline int lc_fd(PyObject *sock) { return ((lc_sockobject *)sock)->sock_fd; }
+
+/* client_lone_init(globals): remoting_client's module dict, read at each call (_Pending, the RCVTIMEO bounds) */
+static PyObject *client_lone_init(PyObject *self, PyObject *arg) {
+    if (!PyDict_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "client_lone_init takes a dict");
+        return NULL;
+    }
+    for (int i = 0; i < LC_N; i++)
+        if (lc_s[i] == NULL && (lc_s[i] = PyUnicode_InternFromString(lc_names[i])) == NULL) return NULL;
+    fl_check();
+    if (lc_sock_type == NULL) lc_sock_check();
+    Py_XSETREF(lc_globals, Py_NewRef(arg));
+    Py_RETURN_NONE;
+}
+
+/* a float module global of remoting_client, or -1 with an error */
+static int lc_global_double(int i, double *out) {
+    PyObject *v = PyDict_GetItemWithError(lc_globals, lc_s[i]);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_NameError, lc_s[i]);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* obj.<name> is true: 1 / 0, -1 with an error */
+static int lc_true(PyObject *obj, int i) {
+    PyObject *v = PyObject_GetAttr(obj, lc_s[i]);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* The connection's data attributes are read and written in its instance dict (materialised once) when its
+ * type defines none of them as a data descriptor (checked once per type and version tag): the same values
+ * PyObject_GetAttr / SetAttr would read and write, a dict look-up instead of the generic attribute path. */
+static const int lc_data[] = {LC_LOCK, LC_CLOSED, LC_BUSY, LC_PENDING, LC_SEND_LOCK, LC_SOCK, LC_RCVTIMEO, LC_RBUF,
+                              LC_DECODER, LC_IDLE, LC_LAST};
+static PyTypeObject *lc_dict_tp;  /* (strong) the type last found fit, at version lc_dict_tag */
+static unsigned int lc_dict_tag;
+static int lc_dict_ok(PyTypeObject *tp) {
+    if (tp == lc_dict_tp && tp->tp_version_tag == lc_dict_tag && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return 1;
+    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_setattro != PyObject_GenericSetAttr
+        || tp->tp_dictoffset == 0)
+        return 0;
+    for (size_t i = 0; i < sizeof lc_data / sizeof lc_data[0]; i++) {
+        PyObject *a = _PyType_Lookup(tp, lc_s[lc_data[i]]);
+        if (a != NULL && Py_TYPE(a)->tp_descr_set != NULL) return 0;
+    }
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;  /* (_PyType_Lookup assigns one) */
+    Py_XSETREF(lc_dict_tp, (PyTypeObject *)Py_NewRef((PyObject *)tp));
+    lc_dict_tag = tp->tp_version_tag;
+    return 1;
+}
+/* obj.<name> (new reference, NULL with the error): from its dict `d` when given and holding it */
+static inline PyObject *lc_get(PyObject *d, PyObject *obj, int i) {
+    if (d != NULL) {
+        PyObject *v = PyDict_GetItemWithError(d, lc_s[i]);
+        if (v != NULL) return Py_NewRef(v);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(obj, lc_s[i]);
+}
+static inline int lc_set(PyObject *d, PyObject *obj, int i, PyObject *v) {
+    return d != NULL ? PyDict_SetItem(d, lc_s[i], v) : PyObject_SetAttr(obj, lc_s[i], v);
+}
+static inline int lc_truth(PyObject *d, PyObject *obj, int i) {
+    PyObject *v = lc_get(d, obj, i);
+    if (v == NULL) return -1;
+    int t = v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* client_lone(conn, frame, opaque, code, timeout, take, *args) -> take's answer, the response, or None.
+ * invoke_frame(frame, opaque, code, timeout, partial(take, *args)) of a ClientConnection for a caller that
+ * finds nobody reading: None, nothing done, when the connection's lock is busy or not a _thread.lock whose
+ * layout fl_check proved, when the connection is closed or another caller holds the read role (invoke_frame
+ * decides then, raising or waiting as it does). Otherwise the request is registered (a _Pending, made before
+ * the lock is taken), the read role taken, the frame written under the send lock, and the first read made
+ * (SO_RCVTIMEO set through _set_rcvtimeo when the time left is out of its bounds); a read that `take(*args,
+ * buf, n, opaque)` answers (not None) drops the request and releases the role as invoke_frame does, and the
+ * answer is returned. A failed write goes to _send_failed, a read with nothing for take or a partial frame
+ * buffered to _first_dispatch, anything else (EOF, an error, SO_RCVTIMEO running out, take's None, no time
+ * left) to _finish, each with invoke_frame's arguments. */
+static PyObject *lc_invoke(PyObject *conn, PyObject *frame, PyObject *opaque, PyObject *code, PyObject *timeout_o,
+                           PyObject *take, PyObject *const *targs, Py_ssize_t ntargs) {
+    if (lc_globals == NULL || lc_sock_type == NULL || fl_lock_type == NULL || !PyBytes_CheckExact(frame)
+        || !PyLong_CheckExact(opaque))
+        Py_RETURN_NONE;
+    double timeout = PyFloat_AsDouble(timeout_o);
+    if (timeout == -1.0 && PyErr_Occurred()) { PyErr_Clear(); Py_RETURN_NONE; }
+    PyObject *d = NULL, *lock = NULL, *slot = NULL, *pending = NULL, *send_lock = NULL, *sock = NULL, *rbuf = NULL,
+             *res = NULL, *first = NULL, *nobj = NULL, *v = NULL;
+    int locked = 0;
+#ifdef FL_LAYOUT
+    if (lc_dict_ok(Py_TYPE(conn)) && (d = PyObject_GenericGetDict(conn, NULL)) == NULL) return NULL;
+    lock = lc_get(d, conn, LC_LOCK);
+    if (lock == NULL) goto done;
+    sock = lc_get(d, conn, LC_SOCK);
+    if (sock == NULL) goto done;
+    if (Py_TYPE(lock) != fl_lock_type || !PyObject_TypeCheck(sock, lc_sock_type)
+        || ((lc_sockobject *)sock)->sock_timeout > 0) {  /* a socket with a timeout polls first: Python's call */
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *pcls = PyDict_GetItemWithError(lc_globals, lc_s[LC_PENDING_CLS]);
+    if (pcls == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_NameError, lc_s[LC_PENDING_CLS]);
+        goto done;
+    }
+    PyTypeObject *ptp = (PyTypeObject *)pcls;
+    if (PyType_Check(pcls) && ptp->tp_new == PyBaseObject_Type.tp_new && ptp->tp_init == PyBaseObject_Type.tp_init
+        && !(ptp->tp_flags & Py_TPFLAGS_IS_ABSTRACT))
+        slot = ptp->tp_alloc(ptp, 0);  /* what _Pending() makes: object's __new__ and __init__, nothing else */
+    else
+        slot = PyObject_CallNoArgs(pcls);  /* before the lock, as invoke_frame */
+    if (slot == NULL) goto done;
+    fl_lockobject *l = (fl_lockobject *)lock;
+    if (PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) != 1) { res = Py_NewRef(Py_None); goto done; }
+    l->locked = 1;
+    locked = 1;
+    int t = lc_truth(d, conn, LC_CLOSED);
+    if (t == 0) t = lc_truth(d, conn, LC_BUSY);
+    if (t < 0) goto done;
+    if (t) { res = Py_NewRef(Py_None); goto done; }  /* closed, or another caller reads: invoke_frame decides */
+    pending = lc_get(d, conn, LC_PENDING);
+    if (pending == NULL || PyObject_SetItem(pending, opaque, slot) < 0 || lc_set(d, conn, LC_BUSY, Py_True) < 0)
+        goto done;
+    Py_CLEAR(pending);
+    l->locked = 0;
+    PyThread_release_lock(l->lock_lock);
+    locked = 0;
+    double deadline = lc_monotonic() + timeout;
+    /* the write: self.sock.sendall(frame) under the send lock */
+    send_lock = lc_get(d, conn, LC_SEND_LOCK);
+    if (send_lock == NULL || fl_acquire(send_lock) < 0) goto done;
+    int sent_ok = 1;  /* (sock: read once; only __init__ sets it) */
+    {
+        const char *p = PyBytes_AS_STRING(frame);
+        Py_ssize_t len = PyBytes_GET_SIZE(frame);
+        do {  /* sock_sendall's loop: signal handlers run after every send, and on EINTR */
+            int fd = lc_fd(sock);
+            ssize_t k;
+            int err;
+            Py_BEGIN_ALLOW_THREADS
+            k = send(fd, p, (size_t)len, 0);
+            err = errno;
+            Py_END_ALLOW_THREADS
+            if (k < 0) {
+                if (err == EINTR) {
+                    if (PyErr_CheckSignals() < 0) { sent_ok = 0; break; }
+                    continue;
+                }
+                errno = err;
+                PyErr_SetFromErrno(PyExc_OSError);
+                sent_ok = 0;
+                break;
+            }
+            p += k;
+            len -= k;
+            if (PyErr_CheckSignals() < 0) { sent_ok = 0; break; }
+        } while (len > 0);
+    }
+    if (fl_release(send_lock) < 0) goto done;
+    if (!sent_ok) {
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) goto done;  /* a signal handler's exception: as sendall's */
+        PyObject *e = lc_fetch();
+        PyObject *was = PyErr_GetHandledException();
+        PyErr_SetHandledException(e);  /* _send_failed runs in invoke_frame's `except OSError` */
+        v = PyObject_CallMethodObjArgs(conn, lc_s[LC_SEND_FAILED], e, opaque, Py_True, NULL);
+        PyErr_SetHandledException(was);
+        Py_XDECREF(was);
+        Py_DECREF(e);
+        if (v != NULL) res = Py_NewRef(Py_None);  /* (it raises) */
+        goto done;
+    }
+    /* the first read */
+    double remaining = deadline - lc_monotonic();
+    if (remaining <= 0) goto finish;
+    double slack, stretch, rcvtimeo;
+    if (lc_global_double(LC_SLACK, &slack) < 0 || lc_global_double(LC_STRETCH, &stretch) < 0) goto done;
+    v = lc_get(d, conn, LC_RCVTIMEO);
+    if (v == NULL) goto done;
+    rcvtimeo = PyFloat_AsDouble(v);
+    Py_CLEAR(v);
+    if (rcvtimeo == -1.0 && PyErr_Occurred()) goto done;
+    if (!(rcvtimeo - slack <= remaining && remaining <= rcvtimeo * stretch)) {
+        PyObject *rem = PyFloat_FromDouble(remaining);
+        if (rem == NULL) goto done;
+        v = PyObject_CallMethodOneArg(conn, lc_s[LC_SET_RCVTIMEO], rem);
+        Py_DECREF(rem);
+        if (v == NULL) goto done;
+        Py_CLEAR(v);
+    }
+    rbuf = lc_get(d, conn, LC_RBUF);
+    if (rbuf == NULL) goto done;
+    Py_buffer view;
+    if (PyObject_GetBuffer(rbuf, &view, PyBUF_WRITABLE) < 0) goto done;
+    ssize_t n;
+    for (;;) {  /* sock_recv_into: recv, signal handlers on EINTR */
+        int fd = lc_fd(sock), err;
+        Py_BEGIN_ALLOW_THREADS
+        n = recv(fd, view.buf, (size_t)view.len, 0);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (n >= 0) break;
+        if (err == EINTR) {
+            if (PyErr_CheckSignals() < 0) { PyBuffer_Release(&view); goto done; }
+            continue;
+        }
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        break;
+    }
+    PyBuffer_Release(&view);
+    if (n < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BlockingIOError)) { PyErr_Clear(); goto finish; }  /* SO_RCVTIMEO ran out */
+        first = lc_fetch();  /* _await fails the connection with it */
+        goto finish;
+    }
+    nobj = PyLong_FromSsize_t(n);
+    if (nobj == NULL) goto done;
+    if (n == 0) { first = Py_NewRef(nobj); goto finish; }  /* EOF: _await fails the connection */
+    int buffered;
+    {
+        PyObject *dec = lc_get(d, conn, LC_DECODER);
+        if (dec == NULL) goto done;
+        buffered = lc_true(dec, LC_BUF);
+        Py_DECREF(dec);
+        if (buffered < 0) goto done;
+    }
+    if (take == Py_None || buffered) {
+        PyObject *dl = PyFloat_FromDouble(deadline);
+        if (dl == NULL) goto done;
+        res = PyObject_CallMethodObjArgs(conn, lc_s[LC_FIRST_DISPATCH], opaque, code, slot, dl, timeout_o, nobj, NULL);
+        Py_DECREF(dl);
+        goto done;
+    }
+    {
+        PyObject *stack[7];
+        Py_ssize_t na = ntargs;
+        for (Py_ssize_t i = 0; i < na; i++) stack[i] = targs[i];
+        stack[na] = rbuf; stack[na + 1] = nobj; stack[na + 2] = opaque;
+        v = PyObject_Vectorcall(take, stack, (size_t)(na + 3), NULL);
+    }
+    if (v == NULL) goto done;
+    if (v == Py_None) {  /* not a read take answers: _await dispatches it */
+        Py_CLEAR(v);
+        first = Py_NewRef(nobj);
+        goto finish;
+    }
+    /* taken: the slot dropped, the read role released, the role handed on, in one lock round */
+    if (fl_acquire(lock) < 0) goto done;
+    locked = 1;
+    pending = lc_get(d, conn, LC_PENDING);  /* _fail may have replaced it */
+    if (pending == NULL) goto done;
+    PyObject *mine = NULL;
+    if (PyDict_CheckExact(pending)) {
+        mine = PyDict_GetItemWithError(pending, opaque);
+        if (mine != NULL) {
+            Py_INCREF(mine);
+            if (PyDict_DelItem(pending, opaque) < 0) { Py_DECREF(mine); goto done; }
+        } else if (PyErr_Occurred()) goto done;
+    } else {
+        PyObject *pop = PyObject_CallMethod(pending, "pop", "OO", opaque, Py_None);
+        if (pop == NULL) goto done;
+        if (pop != Py_None) mine = pop;
+        else Py_DECREF(pop);
+    }
+    PyObject *now = PyFloat_FromDouble(lc_monotonic());
+    int ok = now != NULL && lc_set(d, conn, LC_BUSY, Py_False) == 0 && lc_set(d, conn, LC_IDLE, Py_False) == 0
+             && lc_set(d, conn, LC_LAST, now) == 0;
+    Py_XDECREF(now);
+    if (ok) {
+        int more = PyDict_CheckExact(pending) ? PyDict_GET_SIZE(pending) > 0 : PyObject_IsTrue(pending);
+        if (more < 0) ok = 0;
+        else if (more) {
+            PyObject *h = PyObject_CallMethodNoArgs(conn, lc_s[LC_HAND_ON]);
+            if (h == NULL) ok = 0;
+            Py_XDECREF(h);
+        }
+    }
+    if (!ok) { Py_XDECREF(mine); goto done; }
+    locked = 0;
+    if (fl_release(lock) < 0) { Py_XDECREF(mine); goto done; }
+    if (mine == NULL) {  /* _fail took it meanwhile: its error, as _dispatch would leave it */
+        PyObject *e = PyObject_CallMethodOneArg(conn, lc_s[LC_LOST], slot);
+        if (e != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+            Py_DECREF(e);
+        }
+        goto done;
+    }
+    Py_DECREF(mine);
+    res = v;
+    v = NULL;
+    goto done;
+finish:
+    {
+        PyObject *dl = PyFloat_FromDouble(deadline);
+        if (dl == NULL) goto done;
+        res = PyObject_CallMethodObjArgs(conn, lc_s[LC_FINISH], opaque, code, slot, dl, timeout_o, Py_True,
+                                         first != NULL ? first : Py_None, NULL);
+        Py_DECREF(dl);
+    }
+done:
+    if (locked) {
+        PyObject *exc = lc_fetch();
+        if (fl_release(lock) < 0) Py_CLEAR(res);
+        if (exc != NULL) lc_restore(exc);
+    }
+#else
+    res = Py_NewRef(Py_None);
+#endif
+    Py_XDECREF(d); Py_XDECREF(lock); Py_XDECREF(slot); Py_XDECREF(pending); Py_XDECREF(send_lock);
+    Py_XDECREF(sock); Py_XDECREF(rbuf); Py_XDECREF(first); Py_XDECREF(nobj); Py_XDECREF(v);
+    return res;
+}
+
+static PyObject *client_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 6 || nargs > 10) {
+        PyErr_SetString(PyExc_TypeError, "client_lone takes 6 to 10 arguments");
+        return NULL;
+    }
+    return lc_invoke(args[0], args[1], args[2], args[3], args[4], args[5], args + 6, nargs - 6);
+}
+
+/* next(opaques) & 0x7FFFFFFF (what `next(OPAQUES) & 0x7FFFFFFF` gives), NULL with an error */
+static PyObject *lc_opaque(PyObject *opaques) {
+    PyObject *o = PyIter_Next(opaques);
+    if (o == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+    }
+    static PyObject *mask;
+    if (mask == NULL && (mask = PyLong_FromLong(0x7FFFFFFF)) == NULL) { Py_DECREF(o); return NULL; }
+    PyObject *r = PyNumber_And(o, mask);
+    Py_DECREF(o);
+    return r;
+}
+
+static PyObject *lc_code_pop, *lc_code_batch_ack;
+static int lc_codes(void) {
+    if (lc_code_pop == NULL && (lc_code_pop = PyLong_FromLong(200050)) == NULL) return -1;
+    if (lc_code_batch_ack == NULL && (lc_code_batch_ack = PyLong_FromLong(200151)) == NULL) return -1;
+    return 0;
+}
+
+/* pop_lone(conn, opaques, group, topic, queue_id, max_nums, invisible_time, poll_time, tags, timeout, take,
+ * broker_name) -> take's answer, the response, or None: the opaque next(opaques) & 0x7FFFFFFF, the POP_MESSAGE
+ * frame pop_request_frame makes with it, and client_lone(conn, frame, opaque, POP_MESSAGE, timeout, take, topic,
+ * broker_name), in one call. None when the frame or client_lone declines (nothing sent; an opaque was taken):
+ * the caller then goes its own way. */
+static PyObject *pop_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "pop_lone takes 12 arguments");
+        return NULL;
+    }
+    if (lc_codes() < 0) return NULL;
+    PyObject *opaque = lc_opaque(args[1]);
+    if (opaque == NULL) return NULL;
+    PyObject *fargs[8] = {args[2], args[3], args[4], args[5], args[6], args[7], args[8], opaque};
+    PyObject *frame = pop_request_frame(NULL, fargs, 8), *res = NULL;
+    if (frame != NULL && frame != Py_None) {
+        PyObject *targs[2] = {args[3], args[11]};
+        res = lc_invoke(args[0], frame, opaque, lc_code_pop, args[9], args[10], targs, 2);
+    } else if (frame != NULL) {
+        res = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(frame);
+    Py_DECREF(opaque);
+    return res;
+}
+
+/* ack_lone(conn, opaques, msgs, cls, topic, group, timeout, take) -> take's answer, the response, or None: the
+ * opaque next(opaques) & 0x7FFFFFFF, the BATCH_ACK_MESSAGE frame pop_ack_frame(msgs, cls, topic, group, opaque)
+ * makes and client_lone(conn, frame, opaque, BATCH_ACK_MESSAGE, timeout, take) in one call; None when the frame
+ * or client_lone declines (nothing sent). */
+static PyObject *ack_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "ack_lone takes 8 arguments");
+        return NULL;
+    }
+    if (lc_codes() < 0) return NULL;
+    PyObject *opaque = lc_opaque(args[1]);
+    if (opaque == NULL) return NULL;
+    PyObject *fargs[5] = {args[2], args[3], args[4], args[5], opaque};
+    PyObject *frame = pop_ack_frame(NULL, fargs, 5), *res = NULL;
+    if (frame != NULL && frame != Py_None) res = lc_invoke(args[0], frame, opaque, lc_code_batch_ack, args[6], args[7], NULL, 0);
+    else if (frame != NULL) res = Py_NewRef(Py_None);
+    Py_XDECREF(frame);
+    Py_DECREF(opaque);
+    return res;
+}
+/* ============================ end of THE LONE CALLER ================================================= */
 
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
@@ -9143,6 +9796,17 @@ static PyMethodDef methods[] = {
     {"end_frame", (PyCFunction)(void (*)(void))end_frame, METH_FASTCALL,
      "end_frame(data, pos, (ctx, hold, max_frame, max_header, buffered)): a one-way END_TRANSACTION frame at pos "
      "served (the position after it), or None (THE END FRAME)."},
+    {"client_lone_init", (PyCFunction)client_lone_init, METH_O,
+     "client_lone_init(globals): remoting_client's module dict, for client_lone (THE LONE CALLER)."},
+    {"pop_lone", (PyCFunction)(void (*)(void))pop_lone, METH_FASTCALL,
+     "pop_lone(conn, opaques, group, topic, queue_id, max_nums, invisible_time, poll_time, tags, timeout, take, "
+     "broker_name): pop_request_frame + client_lone in one call, or None (THE LONE CALLER)."},
+    {"ack_lone", (PyCFunction)(void (*)(void))ack_lone, METH_FASTCALL,
+     "ack_lone(conn, opaques, msgs, cls, topic, group, timeout, take): pop_ack_frame + client_lone in one call, "
+     "or None (THE LONE CALLER)."},
+    {"client_lone", (PyCFunction)(void (*)(void))client_lone, METH_FASTCALL,
+     "client_lone(conn, frame, opaque, code, timeout, take, *args): ClientConnection.invoke_frame of a lone caller "
+     "in one call (take called as take(*args, buf, n, opaque)), or None, nothing done (THE LONE CALLER)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from rmq_eventstore.broker import RunningBroker, serve_in_thread
 from rmq_eventstore.client import Message, MQBrokerError, PopConsumer, Producer
 from rmq_eventstore.client import pop_consumer as pop_mod
+from rmq_eventstore.client import remoting_client as rc_mod
+from rmq_eventstore.client.remoting_client import RemotingClient
 from rmq_eventstore.common import MessageExt
 from rmq_eventstore.common.codec import encode_record
 from rmq_eventstore.common.pop import ExtraInfo
@@ -44,6 +46,10 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     monkeypatch.setattr(pop_mod, "_pop_take", native.pop_take if fast else None)
     monkeypatch.setattr(pop_mod, "_ack_frame", native.pop_ack_frame if fast else None)
     monkeypatch.setattr(pop_mod, "_ack_take", native.pop_ack_take if fast else None)
+    monkeypatch.setattr(pop_mod, "_pop_lone", native.pop_lone if fast else None)
+    monkeypatch.setattr(pop_mod, "_ack_lone", native.ack_lone if fast else None)
+    if fast:
+        native.client_lone_init(rc_mod.__dict__)  # what remoting_client does at import, unless RMQ_EVENTSTORE_PURE=1
     return request.param
 
 
@@ -111,6 +117,20 @@ def test_pop_frame_is_the_general_paths(group: str, topic: str, q: object, mx: o
         assert got is not None and got == want
     else:
         assert got is None
+
+
+def test_pop_frame_again_with_the_same_arguments() -> None:
+    """The text after the opaque is kept for the next call with the same argument objects: a frame is still the
+    general path's whatever came before it (the same objects, equal ones, others, a declined call)."""
+    group, topic, tags = "g", "T" + "x" * 3, "a || b"
+    calls = [(group, topic, -1, 32, 60_000, 1000, tags), (group, topic, -1, 32, 60_000, 1000, tags),
+             ("g", "Txxx", -1, 32, 60_000, 1000, "a || b"), (group, topic, 2, 32, 60_000, 1000, tags),
+             (group, topic, -1, 32, 60_000, 1000, 7), (group, topic, -1, 32, 60_000, 1000, tags),
+             (group, "U", -1, 2**40, 60_000, 0, tags), (group, topic, -1, 32, 60_000, 1000, tags)]
+    for opaque, args in enumerate(calls):
+        got = native.pop_request_frame(*args, opaque)
+        want = reference_pop_frame(*args, opaque)
+        assert (got == want) if type(args[6]) is str else got is None
 
 
 def test_pop_frame_declines_other_types() -> None:
@@ -374,7 +394,7 @@ def test_pop_and_ack_batch_against_a_broker(broker: RunningBroker, path: str, mo
     ns = broker.namesrv_address
     calls: list[str] = []
     if path == "fast":  # the C functions were used (and what they declined went the general way)
-        for name in ("_pop_take", "_ack_frame"):
+        for name in ("_pop_take", "_ack_frame", "_pop_lone", "_ack_lone"):
             f = getattr(pop_mod, name)
             def spy(*a: object, f=f, name: str = name) -> object:  # noqa: ANN001
                 r = f(*a)
@@ -402,7 +422,7 @@ def test_pop_and_ack_batch_against_a_broker(broker: RunningBroker, path: str, mo
         assert c.pop("tasks", max_nums=32, invisible_time=1000, poll_time=300) == []
         assert c.pop("tasks", max_nums=32, invisible_time=1000) == []  # NO_MESSAGE at once
     if path == "fast":  # the broker's responses and the client's acks took the C paths, not only tried them
-        assert "_pop_take:list" in calls and "_ack_frame:bytes" in calls
+        assert "_pop_lone:list" in calls and "_ack_lone:bool" in calls
 
 
 def test_errors_and_retry_messages_end_as_the_general_path(broker: RunningBroker, path: str) -> None:
@@ -431,3 +451,83 @@ def test_errors_and_retry_messages_end_as_the_general_path(broker: RunningBroker
         with pytest.raises(ValueError, match="no POP_CK"):
             c.ack_batch([MessageExt(0, 0, 0, 0, 0, 0, 0, 0, 0, b"\0\0\0\0", 0, 0, b"\0\0\0\0", 0, 0, 0, b"",
                                     "tasks", "")])
+
+
+# -- the same handle prefix again: only the offset is read ----------------------------------------------------
+TAILS = st.one_of(st.integers(0, 2**40).map(str), st.sampled_from(["", "07", "+7", "7 1", "7x", " 7", "\u0667", "7\x01"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(TAILS, min_size=1, max_size=8), st.integers(0, 3), st.booleans())
+def test_ack_frame_reads_a_known_prefix_as_the_split(tails: list[str], at: int, other_first: bool) -> None:
+    """Messages whose handles repeat the previous one's first seven fields (pop_ack_frame reads only the offset):
+    the frame is the general path's, and every tail the split refuses is refused."""
+    prefix = "5 100 60000 1 0 broker-a 1"
+    msgs = [popped("T", f"{prefix} 5")]
+    if other_first:
+        msgs.insert(0, popped("T", "9 100 60000 1 0 broker-a 2 9"))
+    msgs += [popped("T", f"{prefix} {t}") for t in tails]
+    msgs.insert(min(at, len(msgs)), popped("T", f"{prefix}2 12"))  # queue 12: the same text up to a character more
+    got = native.pop_ack_frame(msgs, MessageExt, "T", "g", 3)
+    want = reference_ack_frame(msgs, "g", 3)
+    if got is not None:
+        assert got == want
+    if all(re.fullmatch("0|[1-9][0-9]{0,17}", t) for t in tails):
+        assert got is not None
+    else:
+        assert got is None
+
+
+def test_decoded_fields_kept_between_calls_are_the_records() -> None:
+    """decode_records keeps the last topic and the fields a batch shares from call to call: a later call with
+    other values (a same-length ASCII topic, wide characters, other hosts and ports) gets its own."""
+    other_host = (b"\x0a\x00\x00\x07", 4242)
+    runs = [("AB", HOST), ("AC", HOST), ("AC", other_host), ("\u00e9C", other_host), ("AB", HOST)]
+    for topic, host in runs:
+        rec = bytes(encode_record(topic=topic, body=b"b", properties_string="K\x01v\x02", queue_id=1, queue_offset=3,
+                                  born_host=host, store_host=host, born_timestamp=5, store_timestamp=6,
+                                  physical_offset=7))
+        out: list[MessageExt] = []
+        assert native.decode_records(rec, 0, out, True) == len(rec)
+        (m,) = out
+        assert (m.topic, m.born_host_bytes, m.born_port, m.store_host_bytes, m.store_port) == (topic, *host, *host)
+
+
+# -- pop_lone and ack_lone: opaque, frame and the lone caller's request in one call --------------------------
+def test_pop_lone_and_ack_lone_send_the_frames_and_take_the_answers() -> None:
+    import itertools
+
+    from tests.lone_peer import Peer, reply
+
+    ext = {"popTime": "100", "invisibleTime": "60000", "reviveQid": "1", "startOffsetInfo": "0 0 5"}
+    body = record("T", 0, 5, "TAGS\x01a\x02", b"x") + record("T", 0, 6, "", b"y")
+    answers: list[object] = []
+
+    def answer(frame: bytes) -> bytes:
+        (req,) = FrameDecoder().feed(frame)
+        if req.code == 200050:
+            return response(ext, body, opaque=req.opaque)
+        return reply(frame, code=answers.pop(0) if answers else 0, ext={})
+
+    peer = Peer(answer)
+    try:
+        with RemotingClient() as rc:
+            conn = rc.connection(peer.address)
+            opaques = itertools.count(2**31 + 40)  # & 0x7FFFFFFF: 40, 41, ...
+            got = native.pop_lone(conn, opaques, "g", "T", -1, 2, 60_000, 1000, "*", 5.0, native.pop_take, "broker-a")
+            assert state(got) == state(reference_take(response(ext, body, opaque=40), "T", "broker-a"))
+            assert peer.frames == [native.pop_request_frame("g", "T", -1, 2, 60_000, 1000, "*", 40)]
+            assert native.ack_lone(conn, opaques, got, MessageExt, "T", "g", 5.0, native.pop_ack_take) is True
+            assert peer.frames[1] == native.pop_ack_frame(got, MessageExt, "T", "g", 41)
+            answers.append(17)  # an error answer: the response, for ack_batch to raise
+            r = native.ack_lone(conn, opaques, got, MessageExt, "T", "g", 5.0, native.pop_ack_take)
+            assert isinstance(r, RemotingCommand) and r.code == 17 and r.opaque == 42
+            # declines: nothing sent, an opaque taken
+            assert native.pop_lone(conn, opaques, "g", "T", 1.5, 2, 60_000, 1000, "*", 5.0, native.pop_take, "b") is None
+            assert native.ack_lone(conn, opaques, [], MessageExt, "T", "g", 5.0, native.pop_ack_take) is None
+            conn._reader_busy = True
+            assert native.pop_lone(conn, opaques, "g", "T", -1, 2, 60_000, 1000, "*", 5.0, native.pop_take, "b") is None
+            conn._reader_busy = False
+            assert len(peer.frames) == 3 and next(opaques) == 2**31 + 46 and not conn._pending
+    finally:
+        peer.close()

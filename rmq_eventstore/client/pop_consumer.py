@@ -26,7 +26,7 @@ from ..common.topic import validate_group, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from ..remoting.command import OPAQUES
 from .base import ROUTE_TTL_SECONDS, ClientBase, decode_records
-from .remoting_client import MQBrokerError
+from .remoting_client import MQBrokerError, client_lone
 from .remoting_client import _take_response as _take_response  # the connection's lone-caller response read
 
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
@@ -132,6 +132,10 @@ _pop_frame = getattr(native, "pop_request_frame", None) if _take_response is not
 _pop_take = getattr(native, "pop_take", None) if _pop_frame is not None else None
 _ack_frame = getattr(native, "pop_ack_frame", None) if _pop_frame is not None else None
 _ack_take = getattr(native, "pop_ack_take", None) if _pop_frame is not None else None
+# ... and with an open connection, the opaque, the frame and invoke_frame of a lone caller in one C call (THE LONE
+# CALLER block: client_lone's steps; None: nothing sent, the lines above decide): see pop, ack_batch
+_pop_lone = getattr(native, "pop_lone", None) if _pop_frame is not None and client_lone is not None else None
+_ack_lone = getattr(native, "ack_lone", None) if _pop_lone is not None else None
 _valid_topics: set[str] = set()  # names validate_topic passed (pop checks each once; a bounded cache)
 _VALID_TOPICS_MAX = 1024
 
@@ -174,15 +178,38 @@ class PopConsumer:
             _valid_topics.add(topic)
         base = self._base
         if not ack and _pop_frame is not None and base.__class__ is ClientBase and base.remoting._sign is None:
-            # the lone caller's pop (one C call for the frame, one for the response): see _pop_plain
+            # the lone caller's pop: the POP_MESSAGE frame made in C (byte for byte the general path's) and, when
+            # the connection's first read is exactly its SUCCESS response, the messages made of it in C
+            # (`_native.pop_take`: what `_popped` makes, handles set); with an open connection opaque, frame and
+            # request are one C call (`_pop_lone`; None: nothing sent), else invoke_frame sends the frame. Any
+            # other response goes through `_popped` as in the general path. A frame declined (an odd argument
+            # type): nothing sent, the general path decides.
             route = base._routes.get(topic)  # route(topic), its cached case inline
             if route is None or _monotonic() - route.fetched >= ROUTE_TTL_SECONDS:
                 route = base.route(topic)
-            if route.broker_addrs:
-                got = self._pop_plain(topic, route.broker_addrs, max_nums, invisible_time, poll_time, tags,
-                                      queue_id)
-                if got is not None:
-                    return got
+            brokers = route.broker_addrs
+            if brokers:
+                broker_name, addr = next(iter(brokers.items()))  # broker_for's: the first broker, its name the handle's
+                remoting = base.remoting
+                conn = remoting._conns.get(addr)
+                timeout = base.timeout + poll_time / 1000.0
+                r = (_pop_lone(conn, OPAQUES, self.group, topic, queue_id, max_nums, invisible_time, poll_time, tags,
+                               timeout, _pop_take, broker_name)
+                     if _pop_lone is not None and conn is not None and not conn.closed else None)
+                if r is None:  # no connection yet, its lock busy, another caller reading: invoke_frame decides
+                    opaque = next(OPAQUES) & 0x7FFFFFFF
+                    frame = _pop_frame(self.group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque)
+                    if frame is not None:
+                        if conn is None or conn.closed:
+                            conn = remoting.connection(addr)
+                        r = conn.invoke_frame(frame, opaque, _POP_MESSAGE, timeout,
+                                              partial(_pop_take, topic, broker_name))  # type: ignore[arg-type]
+                if r is not None:
+                    if r.__class__ is list:
+                        return r
+                    if r.code not in _POP_OK:
+                        raise MQBrokerError(r.code, r.remark, addr)
+                    return self._popped(r, topic, broker_name)
         addr = self._base.broker_for(topic)
         if (queue_id.__class__ is int and max_nums.__class__ is int and invisible_time.__class__ is int
                 and poll_time.__class__ is int and tags.__class__ is str):  # the extFields as `request` makes them
@@ -210,32 +237,6 @@ class PopConsumer:
             r = self._base.invoke(addr, cmd, timeout, ok=_POP_OK)
         names = list(self._base.route(topic).broker_addrs)
         return self._popped(r, topic, names[0] if names else "")
-
-    def _pop_plain(self, topic: str, brokers: dict[str, str], max_nums: int, invisible_time: int, poll_time: int,
-                   tags: str, queue_id: int) -> list[MessageExt] | None:
-        """`pop` without `ack`, unsigned, on a `ClientBase`: the POP_MESSAGE frame made in C
-        (`_native.pop_request_frame`, byte for byte the general path's) and, when the connection's first read
-        is exactly its SUCCESS response, the messages made of it in C (`_native.pop_take`: what `_popped`
-        makes, handles set); any other response goes through `_popped` as in the general path. None, nothing
-        sent, when the frame declines (an odd argument type): the general path decides."""
-        opaque = next(OPAQUES) & 0x7FFFFFFF
-        frame = _pop_frame(self.group, topic, queue_id, max_nums, invisible_time, poll_time, tags, opaque)  # type: ignore[misc]
-        if frame is None:
-            return None
-        base = self._base
-        addr = next(iter(brokers.values()))  # broker_for's
-        broker_name = next(iter(brokers))  # the handle's broker name: the first broker's, as `pop` takes it
-        remoting = base.remoting
-        conn = remoting._conns.get(addr)
-        if conn is None or conn.closed:
-            conn = remoting.connection(addr)
-        r = conn.invoke_frame(frame, opaque, _POP_MESSAGE, base.timeout + poll_time / 1000.0,
-                              partial(_pop_take, topic, broker_name))  # type: ignore[arg-type]
-        if r.__class__ is list:
-            return r
-        if r.code not in _POP_OK:
-            raise MQBrokerError(r.code, r.remark, addr)
-        return self._popped(r, topic, broker_name)
 
     def _popped(self, r: RemotingCommand, topic: str, broker_name: str) -> list[MessageExt]:
         """The messages of a POP response (SUCCESS, NO_MESSAGE or POLLING_TIMEOUT), each with its receipt
@@ -301,6 +302,18 @@ class PopConsumer:
             base = self._base
             topic = msgs[0].topic
             if base.__class__ is ClientBase and base.remoting._sign is None and topic.__class__ is str:
+                if _ack_lone is not None:  # an open connection to the cached route's broker: all of it in one C call
+                    route = base._routes.get(topic)
+                    if (route is not None and route.broker_addrs
+                            and _monotonic() - route.fetched < ROUTE_TTL_SECONDS):
+                        addr = next(iter(route.broker_addrs.values()))
+                        conn = base.remoting._conns.get(addr)
+                        if conn is not None and not conn.closed:
+                            r = _ack_lone(conn, OPAQUES, msgs, MessageExt, topic, self.group, base.timeout, _ack_take)
+                            if r is not None:  # (None: nothing sent)
+                                if r is not True and r.code != ResponseCode.SUCCESS:
+                                    raise MQBrokerError(r.code, r.remark, addr)
+                                return
                 opaque = next(OPAQUES) & 0x7FFFFFFF
                 frame = _ack_frame(msgs, MessageExt, topic, self.group, opaque)
                 if frame is not None:

@@ -404,12 +404,7 @@ class ClientConnection:
             finally:
                 send_lock.release()
         except OSError as e:
-            self._fail(RemotingError(f"send to {self.address} failed: {e}"))
-            with lock:
-                self._pending.pop(opaque, None)
-            if lead:
-                self._release_read_role()
-            raise RemotingError(f"send to {self.address} failed: {e}") from e
+            self._send_failed(e, opaque, lead)
         if while_waiting is not None:
             while_waiting()
             lock.acquire()
@@ -449,21 +444,42 @@ class ClientConnection:
                             finally:
                                 lock.release()
                             if mine is None:  # _fail took it meanwhile: its error, as _dispatch would leave it
-                                raise slot.error or RemotingError(f"connection to {self.address} failed")
+                                raise self._lost(slot)
                             return got
                         first = n
                     else:
-                        try:
-                            self._dispatch(n)
-                        except RemotingError as e:
-                            first = e
-                        else:
-                            if slot.done:  # our response was in it: the role goes at once (_await's finally)
-                                self._release_read_role()
-                                if slot.error is not None:
-                                    raise slot.error
-                                return slot.response
+                        return self._first_dispatch(opaque, code, slot, deadline, timeout, n)
         return self._finish(opaque, code, slot, deadline, timeout, lead, first)
+
+    # the tails of invoke_frame, shared with its C twin (_native.client_lone, the lone caller's path in one call)
+    def _send_failed(self, e: OSError, opaque: int, lead: bool) -> None:
+        """The request's write failed with `e`: the connection fails, the request is dropped (and the read role
+        released when the caller held it), RemotingError raised."""
+        self._fail(RemotingError(f"send to {self.address} failed: {e}"))
+        with self._lock:
+            self._pending.pop(opaque, None)
+        if lead:
+            self._release_read_role()
+        raise RemotingError(f"send to {self.address} failed: {e}") from e
+
+    def _lost(self, slot: _Pending) -> Exception:
+        """What a caller whose response was read raises when `_fail` took its slot meanwhile."""
+        return slot.error or RemotingError(f"connection to {self.address} failed")
+
+    def _first_dispatch(self, opaque: int, code: int, slot: _Pending, deadline: float, timeout: float,
+                        n: int) -> RemotingCommand:
+        """The read role's holder read `n` bytes its `take` did not look at (none given, or the decoder holds
+        a partial frame): dispatched; when its response was in them the role goes at once (_await's finally)."""
+        try:
+            self._dispatch(n)
+        except RemotingError as e:
+            return self._finish(opaque, code, slot, deadline, timeout, True, e)
+        if slot.done:
+            self._release_read_role()
+            if slot.error is not None:
+                raise slot.error
+            return slot.response  # type: ignore[return-value]
+        return self._finish(opaque, code, slot, deadline, timeout, True, None)
 
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers
@@ -535,6 +551,15 @@ class ClientConnection:
         self._fail(self._error)
         for s in (self._wake_r, self._wake_w):
             s.close()
+
+
+# ClientConnection.invoke_frame's lone caller in one C call (THE LONE CALLER block of _native.c): it reads this
+# module's _Pending and RCVTIMEO bounds, and ends in invoke_frame's tails (_send_failed, _first_dispatch, _finish,
+# _lost). None without the extension (or under RMQ_EVENTSTORE_PURE=1): invoke_frame, the definition.
+_lone_init = getattr(NATIVE_MODULE, "client_lone_init", None)
+if _lone_init is not None:
+    _lone_init(globals())
+client_lone: Callable[..., Any] | None = getattr(NATIVE_MODULE, "client_lone", None) if _lone_init is not None else None
 
 
 class RemotingClient:

@@ -2700,6 +2700,26 @@ fail:
  * longer be read (the file was destroyed under the read): the caller then reads unit by unit. */
 typedef struct { PyObject *view; Py_ssize_t start, len; } pull_run;
 
+/* the file holding commitlog offset `at`: 1 with its start, readable end and view (a new reference) in
+ * *base / *limit / *view; 0 for none (span returned None); -1 with an error set */
+typedef int (*rr_span_fn)(void *ctx, long long at, long long *base, long long *limit, PyObject **view);
+
+static int rr_span_call(void *ctx, long long at, long long *base, long long *limit, PyObject **view) {
+    PyObject *s = PyObject_CallFunction((PyObject *)ctx, "L", at);
+    if (s == NULL) return -1;
+    if (s == Py_None) { Py_DECREF(s); return 0; }
+    PyObject *v;
+    if (!PyArg_ParseTuple(s, "LLO", base, limit, &v)) { Py_DECREF(s); return -1; }
+    *view = Py_NewRef(v);
+    Py_DECREF(s);
+    return 1;
+}
+
+static PyObject *rr_core(const unsigned char *ubuf, Py_ssize_t ulen, long long offset, long long max_msg_nums,
+                         long long max_total, long long mem_floor, long long mem_bytes, long long mem_count,
+                         long long disk_bytes, long long disk_count, long long min_phy, rr_span_fn span_fn,
+                         void *span_ctx);
+
 static PyObject *read_runs(PyObject *self, PyObject *args) {
     Py_buffer units;
     long long offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count, disk_bytes, disk_count, min_phy;
@@ -2707,13 +2727,24 @@ static PyObject *read_runs(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*LLLLLLLLLO", &units, &offset, &max_msg_nums, &max_total, &mem_floor,
                           &mem_bytes, &mem_count, &disk_bytes, &disk_count, &min_phy, &span))
         return NULL;
+    PyObject *r = rr_core(units.buf, units.len, offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count,
+                          disk_bytes, disk_count, min_phy, rr_span_call, span);
+    PyBuffer_Release(&units);
+    return r;
+}
+
+/* read_runs' loop over `ulen / 20` units at `ubuf`, the span looked up by span_fn */
+static PyObject *rr_core(const unsigned char *ubuf, Py_ssize_t ulen, long long offset, long long max_msg_nums,
+                         long long max_total, long long mem_floor, long long mem_bytes, long long mem_count,
+                         long long disk_bytes, long long disk_count, long long min_phy, rr_span_fn span_fn,
+                         void *span_ctx) {
     PyObject *result = NULL, *cur_view = NULL, *body = NULL, *layout = NULL;
-    Py_ssize_t nunits = units.len / 20;
+    Py_ssize_t nunits = ulen / 20;
     pull_run *runs = PyMem_Malloc(sizeof(pull_run) * (nunits ? nunits : 1));
     int64_t *lay = PyMem_Malloc(sizeof(int64_t) * 3 * (nunits ? nunits : 1));
     Py_ssize_t nruns = 0;
     if (runs == NULL || lay == NULL) { PyErr_NoMemory(); goto done; }
-    const unsigned char *u = units.buf;
+    const unsigned char *u = ubuf;
     int status = 0;
     long long cur_base = -1, cur_limit = -1, run_end = -1, count = 0, total = 0, taken = 0, max_pulled = -1;
     for (Py_ssize_t i = 0; i < nunits; i++, u += 20) {
@@ -2733,19 +2764,17 @@ static PyObject *read_runs(PyObject *self, PyObject *args) {
         /* size_py > 0 here; past int64 (a damaged unit) the end is as unreadable as Python's big int */
         long long end = offset_py > LLONG_MAX - size_py ? LLONG_MAX : offset_py + size_py;
         if (offset_py < cur_base || end > cur_limit) {
-            PyObject *s = PyObject_CallFunction(span, "L", offset_py);
-            if (s == NULL) goto done;
-            if (s == Py_None) {
+            long long base, limit;
+            PyObject *view = NULL;
+            int found = span_fn(span_ctx, offset_py, &base, &limit, &view);
+            if (found < 0) goto done;
+            if (!found) {
                 cur_base = cur_limit = -1;
             } else {
-                long long base, limit;
-                PyObject *view;
-                if (!PyArg_ParseTuple(s, "LLO", &base, &limit, &view)) { Py_DECREF(s); goto done; }
                 cur_base = base;
                 cur_limit = limit;
-                Py_XSETREF(cur_view, Py_NewRef(view));
+                Py_XSETREF(cur_view, view);
             }
-            Py_DECREF(s);
             if (offset_py < cur_base || end > cur_limit) {
                 if (!count) status = 1;
                 continue;
@@ -2798,7 +2827,6 @@ done:
     Py_XDECREF(cur_view);
     Py_XDECREF(body);
     Py_XDECREF(layout);
-    PyBuffer_Release(&units);
     return result;
 }
 /* ==================================== end of THE PULL READ ==================================== */
@@ -7703,7 +7731,7 @@ static int pcore_write(int fd, const char *p, Py_ssize_t len) {
 static int pcore_set(PyObject *o, PyObject *name, PyObject *v) {
     if (v == NULL)
         return -1;
-    int r = PyObject_SetAttr(o, name, v);
+    int r = sf_set_any(o, name, v);  /* a slot (_Entry's) by its offset, else setattr */
     Py_DECREF(v);
     return r;
 }
@@ -7826,7 +7854,7 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
     if ((first = PySequence_GetItem(bq, 0)) == NULL)
         goto out;
     if (first != entry) {  /* first.stored or first.acked == first.full: the caller scans */
-        PyObject *st = PyObject_GetAttr(first, pcore_n_stored);
+        PyObject *st = sf_get_any(first, pcore_n_stored);
         if (st == NULL)
             goto out;
         scan = PyObject_IsTrue(st);
@@ -7834,7 +7862,7 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
         if (scan < 0)
             goto out;
         if (!scan) {
-            PyObject *ac = PyObject_GetAttr(first, pcore_n_acked), *fu = ac ? PyObject_GetAttr(first, pcore_n_full) : NULL;
+            PyObject *ac = sf_get_any(first, pcore_n_acked), *fu = ac ? sf_get_any(first, pcore_n_full) : NULL;
             scan = fu != NULL ? PyObject_RichCompareBool(ac, fu, Py_EQ) : -1;
             Py_XDECREF(ac); Py_XDECREF(fu);
             if (scan < 0)
@@ -7878,16 +7906,16 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     char *buf = NULL;
     int decline = 1;
     long long so, acked, full;
-    if ((stored = PyObject_GetAttr(entry, pcore_n_stored)) == NULL
-        || (contiguous = PyObject_GetAttr(entry, pcore_n_contiguous)) == NULL)
+    if ((stored = sf_get_any(entry, pcore_n_stored)) == NULL
+        || (contiguous = sf_get_any(entry, pcore_n_contiguous)) == NULL)
         goto out;
     if (stored != Py_False || contiguous != Py_True)
         goto out;
-    if ((ck = PyObject_GetAttr(entry, pcore_n_ck)) == NULL || (acked_obj = PyObject_GetAttr(entry, pcore_n_acked)) == NULL
-        || (full_obj = PyObject_GetAttr(entry, pcore_n_full)) == NULL)
+    if ((ck = sf_get_any(entry, pcore_n_ck)) == NULL || (acked_obj = sf_get_any(entry, pcore_n_acked)) == NULL
+        || (full_obj = sf_get_any(entry, pcore_n_full)) == NULL)
         goto out;
-    if ((so_obj = PyObject_GetAttr(ck, pcore_n_start_offset)) == NULL
-        || (diffs = PyObject_GetAttr(ck, pcore_n_queue_offset_diff)) == NULL)
+    if ((so_obj = sf_get_any(ck, pcore_n_start_offset)) == NULL
+        || (diffs = sf_get_any(ck, pcore_n_queue_offset_diff)) == NULL)
         goto out;
     if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
         || !pcore_int(full_obj, &full))
@@ -7909,7 +7937,7 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         hi = n;
     if (lo < hi)
         acked |= (long long)((((unsigned long long)1 << (hi - lo)) - 1) << lo);
-    if ((new_acked = PyLong_FromLongLong(acked)) == NULL || PyObject_SetAttr(entry, pcore_n_acked, new_acked) < 0)
+    if ((new_acked = PyLong_FromLongLong(acked)) == NULL || sf_set_any(entry, pcore_n_acked, new_acked) < 0)
         goto out;
     size_t cap = (size_t)glen + (size_t)tlen + 128 + (size_t)(stop - start) * 21;
     if ((buf = PyMem_Malloc(cap)) == NULL) {
@@ -8556,6 +8584,273 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
 }
 /* ============================ end of THE SEND CORE ================================================== */
 
+/* ============================ THE POP READ (branch pop-broker) ========================================== */
+/* PopService.pop_now's read of one queue, without its Python glue: ConsumeQueue.get_units_raw (the units'  */
+/* bytes from the consume-queue file holding the offset, MappedFileQueue.find_mapped_file_by_offset and     */
+/* MappedFile.get_read_position), the memory floor (CommitLog.get_max_offset - total RAM * ratio // 100),  */
+/* CommitLog.get_min_offset, and read_runs' loop (rr_core) with MessageStore._file_span (CommitLog.find_file */
+/* and the file's readable end) looked up in C. The fields are read as the Python reads them (slots by      */
+/* offset, the rest by attribute); anything they do not hold as the reference expects (not an exact int, a  */
+/* list, a bool; no units; a view released) is None: the caller then takes the reference's read            */
+/* (MessageStore.read_for_pop). Reference: get_units_raw + read_runs + _file_span (tests/test_pop_read.py). */
+static PyObject *prd_n_min_logic, *prd_n_mfq, *prd_n_mfs, *prd_n_files, *prd_n_ffo, *prd_n_wrote, *prd_n_committed,
+    *prd_n_transient, *prd_n_view, *prd_n_available, *prd_n_file_size;
+
+static int prd_init(void) {
+    if (prd_n_file_size != NULL)
+        return 0;
+#define PRD_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    PRD_NAME(prd_n_min_logic, "_min_logic_offset"); PRD_NAME(prd_n_mfq, "mapped_file_queue");
+    PRD_NAME(prd_n_mfs, "mapped_file_size"); PRD_NAME(prd_n_files, "mapped_files");
+    PRD_NAME(prd_n_ffo, "file_from_offset"); PRD_NAME(prd_n_wrote, "wrote_position");
+    PRD_NAME(prd_n_committed, "committed_position"); PRD_NAME(prd_n_transient, "transient");
+    PRD_NAME(prd_n_view, "view"); PRD_NAME(prd_n_available, "available"); PRD_NAME(prd_n_file_size, "file_size");
+#undef PRD_NAME
+    return 0;
+}
+
+/* an attribute that is an exact int within +-2**53: 1 (*out); 0 otherwise or on a look-up error (cleared) */
+static int prd_int(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = sf_get_any(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = pcore_int(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* an attribute that is True or False: 1 / 0; -1 otherwise or on a look-up error (cleared) */
+static int prd_bool(PyObject *o, PyObject *name) {
+    PyObject *v = sf_get_any(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int r = v == Py_True ? 1 : v == Py_False ? 0 : -1;
+    Py_DECREF(v);
+    return r;
+}
+
+static long long prd_floordiv(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* MappedFile.get_read_position: 1 (*out), 0 when the fields are not what it reads */
+static int prd_read_pos(PyObject *mf, long long *out) {
+    int tr = prd_bool(mf, prd_n_transient);
+    return tr >= 0 && prd_int(mf, tr ? prd_n_committed : prd_n_wrote, out);
+}
+
+/* a MappedFileQueue's mapped_files as a new reference to an exact list, else NULL (nothing set) */
+static PyObject *prd_files(PyObject *mfq) {
+    PyObject *files = sf_get_any(mfq, prd_n_files);
+    if (files == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (!PyList_CheckExact(files)) {
+        Py_DECREF(files);
+        return NULL;
+    }
+    return files;
+}
+
+/* MappedFileQueue.find_mapped_file_by_offset over `files` (its mapped_files) with file size `size` > 0:
+ * 1 with the file (borrowed from files) or NULL for none in *out; 0 when a field is not what it reads */
+static int prd_find(PyObject *files, long long size, long long offset, int return_first, PyObject **out) {
+    Py_ssize_t n = PyList_GET_SIZE(files);
+    *out = NULL;
+    if (n == 0)
+        return 1;
+    PyObject *first = PyList_GET_ITEM(files, 0), *last = PyList_GET_ITEM(files, n - 1);
+    long long f0, fl, fo;
+    if (!prd_int(first, prd_n_ffo, &f0) || !prd_int(last, prd_n_ffo, &fl))
+        return 0;
+    if (offset < f0 || offset >= fl + size) {
+        *out = return_first ? first : NULL;
+        return 1;
+    }
+    long long idx = prd_floordiv(offset, size) - prd_floordiv(f0, size);
+    if (idx >= 0 && idx < n) {
+        PyObject *mf = PyList_GET_ITEM(files, (Py_ssize_t)idx);
+        if (!prd_int(mf, prd_n_ffo, &fo))
+            return 0;
+        if (fo <= offset && offset < fo + size) {
+            *out = mf;
+            return 1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {  /* holes or disorder: linear scan */
+        PyObject *mf = PyList_GET_ITEM(files, i);
+        if (!prd_int(mf, prd_n_ffo, &fo))
+            return 0;
+        if (fo <= offset && offset < fo + size) {
+            *out = mf;
+            return 1;
+        }
+    }
+    *out = return_first ? first : NULL;
+    return 1;
+}
+
+/* the commitlog's state for the read: its mapped_files, their file size, its file_size (roll_next_file) */
+typedef struct { PyObject *files; long long mfs; } prd_span_ctx;
+
+/* MessageStore._file_span for rr_core */
+static int prd_span(void *ctx, long long at, long long *base, long long *limit, PyObject **view) {
+    prd_span_ctx *c = ctx;
+    PyObject *mf;
+    if (!prd_find(c->files, c->mfs, at, at == 0, &mf))
+        goto odd;
+    if (mf == NULL)
+        return 0;
+    long long ffo, rp;
+    if (!prd_int(mf, prd_n_ffo, &ffo) || !prd_read_pos(mf, &rp))
+        goto odd;
+    PyObject *v = sf_get_any(mf, prd_n_view);
+    if (v == NULL)
+        return -1;
+    *base = ffo;
+    *limit = ffo + rp;
+    *view = v;
+    return 1;
+odd:  /* a field the reference would read differently: rr_core fails, the caller declines */
+    PyErr_SetString(PyExc_LookupError, "pop_read: unexpected mapped file fields");
+    return -1;
+}
+
+/* pop_read(cq, offset, want, commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes,
+ *          disk_count) -> read_runs' (status, taken, total, max_pulled, body, layout), or None: the reference */
+static PyObject *pop_read(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 11) {
+        PyErr_SetString(PyExc_TypeError, "pop_read takes 11 arguments");
+        return NULL;
+    }
+    if (pcore_init_names() < 0 || prd_init() < 0)
+        return NULL;
+    PyObject *cq = a[0], *commit_log = a[3];
+    long long offset, want, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes, disk_count;
+    if (!pcore_int(a[1], &offset) || !pcore_int(a[2], &want) || !pcore_int(a[4], &max_total)
+        || !pcore_int(a[5], &total_ram) || !pcore_int(a[6], &mem_ratio) || !pcore_int(a[7], &mem_bytes)
+        || !pcore_int(a[8], &mem_count) || !pcore_int(a[9], &disk_bytes) || !pcore_int(a[10], &disk_count)
+        || total_ram < 0 || mem_ratio < 0 || mem_ratio > 100)
+        Py_RETURN_NONE;
+    /* get_units_raw(offset, want) */
+    if (offset < 0 || want <= 0 || want > (1LL << 40))
+        Py_RETURN_NONE;
+    long long logic = offset * 20, min_logic, qsize, cq_mfs;
+    if (!prd_int(cq, prd_n_min_logic, &min_logic) || logic < min_logic)
+        Py_RETURN_NONE;
+    PyObject *mfq = sf_get_any(cq, prd_n_mfq);
+    if (mfq == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *qfiles = prd_files(mfq), *cfiles = NULL, *clq = NULL, *view = NULL, *res = NULL;
+    Py_buffer vb;
+    vb.obj = NULL;
+    int ok = qfiles != NULL && prd_int(mfq, prd_n_mfs, &qsize) && qsize > 0;
+    PyObject *mf = NULL;
+    if (!ok || !prd_find(qfiles, qsize, logic, 0, &mf) || mf == NULL)
+        goto decline;
+    long long rp;
+    if (!prd_int(cq, prd_n_mfs, &cq_mfs) || cq_mfs <= 0 || !prd_read_pos(mf, &rp))
+        goto decline;
+    long long pos = logic % cq_mfs, end = pos + want * 20;
+    if (end > rp)
+        end = rp;
+    if (end <= pos || (end - pos) % 20)
+        goto decline;
+    if ((view = sf_get_any(mf, prd_n_view)) == NULL) {
+        PyErr_Clear();
+        goto decline;
+    }
+    if (!PyMemoryView_Check(view) || PyObject_GetBuffer(view, &vb, PyBUF_SIMPLE) < 0) {  /* released: b"" */
+        PyErr_Clear();
+        vb.obj = NULL;
+        goto decline;
+    }
+    if (end > vb.len)  /* the slice stops at the view's end */
+        end = vb.len;
+    if (end <= pos)
+        goto decline;
+    /* the memory floor and the min physical offset, as pop_now's arguments to read_runs */
+    long long cl_mfs, cl_file_size, max_phy = 0, min_phy = -1;
+    if ((clq = sf_get_any(commit_log, prd_n_mfq)) == NULL) {
+        PyErr_Clear();
+        goto decline;
+    }
+    if ((cfiles = prd_files(clq)) == NULL || !prd_int(clq, prd_n_mfs, &cl_mfs) || cl_mfs <= 0)
+        goto decline;
+    Py_ssize_t nc = PyList_GET_SIZE(cfiles);
+    if (nc) {
+        PyObject *last = PyList_GET_ITEM(cfiles, nc - 1), *first = PyList_GET_ITEM(cfiles, 0);
+        long long lffo, lrp, fffo;
+        if (!prd_int(last, prd_n_ffo, &lffo) || !prd_read_pos(last, &lrp) || !prd_int(first, prd_n_ffo, &fffo))
+            goto decline;
+        max_phy = lffo + lrp;
+        int avail = prd_bool(first, prd_n_available);
+        if (avail < 0)
+            goto decline;
+        if (avail) {
+            min_phy = fffo;
+        } else {
+            if (!prd_int(commit_log, prd_n_file_size, &cl_file_size) || cl_file_size <= 0)
+                goto decline;
+            min_phy = fffo + cl_file_size - (fffo % cl_file_size + cl_file_size) % cl_file_size;
+        }
+    }
+    if (total_ram > (1LL << 53) / 101)
+        goto decline;
+    prd_span_ctx ctx = {cfiles, cl_mfs};
+    res = rr_core((const unsigned char *)vb.buf + pos, (Py_ssize_t)(end - pos), offset, want, max_total,
+                  max_phy - total_ram * mem_ratio / 100, mem_bytes, mem_count, disk_bytes, disk_count, min_phy,
+                  prd_span, &ctx);
+    if (res == NULL && PyErr_ExceptionMatches(PyExc_LookupError)) {  /* prd_span's odd field */
+        PyErr_Clear();
+        goto decline;
+    }
+    goto out;
+decline:
+    res = Py_NewRef(Py_None);
+out:
+    if (vb.obj != NULL)
+        PyBuffer_Release(&vb);
+    Py_XDECREF(view); Py_XDECREF(qfiles); Py_XDECREF(cfiles); Py_XDECREF(clq); Py_DECREF(mfq);
+    return res;
+}
+/* queue_max(cq): ConsumeQueue.get_max_offset_in_queue (its MappedFileQueue.get_max_offset // 20) without
+ * the two Python frames, or None when a field is not what they read (the caller then calls the method) */
+static PyObject *queue_max(PyObject *self, PyObject *cq) {
+    if (prd_init() < 0)
+        return NULL;
+    PyObject *mfq = sf_get_any(cq, prd_n_mfq);
+    if (mfq == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *files = prd_files(mfq);
+    Py_DECREF(mfq);
+    if (files == NULL)
+        Py_RETURN_NONE;
+    long long top = 0, ffo, rp;
+    Py_ssize_t n = PyList_GET_SIZE(files);
+    if (n) {
+        PyObject *last = PyList_GET_ITEM(files, n - 1);
+        if (!prd_int(last, prd_n_ffo, &ffo) || !prd_read_pos(last, &rp)) {
+            Py_DECREF(files);
+            Py_RETURN_NONE;
+        }
+        top = ffo + rp;
+    }
+    Py_DECREF(files);
+    return PyLong_FromLongLong(prd_floordiv(top, 20));
+}
+/* ============================ end of THE POP READ ===================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -8691,6 +8986,12 @@ static PyMethodDef methods[] = {
      "of one index file (found set in place), the keys still not found, or None (THE END LANE)."},
     {"end_props_dict", (PyCFunction)end_props_dict, METH_O,
      "end_props_dict(props): string_to_properties(props) for an ASCII string, else None (THE END LANE)."},
+    /* THE POP READ (branch pop-broker): the block above the table */
+    {"pop_read", (PyCFunction)(void (*)(void))pop_read, METH_FASTCALL,
+     "pop_read(cq, offset, want, commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes, "
+     "disk_count): PopService.pop_now's read of one queue (get_units_raw + read_runs), or None."},
+    {"queue_max", (PyCFunction)queue_max, METH_O,
+     "queue_max(cq): cq.get_max_offset_in_queue(), or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -77,6 +77,9 @@ _RECORD_LAYOUT_SIZE = _RECORD_LAYOUT.size
 # THE POP CORE of `_native` (pop_now's registration of a contiguous pop: checkpoint, buffer entry, journal line,
 # response texts); None without the native core (RMQ_EVENTSTORE_PURE=1, not built): the Python block serves
 _POP_REGISTER = getattr(native, "pop_register", None)
+# THE POP READ of `_native`: get_units_raw + read_runs (+ _file_span) in one call; None without the native core
+_POP_READ = getattr(native, "pop_read", None)
+_QUEUE_MAX = getattr(native, "queue_max", None)
 
 
 @dataclass
@@ -398,6 +401,8 @@ class PopService:
         mem_ratio = cfg.access_message_in_memory_max_ratio
         total_ram = store._total_ram
         file_span = store._file_span
+        pop_read = _POP_READ
+        queue_max = _QUEUE_MAX
         bodies: list[bytes] = []
         starts: list[str] = []
         infos: list[str] = []
@@ -422,7 +427,10 @@ class PopService:
             cq = queues.get(q) if queues is not None else None
             if cq is None:
                 continue
-            top = cq.get_max_offset_in_queue()
+            # cq.get_max_offset_in_queue() in C where it can (THE POP READ's queue_max; None: the method)
+            top = queue_max(cq) if queue_max is not None else None
+            if top is None:
+                top = cq.get_max_offset_in_queue()
             want = max_nums - count
             if want <= 0:
                 if top > 0:
@@ -437,14 +445,26 @@ class PopService:
             with lock:
                 lo = cq.get_min_offset_in_queue()
                 offset = max(buffer.pop_offset(group, t, q), lo, 0)
-                if offset >= top and offset >= cq.get_max_offset_in_queue():
+                max_offset = queue_max(cq) if queue_max is not None else None
+                if max_offset is None:
+                    max_offset = cq.get_max_offset_in_queue()
+                if offset >= top and offset >= max_offset:
                     continue
                 # read_for_pop's native read, inline; anything else is read_for_pop's own
-                max_offset = cq.get_max_offset_in_queue()
                 r = None
                 if lo <= offset < max_offset:
-                    units = cq.get_units_raw(offset, want)
-                    if units:
+                    if pop_read is not None:  # the two calls below in C (THE POP READ); None: read_for_pop's
+                        try:
+                            r = pop_read(cq, offset, want, commit_log, MAX_PULL_MSG_SIZE, total_ram, mem_ratio,
+                                         cfg.max_transfer_bytes_on_message_in_memory,
+                                         cfg.max_transfer_count_on_message_in_memory,
+                                         cfg.max_transfer_bytes_on_message_in_disk,
+                                         cfg.max_transfer_count_on_message_in_disk)
+                        except ValueError:
+                            if store._shutdown:
+                                continue
+                            raise
+                    elif units := cq.get_units_raw(offset, want):
                         try:  # store._read_runs, its memory floor (store._mem_floor) inline
                             r = impl.read_runs(
                                 units, offset, want, MAX_PULL_MSG_SIZE,

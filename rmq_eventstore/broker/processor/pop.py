@@ -33,6 +33,9 @@ _pop_response = getattr(native, "pop_response", None)
 ACK_BODY = native.ack_body if native is not None and hasattr(native, "ack_body") else None
 ACK_FRAME = native.ack_frame if native is not None and hasattr(native, "ack_frame") else None
 
+_QUEUE_MAX = getattr(native, "queue_max", None)  # THE POP READ's ConsumeQueue.get_max_offset_in_queue in C
+
+
 MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
 _SUCCESS, _NO_MESSAGE, _POLLING_TIMEOUT = (int(c) for c in (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE,
@@ -239,7 +242,10 @@ class AckMessageProcessor:
             if tc is None or not 0 <= queue_id < tc.read_queue_nums:
                 return False
             cq = b.store.find_consume_queue(topic, queue_id, create=False)  # the store's min / max offset of it
-            if cq is None or offset < cq.get_min_offset_in_queue() or offset > cq.get_max_offset_in_queue():
+            if cq is None or offset < cq.get_min_offset_in_queue():
+                return False
+            top = _QUEUE_MAX(cq) if _QUEUE_MAX is not None else None  # get_max_offset_in_queue in C (None: its own)
+            if offset > (cq.get_max_offset_in_queue() if top is None else top):
                 return False
             return b.pop_service.buffer.ack_one((group, topic, extra_qid, ck_offset, pop_time), offset, offset + 1)
         return b.pop_service.buffer.ack_runs(runs)
@@ -256,7 +262,10 @@ class AckMessageProcessor:
             return None
         lo = cq.get_min_offset_in_queue()
         low = start + first
-        if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
+        if lo < 0 or low < lo:
+            return None
+        top = _QUEUE_MAX(cq) if _QUEUE_MAX is not None else None  # get_max_offset_in_queue in C (None: its own)
+        if low + count - 1 > (cq.get_max_offset_in_queue() if top is None else top):
             return None
         return (group, topic, queue_id, start, pop_time), low, low + count
 

@@ -7703,12 +7703,35 @@ static char *pcore_ll(char *d, long long v) {
     return d;
 }
 
-/* ",".join(map(str, range(start, stop))), start < stop */
+/* ",".join(map(str, range(start, stop))), start < stop; from a start >= 0 each next number is the previous one's
+ * digits counted up by one (branch pop-broker: a division per digit per number was most of a pop's text) */
 static char *pcore_run(char *d, long long start, long long stop) {
-    for (long long v = start; v < stop; v++) {
-        if (v != start)
-            *d++ = ',';
-        d = pcore_ll(d, v);
+    if (start < 0) {
+        for (long long v = start; v < stop; v++) {
+            if (v != start)
+                *d++ = ',';
+            d = pcore_ll(d, v);
+        }
+        return d;
+    }
+    char dig[48];  /* the digits at dig + 24, growing leftwards by a carry out of the top digit (20 at most) */
+    char *p = dig + 24;
+    int len = (int)(pcore_ll(p, start) - p);
+    memcpy(d, p, (size_t)len);
+    d += len;
+    for (long long v = start + 1; v < stop; v++) {
+        int i = len - 1;
+        while (i >= 0 && p[i] == '9')
+            p[i--] = '0';
+        if (i < 0) {  /* 99..9 + 1: one digit more */
+            *--p = '1';
+            len++;
+        } else {
+            p[i]++;
+        }
+        *d++ = ',';
+        memcpy(d, p, (size_t)len);
+        d += len;
     }
     return d;
 }
@@ -7847,7 +7870,8 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
         if (r < 0)
             goto out;
     }
-    PyObject *ok = PyObject_CallMethodOneArg(bq, pcore_n_append, entry);
+    PyObject *app[2] = {bq, entry};
+    PyObject *ok = PyObject_VectorcallMethod(pcore_n_append, app, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (ok == NULL)
         goto out;
     Py_DECREF(ok);
@@ -8609,9 +8633,19 @@ static int prd_init(void) {
     return 0;
 }
 
+/* getattr(o, name): by the slot's offset (sf_get_any) for the slots of the classes read here (MappedFile's
+ * positions, MappedFileQueue.mapped_files, ConsumeQueue.mapped_file_queue), the generic look-up for the rest
+ * (instance-dict attributes: sf_get_any's table would only add its own look-up) */
+static PyObject *prd_get(PyObject *o, PyObject *name) {
+    if (name == prd_n_ffo || name == prd_n_wrote || name == prd_n_committed || name == prd_n_transient
+        || name == prd_n_files || name == prd_n_mfq)
+        return sf_get_any(o, name);
+    return PyObject_GetAttr(o, name);
+}
+
 /* an attribute that is an exact int within +-2**53: 1 (*out); 0 otherwise or on a look-up error (cleared) */
 static int prd_int(PyObject *o, PyObject *name, long long *out) {
-    PyObject *v = sf_get_any(o, name);
+    PyObject *v = prd_get(o, name);
     if (v == NULL) {
         PyErr_Clear();
         return 0;
@@ -8623,7 +8657,7 @@ static int prd_int(PyObject *o, PyObject *name, long long *out) {
 
 /* an attribute that is True or False: 1 / 0; -1 otherwise or on a look-up error (cleared) */
 static int prd_bool(PyObject *o, PyObject *name) {
-    PyObject *v = sf_get_any(o, name);
+    PyObject *v = prd_get(o, name);
     if (v == NULL) {
         PyErr_Clear();
         return -1;
@@ -8646,7 +8680,7 @@ static int prd_read_pos(PyObject *mf, long long *out) {
 
 /* a MappedFileQueue's mapped_files as a new reference to an exact list, else NULL (nothing set) */
 static PyObject *prd_files(PyObject *mfq) {
-    PyObject *files = sf_get_any(mfq, prd_n_files);
+    PyObject *files = prd_get(mfq, prd_n_files);
     if (files == NULL) {
         PyErr_Clear();
         return NULL;
@@ -8710,7 +8744,7 @@ static int prd_span(void *ctx, long long at, long long *base, long long *limit, 
     long long ffo, rp;
     if (!prd_int(mf, prd_n_ffo, &ffo) || !prd_read_pos(mf, &rp))
         goto odd;
-    PyObject *v = sf_get_any(mf, prd_n_view);
+    PyObject *v = prd_get(mf, prd_n_view);
     if (v == NULL)
         return -1;
     *base = ffo;
@@ -8744,7 +8778,7 @@ static PyObject *pop_read(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     long long logic = offset * 20, min_logic, qsize, cq_mfs;
     if (!prd_int(cq, prd_n_min_logic, &min_logic) || logic < min_logic)
         Py_RETURN_NONE;
-    PyObject *mfq = sf_get_any(cq, prd_n_mfq);
+    PyObject *mfq = prd_get(cq, prd_n_mfq);
     if (mfq == NULL) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -8764,7 +8798,7 @@ static PyObject *pop_read(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         end = rp;
     if (end <= pos || (end - pos) % 20)
         goto decline;
-    if ((view = sf_get_any(mf, prd_n_view)) == NULL) {
+    if ((view = prd_get(mf, prd_n_view)) == NULL) {
         PyErr_Clear();
         goto decline;
     }
@@ -8779,7 +8813,7 @@ static PyObject *pop_read(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         goto decline;
     /* the memory floor and the min physical offset, as pop_now's arguments to read_runs */
     long long cl_mfs, cl_file_size, max_phy = 0, min_phy = -1;
-    if ((clq = sf_get_any(commit_log, prd_n_mfq)) == NULL) {
+    if ((clq = prd_get(commit_log, prd_n_mfq)) == NULL) {
         PyErr_Clear();
         goto decline;
     }
@@ -8827,7 +8861,7 @@ out:
 static PyObject *queue_max(PyObject *self, PyObject *cq) {
     if (prd_init() < 0)
         return NULL;
-    PyObject *mfq = sf_get_any(cq, prd_n_mfq);
+    PyObject *mfq = prd_get(cq, prd_n_mfq);
     if (mfq == NULL) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -8848,6 +8882,279 @@ static PyObject *queue_max(PyObject *self, PyObject *cq) {
     }
     Py_DECREF(files);
     return PyLong_FromLongLong(prd_floordiv(top, 20));
+}
+static PyObject *prd_n_get_max, *prd_zero;
+
+/* queue_live(cq_table, plan, first) -> [(topic, queue_id, retry, cq, max offset), ...]: the queues of `plan` (a
+ * list of (topic, queue_id, retry)), from index `first` on and round (plan[first:] + plan[:first]), that the
+ * store has (cq_table[topic][queue_id]) and that hold something (max offset > 0), in that order: the ones
+ * PopService.pop_now's loop reads or counts. The max offset as queue_max, else the method's. None when the
+ * table or the plan is not what it takes (the caller then makes the list in Python: queue_live_py) */
+static PyObject *queue_live(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 3) {
+        PyErr_SetString(PyExc_TypeError, "queue_live takes 3 arguments");
+        return NULL;
+    }
+    if (prd_init() < 0)
+        return NULL;
+    if (prd_n_get_max == NULL && (prd_n_get_max = PyUnicode_InternFromString("get_max_offset_in_queue")) == NULL)
+        return NULL;
+    if (prd_zero == NULL && (prd_zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    PyObject *table = a[0], *plan = a[1];
+    long long first;
+    if (!PyDict_CheckExact(table) || !PyList_CheckExact(plan) || !pcore_int(a[2], &first))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(plan);
+    if (first < 0 || (n && first >= n) || (!n && first))
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the plan's shape first: nothing called before a decline */
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 3 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(it, 0))
+            || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *it = PyList_GET_ITEM(plan, (Py_ssize_t)((first + k) % n));
+        PyObject *t = PyTuple_GET_ITEM(it, 0), *q = PyTuple_GET_ITEM(it, 1);
+        PyObject *queues = PyDict_GetItemWithError(table, t);  /* borrowed */
+        if (queues == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (!PyDict_CheckExact(queues)) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;  /* nothing was called yet for this queue; the caller redoes the list */
+        }
+        PyObject *cq = PyDict_GetItemWithError(queues, q);
+        if (cq == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (cq == Py_None)
+            continue;
+        Py_INCREF(cq);
+        PyObject *top = queue_max(NULL, cq);
+        if (top == Py_None) {
+            Py_DECREF(top);
+            top = PyObject_CallMethodNoArgs(cq, prd_n_get_max);
+        }
+        if (top == NULL) {
+            Py_DECREF(cq);
+            goto fail;
+        }
+        int live = PyObject_RichCompareBool(top, prd_zero, Py_GT);
+        PyObject *entry = live > 0 ? PyTuple_Pack(5, t, q, PyTuple_GET_ITEM(it, 2), cq, top) : NULL;
+        Py_DECREF(cq);
+        Py_DECREF(top);
+        if (live < 0 || (live > 0 && (entry == NULL || PyList_Append(out, entry) < 0))) {
+            Py_XDECREF(entry);
+            goto fail;
+        }
+        Py_XDECREF(entry);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+static PyObject *prd_n_acquire, *prd_n_release, *prd_n_enabled, *prd_n_count, *prd_n_max_size, *prd_n_stay_ms,
+    *prd_n_margin_ms, *prd_n_fd, *prd_n_size, *prd_n_scan_commit;
+
+static int prd_init2(void) {
+    if (prd_n_scan_commit != NULL)
+        return 0;
+#define PRD_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    PRD_NAME(prd_n_acquire, "acquire"); PRD_NAME(prd_n_release, "release"); PRD_NAME(prd_n_enabled, "enabled");
+    PRD_NAME(prd_n_count, "_count"); PRD_NAME(prd_n_max_size, "max_size"); PRD_NAME(prd_n_stay_ms, "stay_ms");
+    PRD_NAME(prd_n_margin_ms, "margin_ms"); PRD_NAME(prd_n_fd, "_fd"); PRD_NAME(prd_n_size, "size");
+    PRD_NAME(prd_n_scan_commit, "_scan_commit");
+#undef PRD_NAME
+    return 0;
+}
+
+/* o.name += d for an int attribute (as the statement does: getattr, +, setattr); -1 with an error set */
+static int prd_add(PyObject *o, PyObject *name, PyObject *d) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *w = PyNumber_InPlaceAdd(v, d);
+    Py_DECREF(v);
+    if (w == NULL)
+        return -1;
+    int r = PyObject_SetAttr(o, name, w);
+    Py_DECREF(w);
+    return r;
+}
+
+/* with blk (the buffer's lock, held by this thread for the call): pop_now's registration of a contiguous pop,
+ * `if buffer.enabled and buffer._count < buffer.max_size: got = pop_register(...)` and its bookkeeping
+ * (journal.size, buffer._count, buffer._scan_commit(qkey)): pop_register's tuple, None (not registered, nothing
+ * changed), or NULL with an error set */
+static PyObject *prd_register(PyObject *buffer, PyObject *journal, PyObject *const *reg) {
+    int en = prd_bool(buffer, prd_n_enabled);
+    long long cnt, maxsize;
+    if (en <= 0 || !prd_int(buffer, prd_n_count, &cnt) || !prd_int(buffer, prd_n_max_size, &maxsize) || cnt >= maxsize)
+        Py_RETURN_NONE;  /* off, full or not what the test reads: the reference's add_ck decides */
+    PyObject *args[19];
+    memcpy(args, reg, sizeof args);
+    PyObject *fd = NULL, *stay = NULL, *margin = NULL, *got = NULL;
+    if ((fd = prd_get(journal, prd_n_fd)) == NULL || (stay = prd_get(buffer, prd_n_stay_ms)) == NULL
+        || (margin = prd_get(buffer, prd_n_margin_ms)) == NULL)
+        goto out;
+    args[6] = fd;
+    args[16] = stay;
+    args[17] = margin;
+    got = pop_register(NULL, args, 19);
+    if (got == NULL || got == Py_None)
+        goto out;
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL || prd_add(journal, prd_n_size, PyTuple_GET_ITEM(got, 0)) < 0 || prd_add(buffer, prd_n_count, one) < 0) {
+        Py_XDECREF(one);
+        Py_CLEAR(got);
+        goto out;
+    }
+    Py_DECREF(one);
+    if (PyTuple_GET_ITEM(got, 1) == Py_True) {
+        PyObject *sargs[2] = {buffer, reg[5]};
+        PyObject *r = PyObject_VectorcallMethod(prd_n_scan_commit, sargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (r == NULL) {
+            Py_CLEAR(got);
+            goto out;
+        }
+        Py_DECREF(r);
+    }
+out:
+    Py_XDECREF(fd); Py_XDECREF(stay); Py_XDECREF(margin);
+    return got;
+}
+
+/* pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's work on one
+ * queue, its lock held by the caller, from the buffer's pop offset on: the queue's bounds, the read (pop_read)
+ * and, for a read of consecutive offsets, the registration in the buffer (pop_register and its bookkeeping under
+ * the buffer's lock). ctx: (commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes,
+ * disk_count, buffer, buffer lock, journal, PopCheckPoint, _Entry, deque, by_key, buffer queues, group, pop_time,
+ * invisible_time, broker_name, revive_qid). Returns
+ *   None                                   nothing to read there (pop_now's `continue`)
+ *   (offset, max_offset, lo)               the caller reads and registers as the reference does
+ *   (offset, max_offset, lo, read)         read (read_runs' tuple), not registered: the caller goes on from the read
+ *   (start item, info item, body, n, end, max_offset)   read and registered
+ * Nothing is changed before the registration, and that is all or nothing (pop_register). */
+static PyObject *pop_queue(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 9 || !PyTuple_CheckExact(a[8]) || PyTuple_GET_SIZE(a[8]) != 21) {
+        PyErr_SetString(PyExc_TypeError, "pop_queue takes 9 arguments, the last a tuple of 21");
+        return NULL;
+    }
+    if (pcore_init_names() < 0 || prd_init() < 0 || prd_init2() < 0)
+        return NULL;
+    PyObject *cq = a[0], *ctx = a[8];
+    PyObject *const *c = &PyTuple_GET_ITEM(ctx, 0);
+    long long top, pop_off, want, min_logic, lo, offset, max_offset;
+    if (!pcore_int(a[1], &top) || !pcore_int(a[2], &pop_off) || !pcore_int(a[3], &want)) {
+        PyErr_SetString(PyExc_TypeError, "pop_queue: top, pop_offset and want are ints");
+        return NULL;
+    }
+    if (prd_int(cq, prd_n_min_logic, &min_logic)) {
+        lo = prd_floordiv(min_logic, 20);  /* ConsumeQueue.get_min_offset_in_queue */
+    } else {  /* the method's */
+        PyObject *m = PyObject_CallMethod(cq, "get_min_offset_in_queue", NULL);
+        if (m == NULL)
+            return NULL;
+        int ok = pcore_int(m, &lo);
+        Py_DECREF(m);
+        if (!ok) {
+            PyErr_SetString(PyExc_TypeError, "pop_queue: the queue's min offset is not an int");
+            return NULL;
+        }
+    }
+    offset = pop_off > lo ? pop_off : lo;
+    if (offset < 0)
+        offset = 0;
+    PyObject *mo = queue_max(NULL, cq);
+    if (mo == Py_None) {
+        Py_DECREF(mo);
+        mo = PyObject_CallMethodNoArgs(cq, prd_n_get_max == NULL
+            ? (prd_n_get_max = PyUnicode_InternFromString("get_max_offset_in_queue")) : prd_n_get_max);
+    }
+    if (mo == NULL)
+        return NULL;
+    if (!pcore_int(mo, &max_offset)) {
+        Py_DECREF(mo);
+        PyErr_SetString(PyExc_TypeError, "pop_queue: the queue's max offset is not an int");
+        return NULL;
+    }
+    Py_DECREF(mo);
+    if (offset >= top && offset >= max_offset)
+        Py_RETURN_NONE;
+    if (!(lo <= offset && offset < max_offset))
+        return Py_BuildValue("(LLL)", offset, max_offset, lo);
+    PyObject *rargs[11] = {cq, NULL, a[3], c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]};
+    PyObject *off_obj = PyLong_FromLongLong(offset);
+    if (off_obj == NULL)
+        return NULL;
+    rargs[1] = off_obj;
+    PyObject *r = pop_read(NULL, rargs, 11);
+    if (r == NULL || r == Py_None) {
+        Py_DECREF(off_obj);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        return Py_BuildValue("(LLL)", offset, max_offset, lo);
+    }
+    /* (status, taken, total, max_pulled, body, layout): consecutive when taken == records */
+    PyObject *body = PyTuple_GET_ITEM(r, 4), *layout = PyTuple_GET_ITEM(r, 5);
+    long long taken;
+    Py_ssize_t n = PyBytes_GET_SIZE(layout) / 24;
+    if (!pcore_int(PyTuple_GET_ITEM(r, 1), &taken) || n == 0 || taken != n) {
+        Py_DECREF(off_obj);
+        PyObject *res = Py_BuildValue("(LLLN)", offset, max_offset, lo, r);
+        return res;
+    }
+    PyObject *end_obj = PyLong_FromLongLong(offset + taken);
+    if (end_obj == NULL) {
+        Py_DECREF(off_obj);
+        Py_DECREF(r);
+        return NULL;
+    }
+    /* pop_register's arguments; the journal's fd, stay_ms and margin_ms are read under the lock */
+    PyObject *reg[19] = {c[11], c[12], c[13], c[14], c[15], a[6], NULL, c[16], a[4], a[5], off_obj, end_obj, c[17],
+                         c[18], c[19], c[20], NULL, NULL, a[7]};
+    PyObject *blk = c[9], *got = NULL, *res = NULL;
+    PyObject *ok = PyObject_VectorcallMethod(prd_n_acquire, &blk, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (ok == NULL)
+        goto out;
+    Py_DECREF(ok);
+    got = prd_register(c[8], c[10], reg);
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);  /* the release whatever happened, as `with` does */
+        PyObject *rel = PyObject_VectorcallMethod(prd_n_release, &blk, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (rel == NULL) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+            Py_CLEAR(got);
+            goto out;
+        }
+        Py_DECREF(rel);
+        PyErr_Restore(et, ev, etb);
+    }
+    if (got == NULL)
+        goto out;
+    if (got == Py_None)
+        res = Py_BuildValue("(LLLO)", offset, max_offset, lo, r);
+    else
+        res = Py_BuildValue("(OOOnOL)", PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3), body, n, end_obj,
+                            max_offset);
+out:
+    Py_XDECREF(got);
+    Py_DECREF(off_obj);
+    Py_DECREF(end_obj);
+    Py_DECREF(r);
+    return res;
 }
 /* ============================ end of THE POP READ ===================================================== */
 
@@ -8992,6 +9299,12 @@ static PyMethodDef methods[] = {
      "disk_count): PopService.pop_now's read of one queue (get_units_raw + read_runs), or None."},
     {"queue_max", (PyCFunction)queue_max, METH_O,
      "queue_max(cq): cq.get_max_offset_in_queue(), or None."},
+    {"queue_live", (PyCFunction)(void (*)(void))queue_live, METH_FASTCALL,
+     "queue_live(cq_table, plan, first): the queues of plan (rotated by first) that exist and hold something, "
+     "[(topic, queue_id, retry, cq, max offset)], or None."},
+    {"pop_queue", (PyCFunction)(void (*)(void))pop_queue, METH_FASTCALL,
+     "pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's read and "
+     "registration of one queue: None, (offset, max_offset, lo[, read]) or (start, info, body, n, end, max_offset)."},
     {NULL, NULL, 0, NULL},
 };
 

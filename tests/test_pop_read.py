@@ -176,3 +176,62 @@ def test_queue_max(store: MessageStore, tmp_path: Path) -> None:
     finally:
         cq.mapped_file_queue.mapped_files = files
     assert _native.queue_max(object()) is None
+
+
+def test_queue_live(store: MessageStore, tmp_path: Path) -> None:
+    """`_native.queue_live` against `queue_live_py` (pop_now's list of the queues to read): every rotation of plans
+    over present, empty, missing queues and topics, with a retry entry first or last; declines before anything."""
+    from rmq_eventstore.broker.pop_service import queue_live_py
+
+    with MessageStore.open(tmp_path / "other", **SMALL) as other:
+        other.put_messages([Message("jobs", b"x", queue_id=3), Message("%RETRY%g_jobs", b"r", queue_id=0)])
+        assert other.wait_for_dispatch()
+        other.find_consume_queue("jobs", 5)  # a queue the store made, empty
+        for s in (store, other):
+            table = s.consume_queue_table
+            normal = [("jobs", i, False) for i in range(8)]
+            for plan in (normal, [("%RETRY%g_jobs", 0, True), *normal], [*normal, ("%RETRY%g_jobs", 0, True)],
+                         [("gone", 0, False), ("jobs", 1, False)], [], [("jobs", 0, False)]):
+                for first in range(max(len(plan), 1)):
+                    got = _native.queue_live(table, plan, first)
+                    assert got == queue_live_py(table, plan, first)
+                    assert all(entry[3] is table[entry[0]][entry[1]] for entry in got)
+            assert [e[:2] for e in _native.queue_live(table, normal, 2)] == [
+                e[:2] for e in queue_live_py(table, normal, 2)] != []
+    table = store.consume_queue_table
+    for bad in ((table, (("jobs", 0, False),), 0), (table, [["jobs", 0, False]], 0), (table, [("jobs", 0)], 0),
+                (table, [("jobs", "0", False)], 0), (dict(table).items(), [("jobs", 0, False)], 0),
+                (table, [("jobs", 0, False)], 1), (table, [("jobs", 0, False)], -1), (table, [], 1),
+                (table, [("jobs", 0, False)], 0.0), ({"jobs": list(table["jobs"].values())}, [("jobs", 0, False)], 0)):
+        assert _native.queue_live(*bad) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.one_of(st.integers(0, 2000), st.sampled_from([9, 90, 95, 99, 990, 999, 9990, 99_990, 10**12 - 7,
+                                                              10**15 - 3])),
+       n=st.integers(1, 40))
+def test_register_and_settle_texts(tmp_path_factory: pytest.TempPathFactory, start: int, n: int) -> None:
+    """The offsets' texts pop_register and ack_settle write (msgOffsetInfo, the journal's C and A lines) are
+    `",".join(map(str, range(...)))`, their digits counted up across every 9 -> 10 carry."""
+    import os
+    from collections import deque
+
+    from rmq_eventstore.broker.pop_buffer import _Entry
+    from rmq_eventstore.common.pop import PopCheckPoint
+
+    path = tmp_path_factory.mktemp("texts") / "journal"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        by_key: dict = {}
+        got = _native.pop_register(PopCheckPoint, _Entry, deque, by_key, {}, ("g", "t", 1), fd, "g", "t", 1, start,
+                                   start + n, 5, 60_000, "b", 2, 10_000, 500, True)
+        run = ",".join(map(str, range(start, start + n)))
+        assert got[2:] == (f"1 1 {start}", f"1 1 {run}")
+        line = f"C g t 1 {start} 5 60000 2 {start + n} {','.join(map(str, range(n)))}\n"
+        assert path.read_text() == line
+        if n <= 62:
+            assert _native.ack_settle(by_key, ("g", "t", 1, start, 5), start, start + n, fd) == (
+                len(f"A g t 1 {start} 5 {run}\n"), True)
+            assert path.read_text() == line + f"A g t 1 {start} 5 {run}\n"
+    finally:
+        os.close(fd)

@@ -129,8 +129,11 @@ class PopMessageProcessor:
         queue_id = -1 if queue_id is None else queue_id  # as `int(x.get("queueId") or -1)` reads the texts
         if tc is None or not PermName.is_readable(tc.perm) or queue_id >= tc.read_queue_nums:
             return None
-        max_nums = max(1, min(32 if max_nums is None else max_nums, MAX_POP_NUMS))
-        poll = max(0, min(poll or 0, MAX_POLL_TIME_MS))
+        # max(1, min(max_nums, MAX_POP_NUMS)) and max(0, min(poll, MAX_POLL_TIME_MS)), without builtin calls
+        if max_nums is None:
+            max_nums = 32
+        max_nums = 1 if max_nums < 1 else MAX_POP_NUMS if max_nums > MAX_POP_NUMS else max_nums
+        poll = 0 if not poll or poll < 0 else MAX_POLL_TIME_MS if poll > MAX_POLL_TIME_MS else poll
         r = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression or "*", tc.read_queue_nums)
         if r is None:
             return None

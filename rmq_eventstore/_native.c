@@ -7016,9 +7016,24 @@ static PyObject *ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int retry = !(plen[4] == 0 || (plen[4] == 1 && parts[4][0] == '0'));
     PyObject *frame = al_success(opaque, version);
     if (frame == NULL) return NULL;
-    return Py_BuildValue("(NOs#s#LLLLLLOs#LL)", frame, Py_None, (const char *)xs[ALX_GROUP], xn[ALX_GROUP],
-                         (const char *)xs[ALX_TOPIC], xn[ALX_TOPIC], qid, offset, e[0], e[1], e[2], e[3],
-                         retry ? Py_True : Py_False, (const char *)parts[5], plen[5], e[6], e[7]);
+    /* Py_BuildValue("(NOs#s#LLLLLLOs#LL)", ...)'s tuple, built in place (its format parsing was a third of this) */
+    PyObject *res = PyTuple_New(14);
+    if (res == NULL) { Py_DECREF(frame); return NULL; }
+    PyTuple_SET_ITEM(res, 0, frame);
+    PyTuple_SET_ITEM(res, 1, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(res, 2, PyUnicode_FromStringAndSize((const char *)xs[ALX_GROUP], xn[ALX_GROUP]));
+    PyTuple_SET_ITEM(res, 3, PyUnicode_FromStringAndSize((const char *)xs[ALX_TOPIC], xn[ALX_TOPIC]));
+    PyTuple_SET_ITEM(res, 4, PyLong_FromLongLong(qid));
+    PyTuple_SET_ITEM(res, 5, PyLong_FromLongLong(offset));
+    for (int i = 0; i < 4; i++)
+        PyTuple_SET_ITEM(res, 6 + i, PyLong_FromLongLong(e[i]));
+    PyTuple_SET_ITEM(res, 10, Py_NewRef(retry ? Py_True : Py_False));
+    PyTuple_SET_ITEM(res, 11, PyUnicode_FromStringAndSize((const char *)parts[5], plen[5]));
+    PyTuple_SET_ITEM(res, 12, PyLong_FromLongLong(e[6]));
+    PyTuple_SET_ITEM(res, 13, PyLong_FromLongLong(e[7]));
+    for (int i = 2; i < 14; i++)
+        if (PyTuple_GET_ITEM(res, i) == NULL) { Py_DECREF(res); return NULL; }
+    return res;
 fail_rc:
     if (rc == J_ERROR) return NULL;
 decline:

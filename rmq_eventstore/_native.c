@@ -46,6 +46,9 @@
  *   end_commit_props,   TransactionalMessageService._commit_message's properties and half_message's properties dict,
  *   end_props_dict      in one pass over the half's properties string (THE END LANE, block above the table)
  *   end_index_have      IndexService.have_candidates' walk of an index file (THE END LANE)
+ *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
+ *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
+ *   pop_queue           buffer's lock (THE POP READ, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).

@@ -3,7 +3,7 @@ replaces: `ConsumeQueue.get_units_raw` + `_native.read_runs` with the memory flo
 passes and `MessageStore._file_span`. A store of small files (several consume-queue and commitlog files) is read at
 every kind of offset and batch size with limits that cut by count, by bytes in memory and on disk; the commitlog's
 first file unavailable, a last file with a write buffer (transient), fields the C does not take (declined: None,
-the caller then takes the reference's `read_for_pop`). Native only: the pure pass has no C to compare."""
+the caller then takes the reference's `read_for_pop`). Also in PURE_TESTS: the C functions are called directly either way."""
 
 from __future__ import annotations
 

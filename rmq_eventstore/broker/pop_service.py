@@ -394,9 +394,11 @@ class PopService:
         """`_pop_once` for the common case, flattened: a filter that matches everything (`*`), the buffer
         on with a journal, the store's native pull read. The same look at the same queues in the same
         order, the same checkpoint, journal line, consume offset and response fields as `_pop_once` (the
-        reference; tests/test_pop_lane.py compares them), with a fraction of its calls: the read and the
-        checkpoint's registration are inlined (the registration of a contiguous pop, with its response texts, in
-        C: `_native.pop_register`, which makes no Python frame); the buffer's pop offset is its own call. Returns (pop_time, revive_qid,
+        reference; tests/test_pop_lane.py compares them), with a fraction of its calls: the queues worth a look
+        (`_native.queue_live`), and per queue the bounds, the read and the registration of a contiguous pop with
+        its response texts in one C call (`_native.pop_queue`: THE POP READ's pop_read, then THE POP CORE's
+        pop_register under the buffer's lock); the buffer's pop offset is its own call. Without those, the same
+        lines in Python (the read inlined, `_native.pop_register` for the registration). Returns (pop_time, revive_qid,
         rest_num, count, body, startOffsetInfo, msgOffsetInfo), or None before anything changed when the
         case is not that one (the caller then takes `pop`). Inside the loop, anything unusual (a buffer full,
         an offset outside the queue, a read that found nothing) takes the reference's own call for it.

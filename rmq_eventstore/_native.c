@@ -169,9 +169,12 @@ static inline int16_t get_i16(const unsigned char *p) { return (int16_t)(((unsig
 /* The 20-byte `__CRC32#` trailer (codec.crc_trailer) of the record at `rec`, `total` bytes long: written
  * into its last 20 bytes from the CRC of the bytes before them (codec.fill_crc_trailer). */
 #define CRC_RESERVED 20
+/* zlib.crc32 folded with PCLMULQDQ when the CPU has it (defined with verify's loops below; the same values as
+ * crc32_update): the trailer's CRC, the body CRC of the network records and of recovery's walk, as verify's. */
+static uint32_t vf_crc32(const unsigned char *p, Py_ssize_t n);
 static void fill_crc_trailer(unsigned char *rec, Py_ssize_t total) {
     Py_ssize_t end = total - CRC_RESERVED;
-    uint32_t c = crc32_update(0, rec, end) & 0x7FFFFFFFu;
+    uint32_t c = vf_crc32(rec, end) & 0x7FFFFFFFu;
     unsigned char *t = rec + end;
     memcpy(t, "__CRC32#\x01", 9);
     for (int k = 0; k < 10; k++) {  /* least-significant digit first, '0'-padded */
@@ -863,30 +866,6 @@ typedef struct {
     Py_ssize_t total, hsize;
 } net_rec;
 
-/* whether `needle` (nl > 0 bytes) occurs in `h` (n bytes) */
-static int memmem_simple(const char *h, Py_ssize_t n, const char *needle, Py_ssize_t nl) {
-    for (Py_ssize_t p = 0; p + nl <= n; p++)
-        if (h[p] == needle[0] && memcmp(h + p, needle, nl) == 0) return 1;
-    return 0;
-}
-
-/* the value of the last "\x02NAME\x01" in "\x02" + props (UTF-8): 1 found non-empty, 0 absent, -1 empty */
-static int find_prop(const char *u, Py_ssize_t n, const char *name, Py_ssize_t nl, Py_ssize_t *at, Py_ssize_t *len) {
-    for (Py_ssize_t p = n - nl; p >= 0; p--) {
-        if ((p == 0 || u[p - 1] == 2) && memcmp(u + p, name, nl) == 0) {
-            Py_ssize_t v = p + nl, e = v;
-            while (e < n && u[e] != 2) e++;
-            if (e == v) return -1;
-            *at = v;
-            *len = e - v;
-            return 1;
-        }
-    }
-    *at = -1;
-    *len = 0;
-    return 0;
-}
-
 /* the encoder's network context (the arguments after `now`), parsed; its objects borrowed from the tuple */
 typedef struct {
     PyObject *topics, *tags_cache, *tags_fn, *request_type, *parse_host, *schedule_topic;
@@ -928,15 +907,203 @@ static int net_ctx_of(PyObject *tuple, net_ctx *out) {
     return 0;
 }
 
+/* parse_host(born) with a one-entry cache keyed by the str object and the function (a pure function of the
+ * str: the host of the messages of one producer is one str) */
+static PyObject *net_born_fn, *net_born_key, *net_born_val;  /* strong: parse_host, the str, its (addr, port) */
+
+static PyObject *net_parse_host(PyObject *fn, PyObject *born) {  /* a new reference, NULL with an error set */
+    if (born == net_born_key && fn == net_born_fn) return Py_NewRef(net_born_val);
+    PyObject *h = PyObject_CallOneArg(fn, born);
+    if (h == NULL) return NULL;
+    /* the three swapped before any old one is released (a release may run Python code, another thread) */
+    PyObject *ofn = net_born_fn, *okey = net_born_key, *oval = net_born_val;
+    net_born_fn = Py_NewRef(fn);
+    net_born_key = Py_NewRef(born);
+    net_born_val = Py_NewRef(h);
+    Py_XDECREF(ofn); Py_XDECREF(okey); Py_XDECREF(oval);
+    return h;
+}
+
+/* Where TAGS, KEYS and UNIQ_KEY's values lie in a properties text (UTF-8), in one forward pass over its
+ * segments (a name can only start one: at 0 or after a 0x02, its value running to the next 0x02): the last
+ * segment naming a property counts, as codec.string_to_properties keeps the last. -1 when one found has an
+ * empty value (the record is declined to the reference), else 0. */
+static int net_props(const char *u, Py_ssize_t n, net_rec *r) {
+    r->tags_at = r->keys_at = r->uniq_at = -1;
+    r->tags_len = r->keys_len = r->uniq_len = 0;
+    Py_ssize_t s = 0;
+    for (;;) {
+        const char *e = memchr(u + s, 2, (size_t)(n - s));
+        Py_ssize_t end = e != NULL ? e - u : n, sl = end - s;
+        const char *p = u + s;
+        if (sl >= 5 && p[4] == 1 && memcmp(p, "TAGS", 4) == 0) { r->tags_at = s + 5; r->tags_len = sl - 5; }
+        else if (sl >= 5 && p[4] == 1 && memcmp(p, "KEYS", 4) == 0) { r->keys_at = s + 5; r->keys_len = sl - 5; }
+        else if (sl >= 9 && p[8] == 1 && memcmp(p, "UNIQ_KEY", 8) == 0) { r->uniq_at = s + 9; r->uniq_len = sl - 9; }
+        if (e == NULL) break;
+        s = end + 1;
+    }
+    if ((r->tags_at >= 0 && r->tags_len == 0) || (r->keys_at >= 0 && r->keys_len == 0) ||
+        (r->uniq_at >= 0 && r->uniq_len == 0))
+        return -1;
+    return 0;
+}
+
+/* One message's checks and record fields for a network record, in encode_network_run's order (the record's
+ * size included, in r->total): 1 read, 0 declined (nothing to raise: an error met is cleared). */
+static int net_read(PyObject *m, const net_ctx *ctx, int64_t now, net_rec *r) {
+    const Py_ssize_t addr_len = ctx->addr_len, reserved = ctx->append_crc ? CRC_RESERVED : 0;
+    const int store_v6 = addr_len == 16 ? 0x20 : 0;
+    if (Py_TYPE(m) != message_type) return 0;
+    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING);
+    if (topic == NULL || body == NULL || ps == NULL || !PyUnicode_CheckExact(topic) ||
+        !PyBytes_CheckExact(body) || !PyUnicode_CheckExact(ps))
+        return 0;
+    PyObject *tp = PyDict_GetItemWithError(ctx->topics, topic);
+    if (tp == NULL) { PyErr_Clear(); return 0; }
+    if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
+        return 0;
+    PyObject *fv = field(m, F_FORCE_V2);
+    if (fv == NULL || is_falsy_default(fv) != 1) return 0;
+    int64_t v;
+    PyObject *o = field(m, F_SYS_FLAG);
+    if (o == NULL || !as_i64(o, INT32_MIN, INT32_MAX, &v)) return 0;
+    int32_t sys_flag = (int32_t)v;
+    int tx = sys_flag & 0xC;
+    if (tx != 0 && tx != 0x8) return 0;
+    int cmp = PyUnicode_Compare(topic, ctx->schedule_topic);
+    if (cmp == -1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    if (cmp == 0) return 0;
+    r->pu = PyUnicode_AsUTF8AndSize(ps, &r->pl);
+    if (r->pu == NULL) { PyErr_Clear(); return 0; }
+    if (net_props(r->pu, r->pl, r) < 0) return 0;
+    if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &v)) return 0;
+    r->magic = (int32_t)v;
+    r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
+    r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
+    PyObject *born = field(m, F_BORN_HOST);
+    if (born == NULL) return 0;
+    int bf = is_falsy_default(born);
+    if (bf < 0) return 0;
+    if (!bf) {
+        if (!PyUnicode_CheckExact(born)) return 0;
+        PyObject *h = net_parse_host(ctx->parse_host, born);
+        if (h == NULL) { PyErr_Clear(); return 0; }
+        int64_t port;
+        if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 0)) ||
+            (PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 4 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 16) ||
+            !as_i64(PyTuple_GET_ITEM(h, 1), INT32_MIN, INT32_MAX, &port)) {
+            Py_DECREF(h);
+            return 0;
+        }
+        r->born_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0));
+        memcpy(r->born_addr, PyBytes_AS_STRING(PyTuple_GET_ITEM(h, 0)), r->born_len);
+        r->born_port = (int32_t)port;
+        Py_DECREF(h);
+    } else {
+        r->born_len = addr_len;
+        memcpy(r->born_addr, ctx->store_addr, addr_len);
+        r->born_port = ctx->store_port;
+    }
+    r->sys_flag = (sys_flag & ~0x30) | store_v6 | (r->born_len == 16 ? 0x10 : 0);
+    r->hsize = 72 + (r->born_len == 16 ? 20 : 8) + (store_v6 ? 20 : 8);
+    int64_t qid, flag, bts, rc, ptx;
+    PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG), *bo = field(m, F_BORN_TIMESTAMP),
+             *ro = field(m, F_RECONSUME_TIMES), *po = field(m, F_PREPARED_TX);
+    if (qo == NULL || fo == NULL || bo == NULL || ro == NULL || po == NULL ||
+        !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag) ||
+        !as_i64(bo, INT64_MIN, INT64_MAX, &bts) || !as_i64(ro, INT32_MIN, INT32_MAX, &rc) ||
+        !as_i64(po, INT64_MIN, INT64_MAX, &ptx))
+        return 0;
+    r->qid = (int32_t)qid; r->flag = (int32_t)flag; r->born_ts = bts ? bts : now;
+    r->reconsume = (int32_t)rc; r->ptx = ptx;
+    r->topic = topic; r->body = body; r->ps = ps;
+    r->plen = r->pl;
+    if (reserved) {
+        /* a __CRC32# already there: the general path deletes it; else a 0x02 closes the last property */
+        if (r->pl >= 8 && memmem(r->pu, (size_t)r->pl, "__CRC32#", 8) != NULL) return 0;
+        if (r->pl && r->pu[r->pl - 1] != 2) r->plen++;
+        r->plen += reserved;
+    }
+    Py_ssize_t bl = PyBytes_GET_SIZE(body);
+    Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->plen;
+    if (r->plen > 32767 || bl > ctx->max_body || total > ctx->max_record || total > INT32_MAX) return 0;
+    r->total = total;
+    return 1;
+}
+
+/* net_read's record at `out` (r->total bytes): queue offset r->q, physical offset `phys`, stored at `now` */
+static void net_write(unsigned char *out, const net_rec *r, int64_t phys, int64_t now, const net_ctx *ctx) {
+    unsigned char *p = out;
+    const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
+    Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
+    put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
+    put_i32(p + 8, (int32_t)(vf_crc32(body, bl) & 0x7FFFFFFFu));
+    put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
+    put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, r->sys_flag); put_i64(p + 40, r->born_ts);
+    p += 48;
+    memcpy(p, r->born_addr, r->born_len); p += r->born_len; put_i32(p, r->born_port); p += 4;
+    put_i64(p, now); p += 8;
+    memcpy(p, ctx->store_addr, ctx->addr_len); p += ctx->addr_len; put_i32(p, ctx->store_port); p += 4;
+    put_i32(p, r->reconsume); put_i64(p + 4, r->ptx); put_i32(p + 12, (int32_t)bl); p += 16;
+    memcpy(p, body, bl); p += bl;
+    memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
+    put_i16(p, (int)r->plen); p += 2;
+    memcpy(p, r->pu, r->pl);
+    if (ctx->append_crc) {
+        if (r->plen - CRC_RESERVED > r->pl) p[r->pl] = 2;
+        fill_crc_trailer(out, r->total);
+    }
+}
+
+/* net_read's dispatch request (topic, qid, offset, total, tags code, store time, queue offset, keys, uniq, sys
+ * flag, prepared tx offset, properties) as a `rtype` tuple: a new reference, NULL with an error set. `uniq_out`
+ * (or NULL): a new reference to its uniq too. */
+static PyObject *net_request(const net_rec *r, const net_ctx *ctx, PyObject *phys_obj, PyObject *now_obj,
+                             PyObject **uniq_out) {
+    PyTypeObject *rtype = (PyTypeObject *)ctx->request_type;
+    PyObject *tags = NULL, *keys, *uniq, *code = NULL;
+    if (r->tags_at >= 0) tags = PyUnicode_DecodeUTF8(r->pu + r->tags_at, r->tags_len, "strict");
+    keys = r->keys_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->keys_at, r->keys_len, "strict") : Py_NewRef(Py_None);
+    uniq = r->uniq_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->uniq_at, r->uniq_len, "strict") : Py_NewRef(Py_None);
+    if (r->tags_at >= 0) {
+        if (tags != NULL) {
+            code = PyDict_GetItemWithError(ctx->tags_cache, tags);
+            if (code != NULL) Py_INCREF(code);
+            else if (!PyErr_Occurred()) code = PyObject_CallOneArg(ctx->tags_fn, tags);
+        }
+    } else code = PyLong_FromLong(0);
+    Py_XDECREF(tags);
+    PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
+    PyObject *q_obj = PyLong_FromLongLong(r->q), *sys_obj = PyLong_FromLong(r->sys_flag);
+    PyObject *ptx_obj = PyLong_FromLongLong(r->ptx);
+    PyObject *req = rtype->tp_alloc(rtype, 12);
+    if (keys == NULL || uniq == NULL || code == NULL || qid_obj == NULL || total_obj == NULL || q_obj == NULL ||
+        sys_obj == NULL || ptx_obj == NULL || req == NULL) {
+        Py_XDECREF(keys); Py_XDECREF(uniq); Py_XDECREF(code); Py_XDECREF(qid_obj); Py_XDECREF(total_obj);
+        Py_XDECREF(q_obj); Py_XDECREF(sys_obj); Py_XDECREF(ptx_obj); Py_XDECREF(req);
+        return NULL;
+    }
+    if (uniq_out != NULL) *uniq_out = Py_NewRef(uniq);
+    PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
+    PyTuple_SET_ITEM(req, 1, qid_obj);
+    PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
+    PyTuple_SET_ITEM(req, 3, total_obj);
+    PyTuple_SET_ITEM(req, 4, code);
+    PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
+    PyTuple_SET_ITEM(req, 6, q_obj);
+    PyTuple_SET_ITEM(req, 7, keys);
+    PyTuple_SET_ITEM(req, 8, uniq);
+    PyTuple_SET_ITEM(req, 9, sys_obj);
+    PyTuple_SET_ITEM(req, 10, ptx_obj);
+    PyTuple_SET_ITEM(req, 11, Py_NewRef(r->ps));
+    PyObject_GC_UnTrack(req);  /* str, int and None only (see encode_plain_batch) */
+    return req;
+}
+
 static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long long base, long long now,
                                     const net_ctx *ctx) {
-    PyObject *topics = ctx->topics, *tags_cache = ctx->tags_cache, *tags_fn = ctx->tags_fn,
-             *request_type = ctx->request_type, *parse_host = ctx->parse_host, *schedule_topic = ctx->schedule_topic;
-    long long max_body = ctx->max_body, max_record = ctx->max_record;
-    const char *store_addr = ctx->store_addr;
+    PyObject *request_type = ctx->request_type;
     Py_ssize_t addr_len = ctx->addr_len;
-    int store_port = ctx->store_port, append_crc = ctx->append_crc;
-    const Py_ssize_t reserved = append_crc ? CRC_RESERVED : 0;
     if (message_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "_native.init() was not called"); return NULL; }
     if (addr_len != 4 && addr_len != 16) Py_RETURN_NONE;
     PyTypeObject *rtype = (PyTypeObject *)request_type;
@@ -945,7 +1112,6 @@ static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long 
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    const int store_v6 = addr_len == 16 ? 0x20 : 0;
     net_rec *recs = PyMem_Calloc(n ? n : 1, sizeof(net_rec));
     queue_slot *queues = PyMem_Malloc(sizeof(queue_slot) * 64);
     Py_ssize_t nqueues = 0, cap_queues = 64;
@@ -957,84 +1123,8 @@ static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long 
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = items[i];
         net_rec *r = &recs[i];
-        if (Py_TYPE(m) != message_type) goto decline;
-        PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING);
-        if (topic == NULL || body == NULL || ps == NULL || !PyUnicode_CheckExact(topic) ||
-            !PyBytes_CheckExact(body) || !PyUnicode_CheckExact(ps))
-            goto decline;
-        PyObject *tp = PyDict_GetItemWithError(topics, topic);
-        if (tp == NULL) { PyErr_Clear(); goto decline; }
-        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
-            goto decline;
-        PyObject *fv = field(m, F_FORCE_V2);
-        if (fv == NULL || is_falsy_default(fv) != 1) goto decline;
-        int64_t v;
-        PyObject *o = field(m, F_SYS_FLAG);
-        if (o == NULL || !as_i64(o, INT32_MIN, INT32_MAX, &v)) goto decline;
-        int32_t sys_flag = (int32_t)v;
-        int tx = sys_flag & 0xC;
-        if (tx != 0 && tx != 0x8) goto decline;
-        int cmp = PyUnicode_Compare(topic, schedule_topic);
-        if (cmp == -1 && PyErr_Occurred()) { PyErr_Clear(); goto decline; }
-        if (cmp == 0) goto decline;
-        r->pu = PyUnicode_AsUTF8AndSize(ps, &r->pl);
-        if (r->pu == NULL) { PyErr_Clear(); goto decline; }
-        if (find_prop(r->pu, r->pl, "TAGS\x01", 5, &r->tags_at, &r->tags_len) < 0 ||
-            find_prop(r->pu, r->pl, "KEYS\x01", 5, &r->keys_at, &r->keys_len) < 0 ||
-            find_prop(r->pu, r->pl, "UNIQ_KEY\x01", 9, &r->uniq_at, &r->uniq_len) < 0)
-            goto decline;
-        if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &v)) goto decline;
-        r->magic = (int32_t)v;
-        r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
-        r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
-        PyObject *born = field(m, F_BORN_HOST);
-        if (born == NULL) goto decline;
-        int bf = is_falsy_default(born);
-        if (bf < 0) goto decline;
-        if (!bf) {
-            if (!PyUnicode_CheckExact(born)) goto decline;
-            PyObject *h = PyObject_CallOneArg(parse_host, born);
-            if (h == NULL) { PyErr_Clear(); goto decline; }
-            int64_t port;
-            if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 0)) ||
-                (PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 4 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 16) ||
-                !as_i64(PyTuple_GET_ITEM(h, 1), INT32_MIN, INT32_MAX, &port)) {
-                Py_DECREF(h);
-                goto decline;
-            }
-            r->born_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0));
-            memcpy(r->born_addr, PyBytes_AS_STRING(PyTuple_GET_ITEM(h, 0)), r->born_len);
-            r->born_port = (int32_t)port;
-            Py_DECREF(h);
-        } else {
-            r->born_len = addr_len;
-            memcpy(r->born_addr, store_addr, addr_len);
-            r->born_port = store_port;
-        }
-        r->sys_flag = (sys_flag & ~0x30) | store_v6 | (r->born_len == 16 ? 0x10 : 0);
-        r->hsize = 72 + (r->born_len == 16 ? 20 : 8) + (store_v6 ? 20 : 8);
-        int64_t qid, flag, bts, rc, ptx;
-        PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG), *bo = field(m, F_BORN_TIMESTAMP),
-                 *ro = field(m, F_RECONSUME_TIMES), *po = field(m, F_PREPARED_TX);
-        if (qo == NULL || fo == NULL || bo == NULL || ro == NULL || po == NULL ||
-            !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag) ||
-            !as_i64(bo, INT64_MIN, INT64_MAX, &bts) || !as_i64(ro, INT32_MIN, INT32_MAX, &rc) ||
-            !as_i64(po, INT64_MIN, INT64_MAX, &ptx))
-            goto decline;
-        r->qid = (int32_t)qid; r->flag = (int32_t)flag; r->born_ts = bts ? bts : now;
-        r->reconsume = (int32_t)rc; r->ptx = ptx;
-        r->topic = topic; r->body = body; r->ps = ps;
-        r->plen = r->pl;
-        if (reserved) {
-            /* a __CRC32# already there: the general path deletes it; else a 0x02 closes the last property */
-            if (r->pl >= 8 && memmem_simple(r->pu, r->pl, "__CRC32#", 8)) goto decline;
-            if (r->pl && r->pu[r->pl - 1] != 2) r->plen++;
-            r->plen += reserved;
-        }
-        Py_ssize_t bl = PyBytes_GET_SIZE(body);
-        Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->plen;
-        if (r->plen > 32767 || bl > max_body || total > max_record || total > INT32_MAX) goto decline;
-        r->total = total;
+        if (!net_read(m, ctx, now, r)) goto decline;
+        PyObject *topic = r->topic;
         int qi = -1;
         if (last_queue >= 0 && queues[last_queue].qid == r->qid &&
             (queues[last_queue].topic == topic || PyUnicode_Compare(queues[last_queue].topic, topic) == 0))
@@ -1068,7 +1158,7 @@ static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long 
         last_queue = qi;
         r->q = queues[qi].next++;
         if (first_q < 0) first_q = r->q;
-        sum += total;
+        sum += r->total;
         if (sum > PY_SSIZE_T_MAX / 2) goto decline;
     }
     if (base < 0 || base > INT64_MAX - sum) goto decline;
@@ -1078,77 +1168,28 @@ static PyObject *encode_network_run(PyObject *msgs, PyObject *queue_table, long 
     uniqs = PyList_New(n);
     seen = PyDict_New();
     if (data == NULL || requests == NULL || offsets == NULL || uniqs == NULL || seen == NULL) goto fail;
-    PyObject *now_obj = PyLong_FromLongLong(now), *zero = PyLong_FromLong(0);
-    if (now_obj == NULL || zero == NULL) { Py_XDECREF(now_obj); Py_XDECREF(zero); goto fail; }
+    PyObject *now_obj = PyLong_FromLongLong(now);
+    if (now_obj == NULL) goto fail;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(data);
     int64_t phys = base;
     int ok = 1;
     for (Py_ssize_t i = 0; i < n && ok; i++) {
         net_rec *r = &recs[i];
-        unsigned char *p = out;
-        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(r->body);
-        Py_ssize_t bl = PyBytes_GET_SIZE(r->body);
-        put_i32(p, (int32_t)r->total); put_i32(p + 4, r->magic);
-        put_i32(p + 8, (int32_t)(crc32_update(0, body, bl) & 0x7FFFFFFFu));
-        put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
-        put_i64(p + 20, r->q); put_i64(p + 28, phys); put_i32(p + 36, r->sys_flag); put_i64(p + 40, r->born_ts);
-        p += 48;
-        memcpy(p, r->born_addr, r->born_len); p += r->born_len; put_i32(p, r->born_port); p += 4;
-        put_i64(p, now); p += 8;
-        memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
-        put_i32(p, r->reconsume); put_i64(p + 4, r->ptx); put_i32(p + 12, (int32_t)bl); p += 16;
-        memcpy(p, body, bl); p += bl;
-        memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
-        put_i16(p, (int)r->plen); p += 2;
-        memcpy(p, r->pu, r->pl);
-        if (reserved) {
-            if (r->plen - reserved > r->pl) p[r->pl] = 2;
-            fill_crc_trailer(out, r->total);
-        }
+        net_write(out, r, phys, now, ctx);
         out += r->total;
-        PyObject *tags = NULL, *keys = NULL, *uniq = NULL, *code = NULL;
-        if (r->tags_at >= 0) tags = PyUnicode_DecodeUTF8(r->pu + r->tags_at, r->tags_len, "strict");
-        keys = r->keys_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->keys_at, r->keys_len, "strict") : Py_NewRef(Py_None);
-        uniq = r->uniq_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->uniq_at, r->uniq_len, "strict") : Py_NewRef(Py_None);
-        if (r->tags_at >= 0) {
-            if (tags != NULL) {
-                code = PyDict_GetItemWithError(tags_cache, tags);
-                if (code != NULL) Py_INCREF(code);
-                else if (!PyErr_Occurred()) code = PyObject_CallOneArg(tags_fn, tags);
-            }
-        } else code = Py_NewRef(zero);
-        Py_XDECREF(tags);
-        PyObject *phys_obj = PyLong_FromLongLong(phys);
-        PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(r->total);
-        PyObject *q_obj = PyLong_FromLongLong(r->q), *sys_obj = PyLong_FromLong(r->sys_flag);
-        PyObject *ptx_obj = PyLong_FromLongLong(r->ptx);
-        PyObject *req = rtype->tp_alloc(rtype, 12);
-        if (keys == NULL || uniq == NULL || code == NULL || phys_obj == NULL || qid_obj == NULL ||
-            total_obj == NULL || q_obj == NULL || sys_obj == NULL || ptx_obj == NULL || req == NULL) {
-            Py_XDECREF(keys); Py_XDECREF(uniq); Py_XDECREF(code); Py_XDECREF(phys_obj); Py_XDECREF(qid_obj);
-            Py_XDECREF(total_obj); Py_XDECREF(q_obj); Py_XDECREF(sys_obj); Py_XDECREF(ptx_obj); Py_XDECREF(req);
+        PyObject *phys_obj = PyLong_FromLongLong(phys), *uniq = NULL;
+        PyObject *req = phys_obj != NULL ? net_request(r, ctx, phys_obj, now_obj, &uniq) : NULL;
+        if (req == NULL) {
+            Py_XDECREF(phys_obj);
             ok = 0;
             break;
         }
-        PyTuple_SET_ITEM(req, 0, Py_NewRef(r->topic));
-        PyTuple_SET_ITEM(req, 1, qid_obj);
-        PyTuple_SET_ITEM(req, 2, Py_NewRef(phys_obj));
-        PyTuple_SET_ITEM(req, 3, total_obj);
-        PyTuple_SET_ITEM(req, 4, code);
-        PyTuple_SET_ITEM(req, 5, Py_NewRef(now_obj));
-        PyTuple_SET_ITEM(req, 6, q_obj);
-        PyTuple_SET_ITEM(req, 7, keys);
-        PyTuple_SET_ITEM(req, 8, Py_NewRef(uniq));
-        PyTuple_SET_ITEM(req, 9, sys_obj);
-        PyTuple_SET_ITEM(req, 10, ptx_obj);
-        PyTuple_SET_ITEM(req, 11, Py_NewRef(r->ps));
-        PyObject_GC_UnTrack(req);  /* str, int and None only (see encode_plain_batch) */
         PyList_SET_ITEM(requests, i, req);
         PyList_SET_ITEM(offsets, i, phys_obj);
         PyList_SET_ITEM(uniqs, i, uniq);
         phys += r->total;
     }
-    Py_DECREF(now_obj); Py_DECREF(zero);
+    Py_DECREF(now_obj);
     if (!ok) {
         /* a strict UTF-8 decode of a slice cannot fail where the whole string encoded; anything else is real */
         goto fail;
@@ -1481,9 +1522,6 @@ out:
 #define MAGIC_V2 ((int32_t)0xDAA320AB)
 #define MAGIC_BLANK ((int32_t)0xCBD43194)
 
-/* zlib.crc32 folded with PCLMULQDQ when the CPU has it (defined with verify's loops below): the body CRC of
- * recovery's walk, as verify's (same values as crc32_update). */
-static uint32_t vf_crc32(const unsigned char *p, Py_ssize_t n);
 
 static PyObject *skim_records(PyObject *self, PyObject *args) {
     Py_buffer view;
@@ -7587,11 +7625,6 @@ static int hl_prop(const char *p, Py_ssize_t n, const char *name, Py_ssize_t nl,
     return 0;
 }
 
-static int hl_has(const char *p, Py_ssize_t n, const char *lit, Py_ssize_t ln) {
-    for (Py_ssize_t i = 0; i + ln <= n; i++)
-        if (p[i] == lit[0] && memcmp(p + i, lit, ln) == 0) return 1;
-    return 0;
-}
 
 /* whether sl_serve serves this half message (1; *half_topic borrowed, *txid a new reference to its id, or NULL:
  * the UNIQ_KEY the lane makes), declines it (0) or failed (-1). `found`: sl_props_scan's; `props` one-byte. */
@@ -7608,7 +7641,7 @@ static int hl_check(PyObject *ctx, PyObject *props, long long sys_flag, int foun
     const char *p = (const char *)PyUnicode_1BYTE_DATA(props);
     Py_ssize_t n = PyUnicode_GET_LENGTH(props), vs, vn;
     if (!hl_prop(p, n, "TRAN_MSG", 8, &vs, &vn) || vn != 4 || memcmp(p + vs, "true", 4) != 0) return 0;
-    if (hl_has(p, n, "REAL_TOPIC", 10) || hl_has(p, n, "REAL_QID", 8)) return 0;
+    if (memmem(p, (size_t)n, "REAL_TOPIC", 10) != NULL || memmem(p, (size_t)n, "REAL_QID", 8) != NULL) return 0;
     if (reject_name == NULL && (reject_name = PyUnicode_InternFromString("reject_transaction_message")) == NULL) return -1;
     if (auto_name == NULL && (auto_name = PyUnicode_InternFromString("auto_create_uniq_key")) == NULL) return -1;
     PyObject *rej = PyObject_GetAttr(PyTuple_GET_ITEM(h, 0), reject_name);
@@ -8406,219 +8439,40 @@ static PyObject *end_index_have(PyObject *self, PyObject *const *args, Py_ssize_
 /*  {key: q + 1}, q) it returned: the same checks in the same order (declining, 0, where it declined),  */
 /*  the same request tuple, the same record bytes, but written straight into the file's write view (no */
 /*  record bytes object, no lists, no dict, no queue-table look-up: single_locate found the queue      */
-/*  offset) and the born host parsed once per distinct str (parse_host is a pure function of it: a      */
-/*  one-entry cache keyed by the str object and the function). Then single_publish, as before.         */
-/*  The properties' TAGS / KEYS / UNIQ_KEY found in one forward pass (sc_props: find_prop's answers),  */
-/*  the body CRC and the __CRC32# trailer's CRC by vf_crc32 (zlib's values, PCLMULQDQ-folded).         */
+/*  offset). Then single_publish, as before. The message's checks, record and request are the network  */
+/*  encoder's own per-message steps (net_read, net_write, net_request, shared with encode_network_run: */
+/*  the born host through net_parse_host's one-entry cache, TAGS / KEYS / UNIQ_KEY in one pass,        */
+/*  the CRCs by vf_crc32).                                                                             */
 /*  Returns 1 (*result set), 0 (declined, nothing written), -1 (error).                                */
 /*  Edits elsewhere: THE NETWORK SINGLE PUT's append_one_net calls it (its encode_network_run call).   */
 /*  Reference: CommitLog._append_one_net_py (tests/test_single_put_net.py, tests/test_send_core_net.py). */
 /* ============================================================================================== */
-static PyObject *sc_born_fn, *sc_born_key, *sc_born_val;  /* strong: parse_host, the str, its (addr, port) */
-
-static PyObject *sc_parse_host(PyObject *fn, PyObject *born) {  /* a new reference, NULL with an error set */
-    if (born == sc_born_key && fn == sc_born_fn) return Py_NewRef(sc_born_val);
-    PyObject *h = PyObject_CallOneArg(fn, born);
-    if (h == NULL) return NULL;
-    /* the three swapped before any old one is released (a release may run Python code, another thread) */
-    PyObject *ofn = sc_born_fn, *okey = sc_born_key, *oval = sc_born_val;
-    sc_born_fn = Py_NewRef(fn);
-    sc_born_key = Py_NewRef(born);
-    sc_born_val = Py_NewRef(h);
-    Py_XDECREF(ofn); Py_XDECREF(okey); Py_XDECREF(oval);
-    return h;
-}
-
-/* find_prop's three answers (TAGS, KEYS, UNIQ_KEY) in one forward pass over the properties' segments (a
- * name can only start one: at 0 or after a 0x02, its value running to the next 0x02): the last segment
- * naming a property is the one find_prop's backward search finds. -1 when one found has an empty value
- * (find_prop's -1: the batch declined), else 0. */
-static int sc_props(const char *u, Py_ssize_t n, net_rec *r) {
-    r->tags_at = r->keys_at = r->uniq_at = -1;
-    r->tags_len = r->keys_len = r->uniq_len = 0;
-    Py_ssize_t s = 0;
-    for (;;) {
-        const char *e = memchr(u + s, 2, (size_t)(n - s));
-        Py_ssize_t end = e != NULL ? e - u : n, sl = end - s;
-        const char *p = u + s;
-        if (sl >= 5 && p[4] == 1 && memcmp(p, "TAGS", 4) == 0) { r->tags_at = s + 5; r->tags_len = sl - 5; }
-        else if (sl >= 5 && p[4] == 1 && memcmp(p, "KEYS", 4) == 0) { r->keys_at = s + 5; r->keys_len = sl - 5; }
-        else if (sl >= 9 && p[8] == 1 && memcmp(p, "UNIQ_KEY", 8) == 0) { r->uniq_at = s + 9; r->uniq_len = sl - 9; }
-        if (e == NULL) break;
-        s = end + 1;
-    }
-    if ((r->tags_at >= 0 && r->tags_len == 0) || (r->keys_at >= 0 && r->keys_len == 0) ||
-        (r->uniq_at >= 0 && r->uniq_len == 0))
-        return -1;
-    return 0;
-}
-
-/* fill_crc_trailer with vf_crc32 (zlib's value, folded with PCLMULQDQ where the CPU has it) */
-static void sc_fill_crc_trailer(unsigned char *rec, Py_ssize_t total) {
-    Py_ssize_t end = total - CRC_RESERVED;
-    uint32_t c = vf_crc32(rec, end) & 0x7FFFFFFFu;
-    unsigned char *t = rec + end;
-    memcpy(t, "__CRC32#\x01", 9);
-    for (int k = 0; k < 10; k++) {  /* least-significant digit first, '0'-padded */
-        t[9 + k] = (unsigned char)('0' + c % 10);
-        c /= 10;
-    }
-    t[19] = 2;
-}
 
 static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObject *netctx, PyObject **result) {
     *result = NULL;
-    const char *store_addr = ctx->store_addr;
-    Py_ssize_t addr_len = ctx->addr_len;
-    int store_port = ctx->store_port;
-    const Py_ssize_t reserved = ctx->append_crc ? CRC_RESERVED : 0;
     const int64_t now = sp->now, base = sp->base;
-    if (addr_len != 4 && addr_len != 16) return 0;
-    PyTypeObject *rtype = (PyTypeObject *)ctx->request_type;
-    if (!PyType_IsSubtype(rtype, &PyTuple_Type)) { PyErr_SetString(PyExc_TypeError, "request type must be a tuple"); return -1; }
-    const int store_v6 = addr_len == 16 ? 0x20 : 0;
+    if (ctx->addr_len != 4 && ctx->addr_len != 16) return 0;
+    if (!PyType_IsSubtype((PyTypeObject *)ctx->request_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "request type must be a tuple");
+        return -1;
+    }
     net_rec rec, *r = &rec;
     memset(r, 0, sizeof rec);
-    /* encode_network_run's checks of one message, in its order */
-    if (Py_TYPE(m) != message_type) return 0;
-    PyObject *topic = field(m, F_TOPIC), *body = field(m, F_BODY), *ps = field(m, F_PROPERTIES_STRING);
-    if (topic == NULL || body == NULL || ps == NULL || !PyUnicode_CheckExact(topic) ||
-        !PyBytes_CheckExact(body) || !PyUnicode_CheckExact(ps))
-        return 0;
-    PyObject *tp = PyDict_GetItemWithError(ctx->topics, topic);
-    if (tp == NULL) { PyErr_Clear(); return 0; }
-    if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(tp, 0)))
-        return 0;
-    PyObject *fv = field(m, F_FORCE_V2);
-    if (fv == NULL || is_falsy_default(fv) != 1) return 0;
-    int64_t v;
-    PyObject *o = field(m, F_SYS_FLAG);
-    if (o == NULL || !as_i64(o, INT32_MIN, INT32_MAX, &v)) return 0;
-    int32_t sys_flag = (int32_t)v;
-    int tx = sys_flag & 0xC;
-    if (tx != 0 && tx != 0x8) return 0;
-    int cmp = PyUnicode_Compare(topic, ctx->schedule_topic);
-    if (cmp == -1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
-    if (cmp == 0) return 0;
-    r->pu = PyUnicode_AsUTF8AndSize(ps, &r->pl);
-    if (r->pu == NULL) { PyErr_Clear(); return 0; }
-    if (sc_props(r->pu, r->pl, r) < 0) return 0;
-    if (!as_i64(PyTuple_GET_ITEM(tp, 1), INT32_MIN, INT32_MAX, &v)) return 0;
-    r->magic = (int32_t)v;
-    r->topic_part = PyBytes_AS_STRING(PyTuple_GET_ITEM(tp, 0));
-    r->topic_part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tp, 0));
-    PyObject *born = field(m, F_BORN_HOST);
-    if (born == NULL) return 0;
-    int bf = is_falsy_default(born);
-    if (bf < 0) return 0;
-    if (!bf) {
-        if (!PyUnicode_CheckExact(born)) return 0;
-        PyObject *h = sc_parse_host(ctx->parse_host, born);
-        if (h == NULL) { PyErr_Clear(); return 0; }
-        int64_t port;
-        if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 0)) ||
-            (PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 4 && PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) != 16) ||
-            !as_i64(PyTuple_GET_ITEM(h, 1), INT32_MIN, INT32_MAX, &port)) {
-            Py_DECREF(h);
-            return 0;
-        }
-        r->born_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0));
-        memcpy(r->born_addr, PyBytes_AS_STRING(PyTuple_GET_ITEM(h, 0)), r->born_len);
-        r->born_port = (int32_t)port;
-        Py_DECREF(h);
-    } else {
-        r->born_len = addr_len;
-        memcpy(r->born_addr, store_addr, addr_len);
-        r->born_port = store_port;
-    }
-    r->sys_flag = (sys_flag & ~0x30) | store_v6 | (r->born_len == 16 ? 0x10 : 0);
-    r->hsize = 72 + (r->born_len == 16 ? 20 : 8) + (store_v6 ? 20 : 8);
-    int64_t qid, flag, bts, rc, ptx;
-    PyObject *qo = field(m, F_QUEUE_ID), *fo = field(m, F_FLAG), *bo = field(m, F_BORN_TIMESTAMP),
-             *ro = field(m, F_RECONSUME_TIMES), *po = field(m, F_PREPARED_TX);
-    if (qo == NULL || fo == NULL || bo == NULL || ro == NULL || po == NULL ||
-        !as_i64(qo, 0, INT32_MAX, &qid) || !as_i64(fo, INT32_MIN, INT32_MAX, &flag) ||
-        !as_i64(bo, INT64_MIN, INT64_MAX, &bts) || !as_i64(ro, INT32_MIN, INT32_MAX, &rc) ||
-        !as_i64(po, INT64_MIN, INT64_MAX, &ptx))
-        return 0;
-    r->qid = (int32_t)qid; r->flag = (int32_t)flag; r->born_ts = bts ? bts : now;
-    r->reconsume = (int32_t)rc; r->ptx = ptx;
-    r->plen = r->pl;
-    if (reserved) {
-        if (r->pl >= 8 && memmem(r->pu, (size_t)r->pl, "__CRC32#", 8) != NULL) return 0;
-        if (r->pl && r->pu[r->pl - 1] != 2) r->plen++;
-        r->plen += reserved;
-    }
-    Py_ssize_t bl = PyBytes_GET_SIZE(body);
-    Py_ssize_t total = r->hsize + bl + r->topic_part_len + 2 + r->plen;
-    if (r->plen > 32767 || bl > ctx->max_body || total > ctx->max_record || total > INT32_MAX) return 0;
+    if (!net_read(m, ctx, now, r)) return 0;  /* encode_network_run's checks of one message, in its order */
+    Py_ssize_t total = r->total;
     /* the queue offset: single_locate's table[f"{topic}-{qid}"] (the batch read the same entry, and took it only
      * below INT64_MAX - 1 - n) */
     if (sp->q > INT64_MAX - 2) return 0;
     r->q = sp->q;
     if (base < 0 || base > INT64_MAX - total) return 0;
-    /* the request (topic, qid, offset, total, tags code, store time, queue offset, keys, uniq, sys flag, prepared
-     * tx offset, properties), as encode_network_run builds it */
-    PyObject *tags = NULL, *keys, *uniq, *code = NULL;
-    if (r->tags_at >= 0) tags = PyUnicode_DecodeUTF8(r->pu + r->tags_at, r->tags_len, "strict");
-    keys = r->keys_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->keys_at, r->keys_len, "strict") : Py_NewRef(Py_None);
-    uniq = r->uniq_at >= 0 ? PyUnicode_DecodeUTF8(r->pu + r->uniq_at, r->uniq_len, "strict") : Py_NewRef(Py_None);
-    if (r->tags_at >= 0) {
-        if (tags != NULL) {
-            code = PyDict_GetItemWithError(ctx->tags_cache, tags);
-            if (code != NULL) Py_INCREF(code);
-            else if (!PyErr_Occurred()) code = PyObject_CallOneArg(ctx->tags_fn, tags);
-        }
-    } else code = PyLong_FromLong(0);
-    Py_XDECREF(tags);
-    PyObject *qid_obj = PyLong_FromLong(r->qid), *total_obj = PyLong_FromSsize_t(total);
-    PyObject *q_obj = PyLong_FromLongLong(r->q), *sys_obj = PyLong_FromLong(r->sys_flag);
-    PyObject *ptx_obj = PyLong_FromLongLong(r->ptx);
-    PyObject *req = rtype->tp_alloc(rtype, 12);
-    if (keys == NULL || uniq == NULL || code == NULL || qid_obj == NULL || total_obj == NULL || q_obj == NULL ||
-        sys_obj == NULL || ptx_obj == NULL || req == NULL) {
-        Py_XDECREF(keys); Py_XDECREF(uniq); Py_XDECREF(code); Py_XDECREF(qid_obj); Py_XDECREF(total_obj);
-        Py_XDECREF(q_obj); Py_XDECREF(sys_obj); Py_XDECREF(ptx_obj); Py_XDECREF(req);
-        return -1;
-    }
-    PyTuple_SET_ITEM(req, 0, Py_NewRef(topic));
-    PyTuple_SET_ITEM(req, 1, qid_obj);
-    PyTuple_SET_ITEM(req, 2, Py_NewRef(sp->base_obj));
-    PyTuple_SET_ITEM(req, 3, total_obj);
-    PyTuple_SET_ITEM(req, 4, code);
-    PyTuple_SET_ITEM(req, 5, Py_NewRef(sp->now_obj));
-    PyTuple_SET_ITEM(req, 6, q_obj);
-    PyTuple_SET_ITEM(req, 7, keys);
-    PyTuple_SET_ITEM(req, 8, uniq);
-    PyTuple_SET_ITEM(req, 9, sys_obj);
-    PyTuple_SET_ITEM(req, 10, ptx_obj);
-    PyTuple_SET_ITEM(req, 11, Py_NewRef(ps));
-    PyObject_GC_UnTrack(req);  /* str, int and None only (see encode_plain_batch) */
+    PyObject *req = net_request(r, ctx, sp->base_obj, sp->now_obj, NULL);
+    if (req == NULL) return -1;
     /* append_one_net's fit: before the file's last 8 bytes, and in its write view */
     if (total > sp->file_size - sp->pos - 8) { Py_DECREF(req); return 0; }
     Py_buffer dst;
     int got = single_view(sp, total, &dst);
     if (got <= 0) { Py_DECREF(req); return got; }
-    /* the record, as encode_network_run writes it, at the write position */
-    unsigned char *out = (unsigned char *)dst.buf + sp->pos, *p = out;
-    const unsigned char *bp = (const unsigned char *)PyBytes_AS_STRING(body);
-    put_i32(p, (int32_t)total); put_i32(p + 4, r->magic);
-    put_i32(p + 8, (int32_t)(vf_crc32(bp, bl) & 0x7FFFFFFFu));
-    put_i32(p + 12, r->qid); put_i32(p + 16, r->flag);
-    put_i64(p + 20, r->q); put_i64(p + 28, base); put_i32(p + 36, r->sys_flag); put_i64(p + 40, r->born_ts);
-    p += 48;
-    memcpy(p, r->born_addr, r->born_len); p += r->born_len; put_i32(p, r->born_port); p += 4;
-    put_i64(p, now); p += 8;
-    memcpy(p, store_addr, addr_len); p += addr_len; put_i32(p, store_port); p += 4;
-    put_i32(p, r->reconsume); put_i64(p + 4, r->ptx); put_i32(p + 12, (int32_t)bl); p += 16;
-    memcpy(p, bp, bl); p += bl;
-    memcpy(p, r->topic_part, r->topic_part_len); p += r->topic_part_len;
-    put_i16(p, (int)r->plen); p += 2;
-    memcpy(p, r->pu, r->pl);
-    if (reserved) {
-        if (r->plen - reserved > r->pl) p[r->pl] = 2;
-        sc_fill_crc_trailer(out, total);
-    }
+    net_write((unsigned char *)dst.buf + sp->pos, r, base, now, ctx);  /* the record, at the write position */
     PyBuffer_Release(&dst);
     *result = single_publish(sp, req, total, PyTuple_GET_ITEM(netctx, 1), PyTuple_GET_ITEM(netctx, 2));
     Py_DECREF(req);

@@ -40,7 +40,8 @@ def _received(request: object = None, **kwargs: object) -> None:
         n = request.args[0]  # type: ignore[union-attr]
     except (AttributeError, IndexError, TypeError):
         return
-    _log(n=n, phase="received", host=getattr(request, "hostname", ""))
+    info = getattr(request, "delivery_info", None) or {}
+    _log(n=n, phase="received", host=getattr(request, "hostname", ""), redelivered=bool(info.get("redelivered")))
 
 
 @app.task(bind=True)

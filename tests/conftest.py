@@ -13,9 +13,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from rmq_eventstore.store import GetMessageStatus, MessageExt, MessageStore
 from rmq_eventstore.store import commitlog as commitlog_module
+
+# No per-example deadline for property tests: these check results, not speed, and Hypothesis's default 200 ms
+# deadline turns a slow moment of this shared 2-core machine into a failure (DeadlineExceeded). Tests that
+# set their own `@settings` keep them.
+settings.register_profile("rmq", deadline=None)
+settings.load_profile("rmq")
 
 # Small files so that commitlog segments, consume-queue files and index files roll in every test.
 SMALL_GEOMETRY: dict[str, object] = {

@@ -120,6 +120,12 @@ def verdict(log: Path, etas: dict[int, float]) -> tuple[dict[str, object], list[
         problems.append(f"missing {missing[:20]}")
     if dups:
         problems.append(f"ran twice {[(i, [r['host'] for r in starts if r['n'] == i]) for i in dups[:10]]}")
+        # each duplicate's history, to tell a task given back twice from one delivered twice: which worker got
+        # it (received) and ran it (start), when (s from its eta), and whether the broker marked it redelivered
+        for i in dups[:5]:
+            problems.append(f"task {i}: " + ", ".join(
+                f"{r['phase']} {r.get('host', '')} {r['t'] - etas[i]:+.3f}s"
+                + (" redelivered" if r.get("redelivered") else "") for r in rows if r["n"] == i))
     if bad:
         problems.append(f"not within [0, {ON_TIME}] s of the eta: {[(i, round(first[i]['t'] - etas[i], 3)) for i in bad[:20]]}")
     return numbers, problems

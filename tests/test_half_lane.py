@@ -36,13 +36,7 @@ from rmq_eventstore.remoting import (
 )
 from tests.conftest import SMALL_GEOMETRY
 from tests.test_send_lane import TOPIC, _broker, _records, _send
-
-
-class Host:
-    """A channel with the given peer address."""
-
-    def __init__(self, address: str) -> None:
-        self.remote_address = address
+from tests.test_send_lane_native import Host
 
 
 @pytest.fixture

@@ -518,8 +518,8 @@ class PopService:
                         buffer.add_offset(group, t, q, end)
                     continue
                 contiguous = offsets.__class__ is range
+                texts = None  # (startOffsetInfo item, msgOffsetInfo item) once registered in C
                 if contiguous and _POP_REGISTER is not None:  # the block below in C (THE POP CORE in _native.c)
-                    got = None
                     with blk:
                         if buffer.enabled and buffer._count < buffer.max_size:
                             got = _POP_REGISTER(PopCheckPoint, _Entry, deque, buffer._by_key, bqueues, qkey,
@@ -530,36 +530,34 @@ class PopService:
                                 buffer._count += 1
                                 if got[1]:
                                     buffer._scan_commit(qkey)
-                    if got is not None:
-                        starts.append(got[2])
-                        infos.append(got[3])
-                        bodies.append(body)
-                        count += n
-                        rest += max(max_offset - end, 0)
+                                texts = got[2], got[3]
+                if texts is None:
+                    ck = PopCheckPoint(offset, pop_time, invisible_time, n, q, t, group, broker_name,
+                                       list(range(n)) if contiguous else [o - offset for o in offsets])
+                    added = False
+                    with blk:  # buffer.add_ck, buffered: the entry, its journal line, its queue
+                        if buffer.enabled and buffer._count < buffer.max_size:
+                            flush_at = pop_time + max(min(buffer.stay_ms, invisible_time - buffer.margin_ms), 0)
+                            entry = _Entry(ck, revive_qid, end, flush_at)
+                            journal.ck(ck, revive_qid, end, entry.contiguous)
+                            buffer._by_key[(group, t, q, offset, pop_time)] = entry
+                            bq = bqueues.get(qkey)
+                            if bq is None:
+                                bq = bqueues[qkey] = deque()
+                            bq.append(entry)
+                            buffer._count += 1
+                            first = bq[0]
+                            if first.stored or first.acked == first.full:
+                                buffer._scan_commit(qkey)
+                            added = True
+                    if not added and not buffer.add_ck(ck, revive_qid, end):  # full: written now, as add_ck does
                         continue
-                ck = PopCheckPoint(offset, pop_time, invisible_time, n, q, t, group, broker_name,
-                                   list(range(n)) if contiguous else [o - offset for o in offsets])
-                added = False
-                with blk:  # buffer.add_ck, buffered: the entry, its journal line, its queue
-                    if buffer.enabled and buffer._count < buffer.max_size:
-                        flush_at = pop_time + max(min(buffer.stay_ms, invisible_time - buffer.margin_ms), 0)
-                        entry = _Entry(ck, revive_qid, end, flush_at)
-                        journal.ck(ck, revive_qid, end, entry.contiguous)
-                        buffer._by_key[(group, t, q, offset, pop_time)] = entry
-                        bq = bqueues.get(qkey)
-                        if bq is None:
-                            bq = bqueues[qkey] = deque()
-                        bq.append(entry)
-                        buffer._count += 1
-                        first = bq[0]
-                        if first.stored or first.acked == first.full:
-                            buffer._scan_commit(qkey)
-                        added = True
-                if not added and not buffer.add_ck(ck, revive_qid, end):  # full: written now, as add_ck does
-                    continue
-            flag = "1" if retry else "0"
-            starts.append(f"{flag} {q} {offset}")
-            infos.append(f"{flag} {q} {offsets_text(offset, end) if contiguous else ','.join(map(str, offsets))}")
+            if texts is None:
+                flag = "1" if retry else "0"
+                texts = (f"{flag} {q} {offset}",
+                         f"{flag} {q} {offsets_text(offset, end) if contiguous else ','.join(map(str, offsets))}")
+            starts.append(texts[0])
+            infos.append(texts[1])
             bodies.append(body)
             count += n
             rest += max(max_offset - end, 0)

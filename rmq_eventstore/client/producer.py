@@ -25,7 +25,7 @@ from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from ..remoting.command import OPAQUES
 from .base import ROUTE_TTL_SECONDS, ClientBase
-from .remoting_client import MQBrokerError, RemotingError
+from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
 
 _SEND_STATUS = {
     ResponseCode.SUCCESS: "SEND_OK",
@@ -216,17 +216,13 @@ class Producer:
             # the plain send (one Python frame to the socket and back): taken when the route is cached and
             # fresh and requests are not signed, and a `queue_id` asked for is among its writeable queues
             # (the kombu transport's sends, to a queue's lane); nothing has happened yet when it is not
-            base = self._base
-            fast = _FAST_BASES.get(base.__class__)
-            if fast or (fast is None and _fast_base(base.__class__)):
-                route = base._routes.get(topic)
-                if (route is not None and route.queues and _monotonic() - route.fetched < ROUTE_TTL_SECONDS
-                        and base.remoting._sign is None):
-                    if queue_id is None:
-                        return self._send_plain(msg, topic, route.queues, timeout_ms)
-                    for picked in route.queues:  # _pick's choice for an explicit queue: its first entry
-                        if picked[1] == queue_id:
-                            return self._send_plain(msg, topic, route.queues, timeout_ms, queue_id, picked)
+            queues = self._cached_queues(topic)
+            if queues is not None:
+                if queue_id is None:
+                    return self._send_plain(msg, topic, queues, timeout_ms)
+                for picked in queues:  # _pick's choice for an explicit queue: its first entry
+                    if picked[1] == queue_id:
+                        return self._send_plain(msg, topic, queues, timeout_ms, queue_id, picked)
         props, uniq = self._properties(msg, msg.uniq_key or self._ids.create(), delay_level)
         due = _deliver_ms(deliver_at, delay) if deliver_at is not None or delay is not None else None
         if due is not None:
@@ -239,8 +235,8 @@ class Producer:
                           msg.reconsume_times, uniq, False, timeout_ms, stream, expected_version)
 
     def _cached_queues(self, topic: str) -> list[tuple[str, int]] | None:
-        """The writeable queues of `topic` when a request built in C may go straight to the connection (what
-        `send` checks inline for its plain case): a base that routes and invokes as ClientBase does, its route
+        """The writeable queues of `topic` when a request built in C may go straight to the connection (`send`'s
+        plain case, `TransactionProducer.prepare`'s): a base that routes and invokes as ClientBase does, its route
         of `topic` cached and fresh, requests not signed. None: not, the general path's `_pick` and invoke."""
         base = self._base
         fast = _FAST_BASES.get(base.__class__)
@@ -273,6 +269,8 @@ class Producer:
                     conn = remoting.connection(addr)
                 r = conn.invoke_frame(frame, opaque, _SEND_V2, timeout, _send_take)
             except RemotingError as e:
+                if isinstance(e, RemotingTimeoutError):
+                    raise  # the call's timeout is spent: not sent again (see `_send`)
                 if self.retry_times_when_send_failed > 0:
                     base.route(topic, refresh=True)
                 props, uniq = self._properties(msg, uniq, 0)
@@ -432,7 +430,14 @@ class Producer:
         if plain:
             sys_flag_s, flag_s, reconsume_s = (text(sys_flag) or str(sys_flag), text(flag) or str(flag),
                                                text(reconsume) or str(reconsume))
+        # the timeout is the whole call's, as in RocketMQ's sendDefaultImpl: a retry gets what is left of it, and
+        # none is made once it is spent. A request that timed out may have been stored: sending it again could
+        # store the message twice (a Celery task run twice), so a timeout is raised, never retried
+        deadline = _monotonic() + timeout
         for attempt in range(start, 1 + self.retry_times_when_send_failed):
+            left = deadline - _monotonic()
+            if last is not None and (left <= 0 or isinstance(last, RemotingTimeoutError)):
+                break
             addr, q = picked if picked is not None and attempt == 0 else self._pick(topic, queue_id, avoid)
             fast = plain and q.__class__ is int
             if fast:
@@ -463,11 +468,12 @@ class Producer:
             else:
                 cmd = RemotingCommand.request(code if not batch else RequestCode.SEND_BATCH_MESSAGE, ext, body)
             try:
-                r = self._base.invoke(addr, cmd, timeout, ok=ok, while_waiting=run_once if work else None)
+                r = self._base.invoke(addr, cmd, max(left, 0.001), ok=ok, while_waiting=run_once if work else None)
             except RemotingError as e:
                 last = e
                 avoid = addr
-                if attempt < self.retry_times_when_send_failed and stream is None:
+                if (attempt < self.retry_times_when_send_failed and stream is None
+                        and not isinstance(e, RemotingTimeoutError)):
                     self._base.route(topic, refresh=True)
                 if stream is not None:
                     break  # an append may have been stored: a blind retry could add the events twice

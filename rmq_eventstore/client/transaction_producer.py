@@ -42,7 +42,7 @@ from .producer import (
     _send_take,
     _uniq_create,
 )
-from .remoting_client import MQBrokerError, RemotingError
+from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,8 @@ class TransactionProducer(Producer):
                 conn = remoting.connection(addr)
             r = conn.invoke_frame(frame, opaque, _SEND_V2, base.timeout, _send_take, run_once if work else None)
         except RemotingError as e:
+            if isinstance(e, RemotingTimeoutError):
+                raise  # the call's timeout is spent; a half sent again could be committed twice (`_send`)
             if self.retry_times_when_send_failed > 0:
                 base.route(topic, refresh=True)
             props, uniq = self._half_properties(msg, uniq)

@@ -46,6 +46,9 @@
  *   end_commit_props,   TransactionalMessageService._commit_message's properties and half_message's properties dict,
  *   end_props_dict      in one pass over the half's properties string (THE END LANE, block above the table)
  *   end_index_have      IndexService.have_candidates' walk of an index file (THE END LANE)
+ *   end_frame           EndTransactionProcessor.process for a one-way END_TRANSACTION read from its bytes: the half
+ *                       read, checked and ended (commit and op records put, the end remembered) in one call (THE END
+ *                       FRAME, block above the table)
  *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
  *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
  *   pop_queue           buffer's lock (THE POP READ, block above the table)
@@ -8250,6 +8253,7 @@ static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssiz
         "REAL_TOPIC\x01", "REAL_QID\x01", "TRANSACTION_CHECK_TIMES\x01", "TRAN_PREPARED_QUEUE_OFFSET\x01",
         "__CRC32#\x01",
     };
+    static const Py_ssize_t drop_lens[] = {11, 9, 24, 27, 9};
     if (nargs != 3 || !PyUnicode_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) Py_RETURN_NONE;
     PyObject *ps = args[0];
     if (!PyUnicode_IS_ASCII(ps)) Py_RETURN_NONE;
@@ -8264,8 +8268,9 @@ static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssiz
     int ndrops = drop_crc ? 5 : 4;
     const char *s = (const char *)PyUnicode_DATA(ps);
     Py_ssize_t n = PyUnicode_GET_LENGTH(ps);
-    char qtext[32];
-    int qn = snprintf(qtext, sizeof qtext, "%lld", qo);
+    char qbuf[24];
+    const char *qtext = sl_digits(qbuf + sizeof qbuf, qo);  /* str(qo) (THE SEND LANE's digits) */
+    int qn = (int)(qbuf + sizeof qbuf - qtext);
     static const char entry[] = "TRAN_PREPARED_QUEUE_OFFSET\x01";
     Py_ssize_t cap = n + 1 + (Py_ssize_t)(sizeof entry - 1) + qn + 1;
     char small[512];
@@ -8283,7 +8288,7 @@ static PyObject *end_commit_props(PyObject *self, PyObject *const *args, Py_ssiz
         if (rt == NULL && el_starts(seg, sn, "REAL_TOPIC\x01", 11)) { rt = seg + 11; rtn = sn - 11; }
         if (rq == NULL && el_starts(seg, sn, "REAL_QID\x01", 9)) { rq = seg + 9; rqn = sn - 9; }
         int drop = 0;
-        for (int k = 0; k < ndrops && !drop; k++) drop = el_starts(seg, sn, drops[k], (Py_ssize_t)strlen(drops[k]));
+        for (int k = 0; k < ndrops && !drop; k++) drop = el_starts(seg, sn, drops[k], drop_lens[k]);
         if (!drop) {
             memcpy(o + w, seg, (size_t)sn);
             w += sn;
@@ -8479,6 +8484,595 @@ static int sc_append_net(single_put *sp, PyObject *m, const net_ctx *ctx, PyObje
     return *result == NULL ? -1 : 1;
 }
 /* ============================ end of THE SEND CORE ================================================== */
+
+/* ============================ THE END FRAME (branch end-lane2) ====================================== */
+/* A one-way END_TRANSACTION COMMIT / ROLLBACK served from the bytes read, in one C call (issue "speed").  */
+/*  end_frame(data, pos, (ctx, hold, max_frame, max_header, buffered)) -> int | None: the frame at `pos`  */
+/*  of `data` read as send_frame reads a SEND_MESSAGE_V2 (a subset of what the C frame decoder takes: a   */
+/*  JSON header of the plain shape, extFields of strings with plain ASCII keys; a header that does not   */
+/*  begin with `{"code":37,` is not read further), then what EndTransactionProcessor.process(wait=False) */
+/*  does for it, through                                                                                 */
+/*  TransactionalMessageService.half_message, end, _decide, _outcome, _commit_message, _put_op and        */
+/*  _remember: the half read from the commitlog's current file, its checks, the look for an earlier end  */
+/*  (the recent ends, then each index file's walk, end_index_have), hold() (the server's dispatch hold,   */
+/*  before the first put), the commit record (COMMIT) and the op record put by store.put_message as the  */
+/*  Python builds them, the ends remembered. Returns the position after the frame when it served it;     */
+/*  None, having changed nothing, for anything else: a two-way END or a response, another code, an odd   */
+/*  header value (escapes in the fields it reads, numbers that are not plain decimal text, a missing      */
+/*  field), commitOrRollback not 8 or 12, the decoder holding part of a frame, a half that is not in the  */
+/*  current file or not a plain V1 record with IPv4 hosts and ASCII properties, a producer group or queue */
+/*  offset that does not match (the refusals and their log lines stay Python's), UNIQ_KEY, PGROUP or      */
+/*  REAL_TOPIC missing, empty or given twice, a STREAM_ID, the dispatcher behind the broker's start, the  */
+/*  service's lock busy, an end already remembered, an index that may hold an earlier end (or a walk      */
+/*  end_index_have declines), properties end_commit_props declines, a service that is not the stock one. */
+/*  The caller then decodes the frame and `handle` serves it as before (process_now, or a thread).        */
+/*  An op put that is not OK calls service._op_written (its warning); an error (NULL) leaves the service's */
+/*  lock released and whatever the Python path would have left at the same step.                         */
+/*  ctx = EndTransactionProcessor.frame_context(): (broker, TransactionalMessageService, half topic, op   */
+/*  topic, check-max topic, COMMIT, ROLLBACK, REMOVE_TAG, the service module's globals, OrderedDict).     */
+/*  Reference: EndTransactionProcessor.process (tests/test_end_lane.py: twin brokers, byte for byte).     */
+/* ============================================================================================== */
+enum { EFN_TX_SERVICE, EFN_STORE, EFN_SHUTDOWN, EFN_LOADED, EFN_COMMIT_LOG, EFN_MFQ, EFN_FILES, EFN_TRANSIENT,
+       EFN_WROTE, EFN_FROM, EFN_VIEW, EFN_CONFIG, EFN_PROP_CRC, EFN_REPUT, EFN_DISPATCHED, EFN_BOOT, EFN_LOCK,
+       EFN_RECENT, EFN_INDEX, EFN_IFILES, EFN_MM, EFN_MAPPED_SIZE, EFN_SLOT_NUM, EFN_COUNT, EFN_BEGIN_TS,
+       EFN_ENTRIES_BASE, EFN_PUT, EFN_MOVE_TO_END, EFN_POPITEM, EFN_RECENT_ENDS, EFN_OP_WRITTEN, EFN_IS_OK,
+       EFN_ACQUIRE, EFN_RELEASE, EFN_NAMES };
+static const char *ef_texts[EFN_NAMES] = {
+    "transaction_service", "store", "_shutdown", "_loaded", "commit_log", "mapped_file_queue", "mapped_files",
+    "transient", "wrote_position", "file_from_offset", "view", "config", "enabled_append_prop_crc",
+    "reput_message_service", "dispatched_offset", "_boot_offset", "_lock", "_recent", "index_service", "_files", "mm",
+    "mapped_size", "hash_slot_num", "_index_count", "_begin_timestamp", "_entries_base", "put_message",
+    "move_to_end", "popitem", "RECENT_ENDS", "_op_written", "is_ok", "acquire", "release",
+};
+static PyObject *ef_names[EFN_NAMES];
+enum { EFC_BROKER, EFC_SERVICE_TYPE, EFC_HALF_TOPIC, EFC_OP_TOPIC, EFC_CHECK_TOPIC, EFC_COMMIT, EFC_ROLLBACK, EFC_TAG,
+       EFC_GLOBALS, EFC_ODICT, EFC_COUNT };
+
+static int ef_init(void) {
+    if (ef_names[EFN_NAMES - 1] != NULL) return 0;
+    for (int i = 0; i < EFN_NAMES; i++) {
+        PyObject *n = PyUnicode_InternFromString(ef_texts[i]);
+        if (n == NULL) return -1;
+        ef_names[i] = n;
+    }
+    return 0;
+}
+
+/* the plain text of an extFields value it reads (ASCII, no escape), as a span; absent: present 0 */
+typedef struct { const unsigned char *p; Py_ssize_t n; int present, plain; } ef_span;
+enum { EFF_KIND, EFF_GROUP, EFF_CLO, EFF_TSO, EFF_FIELDS };
+
+/* the properties the lane reads, by dict semantics (string_to_properties: a segment's name is up to its first
+ * 0x01, a later segment wins, an empty name or value is no entry); `count` counts the segments naming it */
+enum { EFP_UNIQ, EFP_PGROUP, EFP_STREAM, EFP_REAL_TOPIC, EFP_COUNT };
+typedef struct { const char *v; Py_ssize_t n; int count; } ef_prop;
+
+static void ef_props(const char *s, Py_ssize_t n, ef_prop *out) {
+    static const char *names[EFP_COUNT] = {"UNIQ_KEY", "PGROUP", "STREAM_ID", "REAL_TOPIC"};
+    static const Py_ssize_t lens[EFP_COUNT] = {8, 6, 9, 10};
+    memset(out, 0, sizeof(ef_prop) * EFP_COUNT);
+    if (n == 0) return;
+    Py_ssize_t i = 0;
+    for (;;) {
+        const char *seg = s + i;
+        const char *sep = memchr(seg, 0x02, (size_t)(n - i));
+        Py_ssize_t sn = sep != NULL ? sep - seg : n - i;
+        const char *eq = memchr(seg, 0x01, (size_t)sn);
+        if (eq != NULL) {
+            Py_ssize_t kn = eq - seg;
+            for (int k = 0; k < EFP_COUNT; k++)
+                if (kn == lens[k] && memcmp(seg, names[k], (size_t)kn) == 0) {
+                    out[k].count++;
+                    out[k].v = eq + 1;
+                    out[k].n = sn - kn - 1;
+                }
+        }
+        if (sep == NULL) break;
+        i += sn + 1;
+    }
+}
+
+/* `lock`.acquire(blocking=False) without a method call when its layout is known (fl_check): 1 taken, 0 busy */
+static int ef_try_lock(PyObject *lock) {
+    fl_check();
+#ifdef FL_LAYOUT
+    if (fl_lock_type != NULL && Py_TYPE(lock) == fl_lock_type) {
+        fl_lockobject *l = (fl_lockobject *)lock;
+        if (PyThread_acquire_lock(l->lock_lock, NOWAIT_LOCK) == 1) {
+            l->locked = 1;
+            return 1;
+        }
+        return 0;
+    }
+#endif
+    PyObject *r = PyObject_CallMethodOneArg(lock, ef_names[EFN_ACQUIRE], Py_False);
+    if (r == NULL) return -1;
+    int got = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return got;
+}
+
+/* PutMessageResult.is_ok(): 1 / 0, -1 error */
+static int ef_is_ok(PyObject *r) {
+    if (pmr_type != NULL && Py_TYPE(r) == pmr_type && amr_type != NULL) {
+        PyObject *a = *(PyObject **)((char *)r + pmr_off[1]);
+        if (a == Py_None) return 0;
+        if (a != NULL && Py_TYPE(a) == amr_type && *(PyObject **)((char *)a + amr_off[A_STATUS]) == amr_ok) return 1;
+    }
+    PyObject *v = PyObject_CallMethodNoArgs(r, ef_names[EFN_IS_OK]);
+    if (v == NULL) return -1;
+    int ok = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* TransactionalMessageService._remember(txid, outcome, op_written) */
+static int ef_remember(PyObject *recent, PyObject *txid, PyObject *outcome, int op_written, PyObject *globals) {
+    PyObject *t = PyTuple_Pack(2, outcome, op_written ? Py_True : Py_False);
+    if (t == NULL) return -1;
+    int rc = PyObject_SetItem(recent, txid, t);
+    Py_DECREF(t);
+    if (rc < 0) return -1;
+    PyObject *r = PyObject_CallMethodOneArg(recent, ef_names[EFN_MOVE_TO_END], txid);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    PyObject *limit_obj = PyDict_GetItemWithError(globals, ef_names[EFN_RECENT_ENDS]);  /* borrowed */
+    if (limit_obj == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "end_frame: RECENT_ENDS is gone");
+        return -1;
+    }
+    for (;;) {  /* while len(_recent) > RECENT_ENDS: popitem(last=False) */
+        Py_ssize_t size = PyObject_Size(recent);
+        if (size < 0) return -1;
+        PyObject *size_obj = PyLong_FromSsize_t(size);
+        if (size_obj == NULL) return -1;
+        int over = PyObject_RichCompareBool(size_obj, limit_obj, Py_GT);
+        Py_DECREF(size_obj);
+        if (over <= 0) return over;
+        r = PyObject_CallMethodOneArg(recent, ef_names[EFN_POPITEM], Py_False);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+}
+
+/* a Message made in its slots (fv: new references, taken) */
+static PyObject *ef_message(PyObject **fv) {
+    for (int f = 0; f < F_COUNT; f++)
+        if (fv[f] == NULL) {
+            for (int g = 0; g < F_COUNT; g++) Py_XDECREF(fv[g]);
+            return NULL;
+        }
+    PyObject *m = message_type->tp_alloc(message_type, 0);
+    if (m == NULL) {
+        for (int g = 0; g < F_COUNT; g++) Py_DECREF(fv[g]);
+        return NULL;
+    }
+    for (int f = 0; f < F_COUNT; f++) *(PyObject **)((char *)m + field_offsets[f]) = fv[f];
+    return m;
+}
+
+/* "topic#txid" (ASCII both) */
+static PyObject *ef_key(PyObject *topic, const char *tx, Py_ssize_t txn) {
+    Py_ssize_t tn = PyUnicode_GET_LENGTH(topic);
+    PyObject *k = PyUnicode_New(tn + 1 + txn, 127);
+    if (k == NULL) return NULL;
+    Py_UCS1 *w = PyUnicode_1BYTE_DATA(k);
+    memcpy(w, PyUnicode_1BYTE_DATA(topic), (size_t)tn);
+    w[tn] = '#';
+    memcpy(w + tn + 1, tx, (size_t)txn);
+    return k;
+}
+
+/* 1 when the (real) store answers the END; 0 decline; -1 error. The step-by-step state lives in `ef_state`. */
+typedef struct {
+    PyObject *service, *store, *cl, *mfq, *files, *mf, *view_obj, *lock, *recent, *reput, *index, *ifiles;
+    Py_buffer view;
+    int have_view, locked;
+} ef_state;
+
+static void ef_clear(ef_state *s) {
+    if (s->have_view) PyBuffer_Release(&s->view);
+    if (s->locked) {
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        if (fl_release(s->lock) < 0) PyErr_Clear();  /* taken by ef_try_lock: fl_release's own type test */
+        PyErr_Restore(exc_type, exc, tb);
+    }
+    Py_XDECREF(s->service); Py_XDECREF(s->store); Py_XDECREF(s->cl); Py_XDECREF(s->mfq); Py_XDECREF(s->files);
+    Py_XDECREF(s->mf); Py_XDECREF(s->view_obj); Py_XDECREF(s->lock); Py_XDECREF(s->recent); Py_XDECREF(s->reput);
+    Py_XDECREF(s->index); Py_XDECREF(s->ifiles);
+}
+
+/* the index's look for an earlier end (IndexService.have_candidates of the three keys, newest file first):
+ * 1 none may exist, 0 one may (or the walk declined), -1 error */
+static int ef_index_clear(ef_state *s, PyObject *keys) {
+    s->index = PyObject_GetAttr(s->store, ef_names[EFN_INDEX]);
+    if (s->index == NULL) return -1;
+    s->ifiles = sf_get_any(s->index, ef_names[EFN_IFILES]);  /* a snapshot under the GIL (`files` copies it under its lock) */
+    if (s->ifiles == NULL) return -1;
+    if (!PyList_CheckExact(s->ifiles)) return 0;
+    PyObject *found = PyList_New(3);
+    if (found == NULL) return -1;
+    for (int i = 0; i < 3; i++) PyList_SET_ITEM(found, i, Py_NewRef(Py_False));
+    int res = 1;
+    for (Py_ssize_t i = PyList_GET_SIZE(s->ifiles) - 1; i >= 0 && res == 1; i--) {
+        PyObject *f = PyList_GET_ITEM(s->ifiles, i);
+        Py_INCREF(f);
+        PyObject *a[8] = {sf_get_any(f, ef_names[EFN_MM]), NULL, NULL, NULL, NULL, NULL, keys, found};
+        if (a[0] == NULL) { Py_DECREF(f); res = -1; break; }
+        if (a[0] != Py_None) {
+            a[1] = PyObject_GetAttr(f, ef_names[EFN_MAPPED_SIZE]);
+            a[2] = a[1] ? sf_get_any(f, ef_names[EFN_SLOT_NUM]) : NULL;
+            a[3] = a[2] ? sf_get_any(f, ef_names[EFN_COUNT]) : NULL;
+            a[4] = a[3] ? sf_get_any(f, ef_names[EFN_BEGIN_TS]) : NULL;
+            a[5] = a[4] ? sf_get_any(f, ef_names[EFN_ENTRIES_BASE]) : NULL;
+            if (a[5] == NULL) res = -1;
+            else {
+                PyObject *left = end_index_have(NULL, a, 8);
+                if (left == NULL) res = -1;
+                else {
+                    if (left == Py_None || PyLong_AsLong(left) != 3) res = 0;  /* declined, or one may exist */
+                    Py_DECREF(left);
+                }
+            }
+        }
+        for (int k = 0; k < 6; k++) Py_XDECREF(a[k]);
+        Py_DECREF(f);
+    }
+    Py_DECREF(found);
+    if (res == 0 && PyErr_Occurred()) PyErr_Clear();
+    return res;
+}
+
+static PyObject *end_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_CheckExact(args[0]) || !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 5 ||
+        !PyByteArray_Check(PyTuple_GET_ITEM(args[2], 4)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(args[2], 0)) ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(args[2], 0)) != EFC_COUNT) {
+        PyErr_SetString(PyExc_TypeError, "end_frame(data, pos, (ctx, hold, max_frame, max_header, buffered))");
+        return NULL;
+    }
+    PyObject *data = args[0], *fctx = args[2], *ctx = PyTuple_GET_ITEM(fctx, 0);
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (at < 0 || n - at < 24) Py_RETURN_NONE;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(data) + at;
+    /* the code is the header's first member in every peer's frames (as ack_frame reads them): others at once */
+    if (memcmp(base + 8, "{\"code\":37,", 11) != 0) Py_RETURN_NONE;
+    if (ef_init() < 0) return NULL;
+    if (PyByteArray_GET_SIZE(PyTuple_GET_ITEM(fctx, 4)) != 0 || message_type == NULL)
+        Py_RETURN_NONE;  /* the decoder holds part of a frame: its read */
+    Py_ssize_t max_frame = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 2)), max_header = PyLong_AsSsize_t(PyTuple_GET_ITEM(fctx, 3));
+    if ((max_frame == -1 || max_header == -1) && PyErr_Occurred()) return NULL;
+    int32_t length = get_i32(base), word = get_i32(base + 4);
+    Py_ssize_t hlen = word & 0xFFFFFF;
+    if (length < 4 || length > max_frame || hlen > max_header || hlen > length - 4 || hlen <= 0 ||
+        ((word >> 24) & 0xFF) != 0 || n - at < 4 + (Py_ssize_t)length)
+        Py_RETURN_NONE;  /* not a whole JSON frame: the decoder's */
+    Py_ssize_t frame_end = at + 4 + (Py_ssize_t)length;
+    const unsigned char *h = base + 8;
+    jcur c = {h, h + hlen};
+    long long code = 0, flag = 0, opaque = 0, version = 0;
+    int have_code = 0;
+    ef_span fs[EFF_FIELDS];
+    memset(fs, 0, sizeof fs);
+    /* the header object, as send_frame reads it, keeping the four extFields the END reads */
+    if (hlen < 2 || *c.p != '{') Py_RETURN_NONE;
+    c.p++;
+    j_ws(&c);
+    if (c.p < c.end && *c.p == '}') Py_RETURN_NONE;
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        if (j_member(&c, &k, &kn) != J_OK) goto give_way;
+        long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
+        if (iv != NULL) {
+            have_code |= iv == &code;
+            if (j_int32(&c, iv) != J_OK) goto give_way;
+            if (iv == &code && code != 37) Py_RETURN_NONE;  /* another request (code comes first): at once */
+        } else if (key_is(k, kn, "language", 8) || key_is(k, kn, "remark", 6)) {
+            if (*c.p != '"' || j_string(&c, NULL, 0) != J_OK) goto give_way;
+        } else if (key_is(k, kn, "extFields", 9)) {
+            if (*c.p != '{') Py_RETURN_NONE;
+            memset(fs, 0, sizeof fs);  /* a new extFields object replaces an earlier one (json keeps the last) */
+            c.p++;
+            j_ws(&c);
+            if (c.p < c.end && *c.p == '}') c.p++;
+            else for (;;) {
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;
+                const unsigned char *ek = c.p + 1, *q = ek;
+                while (q < c.end && !j_scan[*q]) q++;  /* a plain ASCII key, else the decoder's */
+                if (q >= c.end || *q != '"') Py_RETURN_NONE;
+                Py_ssize_t ekn = q - ek;
+                c.p = q + 1;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != ':') Py_RETURN_NONE;
+                c.p++;
+                j_ws(&c);
+                if (c.p >= c.end || *c.p != '"') Py_RETURN_NONE;  /* a value not a string: the decoder's */
+                int slot = key_is(ek, ekn, "commitOrRollback", 16) ? EFF_KIND
+                           : key_is(ek, ekn, "producerGroup", 13) ? EFF_GROUP
+                           : key_is(ek, ekn, "commitLogOffset", 15) ? EFF_CLO
+                           : key_is(ek, ekn, "tranStateTableOffset", 20) ? EFF_TSO : -1;
+                const unsigned char *vs = c.p + 1;
+                if (j_string(&c, NULL, 0) != J_OK) goto give_way;
+                if (slot >= 0) {
+                    Py_ssize_t vn = c.p - 1 - vs;
+                    const unsigned char *z = vs;
+                    while (z < vs + vn && !j_scan[*z]) z++;  /* plain ASCII, no escapes: its text as it is */
+                    fs[slot].present = 1;
+                    fs[slot].plain = z == vs + vn;
+                    fs[slot].p = vs;
+                    fs[slot].n = vn;
+                }
+                int more = j_next(&c);
+                if (more > 0) continue;
+                if (more == 0) break;
+                Py_RETURN_NONE;
+            }
+        } else if (j_skip_value(&c) != J_OK) goto give_way;  /* another field: checked, not kept (as j_header) */
+        int more = j_next(&c);
+        if (more > 0) continue;
+        if (more == 0) break;
+        Py_RETURN_NONE;
+    }
+    j_ws(&c);
+    if (c.p != c.end || !have_code || code != 37 || (flag & 3) != 2) Py_RETURN_NONE;  /* one-way END requests */
+    /* the header's values as EndTransactionProcessor.process reads them (get_int / get_str) */
+    long long kind, clo, tso = -1;
+    for (int i = 0; i < EFF_FIELDS; i++)
+        if (fs[i].present && !fs[i].plain) Py_RETURN_NONE;
+    if (!fs[EFF_KIND].present || !sl_int_span((const char *)fs[EFF_KIND].p, fs[EFF_KIND].n, &kind) ||
+        (kind != 8 && kind != 12) || !fs[EFF_GROUP].present || !fs[EFF_CLO].present ||
+        !sl_int_span((const char *)fs[EFF_CLO].p, fs[EFF_CLO].n, &clo) || clo < 0)
+        Py_RETURN_NONE;
+    int check_tso = fs[EFF_TSO].present && fs[EFF_TSO].n > 0;  /* absent or "": None, no check */
+    if (check_tso && !sl_int_span((const char *)fs[EFF_TSO].p, fs[EFF_TSO].n, &tso)) Py_RETURN_NONE;
+    int commit = kind == 8;
+
+    PyObject *broker = PyTuple_GET_ITEM(ctx, EFC_BROKER), *half_topic = PyTuple_GET_ITEM(ctx, EFC_HALF_TOPIC);
+    PyObject *globals = PyTuple_GET_ITEM(ctx, EFC_GLOBALS);
+    if (!PyUnicode_CheckExact(half_topic) || !PyUnicode_IS_ASCII(half_topic) || !PyDict_CheckExact(globals) ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)) ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC)) ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(ctx, EFC_TAG)) || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(ctx, EFC_TAG)))
+        Py_RETURN_NONE;
+    ef_state s;
+    memset(&s, 0, sizeof s);
+    PyObject *result = NULL, *props = NULL, *txid = NULL, *done = NULL, *keys = NULL, *body = NULL, *host = NULL;
+    PyObject *r = NULL, *cmsg = NULL, *omsg = NULL;
+    int got;
+    /* half_message: the service's store (MessageStore._read: running, loaded), the record in the current file */
+    s.service = PyObject_GetAttr(broker, ef_names[EFN_TX_SERVICE]);
+    if (s.service == NULL) goto error;
+    if ((PyObject *)Py_TYPE(s.service) != PyTuple_GET_ITEM(ctx, EFC_SERVICE_TYPE)) goto decline;
+    s.store = PyObject_GetAttr(s.service, ef_names[EFN_STORE]);
+    if (s.store == NULL) goto error;
+    {
+        PyObject *sd = PyObject_GetAttr(s.store, ef_names[EFN_SHUTDOWN]);
+        if (sd == NULL) goto error;
+        PyObject *ld = PyObject_GetAttr(s.store, ef_names[EFN_LOADED]);
+        if (ld == NULL) { Py_DECREF(sd); goto error; }
+        int running = sd == Py_False && ld == Py_True;
+        Py_DECREF(sd); Py_DECREF(ld);
+        if (!running) goto decline;
+    }
+    s.cl = PyObject_GetAttr(s.store, ef_names[EFN_COMMIT_LOG]);
+    if (s.cl == NULL || (s.mfq = sf_get_any(s.cl, ef_names[EFN_MFQ])) == NULL ||
+        (s.files = sf_get_any(s.mfq, ef_names[EFN_FILES])) == NULL)
+        goto error;
+    if (!PyList_CheckExact(s.files) || PyList_GET_SIZE(s.files) == 0) goto decline;
+    s.mf = Py_NewRef(PyList_GET_ITEM(s.files, PyList_GET_SIZE(s.files) - 1));
+    int64_t from, wrote;
+    {
+        PyObject *tr = sf_get_any(s.mf, ef_names[EFN_TRANSIENT]);
+        if (tr == NULL) goto error;
+        int plain_file = tr == Py_False;
+        Py_DECREF(tr);
+        if (!plain_file) goto decline;  /* a write buffer: readers see committed bytes only, the Python's */
+    }
+    if ((got = single_attr_i64(s.mf, ef_names[EFN_FROM], 0, INT64_MAX / 2, &from)) <= 0 ||
+        (got = single_attr_i64(s.mf, ef_names[EFN_WROTE], 0, INT32_MAX, &wrote)) <= 0)
+        goto step;
+    if (clo < from || clo - from >= wrote) goto decline;  /* not in the current file's readable bytes */
+    s.view_obj = PyObject_GetAttr(s.mf, ef_names[EFN_VIEW]);
+    if (s.view_obj == NULL) goto error;
+    if (PyObject_GetBuffer(s.view_obj, &s.view, PyBUF_SIMPLE) < 0) { PyErr_Clear(); goto decline; }  /* destroyed */
+    s.have_view = 1;
+    if (s.view.len < wrote) goto decline;
+    /* the record as look_message_by_offset's C path reads it (decode_records_c over its `total` bytes), the
+     * plain V1 / IPv4 kind only; then the fields the end uses */
+    const unsigned char *rec = (const unsigned char *)s.view.buf + (clo - from);
+    Py_ssize_t avail = (Py_ssize_t)(wrote - (clo - from));
+    if (avail < 4) goto decline;
+    int32_t total = get_i32(rec);
+    if (total <= 8 || total > avail || total < 88 + 4) goto decline;
+    int32_t sys_flag = get_i32(rec + 36);
+    if (get_i32(rec + 4) != REC_MAGIC_V1 || (sys_flag & (SF_BORN_V6 | SF_STORE_V6))) goto decline;
+    int32_t body_len = get_i32(rec + 84);
+    if (body_len < 0 || (Py_ssize_t)88 + body_len + 4 > total) goto decline;
+    Py_ssize_t tpos = 88 + (Py_ssize_t)body_len, tl = rec[tpos];
+    tpos += 1;
+    if (tl > 127 || tpos + tl + 2 > total) goto decline;
+    Py_ssize_t ppos = tpos + tl, pl = get_i16(rec + ppos);
+    ppos += 2;
+    if (pl < 0 || ppos + pl != total) goto decline;
+    if (tl != PyUnicode_GET_LENGTH(half_topic) || memcmp(rec + tpos, PyUnicode_1BYTE_DATA(half_topic), (size_t)tl) != 0)
+        goto decline;  /* not a half message: Python refuses it */
+    const char *ps = (const char *)rec + ppos;
+    for (Py_ssize_t i = 0; i < pl; i++)
+        if ((unsigned char)ps[i] >= 0x80) goto decline;
+    int64_t queue_offset = get_i64(rec + 20), phys = get_i64(rec + 28), born_ts = get_i64(rec + 40);
+    int32_t queue_id = get_i32(rec + 12), hflag = get_i32(rec + 16), born_port = get_i32(rec + 52);
+    int32_t reconsume = get_i32(rec + 72);
+    if (phys != clo) goto decline;
+    ef_prop pp[EFP_COUNT];
+    ef_props(ps, pl, pp);
+    if (pp[EFP_UNIQ].count != 1 || pp[EFP_UNIQ].n == 0 || pp[EFP_PGROUP].count != 1 || pp[EFP_PGROUP].n == 0 ||
+        pp[EFP_STREAM].count != 0 ||
+        pp[EFP_REAL_TOPIC].count != 1 || pp[EFP_REAL_TOPIC].n == 0)
+        goto decline;
+    /* half_message's checks: the producer group, the queue offset */
+    if (pp[EFP_PGROUP].n != fs[EFF_GROUP].n || memcmp(pp[EFP_PGROUP].v, fs[EFF_GROUP].p, (size_t)fs[EFF_GROUP].n) != 0 ||
+        (check_tso && tso != queue_offset))
+        goto decline;
+    /* what the end writes, made before anything changes */
+    props = PyUnicode_DecodeASCII(ps, pl, NULL);
+    txid = props != NULL ? PyUnicode_DecodeASCII(pp[EFP_UNIQ].v, pp[EFP_UNIQ].n, NULL) : NULL;
+    if (txid == NULL) goto error;
+    if (commit) {
+        PyObject *cfg = PyObject_GetAttr(s.store, ef_names[EFN_CONFIG]);
+        PyObject *crc = cfg != NULL ? PyObject_GetAttr(cfg, ef_names[EFN_PROP_CRC]) : NULL;
+        Py_XDECREF(cfg);
+        if (crc == NULL) goto error;
+        PyObject *qo = PyLong_FromLongLong(queue_offset);
+        if (qo == NULL) { Py_DECREF(crc); goto error; }
+        PyObject *cargs[3] = {props, qo, crc};
+        done = end_commit_props(NULL, cargs, 3);
+        Py_DECREF(qo); Py_DECREF(crc);
+        if (done == NULL) goto error;
+        if (done == Py_None) goto decline;  /* an odd REAL_QID: Python's */
+        /* format_host of an IPv4 address: "a.b.c.d:port" */
+        char hb[48], *w = hb, t[24];
+        for (int k = 0; k < 4; k++) {
+            const char *d = sl_digits(t + sizeof t, rec[48 + k]);
+            memcpy(w, d, (size_t)(t + sizeof t - d));
+            w += t + sizeof t - d;
+            *w++ = k < 3 ? '.' : ':';
+        }
+        const char *d = sl_digits(t + sizeof t, born_port);
+        memcpy(w, d, (size_t)(t + sizeof t - d));
+        w += t + sizeof t - d;
+        body = PyBytes_FromStringAndSize((const char *)rec + 88, body_len);
+        host = body != NULL ? PyUnicode_DecodeASCII(hb, w - hb, NULL) : NULL;
+        if (host == NULL) goto error;
+    }
+    keys = PyList_New(3);
+    if (keys == NULL) goto error;
+    {
+        PyObject *rt = PyUnicode_DecodeASCII(pp[EFP_REAL_TOPIC].v, pp[EFP_REAL_TOPIC].n, NULL);
+        if (rt == NULL) goto error;
+        PyObject *k0 = ef_key(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC), pp[EFP_UNIQ].v, pp[EFP_UNIQ].n);
+        PyObject *k1 = ef_key(rt, pp[EFP_UNIQ].v, pp[EFP_UNIQ].n);
+        PyObject *k2 = ef_key(PyTuple_GET_ITEM(ctx, EFC_CHECK_TOPIC), pp[EFP_UNIQ].v, pp[EFP_UNIQ].n);
+        Py_DECREF(rt);
+        PyList_SET_ITEM(keys, 0, k0); PyList_SET_ITEM(keys, 1, k1); PyList_SET_ITEM(keys, 2, k2);
+        if (k0 == NULL || k1 == NULL || k2 == NULL) goto error;
+    }
+    PyBuffer_Release(&s.view);  /* everything read from the record is in objects now */
+    s.have_view = 0;
+    /* end(wait=False): the dispatcher past the records before this broker started, the lock free */
+    s.reput = PyObject_GetAttr(s.store, ef_names[EFN_REPUT]);
+    if (s.reput == NULL) goto error;
+    {
+        PyObject *disp = sf_get_any(s.reput, ef_names[EFN_DISPATCHED]);
+        PyObject *boot = disp != NULL ? PyObject_GetAttr(s.service, ef_names[EFN_BOOT]) : NULL;
+        int behind = boot != NULL ? PyObject_RichCompareBool(disp, boot, Py_LT) : -1;
+        Py_XDECREF(disp); Py_XDECREF(boot);
+        if (behind < 0) goto error;
+        if (behind) goto decline;
+    }
+    s.recent = PyObject_GetAttr(s.service, ef_names[EFN_RECENT]);
+    if (s.recent == NULL) goto error;
+    if ((PyObject *)Py_TYPE(s.recent) != PyTuple_GET_ITEM(ctx, EFC_ODICT)) goto decline;
+    s.lock = PyObject_GetAttr(s.service, ef_names[EFN_LOCK]);
+    if (s.lock == NULL) goto error;
+    got = ef_try_lock(s.lock);
+    if (got < 0) goto error;
+    if (got == 0) goto decline;
+    s.locked = 1;
+    /* _outcome: an end this broker remembers (even without its op message), or one the index may know */
+    got = PyDict_Contains(s.recent, txid);
+    if (got < 0) goto error;
+    if (got) goto decline;
+    got = ef_index_clear(&s, keys);
+    if (got <= 0) goto step;
+    /* _decide: the commit record (COMMIT), the end remembered, the op record */
+    {
+        PyObject *h = PyObject_CallNoArgs(PyTuple_GET_ITEM(fctx, 1));  /* served here from now on */
+        if (h == NULL) goto error;
+        Py_DECREF(h);
+    }
+    PyObject *outcome = PyTuple_GET_ITEM(ctx, commit ? EFC_COMMIT : EFC_ROLLBACK);
+    if (commit) {
+        PyObject *fv[F_COUNT] = {
+            Py_NewRef(PyTuple_GET_ITEM(done, 1)), Py_NewRef(body), Py_NewRef(Py_None), Py_NewRef(Py_None),
+            Py_NewRef(PyTuple_GET_ITEM(done, 2)), PyLong_FromLong(hflag), Py_NewRef(Py_None),
+            PyLong_FromLong((sys_flag & ~0xC) | 0x8), PyLong_FromLongLong(born_ts), Py_NewRef(host),
+            PyLong_FromLong(reconsume), PyLong_FromLongLong(phys), Py_NewRef(PyTuple_GET_ITEM(done, 0)),
+            Py_NewRef(Py_None), Py_NewRef(Py_False)};
+        cmsg = ef_message(fv);
+        if (cmsg == NULL) goto error;
+        PyObject *call[2] = {s.store, cmsg};
+        r = PyObject_VectorcallMethod(ef_names[EFN_PUT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (r == NULL) goto error;
+        got = ef_is_ok(r);
+        if (got < 0) goto error;
+        Py_CLEAR(r);
+        if (!got) goto served;  /* "commit failed": the answer a one-way END does not get; nothing remembered */
+    }
+    if (ef_remember(s.recent, txid, outcome, 0, globals) < 0) goto error;
+    {
+        char qb[24];
+        const char *qd = sl_digits(qb + sizeof qb, queue_offset);  /* str(half.queue_offset).encode() */
+        PyObject *keyl = PyList_New(1);
+        if (keyl == NULL) goto error;
+        PyList_SET_ITEM(keyl, 0, Py_NewRef(txid));
+        /* op_properties_string(txid): TAGS then KEYS (txid is not empty) */
+        PyObject *tag = PyTuple_GET_ITEM(ctx, EFC_TAG);
+        Py_ssize_t tgn = PyUnicode_GET_LENGTH(tag), txn = PyUnicode_GET_LENGTH(txid);
+        PyObject *ops = PyUnicode_New(5 + tgn + 6 + txn + 1, 127);
+        if (ops != NULL) {
+            Py_UCS1 *o = PyUnicode_1BYTE_DATA(ops);
+            memcpy(o, "TAGS\x01", 5); o += 5;
+            memcpy(o, PyUnicode_1BYTE_DATA(tag), (size_t)tgn); o += tgn;
+            memcpy(o, "\x02KEYS\x01", 6); o += 6;
+            memcpy(o, PyUnicode_1BYTE_DATA(txid), (size_t)txn); o += txn;
+            *o = 2;
+        }
+        PyObject *fv[F_COUNT] = {
+            Py_NewRef(PyTuple_GET_ITEM(ctx, EFC_OP_TOPIC)), PyBytes_FromStringAndSize(qd, qb + sizeof qb - qd),
+            Py_NewRef(tag), keyl,
+            PyLong_FromLong(queue_id), PyLong_FromLong(0), Py_NewRef(Py_None), PyLong_FromLong(0), PyLong_FromLong(0),
+            Py_NewRef(Py_None), PyLong_FromLong(0), PyLong_FromLong(0), ops, Py_NewRef(Py_None), Py_NewRef(Py_False)};
+        omsg = ef_message(fv);
+        if (omsg == NULL) goto error;
+        PyObject *call[2] = {s.store, omsg};
+        r = PyObject_VectorcallMethod(ef_names[EFN_PUT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (r == NULL) goto error;
+        got = ef_is_ok(r);
+        if (got < 0) goto error;
+        if (got) {
+            if (ef_remember(s.recent, txid, outcome, 1, globals) < 0) goto error;
+        } else {  /* _op_written: its warning */
+            PyObject *w[4] = {s.service, txid, outcome, r};
+            PyObject *x = PyObject_VectorcallMethod(ef_names[EFN_OP_WRITTEN], w, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (x == NULL) goto error;
+            Py_DECREF(x);
+        }
+    }
+    /* the stream versions' release: nothing without a STREAM_ID */
+served:
+    result = PyLong_FromSsize_t(frame_end);
+    goto out;
+step:
+    if (got < 0) goto error;
+decline:
+    result = Py_NewRef(Py_None);
+    goto out;
+give_way:
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+error:
+    result = NULL;
+out:
+    ef_clear(&s);
+    Py_XDECREF(props); Py_XDECREF(txid); Py_XDECREF(done); Py_XDECREF(keys); Py_XDECREF(body); Py_XDECREF(host);
+    Py_XDECREF(r); Py_XDECREF(cmsg); Py_XDECREF(omsg);
+    return result;
+}
+/* ============================ end of THE END FRAME ================================================== */
 
 /* ============================ THE POP READ (branch pop-broker) ========================================== */
 /* PopService.pop_now's read of one queue, without its Python glue: ConsumeQueue.get_units_raw (the units'  */
@@ -9165,6 +9759,10 @@ static PyMethodDef methods[] = {
      "of one index file (found set in place), the keys still not found, or None (THE END LANE)."},
     {"end_props_dict", (PyCFunction)end_props_dict, METH_O,
      "end_props_dict(props): string_to_properties(props) for an ASCII string, else None (THE END LANE)."},
+    /* THE END FRAME (branch end-lane2): the block above the table */
+    {"end_frame", (PyCFunction)(void (*)(void))end_frame, METH_FASTCALL,
+     "end_frame(data, pos, (ctx, hold, max_frame, max_header, buffered)): a one-way END_TRANSACTION frame at pos "
+     "served (the position after it), or None (THE END FRAME)."},
     /* THE POP READ (branch pop-broker): the block above the table */
     {"pop_read", (PyCFunction)(void (*)(void))pop_read, METH_FASTCALL,
      "pop_read(cq, offset, want, commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes, "

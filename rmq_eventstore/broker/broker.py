@@ -143,6 +143,10 @@ class Broker:
     def processor_for(self, code: int) -> Processor | None:
         return self._processors.get(code)
 
+    def quick_processor_for(self, code: int) -> Any:
+        """The processor `process_now` serves `code` with (POP_MESSAGE, QUERY_STREAM, END_TRANSACTION), or None."""
+        return self._quick_processors.get(code)
+
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         if self._started:

@@ -53,6 +53,7 @@ from ..store import FlushDiskType, MessageStore, StoreConfig
 from .broker import Broker
 from .config import BrokerConfig
 from .long_polling import PullHold
+from .processor.end_transaction import END_FRAME, EndTransactionProcessor
 from .processor.pop import ACK_BODY, ACK_FRAME, POP_FRAME, PopMessageProcessor, give_back_popped
 from .processor.send import NATIVE_FRAME_LANE, NATIVE_LANE
 
@@ -129,6 +130,11 @@ class Connection(asyncio.Protocol):
         # the checkpoint buffer by `AckMessageProcessor.lane` (BrokerServer._ack_frame: None when not served inline)
         self._ack_frame = None if namesrv else server._ack_frame
         self._ack_args = (self.decoder.max_frame_size, self.decoder.max_header_size, self.decoder._buf)
+        # ... and a one-way END_TRANSACTION is served from its bytes (`_native.end_frame`, THE END FRAME), each of
+        # those at the head of a read; None when ENDs are not served that way (BrokerServer._end_frame)
+        self._end_frame = None if namesrv else server._end_frame
+        self._end_args = (server._end_ctx, server._hold_for_send, self.decoder.max_frame_size,
+                          self.decoder.max_header_size, self.decoder._buf)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -147,36 +153,58 @@ class Connection(asyncio.Protocol):
         lane = self._frame_lane
         declined = False  # an ACK the lane read and declined: served by the general path, not tried again
         if lane is not None and server.broker.acl is None:
-            # a read that is one plain SEND_MESSAGE_V2 frame (what a producer waiting for each answer sends) is
-            # served from its bytes in one C call; None: not that, nothing done, decoded and handled below
-            try:
-                got = lane(data, self.remote_address, self._frame_args)
-            except Exception as e:  # as `handle` answers the lane's failure
-                log.exception("request %d failed", _SEND_V2)
-                cmd = self.decoder.feed(data)[0]
-                got = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
-            if got is not None:
-                self._write_frame(got if got.__class__ is bytes else
-                                  (server._lane_answer(*got) if got.__class__ is tuple else got).encode())
-                return
-            ack = self._ack_frame
-            if ack is not None:
-                # a read that is one plain ACK_MESSAGE / BATCH_ACK_MESSAGE frame (what a consumer waiting for each
-                # answer sends): its fields read in C; when every ack it names is settled in the checkpoint buffer
-                # the SUCCESS frame C made is the answer, else (None / False: nothing changed) decoded and handled
-                got = ack(data, *self._ack_args)
+            while True:  # a second round only for what follows the END frames served at the head of the read
+                # a read that is one plain SEND_MESSAGE_V2 frame (what a producer waiting for each answer sends) is
+                # served from its bytes in one C call; None: not that, nothing done, decoded and handled below
+                try:
+                    got = lane(data, self.remote_address, self._frame_args)
+                except Exception as e:  # as `handle` answers the lane's failure
+                    log.exception("request %d failed", _SEND_V2)
+                    cmd = self.decoder.feed(data)[0]
+                    got = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
                 if got is not None:
+                    self._write_frame(got if got.__class__ is bytes else
+                                      (server._lane_answer(*got) if got.__class__ is tuple else got).encode())
+                    return
+                ack = self._ack_frame
+                if ack is not None:
+                    # a read that is one plain ACK_MESSAGE / BATCH_ACK_MESSAGE frame (what a consumer waiting for each
+                    # answer sends): its fields read in C; when every ack it names is settled in the checkpoint
+                    # buffer the SUCCESS frame C made is the answer, else (None / False: nothing changed) decoded
+                    got = ack(data, *self._ack_args)
+                    if got is not None:
+                        try:
+                            done = server._ack_lane(got)
+                        except Exception as e:  # as Broker.process answers a processor's failure
+                            log.exception("request %d failed", _BATCH_ACK if len(got) == 2 else _ACK)
+                            self._write_frame(self.decoder.feed(data)[0].response(
+                                ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}").encode())
+                            return
+                        if done:
+                            self._write_frame(got[0])
+                            return
+                        declined = True
+                end = self._end_frame
+                if end is None or declined:
+                    break
+                # one-way END_TRANSACTIONs at the head of the read (a transaction producer's commit, often followed
+                # by its next half message in the same read): each served from its bytes in one C call, which
+                # gives the position after it; None: not one it serves, nothing done, decoded from there on
+                at = 0
+                while True:
                     try:
-                        done = server._ack_lane(got)
-                    except Exception as e:  # as Broker.process answers a processor's failure
-                        log.exception("request %d failed", _BATCH_ACK if len(got) == 2 else _ACK)
-                        self._write_frame(self.decoder.feed(data)[0].response(
-                            ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}").encode())
-                        return
-                    if done:
-                        self._write_frame(got[0])
-                        return
-                    declined = True
+                        got = end(data, at, self._end_args)
+                    except Exception:  # as `Broker.process_now` fails: logged, no answer to a one-way request
+                        log.exception("request %d failed", _END)
+                        got = at + 4 + int.from_bytes(data[at:at + 4], "big")
+                    if got is None:
+                        break
+                    at = got
+                if not at:
+                    break
+                if at == len(data):
+                    return
+                data = data[at:]
         pop = self._pop_lane
         if pop is not None and not declined and server.broker.acl is None:
             decoder = self.decoder
@@ -322,6 +350,12 @@ class BrokerServer:
                       and broker.processor_for(_BATCH_ACK) is acker)
         self._ack_frame = ACK_FRAME if ack_inline and self._frame_lane is not None else None
         self._ack_body = ACK_BODY if ack_inline else None
+        # a one-way END_TRANSACTION served from its bytes (Connection.data_received, THE END FRAME): ENDs served on
+        # the loop (not SYNC_FLUSH), by the stock processor `process_now` would call
+        ender = broker.quick_processor_for(_END)
+        self._end_frame = (END_FRAME if self._frame_lane is not None and _END not in self._offload
+                           and type(ender) is EndTransactionProcessor else None)
+        self._end_ctx = ender.frame_context() if self._end_frame is not None else None
 
     async def start(self, broker_sock: socket.socket, namesrv_sock: socket.socket | None) -> None:
         self.loop = asyncio.get_running_loop()

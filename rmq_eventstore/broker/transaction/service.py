@@ -48,6 +48,7 @@ from ...common.topic_config import PermName
 from ...remoting import ResponseCode
 
 if TYPE_CHECKING:
+    from ...store import PutMessageResult
     from ..broker import Broker
 
 log = logging.getLogger(__name__)
@@ -269,7 +270,11 @@ class TransactionalMessageService:
         op = Message(topic=RMQ_SYS_TRANS_OP_HALF_TOPIC, body=str(half.queue_offset).encode(), tags=REMOVE_TAG,
                      keys=[txid], queue_id=half.queue_id)
         op.properties_string = op_properties_string(txid)
-        r = self.store.put_message(op)
+        self._op_written(txid, outcome, self.store.put_message(op))
+
+    def _op_written(self, txid: str, outcome: str, r: PutMessageResult) -> None:
+        """After the op message's put: the end remembered with its op message, or a warning (THE END FRAME,
+        `_native.end_frame`, calls it for a put that was not OK and remembers an OK one itself)."""
         if r.is_ok():
             self._remember(txid, outcome, True)
         else:

@@ -49,6 +49,9 @@
  *   end_frame           EndTransactionProcessor.process for a one-way END_TRANSACTION read from its bytes: the half
  *                       read, checked and ended (commit and op records put, the end remembered) in one call (THE END
  *                       FRAME, block above the table)
+ *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
+ *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
+ *   pop_queue           buffer's lock (THE POP READ, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -2769,6 +2772,26 @@ static PyObject *decode_records_c(PyObject *self, PyObject *args) {
  * longer be read (the file was destroyed under the read): the caller then reads unit by unit. */
 typedef struct { PyObject *view; Py_ssize_t start, len; } pull_run;
 
+/* the file holding commitlog offset `at`: 1 with its start, readable end and view (a new reference) in
+ * *base / *limit / *view; 0 for none (span returned None); -1 with an error set */
+typedef int (*rr_span_fn)(void *ctx, long long at, long long *base, long long *limit, PyObject **view);
+
+static int rr_span_call(void *ctx, long long at, long long *base, long long *limit, PyObject **view) {
+    PyObject *s = PyObject_CallFunction((PyObject *)ctx, "L", at);
+    if (s == NULL) return -1;
+    if (s == Py_None) { Py_DECREF(s); return 0; }
+    PyObject *v;
+    if (!PyArg_ParseTuple(s, "LLO", base, limit, &v)) { Py_DECREF(s); return -1; }
+    *view = Py_NewRef(v);
+    Py_DECREF(s);
+    return 1;
+}
+
+static PyObject *rr_core(const unsigned char *ubuf, Py_ssize_t ulen, long long offset, long long max_msg_nums,
+                         long long max_total, long long mem_floor, long long mem_bytes, long long mem_count,
+                         long long disk_bytes, long long disk_count, long long min_phy, rr_span_fn span_fn,
+                         void *span_ctx);
+
 static PyObject *read_runs(PyObject *self, PyObject *args) {
     Py_buffer units;
     long long offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count, disk_bytes, disk_count, min_phy;
@@ -2776,13 +2799,24 @@ static PyObject *read_runs(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*LLLLLLLLLO", &units, &offset, &max_msg_nums, &max_total, &mem_floor,
                           &mem_bytes, &mem_count, &disk_bytes, &disk_count, &min_phy, &span))
         return NULL;
+    PyObject *r = rr_core(units.buf, units.len, offset, max_msg_nums, max_total, mem_floor, mem_bytes, mem_count,
+                          disk_bytes, disk_count, min_phy, rr_span_call, span);
+    PyBuffer_Release(&units);
+    return r;
+}
+
+/* read_runs' loop over `ulen / 20` units at `ubuf`, the span looked up by span_fn */
+static PyObject *rr_core(const unsigned char *ubuf, Py_ssize_t ulen, long long offset, long long max_msg_nums,
+                         long long max_total, long long mem_floor, long long mem_bytes, long long mem_count,
+                         long long disk_bytes, long long disk_count, long long min_phy, rr_span_fn span_fn,
+                         void *span_ctx) {
     PyObject *result = NULL, *cur_view = NULL, *body = NULL, *layout = NULL;
-    Py_ssize_t nunits = units.len / 20;
+    Py_ssize_t nunits = ulen / 20;
     pull_run *runs = PyMem_Malloc(sizeof(pull_run) * (nunits ? nunits : 1));
     int64_t *lay = PyMem_Malloc(sizeof(int64_t) * 3 * (nunits ? nunits : 1));
     Py_ssize_t nruns = 0;
     if (runs == NULL || lay == NULL) { PyErr_NoMemory(); goto done; }
-    const unsigned char *u = units.buf;
+    const unsigned char *u = ubuf;
     int status = 0;
     long long cur_base = -1, cur_limit = -1, run_end = -1, count = 0, total = 0, taken = 0, max_pulled = -1;
     for (Py_ssize_t i = 0; i < nunits; i++, u += 20) {
@@ -2802,19 +2836,17 @@ static PyObject *read_runs(PyObject *self, PyObject *args) {
         /* size_py > 0 here; past int64 (a damaged unit) the end is as unreadable as Python's big int */
         long long end = offset_py > LLONG_MAX - size_py ? LLONG_MAX : offset_py + size_py;
         if (offset_py < cur_base || end > cur_limit) {
-            PyObject *s = PyObject_CallFunction(span, "L", offset_py);
-            if (s == NULL) goto done;
-            if (s == Py_None) {
+            long long base, limit;
+            PyObject *view = NULL;
+            int found = span_fn(span_ctx, offset_py, &base, &limit, &view);
+            if (found < 0) goto done;
+            if (!found) {
                 cur_base = cur_limit = -1;
             } else {
-                long long base, limit;
-                PyObject *view;
-                if (!PyArg_ParseTuple(s, "LLO", &base, &limit, &view)) { Py_DECREF(s); goto done; }
                 cur_base = base;
                 cur_limit = limit;
-                Py_XSETREF(cur_view, Py_NewRef(view));
+                Py_XSETREF(cur_view, view);
             }
-            Py_DECREF(s);
             if (offset_py < cur_base || end > cur_limit) {
                 if (!count) status = 1;
                 continue;
@@ -2867,7 +2899,6 @@ done:
     Py_XDECREF(cur_view);
     Py_XDECREF(body);
     Py_XDECREF(layout);
-    PyBuffer_Release(&units);
     return result;
 }
 /* ==================================== end of THE PULL READ ==================================== */
@@ -7057,9 +7088,24 @@ static PyObject *ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int retry = !(plen[4] == 0 || (plen[4] == 1 && parts[4][0] == '0'));
     PyObject *frame = al_success(opaque, version);
     if (frame == NULL) return NULL;
-    return Py_BuildValue("(NOs#s#LLLLLLOs#LL)", frame, Py_None, (const char *)xs[ALX_GROUP], xn[ALX_GROUP],
-                         (const char *)xs[ALX_TOPIC], xn[ALX_TOPIC], qid, offset, e[0], e[1], e[2], e[3],
-                         retry ? Py_True : Py_False, (const char *)parts[5], plen[5], e[6], e[7]);
+    /* Py_BuildValue("(NOs#s#LLLLLLOs#LL)", ...)'s tuple, built in place (its format parsing was a third of this) */
+    PyObject *res = PyTuple_New(14);
+    if (res == NULL) { Py_DECREF(frame); return NULL; }
+    PyTuple_SET_ITEM(res, 0, frame);
+    PyTuple_SET_ITEM(res, 1, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(res, 2, PyUnicode_FromStringAndSize((const char *)xs[ALX_GROUP], xn[ALX_GROUP]));
+    PyTuple_SET_ITEM(res, 3, PyUnicode_FromStringAndSize((const char *)xs[ALX_TOPIC], xn[ALX_TOPIC]));
+    PyTuple_SET_ITEM(res, 4, PyLong_FromLongLong(qid));
+    PyTuple_SET_ITEM(res, 5, PyLong_FromLongLong(offset));
+    for (int i = 0; i < 4; i++)
+        PyTuple_SET_ITEM(res, 6 + i, PyLong_FromLongLong(e[i]));
+    PyTuple_SET_ITEM(res, 10, Py_NewRef(retry ? Py_True : Py_False));
+    PyTuple_SET_ITEM(res, 11, PyUnicode_FromStringAndSize((const char *)parts[5], plen[5]));
+    PyTuple_SET_ITEM(res, 12, PyLong_FromLongLong(e[6]));
+    PyTuple_SET_ITEM(res, 13, PyLong_FromLongLong(e[7]));
+    for (int i = 2; i < 14; i++)
+        if (PyTuple_GET_ITEM(res, i) == NULL) { Py_DECREF(res); return NULL; }
+    return res;
 fail_rc:
     if (rc == J_ERROR) return NULL;
 decline:
@@ -7861,12 +7907,35 @@ static char *pcore_ll(char *d, long long v) {
     return d;
 }
 
-/* ",".join(map(str, range(start, stop))), start < stop */
+/* ",".join(map(str, range(start, stop))), start < stop; from a start >= 0 each next number is the previous one's
+ * digits counted up by one (branch pop-broker: a division per digit per number was most of a pop's text) */
 static char *pcore_run(char *d, long long start, long long stop) {
-    for (long long v = start; v < stop; v++) {
-        if (v != start)
-            *d++ = ',';
-        d = pcore_ll(d, v);
+    if (start < 0) {
+        for (long long v = start; v < stop; v++) {
+            if (v != start)
+                *d++ = ',';
+            d = pcore_ll(d, v);
+        }
+        return d;
+    }
+    char dig[48];  /* the digits at dig + 24, growing leftwards by a carry out of the top digit (20 at most) */
+    char *p = dig + 24;
+    int len = (int)(pcore_ll(p, start) - p);
+    memcpy(d, p, (size_t)len);
+    d += len;
+    for (long long v = start + 1; v < stop; v++) {
+        int i = len - 1;
+        while (i >= 0 && p[i] == '9')
+            p[i--] = '0';
+        if (i < 0) {  /* 99..9 + 1: one digit more */
+            *--p = '1';
+            len++;
+        } else {
+            p[i]++;
+        }
+        *d++ = ',';
+        memcpy(d, p, (size_t)len);
+        d += len;
     }
     return d;
 }
@@ -7889,7 +7958,7 @@ static int pcore_write(int fd, const char *p, Py_ssize_t len) {
 static int pcore_set(PyObject *o, PyObject *name, PyObject *v) {
     if (v == NULL)
         return -1;
-    int r = PyObject_SetAttr(o, name, v);
+    int r = sf_set_any(o, name, v);  /* a slot (_Entry's) by its offset, else setattr */
     Py_DECREF(v);
     return r;
 }
@@ -8005,14 +8074,15 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
         if (r < 0)
             goto out;
     }
-    PyObject *ok = PyObject_CallMethodOneArg(bq, pcore_n_append, entry);
+    PyObject *app[2] = {bq, entry};
+    PyObject *ok = PyObject_VectorcallMethod(pcore_n_append, app, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (ok == NULL)
         goto out;
     Py_DECREF(ok);
     if ((first = PySequence_GetItem(bq, 0)) == NULL)
         goto out;
     if (first != entry) {  /* first.stored or first.acked == first.full: the caller scans */
-        PyObject *st = PyObject_GetAttr(first, pcore_n_stored);
+        PyObject *st = sf_get_any(first, pcore_n_stored);
         if (st == NULL)
             goto out;
         scan = PyObject_IsTrue(st);
@@ -8020,7 +8090,7 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
         if (scan < 0)
             goto out;
         if (!scan) {
-            PyObject *ac = PyObject_GetAttr(first, pcore_n_acked), *fu = ac ? PyObject_GetAttr(first, pcore_n_full) : NULL;
+            PyObject *ac = sf_get_any(first, pcore_n_acked), *fu = ac ? sf_get_any(first, pcore_n_full) : NULL;
             scan = fu != NULL ? PyObject_RichCompareBool(ac, fu, Py_EQ) : -1;
             Py_XDECREF(ac); Py_XDECREF(fu);
             if (scan < 0)
@@ -8064,16 +8134,16 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     char *buf = NULL;
     int decline = 1;
     long long so, acked, full;
-    if ((stored = PyObject_GetAttr(entry, pcore_n_stored)) == NULL
-        || (contiguous = PyObject_GetAttr(entry, pcore_n_contiguous)) == NULL)
+    if ((stored = sf_get_any(entry, pcore_n_stored)) == NULL
+        || (contiguous = sf_get_any(entry, pcore_n_contiguous)) == NULL)
         goto out;
     if (stored != Py_False || contiguous != Py_True)
         goto out;
-    if ((ck = PyObject_GetAttr(entry, pcore_n_ck)) == NULL || (acked_obj = PyObject_GetAttr(entry, pcore_n_acked)) == NULL
-        || (full_obj = PyObject_GetAttr(entry, pcore_n_full)) == NULL)
+    if ((ck = sf_get_any(entry, pcore_n_ck)) == NULL || (acked_obj = sf_get_any(entry, pcore_n_acked)) == NULL
+        || (full_obj = sf_get_any(entry, pcore_n_full)) == NULL)
         goto out;
-    if ((so_obj = PyObject_GetAttr(ck, pcore_n_start_offset)) == NULL
-        || (diffs = PyObject_GetAttr(ck, pcore_n_queue_offset_diff)) == NULL)
+    if ((so_obj = sf_get_any(ck, pcore_n_start_offset)) == NULL
+        || (diffs = sf_get_any(ck, pcore_n_queue_offset_diff)) == NULL)
         goto out;
     if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
         || !pcore_int(full_obj, &full))
@@ -8095,7 +8165,7 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         hi = n;
     if (lo < hi)
         acked |= (long long)((((unsigned long long)1 << (hi - lo)) - 1) << lo);
-    if ((new_acked = PyLong_FromLongLong(acked)) == NULL || PyObject_SetAttr(entry, pcore_n_acked, new_acked) < 0)
+    if ((new_acked = PyLong_FromLongLong(acked)) == NULL || sf_set_any(entry, pcore_n_acked, new_acked) < 0)
         goto out;
     size_t cap = (size_t)glen + (size_t)tlen + 128 + (size_t)(stop - start) * 21;
     if ((buf = PyMem_Malloc(cap)) == NULL) {
@@ -9657,6 +9727,556 @@ static PyObject *ack_lone(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 /* ============================ end of THE LONE CALLER ================================================= */
 
+/* ============================ THE POP READ (branch pop-broker) ========================================== */
+/* PopService.pop_now's read of one queue, without its Python glue: ConsumeQueue.get_units_raw (the units'  */
+/* bytes from the consume-queue file holding the offset, MappedFileQueue.find_mapped_file_by_offset and     */
+/* MappedFile.get_read_position), the memory floor (CommitLog.get_max_offset - total RAM * ratio // 100),  */
+/* CommitLog.get_min_offset, and read_runs' loop (rr_core) with MessageStore._file_span (CommitLog.find_file */
+/* and the file's readable end) looked up in C. The fields are read as the Python reads them (slots by      */
+/* offset, the rest by attribute); anything they do not hold as the reference expects (not an exact int, a  */
+/* list, a bool; no units; a view released) is None: the caller then takes the reference's read            */
+/* (MessageStore.read_for_pop). Reference: get_units_raw + read_runs + _file_span (tests/test_pop_read.py). */
+static PyObject *prd_n_min_logic, *prd_n_mfq, *prd_n_mfs, *prd_n_files, *prd_n_ffo, *prd_n_wrote, *prd_n_committed,
+    *prd_n_transient, *prd_n_view, *prd_n_available, *prd_n_file_size;
+
+static int prd_init(void) {
+    if (prd_n_file_size != NULL)
+        return 0;
+#define PRD_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    PRD_NAME(prd_n_min_logic, "_min_logic_offset"); PRD_NAME(prd_n_mfq, "mapped_file_queue");
+    PRD_NAME(prd_n_mfs, "mapped_file_size"); PRD_NAME(prd_n_files, "mapped_files");
+    PRD_NAME(prd_n_ffo, "file_from_offset"); PRD_NAME(prd_n_wrote, "wrote_position");
+    PRD_NAME(prd_n_committed, "committed_position"); PRD_NAME(prd_n_transient, "transient");
+    PRD_NAME(prd_n_view, "view"); PRD_NAME(prd_n_available, "available"); PRD_NAME(prd_n_file_size, "file_size");
+#undef PRD_NAME
+    return 0;
+}
+
+/* getattr(o, name): by the slot's offset (sf_get_any) for the slots of the classes read here (MappedFile's
+ * positions, MappedFileQueue.mapped_files, ConsumeQueue.mapped_file_queue), the generic look-up for the rest
+ * (instance-dict attributes: sf_get_any's table would only add its own look-up) */
+static PyObject *prd_get(PyObject *o, PyObject *name) {
+    if (name == prd_n_ffo || name == prd_n_wrote || name == prd_n_committed || name == prd_n_transient
+        || name == prd_n_files || name == prd_n_mfq)
+        return sf_get_any(o, name);
+    return PyObject_GetAttr(o, name);
+}
+
+/* an attribute that is an exact int within +-2**53: 1 (*out); 0 otherwise or on a look-up error (cleared) */
+static int prd_int(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = prd_get(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = pcore_int(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* an attribute that is True or False: 1 / 0; -1 otherwise or on a look-up error (cleared) */
+static int prd_bool(PyObject *o, PyObject *name) {
+    PyObject *v = prd_get(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int r = v == Py_True ? 1 : v == Py_False ? 0 : -1;
+    Py_DECREF(v);
+    return r;
+}
+
+static long long prd_floordiv(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* MappedFile.get_read_position: 1 (*out), 0 when the fields are not what it reads */
+static int prd_read_pos(PyObject *mf, long long *out) {
+    int tr = prd_bool(mf, prd_n_transient);
+    return tr >= 0 && prd_int(mf, tr ? prd_n_committed : prd_n_wrote, out);
+}
+
+/* a MappedFileQueue's mapped_files as a new reference to an exact list, else NULL (nothing set) */
+static PyObject *prd_files(PyObject *mfq) {
+    PyObject *files = prd_get(mfq, prd_n_files);
+    if (files == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (!PyList_CheckExact(files)) {
+        Py_DECREF(files);
+        return NULL;
+    }
+    return files;
+}
+
+/* MappedFileQueue.find_mapped_file_by_offset over `files` (its mapped_files) with file size `size` > 0:
+ * 1 with the file (borrowed from files) or NULL for none in *out; 0 when a field is not what it reads */
+static int prd_find(PyObject *files, long long size, long long offset, int return_first, PyObject **out) {
+    Py_ssize_t n = PyList_GET_SIZE(files);
+    *out = NULL;
+    if (n == 0)
+        return 1;
+    PyObject *first = PyList_GET_ITEM(files, 0), *last = PyList_GET_ITEM(files, n - 1);
+    long long f0, fl, fo;
+    if (!prd_int(first, prd_n_ffo, &f0) || !prd_int(last, prd_n_ffo, &fl))
+        return 0;
+    if (offset < f0 || offset >= fl + size) {
+        *out = return_first ? first : NULL;
+        return 1;
+    }
+    long long idx = prd_floordiv(offset, size) - prd_floordiv(f0, size);
+    if (idx >= 0 && idx < n) {
+        PyObject *mf = PyList_GET_ITEM(files, (Py_ssize_t)idx);
+        if (!prd_int(mf, prd_n_ffo, &fo))
+            return 0;
+        if (fo <= offset && offset < fo + size) {
+            *out = mf;
+            return 1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {  /* holes or disorder: linear scan */
+        PyObject *mf = PyList_GET_ITEM(files, i);
+        if (!prd_int(mf, prd_n_ffo, &fo))
+            return 0;
+        if (fo <= offset && offset < fo + size) {
+            *out = mf;
+            return 1;
+        }
+    }
+    *out = return_first ? first : NULL;
+    return 1;
+}
+
+/* the commitlog's state for the read: its mapped_files, their file size, its file_size (roll_next_file) */
+typedef struct { PyObject *files; long long mfs; } prd_span_ctx;
+
+/* MessageStore._file_span for rr_core */
+static int prd_span(void *ctx, long long at, long long *base, long long *limit, PyObject **view) {
+    prd_span_ctx *c = ctx;
+    PyObject *mf;
+    if (!prd_find(c->files, c->mfs, at, at == 0, &mf))
+        goto odd;
+    if (mf == NULL)
+        return 0;
+    long long ffo, rp;
+    if (!prd_int(mf, prd_n_ffo, &ffo) || !prd_read_pos(mf, &rp))
+        goto odd;
+    PyObject *v = prd_get(mf, prd_n_view);
+    if (v == NULL)
+        return -1;
+    *base = ffo;
+    *limit = ffo + rp;
+    *view = v;
+    return 1;
+odd:  /* a field the reference would read differently: rr_core fails, the caller declines */
+    PyErr_SetString(PyExc_LookupError, "pop_read: unexpected mapped file fields");
+    return -1;
+}
+
+/* pop_read(cq, offset, want, commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes,
+ *          disk_count) -> read_runs' (status, taken, total, max_pulled, body, layout), or None: the reference */
+static PyObject *pop_read(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 11) {
+        PyErr_SetString(PyExc_TypeError, "pop_read takes 11 arguments");
+        return NULL;
+    }
+    if (pcore_init_names() < 0 || prd_init() < 0)
+        return NULL;
+    PyObject *cq = a[0], *commit_log = a[3];
+    long long offset, want, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes, disk_count;
+    if (!pcore_int(a[1], &offset) || !pcore_int(a[2], &want) || !pcore_int(a[4], &max_total)
+        || !pcore_int(a[5], &total_ram) || !pcore_int(a[6], &mem_ratio) || !pcore_int(a[7], &mem_bytes)
+        || !pcore_int(a[8], &mem_count) || !pcore_int(a[9], &disk_bytes) || !pcore_int(a[10], &disk_count)
+        || total_ram < 0 || mem_ratio < 0 || mem_ratio > 100)
+        Py_RETURN_NONE;
+    /* get_units_raw(offset, want) */
+    if (offset < 0 || want <= 0 || want > (1LL << 40))
+        Py_RETURN_NONE;
+    long long logic = offset * 20, min_logic, qsize, cq_mfs;
+    if (!prd_int(cq, prd_n_min_logic, &min_logic) || logic < min_logic)
+        Py_RETURN_NONE;
+    PyObject *mfq = prd_get(cq, prd_n_mfq);
+    if (mfq == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *qfiles = prd_files(mfq), *cfiles = NULL, *clq = NULL, *view = NULL, *res = NULL;
+    Py_buffer vb;
+    vb.obj = NULL;
+    int ok = qfiles != NULL && prd_int(mfq, prd_n_mfs, &qsize) && qsize > 0;
+    PyObject *mf = NULL;
+    if (!ok || !prd_find(qfiles, qsize, logic, 0, &mf) || mf == NULL)
+        goto decline;
+    long long rp;
+    if (!prd_int(cq, prd_n_mfs, &cq_mfs) || cq_mfs <= 0 || !prd_read_pos(mf, &rp))
+        goto decline;
+    long long pos = logic % cq_mfs, end = pos + want * 20;
+    if (end > rp)
+        end = rp;
+    if (end <= pos || (end - pos) % 20)
+        goto decline;
+    if ((view = prd_get(mf, prd_n_view)) == NULL) {
+        PyErr_Clear();
+        goto decline;
+    }
+    if (!PyMemoryView_Check(view) || PyObject_GetBuffer(view, &vb, PyBUF_SIMPLE) < 0) {  /* released: b"" */
+        PyErr_Clear();
+        vb.obj = NULL;
+        goto decline;
+    }
+    if (end > vb.len)  /* the slice stops at the view's end */
+        end = vb.len;
+    if (end <= pos)
+        goto decline;
+    /* the memory floor and the min physical offset, as pop_now's arguments to read_runs */
+    long long cl_mfs, cl_file_size, max_phy = 0, min_phy = -1;
+    if ((clq = prd_get(commit_log, prd_n_mfq)) == NULL) {
+        PyErr_Clear();
+        goto decline;
+    }
+    if ((cfiles = prd_files(clq)) == NULL || !prd_int(clq, prd_n_mfs, &cl_mfs) || cl_mfs <= 0)
+        goto decline;
+    Py_ssize_t nc = PyList_GET_SIZE(cfiles);
+    if (nc) {
+        PyObject *last = PyList_GET_ITEM(cfiles, nc - 1), *first = PyList_GET_ITEM(cfiles, 0);
+        long long lffo, lrp, fffo;
+        if (!prd_int(last, prd_n_ffo, &lffo) || !prd_read_pos(last, &lrp) || !prd_int(first, prd_n_ffo, &fffo))
+            goto decline;
+        max_phy = lffo + lrp;
+        int avail = prd_bool(first, prd_n_available);
+        if (avail < 0)
+            goto decline;
+        if (avail) {
+            min_phy = fffo;
+        } else {
+            if (!prd_int(commit_log, prd_n_file_size, &cl_file_size) || cl_file_size <= 0)
+                goto decline;
+            min_phy = fffo + cl_file_size - (fffo % cl_file_size + cl_file_size) % cl_file_size;
+        }
+    }
+    if (total_ram > (1LL << 53) / 101)
+        goto decline;
+    prd_span_ctx ctx = {cfiles, cl_mfs};
+    res = rr_core((const unsigned char *)vb.buf + pos, (Py_ssize_t)(end - pos), offset, want, max_total,
+                  max_phy - total_ram * mem_ratio / 100, mem_bytes, mem_count, disk_bytes, disk_count, min_phy,
+                  prd_span, &ctx);
+    if (res == NULL && PyErr_ExceptionMatches(PyExc_LookupError)) {  /* prd_span's odd field */
+        PyErr_Clear();
+        goto decline;
+    }
+    goto out;
+decline:
+    res = Py_NewRef(Py_None);
+out:
+    if (vb.obj != NULL)
+        PyBuffer_Release(&vb);
+    Py_XDECREF(view); Py_XDECREF(qfiles); Py_XDECREF(cfiles); Py_XDECREF(clq); Py_DECREF(mfq);
+    return res;
+}
+/* queue_max(cq): ConsumeQueue.get_max_offset_in_queue (its MappedFileQueue.get_max_offset // 20) without
+ * the two Python frames, or None when a field is not what they read (the caller then calls the method) */
+static PyObject *queue_max(PyObject *self, PyObject *cq) {
+    if (prd_init() < 0)
+        return NULL;
+    PyObject *mfq = prd_get(cq, prd_n_mfq);
+    if (mfq == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *files = prd_files(mfq);
+    Py_DECREF(mfq);
+    if (files == NULL)
+        Py_RETURN_NONE;
+    long long top = 0, ffo, rp;
+    Py_ssize_t n = PyList_GET_SIZE(files);
+    if (n) {
+        PyObject *last = PyList_GET_ITEM(files, n - 1);
+        if (!prd_int(last, prd_n_ffo, &ffo) || !prd_read_pos(last, &rp)) {
+            Py_DECREF(files);
+            Py_RETURN_NONE;
+        }
+        top = ffo + rp;
+    }
+    Py_DECREF(files);
+    return PyLong_FromLongLong(prd_floordiv(top, 20));
+}
+static PyObject *prd_n_get_max, *prd_zero;
+
+/* queue_live(cq_table, plan, first) -> [(topic, queue_id, retry, cq, max offset), ...]: the queues of `plan` (a
+ * list of (topic, queue_id, retry)), from index `first` on and round (plan[first:] + plan[:first]), that the
+ * store has (cq_table[topic][queue_id]) and that hold something (max offset > 0), in that order: the ones
+ * PopService.pop_now's loop reads or counts. The max offset as queue_max, else the method's. None when the
+ * table or the plan is not what it takes (the caller then makes the list in Python: queue_live_py) */
+static PyObject *queue_live(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 3) {
+        PyErr_SetString(PyExc_TypeError, "queue_live takes 3 arguments");
+        return NULL;
+    }
+    if (prd_init() < 0)
+        return NULL;
+    if (prd_n_get_max == NULL && (prd_n_get_max = PyUnicode_InternFromString("get_max_offset_in_queue")) == NULL)
+        return NULL;
+    if (prd_zero == NULL && (prd_zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    PyObject *table = a[0], *plan = a[1];
+    long long first;
+    if (!PyDict_CheckExact(table) || !PyList_CheckExact(plan) || !pcore_int(a[2], &first))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(plan);
+    if (first < 0 || (n && first >= n) || (!n && first))
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the plan's shape first: nothing called before a decline */
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 3 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(it, 0))
+            || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *it = PyList_GET_ITEM(plan, (Py_ssize_t)((first + k) % n));
+        PyObject *t = PyTuple_GET_ITEM(it, 0), *q = PyTuple_GET_ITEM(it, 1);
+        PyObject *queues = PyDict_GetItemWithError(table, t);  /* borrowed */
+        if (queues == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (!PyDict_CheckExact(queues)) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;  /* nothing was called yet for this queue; the caller redoes the list */
+        }
+        PyObject *cq = PyDict_GetItemWithError(queues, q);
+        if (cq == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (cq == Py_None)
+            continue;
+        Py_INCREF(cq);
+        PyObject *top = queue_max(NULL, cq);
+        if (top == Py_None) {
+            Py_DECREF(top);
+            top = PyObject_CallMethodNoArgs(cq, prd_n_get_max);
+        }
+        if (top == NULL) {
+            Py_DECREF(cq);
+            goto fail;
+        }
+        int live = PyObject_RichCompareBool(top, prd_zero, Py_GT);
+        PyObject *entry = live > 0 ? PyTuple_Pack(5, t, q, PyTuple_GET_ITEM(it, 2), cq, top) : NULL;
+        Py_DECREF(cq);
+        Py_DECREF(top);
+        if (live < 0 || (live > 0 && (entry == NULL || PyList_Append(out, entry) < 0))) {
+            Py_XDECREF(entry);
+            goto fail;
+        }
+        Py_XDECREF(entry);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+static PyObject *prd_n_acquire, *prd_n_release, *prd_n_enabled, *prd_n_count, *prd_n_max_size, *prd_n_stay_ms,
+    *prd_n_margin_ms, *prd_n_fd, *prd_n_size, *prd_n_scan_commit;
+
+static int prd_init2(void) {
+    if (prd_n_scan_commit != NULL)
+        return 0;
+#define PRD_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    PRD_NAME(prd_n_acquire, "acquire"); PRD_NAME(prd_n_release, "release"); PRD_NAME(prd_n_enabled, "enabled");
+    PRD_NAME(prd_n_count, "_count"); PRD_NAME(prd_n_max_size, "max_size"); PRD_NAME(prd_n_stay_ms, "stay_ms");
+    PRD_NAME(prd_n_margin_ms, "margin_ms"); PRD_NAME(prd_n_fd, "_fd"); PRD_NAME(prd_n_size, "size");
+    PRD_NAME(prd_n_scan_commit, "_scan_commit");
+#undef PRD_NAME
+    return 0;
+}
+
+/* o.name += d for an int attribute (as the statement does: getattr, +, setattr); -1 with an error set */
+static int prd_add(PyObject *o, PyObject *name, PyObject *d) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *w = PyNumber_InPlaceAdd(v, d);
+    Py_DECREF(v);
+    if (w == NULL)
+        return -1;
+    int r = PyObject_SetAttr(o, name, w);
+    Py_DECREF(w);
+    return r;
+}
+
+/* with blk (the buffer's lock, held by this thread for the call): pop_now's registration of a contiguous pop,
+ * `if buffer.enabled and buffer._count < buffer.max_size: got = pop_register(...)` and its bookkeeping
+ * (journal.size, buffer._count, buffer._scan_commit(qkey)): pop_register's tuple, None (not registered, nothing
+ * changed), or NULL with an error set */
+static PyObject *prd_register(PyObject *buffer, PyObject *journal, PyObject *const *reg) {
+    int en = prd_bool(buffer, prd_n_enabled);
+    long long cnt, maxsize;
+    if (en <= 0 || !prd_int(buffer, prd_n_count, &cnt) || !prd_int(buffer, prd_n_max_size, &maxsize) || cnt >= maxsize)
+        Py_RETURN_NONE;  /* off, full or not what the test reads: the reference's add_ck decides */
+    PyObject *args[19];
+    memcpy(args, reg, sizeof args);
+    PyObject *fd = NULL, *stay = NULL, *margin = NULL, *got = NULL;
+    if ((fd = prd_get(journal, prd_n_fd)) == NULL || (stay = prd_get(buffer, prd_n_stay_ms)) == NULL
+        || (margin = prd_get(buffer, prd_n_margin_ms)) == NULL)
+        goto out;
+    args[6] = fd;
+    args[16] = stay;
+    args[17] = margin;
+    got = pop_register(NULL, args, 19);
+    if (got == NULL || got == Py_None)
+        goto out;
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL || prd_add(journal, prd_n_size, PyTuple_GET_ITEM(got, 0)) < 0 || prd_add(buffer, prd_n_count, one) < 0) {
+        Py_XDECREF(one);
+        Py_CLEAR(got);
+        goto out;
+    }
+    Py_DECREF(one);
+    if (PyTuple_GET_ITEM(got, 1) == Py_True) {
+        PyObject *sargs[2] = {buffer, reg[5]};
+        PyObject *r = PyObject_VectorcallMethod(prd_n_scan_commit, sargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (r == NULL) {
+            Py_CLEAR(got);
+            goto out;
+        }
+        Py_DECREF(r);
+    }
+out:
+    Py_XDECREF(fd); Py_XDECREF(stay); Py_XDECREF(margin);
+    return got;
+}
+
+/* pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's work on one
+ * queue, its lock held by the caller, from the buffer's pop offset on: the queue's bounds, the read (pop_read)
+ * and, for a read of consecutive offsets, the registration in the buffer (pop_register and its bookkeeping under
+ * the buffer's lock). ctx: (commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes,
+ * disk_count, buffer, buffer lock, journal, PopCheckPoint, _Entry, deque, by_key, buffer queues, group, pop_time,
+ * invisible_time, broker_name, revive_qid). Returns
+ *   None                                   nothing to read there (pop_now's `continue`)
+ *   (offset, max_offset, lo)               the caller reads and registers as the reference does
+ *   (offset, max_offset, lo, read)         read (read_runs' tuple), not registered: the caller goes on from the read
+ *   (start item, info item, body, n, end, max_offset)   read and registered
+ * Nothing is changed before the registration, and that is all or nothing (pop_register). */
+static PyObject *pop_queue(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 9 || !PyTuple_CheckExact(a[8]) || PyTuple_GET_SIZE(a[8]) != 21) {
+        PyErr_SetString(PyExc_TypeError, "pop_queue takes 9 arguments, the last a tuple of 21");
+        return NULL;
+    }
+    if (pcore_init_names() < 0 || prd_init() < 0 || prd_init2() < 0)
+        return NULL;
+    PyObject *cq = a[0], *ctx = a[8];
+    PyObject *const *c = &PyTuple_GET_ITEM(ctx, 0);
+    long long top, pop_off, want, min_logic, lo, offset, max_offset;
+    if (!pcore_int(a[1], &top) || !pcore_int(a[2], &pop_off) || !pcore_int(a[3], &want)) {
+        PyErr_SetString(PyExc_TypeError, "pop_queue: top, pop_offset and want are ints");
+        return NULL;
+    }
+    if (prd_int(cq, prd_n_min_logic, &min_logic)) {
+        lo = prd_floordiv(min_logic, 20);  /* ConsumeQueue.get_min_offset_in_queue */
+    } else {  /* the method's */
+        PyObject *m = PyObject_CallMethod(cq, "get_min_offset_in_queue", NULL);
+        if (m == NULL)
+            return NULL;
+        int ok = pcore_int(m, &lo);
+        Py_DECREF(m);
+        if (!ok) {
+            PyErr_SetString(PyExc_TypeError, "pop_queue: the queue's min offset is not an int");
+            return NULL;
+        }
+    }
+    offset = pop_off > lo ? pop_off : lo;
+    if (offset < 0)
+        offset = 0;
+    PyObject *mo = queue_max(NULL, cq);
+    if (mo == Py_None) {
+        Py_DECREF(mo);
+        mo = PyObject_CallMethodNoArgs(cq, prd_n_get_max == NULL
+            ? (prd_n_get_max = PyUnicode_InternFromString("get_max_offset_in_queue")) : prd_n_get_max);
+    }
+    if (mo == NULL)
+        return NULL;
+    if (!pcore_int(mo, &max_offset)) {
+        Py_DECREF(mo);
+        PyErr_SetString(PyExc_TypeError, "pop_queue: the queue's max offset is not an int");
+        return NULL;
+    }
+    Py_DECREF(mo);
+    if (offset >= top && offset >= max_offset)
+        Py_RETURN_NONE;
+    if (!(lo <= offset && offset < max_offset))
+        return Py_BuildValue("(LLL)", offset, max_offset, lo);
+    PyObject *rargs[11] = {cq, NULL, a[3], c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]};
+    PyObject *off_obj = PyLong_FromLongLong(offset);
+    if (off_obj == NULL)
+        return NULL;
+    rargs[1] = off_obj;
+    PyObject *r = pop_read(NULL, rargs, 11);
+    if (r == NULL || r == Py_None) {
+        Py_DECREF(off_obj);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        return Py_BuildValue("(LLL)", offset, max_offset, lo);
+    }
+    /* (status, taken, total, max_pulled, body, layout): consecutive when taken == records */
+    PyObject *body = PyTuple_GET_ITEM(r, 4), *layout = PyTuple_GET_ITEM(r, 5);
+    long long taken;
+    Py_ssize_t n = PyBytes_GET_SIZE(layout) / 24;
+    if (!pcore_int(PyTuple_GET_ITEM(r, 1), &taken) || n == 0 || taken != n) {
+        Py_DECREF(off_obj);
+        PyObject *res = Py_BuildValue("(LLLN)", offset, max_offset, lo, r);
+        return res;
+    }
+    PyObject *end_obj = PyLong_FromLongLong(offset + taken);
+    if (end_obj == NULL) {
+        Py_DECREF(off_obj);
+        Py_DECREF(r);
+        return NULL;
+    }
+    /* pop_register's arguments; the journal's fd, stay_ms and margin_ms are read under the lock */
+    PyObject *reg[19] = {c[11], c[12], c[13], c[14], c[15], a[6], NULL, c[16], a[4], a[5], off_obj, end_obj, c[17],
+                         c[18], c[19], c[20], NULL, NULL, a[7]};
+    PyObject *blk = c[9], *got = NULL, *res = NULL;
+    PyObject *ok = PyObject_VectorcallMethod(prd_n_acquire, &blk, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (ok == NULL)
+        goto out;
+    Py_DECREF(ok);
+    got = prd_register(c[8], c[10], reg);
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);  /* the release whatever happened, as `with` does */
+        PyObject *rel = PyObject_VectorcallMethod(prd_n_release, &blk, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (rel == NULL) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+            Py_CLEAR(got);
+            goto out;
+        }
+        Py_DECREF(rel);
+        PyErr_Restore(et, ev, etb);
+    }
+    if (got == NULL)
+        goto out;
+    if (got == Py_None)
+        res = Py_BuildValue("(LLLO)", offset, max_offset, lo, r);
+    else
+        res = Py_BuildValue("(OOOnOL)", PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3), body, n, end_obj,
+                            max_offset);
+out:
+    Py_XDECREF(got);
+    Py_DECREF(off_obj);
+    Py_DECREF(end_obj);
+    Py_DECREF(r);
+    return res;
+}
+/* ============================ end of THE POP READ ===================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -9807,6 +10427,18 @@ static PyMethodDef methods[] = {
     {"client_lone", (PyCFunction)(void (*)(void))client_lone, METH_FASTCALL,
      "client_lone(conn, frame, opaque, code, timeout, take, *args): ClientConnection.invoke_frame of a lone caller "
      "in one call (take called as take(*args, buf, n, opaque)), or None, nothing done (THE LONE CALLER)."},
+    /* THE POP READ (branch pop-broker): the block above the table */
+    {"pop_read", (PyCFunction)(void (*)(void))pop_read, METH_FASTCALL,
+     "pop_read(cq, offset, want, commit_log, max_total, total_ram, mem_ratio, mem_bytes, mem_count, disk_bytes, "
+     "disk_count): PopService.pop_now's read of one queue (get_units_raw + read_runs), or None."},
+    {"queue_max", (PyCFunction)queue_max, METH_O,
+     "queue_max(cq): cq.get_max_offset_in_queue(), or None."},
+    {"queue_live", (PyCFunction)(void (*)(void))queue_live, METH_FASTCALL,
+     "queue_live(cq_table, plan, first): the queues of plan (rotated by first) that exist and hold something, "
+     "[(topic, queue_id, retry, cq, max offset)], or None."},
+    {"pop_queue", (PyCFunction)(void (*)(void))pop_queue, METH_FASTCALL,
+     "pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's read and "
+     "registration of one queue: None, (offset, max_offset, lo[, read]) or (start, info, body, n, end, max_offset)."},
     {NULL, NULL, 0, NULL},
 };
 

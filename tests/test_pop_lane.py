@@ -340,12 +340,13 @@ def test_pops_acked_by_the_ack_lane_as_the_reference_acks_them(pair: Pair, monke
     """Entries the lane's POP registered (`pop_register`), settled by the ACK lane (`ack_settle`) on one broker
     and by the reference's pop and ack on the other: every frame, journal byte and buffer field the same."""
     calls = {"register": 0, "settle": 0}
-    for module, name, what in ((pop_service, "_POP_REGISTER", "register"), (pop_buffer, "_ACK_SETTLE", "settle")):
+    for module, name, what in ((pop_service, "_POP_REGISTER", "register"), (pop_buffer, "_ACK_SETTLE", "settle"),
+                               (pop_service, "_POP_QUEUE", "register")):  # pop_queue registers by pop_register
         real = getattr(module, name)
         if real is not None:
-            def counted(*args: object, _real: Any = real, _what: str = what) -> Any:
+            def counted(*args: object, _real: Any = real, _what: str = what, _queue: bool = name == "_POP_QUEUE") -> Any:
                 got = _real(*args)
-                calls[_what] += got is not None
+                calls[_what] += got is not None and (not _queue or len(got) == 6)
                 return got
             monkeypatch.setattr(module, name, counted)
     pair.pop(pop_request(max_nums=batch), monkeypatch, served=False)  # the "*" filter is made here
@@ -541,3 +542,20 @@ def test_sync_flush_and_the_pure_build_keep_the_usual_path(monkeypatch: pytest.M
     finally:
         running.close()
         shutil.rmtree(running.store_path, ignore_errors=True)
+
+
+# -- THE POP READ (branch pop-broker): pop_now's queue list, read and registration in C, and without them ------
+@pytest.mark.parametrize("native_parts", ["none", "live", "queue", "both"])
+def test_pop_now_with_and_without_the_pop_read(pair: Pair, monkeypatch: pytest.MonkeyPatch, native_parts: str) -> None:
+    """pop_now's Python lines for what `_native.queue_live` / `_native.pop_queue` do (the native core without
+    them) and the C ones, each against the reference: every queue and one queue, batches of 1, 3 and 32, acks."""
+    if native_parts in ("none", "queue"):
+        monkeypatch.setattr(pop_service, "_QUEUE_LIVE", None)
+    if native_parts in ("none", "live"):
+        monkeypatch.setattr(pop_service, "_POP_QUEUE", None)
+    pair.pop(pop_request(max_nums=2), monkeypatch, served=False)  # the "*" filter is made here
+    for i in range(30):
+        got = pair.pop(pop_request(max_nums=(1, 3, 32)[i % 3], queue_id=-1 if i % 4 else 2), monkeypatch)
+        assert got is not None
+        if decode_frame(got[4:]).code == ResponseCode.SUCCESS and i % 2:
+            pair.ack(got, "odd" if i % 3 else "all", lane=bool(i % 5))

@@ -238,7 +238,8 @@ class PopBufferMergeService:
             committed = self._committed(group, topic, queue_id)
             q = self._queues.get((group, topic, queue_id))
             if q:
-                return max(q[-1].next_offset, committed)
+                nxt = q[-1].next_offset  # max(next_offset, committed)
+                return nxt if nxt > committed else committed
             return committed
 
     def frontier(self, group: str, topic: str, queue_id: int) -> int:

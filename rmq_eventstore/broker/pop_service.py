@@ -67,6 +67,7 @@ from ..store.message_store import _READ_STATUS, _RECORD_LAYOUT, MAX_PULL_MSG_SIZ
 from .pop_buffer import PopBufferMergeService, PopJournal, _Entry
 
 if TYPE_CHECKING:
+    from ..store.consume_queue import ConsumeQueue
     from .broker import Broker
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,28 @@ _RECORD_LAYOUT_SIZE = _RECORD_LAYOUT.size
 # THE POP CORE of `_native` (pop_now's registration of a contiguous pop: checkpoint, buffer entry, journal line,
 # response texts); None without the native core (RMQ_EVENTSTORE_PURE=1, not built): the Python block serves
 _POP_REGISTER = getattr(native, "pop_register", None)
+# THE POP READ of `_native`: get_units_raw + read_runs (+ _file_span) in one call; None without the native core
+_POP_READ = getattr(native, "pop_read", None)
+_QUEUE_MAX = getattr(native, "queue_max", None)
+_QUEUE_LIVE = getattr(native, "queue_live", None)
+_POP_QUEUE = getattr(native, "pop_queue", None)
+
+
+def queue_live_py(cq_table: dict, plan: list[tuple[str, int, bool]],
+                  first: int) -> list[tuple[str, int, bool, ConsumeQueue, int]]:
+    """The queues of `plan`, read from index `first` on and round, that the store has and that hold something
+    (max offset > 0), with their consume queue and max offset: what `PopService.pop_now` reads or counts.
+    `_native.queue_live` makes it in C (this is its reference, and what serves without it)."""
+    live = []
+    for t, q, retry in (plan[first:] + plan[:first] if first else plan):
+        queues = cq_table.get(t)
+        cq = queues.get(q) if queues is not None else None
+        if cq is None:
+            continue
+        top = cq.get_max_offset_in_queue()
+        if top > 0:
+            live.append((t, q, retry, cq, top))
+    return live
 
 
 @dataclass
@@ -371,9 +394,11 @@ class PopService:
         """`_pop_once` for the common case, flattened: a filter that matches everything (`*`), the buffer
         on with a journal, the store's native pull read. The same look at the same queues in the same
         order, the same checkpoint, journal line, consume offset and response fields as `_pop_once` (the
-        reference; tests/test_pop_lane.py compares them), with a fraction of its calls: the read and the
-        checkpoint's registration are inlined (the registration of a contiguous pop, with its response texts, in
-        C: `_native.pop_register`, which makes no Python frame); the buffer's pop offset is its own call. Returns (pop_time, revive_qid,
+        reference; tests/test_pop_lane.py compares them), with a fraction of its calls: the queues worth a look
+        (`_native.queue_live`), and per queue the bounds, the read and the registration of a contiguous pop with
+        its response texts in one C call (`_native.pop_queue`: THE POP READ's pop_read, then THE POP CORE's
+        pop_register under the buffer's lock); the buffer's pop offset is its own call. Without those, the same
+        lines in Python (the read inlined, `_native.pop_register` for the registration). Returns (pop_time, revive_qid,
         rest_num, count, body, startOffsetInfo, msgOffsetInfo), or None before anything changed when the
         case is not that one (the caller then takes `pop`). Inside the loop, anything unusual (a buffer full,
         an offset outside the queue, a read that found nothing) takes the reference's own call for it.
@@ -398,10 +423,13 @@ class PopService:
         mem_ratio = cfg.access_message_in_memory_max_ratio
         total_ram = store._total_ram
         file_span = store._file_span
+        pop_queue = _POP_QUEUE
+        ctx = None  # pop_queue's arguments for every queue of this pop, made at the first queue read
         bodies: list[bytes] = []
         starts: list[str] = []
         infos: list[str] = []
         count = rest = 0
+        first = 0  # the plan is read from there on and round: `plan[first:] + plan[:first]`
         if read_queue_nums is None or queue_id >= 0:
             plan = self._queues(group, topic, queue_id)
         else:  # `_queues` for every read queue, its topic config read by the caller: the same draw, the same order
@@ -409,42 +437,59 @@ class PopService:
             n = read_queue_nums
             first = int(draw * 1_000_003) % n if n > 1 else 0
             plan = self._topic_queues.get((topic, n))
-            if plan is None:
+            retry_topic = self._retry_names.get((group, topic))
+            if plan is None or retry_topic is None or self.broker.topic_manager.get(retry_topic) is not None:
                 plan = self._queues(group, topic, queue_id, draw)
-            else:
-                if first:
-                    plan = plan[first:] + plan[:first]
-                retry_topic = self._retry_names.get((group, topic))
-                if retry_topic is None or self.broker.topic_manager.get(retry_topic) is not None:
-                    plan = self._queues(group, topic, queue_id, draw)
-        for t, q, retry in plan:
-            queues = cq_table.get(t)
-            cq = queues.get(q) if queues is not None else None
-            if cq is None:
-                continue
-            top = cq.get_max_offset_in_queue()
+                first = 0
+        # the queues the store has that hold something, with their max offset (the others add nothing below)
+        live = _QUEUE_LIVE(cq_table, plan, first) if _QUEUE_LIVE is not None else None
+        if live is None:
+            live = queue_live_py(cq_table, plan, first)
+        for t, q, retry, cq, top in live:
             want = max_nums - count
             if want <= 0:
-                if top > 0:
-                    rest += max(top - max(buffer.rest_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
-                continue
-            if top <= 0:
+                rest += max(top - max(buffer.rest_offset(group, t, q), cq.get_min_offset_in_queue(), 0), 0)
                 continue
             qkey = (group, t, q)
             lock = locks.get(qkey)
             if lock is None:
                 lock = self._lock(group, t, q)
             with lock:
-                lo = cq.get_min_offset_in_queue()
-                offset = max(buffer.pop_offset(group, t, q), lo, 0)
-                if offset >= top and offset >= cq.get_max_offset_in_queue():
-                    continue
-                # read_for_pop's native read, inline; anything else is read_for_pop's own
-                max_offset = cq.get_max_offset_in_queue()
-                r = None
-                if lo <= offset < max_offset:
-                    units = cq.get_units_raw(offset, want)
-                    if units:
+                if pop_queue is not None:  # THE POP READ's pop_queue: the bounds, the read and the registration
+                    if ctx is None:
+                        ctx = (commit_log, MAX_PULL_MSG_SIZE, total_ram, mem_ratio,
+                               cfg.max_transfer_bytes_on_message_in_memory, cfg.max_transfer_count_on_message_in_memory,
+                               cfg.max_transfer_bytes_on_message_in_disk, cfg.max_transfer_count_on_message_in_disk,
+                               buffer, blk, journal, PopCheckPoint, _Entry, deque, buffer._by_key, bqueues, group,
+                               pop_time, invisible_time, broker_name, revive_qid)
+                    try:
+                        got = pop_queue(cq, top, buffer.pop_offset(group, t, q), want, t, q, qkey, retry, ctx)
+                    except ValueError:
+                        if store._shutdown:
+                            continue
+                        raise
+                    if got is None:  # nothing to read there
+                        continue
+                    if len(got) == 6:  # read and registered (pop_register's journal line and buffer entry)
+                        start_item, info_item, body, n, end, max_offset = got
+                        starts.append(start_item)
+                        infos.append(info_item)
+                        bodies.append(body)
+                        count += n
+                        if max_offset > end:  # rest += max(max_offset - end, 0)
+                            rest += max_offset - end
+                        continue
+                    offset, max_offset, lo = got[0], got[1], got[2]  # not registered: on below (read or not)
+                    r = got[3] if len(got) == 4 else None
+                else:
+                    lo = cq.get_min_offset_in_queue()
+                    offset = max(buffer.pop_offset(group, t, q), lo, 0)
+                    max_offset = cq.get_max_offset_in_queue()
+                    if offset >= top and offset >= max_offset:
+                        continue
+                    # read_for_pop's native read, inline; anything else is read_for_pop's own
+                    r = None
+                    if lo <= offset < max_offset and (units := cq.get_units_raw(offset, want)):
                         try:  # store._read_runs, its memory floor (store._mem_floor) inline
                             r = impl.read_runs(
                                 units, offset, want, MAX_PULL_MSG_SIZE,

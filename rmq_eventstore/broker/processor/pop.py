@@ -33,6 +33,9 @@ _pop_response = getattr(native, "pop_response", None)
 ACK_BODY = native.ack_body if native is not None and hasattr(native, "ack_body") else None
 ACK_FRAME = native.ack_frame if native is not None and hasattr(native, "ack_frame") else None
 
+_QUEUE_MAX = getattr(native, "queue_max", None)  # THE POP READ's ConsumeQueue.get_max_offset_in_queue in C
+
+
 MAX_POP_NUMS = 32 * 32
 MAX_POLL_TIME_MS = 60_000
 _SUCCESS, _NO_MESSAGE, _POLLING_TIMEOUT = (int(c) for c in (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE,
@@ -126,8 +129,11 @@ class PopMessageProcessor:
         queue_id = -1 if queue_id is None else queue_id  # as `int(x.get("queueId") or -1)` reads the texts
         if tc is None or not PermName.is_readable(tc.perm) or queue_id >= tc.read_queue_nums:
             return None
-        max_nums = max(1, min(32 if max_nums is None else max_nums, MAX_POP_NUMS))
-        poll = max(0, min(poll or 0, MAX_POLL_TIME_MS))
+        # max(1, min(max_nums, MAX_POP_NUMS)) and max(0, min(poll, MAX_POLL_TIME_MS)), without builtin calls
+        if max_nums is None:
+            max_nums = 32
+        max_nums = 1 if max_nums < 1 else MAX_POP_NUMS if max_nums > MAX_POP_NUMS else max_nums
+        poll = 0 if not poll or poll < 0 else MAX_POLL_TIME_MS if poll > MAX_POLL_TIME_MS else poll
         r = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression or "*", tc.read_queue_nums)
         if r is None:
             return None
@@ -239,7 +245,10 @@ class AckMessageProcessor:
             if tc is None or not 0 <= queue_id < tc.read_queue_nums:
                 return False
             cq = b.store.find_consume_queue(topic, queue_id, create=False)  # the store's min / max offset of it
-            if cq is None or offset < cq.get_min_offset_in_queue() or offset > cq.get_max_offset_in_queue():
+            if cq is None or offset < cq.get_min_offset_in_queue():
+                return False
+            top = _QUEUE_MAX(cq) if _QUEUE_MAX is not None else None  # get_max_offset_in_queue in C (None: its own)
+            if offset > (cq.get_max_offset_in_queue() if top is None else top):
                 return False
             return b.pop_service.buffer.ack_one((group, topic, extra_qid, ck_offset, pop_time), offset, offset + 1)
         return b.pop_service.buffer.ack_runs(runs)
@@ -256,7 +265,10 @@ class AckMessageProcessor:
             return None
         lo = cq.get_min_offset_in_queue()
         low = start + first
-        if lo < 0 or low < lo or low + count - 1 > cq.get_max_offset_in_queue():
+        if lo < 0 or low < lo:
+            return None
+        top = _QUEUE_MAX(cq) if _QUEUE_MAX is not None else None  # get_max_offset_in_queue in C (None: its own)
+        if low + count - 1 > (cq.get_max_offset_in_queue() if top is None else top):
             return None
         return (group, topic, queue_id, start, pop_time), low, low + count
 

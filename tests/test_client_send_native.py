@@ -261,12 +261,23 @@ def _counting_take(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 def test_plain_sends_take_the_fast_path_and_store_what_the_general_path_stores(
         broker: RunningBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     taken = _counting_take(monkeypatch)
+    lone: list[object] = []  # what the lone caller in C (client_lone) answered, when it is there
+    real_lone = producer_mod._lone
+    if real_lone is not None:
+        def counting_lone(*args: object) -> object:
+            got = real_lone(*args)
+            lone.append(got)
+            return got
+
+        monkeypatch.setattr(producer_mod, "_lone", counting_lone)
     msgs = [Message("Fast", f"b{i}".encode(), tags="t", keys=[f"k{i}", "x"], properties={"p": f"v{i}"})
             for i in range(12)]
     with Producer(broker.namesrv_address, "pg") as p:
         p.send(Message("Fast", b"warm"))  # the route is fetched by the general path
         fast = [p.send(m) for m in msgs]
     assert len(taken) == 12 and all(t is not None for t in taken)
+    if real_lone is not None:  # one thread: each round trip made by client_lone, none left to invoke_frame
+        assert len(lone) == 12 and all(r is not None for r in lone)
     monkeypatch.setattr(producer_mod, "_send_frame", None)
     with Producer(broker.namesrv_address, "pg") as p:
         p.send(Message("Slow", b"warm"))

@@ -25,7 +25,7 @@ from ..common.topic import AUTO_CREATE_TOPIC_KEY_TOPIC, validate_topic
 from ..remoting import RemotingCommand, RequestCode, ResponseCode, next_opaque
 from ..remoting.command import OPAQUES
 from .base import ROUTE_TTL_SECONDS, ClientBase
-from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError
+from .remoting_client import MQBrokerError, RemotingError, RemotingTimeoutError, client_lone
 
 _SEND_STATUS = {
     ResponseCode.SUCCESS: "SEND_OK",
@@ -46,6 +46,7 @@ _monotonic = time.monotonic
 _native = codec.native if codec.native is not None and hasattr(codec.native, "client_send_frame") else None
 _send_frame = _native.client_send_frame if _native is not None else None
 _send_take = _native.client_send_take if _native is not None else None
+_lone = client_lone if _send_take is not None else None  # ClientConnection.invoke_frame's lone caller in C
 _uniq_create = getattr(codec.native, "uniq_create", None)  # UniqueIdGenerator.create's C fast path (None: declined)
 _FAST_BASES: dict[type, bool] = {}  # client base class -> whether send's fast path may bypass its invoke/route
 
@@ -267,7 +268,10 @@ class Producer:
                 conn = remoting._conns.get(addr)
                 if conn is None or conn.closed:
                     conn = remoting.connection(addr)
-                r = conn.invoke_frame(frame, opaque, _SEND_V2, timeout, _send_take)
+                # a lone caller's round trip in one C call (`client_lone`; None: nothing sent, invoke_frame's)
+                r = _lone(conn, frame, opaque, _SEND_V2, timeout, _send_take) if _lone is not None else None
+                if r is None:
+                    r = conn.invoke_frame(frame, opaque, _SEND_V2, timeout, _send_take)
             except RemotingError as e:
                 if isinstance(e, RemotingTimeoutError):
                     raise  # the call's timeout is spent: not sent again (see `_send`)

@@ -3360,6 +3360,11 @@ static int j_next(jcur *c) {
     return -1;
 }
 
+/* THE ACK BATCH (block above the method table): j_member for the keys as our peers write them, and a
+ * BatchAck's bit list as our clients write it, each handing anything else to the general reader */
+static int al_member(jcur *c, const unsigned char **k, Py_ssize_t *kn);
+static int al_bits_plain(jcur *c, long long *first, long long *count);
+
 /* one JSON header -> a new RemotingCommand (body and serialize type set by the caller) */
 static int j_header(const unsigned char *h, Py_ssize_t n, PyObject **out) {
     jcur c = {h, h + n};
@@ -6660,7 +6665,7 @@ static PyObject *pop_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     for (;;) {
         const unsigned char *k;
         Py_ssize_t kn;
-        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail_rc;
+        if ((rc = al_member(&c, &k, &kn)) != J_OK) goto fail_rc;
         long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
         if (iv != NULL) {
             have_code |= iv == &code;
@@ -6832,7 +6837,7 @@ static int al_entry(jcur *c, PyObject **out) {
     for (;;) {
         const unsigned char *k;
         Py_ssize_t kn;
-        if ((rc = j_member(c, &k, &kn)) != J_OK) return rc;
+        if ((rc = al_member(c, &k, &kn)) != J_OK) return rc;
         int f = -1;
         if (kn == 1) {
             switch (k[0]) {
@@ -6860,6 +6865,7 @@ static int al_entry(jcur *c, PyObject **out) {
             if (*c->p != '[') return J_GIVE_WAY;
             c->p++;
             first = count = 0;
+            if (al_bits_plain(c, &first, &count)) goto b_done;
             j_ws(c);
             if (c->p < c->end && *c->p == ']') c->p++;  /* empty: refused below */
             else for (;;) {
@@ -6874,6 +6880,7 @@ static int al_entry(jcur *c, PyObject **out) {
                 if (c->p < c->end && *c->p == ']') { c->p++; break; }
                 return J_GIVE_WAY;
             }
+          b_done:;
         } else if (f >= 0) {
             if ((rc = j_int(c, &v[f])) != J_OK) return rc;
         } else {  /* a member from_dict does not read: a scalar, checked and skipped */
@@ -6891,9 +6898,20 @@ static int al_entry(jcur *c, PyObject **out) {
     PyObject *g = PyUnicode_DecodeASCII((const char *)cs, cn, NULL);
     PyObject *t = g != NULL ? PyUnicode_DecodeASCII((const char *)ts, tn, NULL) : NULL;
     if (t == NULL) { Py_XDECREF(g); return J_ERROR; }
-    *out = Py_BuildValue("(NNOLLLLLLL)", g, t, retry ? Py_True : Py_False, v[AL_SO], v[AL_Q], v[AL_RQ], v[AL_PT],
-                         v[AL_IT], first, count);
-    return *out != NULL ? J_OK : J_ERROR;
+    /* the tuple filled in place (Py_BuildValue's format parse was a sixth of the body's read) */
+    PyObject *tu = PyTuple_New(10);
+    if (tu == NULL) { Py_DECREF(g); Py_DECREF(t); return J_ERROR; }
+    PyTuple_SET_ITEM(tu, 0, g);
+    PyTuple_SET_ITEM(tu, 1, t);
+    PyTuple_SET_ITEM(tu, 2, Py_NewRef(retry ? Py_True : Py_False));
+    long long nums[7] = {v[AL_SO], v[AL_Q], v[AL_RQ], v[AL_PT], v[AL_IT], first, count};
+    for (int i = 0; i < 7; i++) {
+        PyObject *x = PyLong_FromLongLong(nums[i]);
+        if (x == NULL) { Py_DECREF(tu); return J_ERROR; }  /* the slots not set yet are NULL: tupledealloc skips them */
+        PyTuple_SET_ITEM(tu, 3 + i, x);
+    }
+    *out = tu;
+    return J_OK;
 }
 
 /* the body {"acks": [entry, ...]} -> a new non-empty list of al_entry tuples */
@@ -7011,7 +7029,7 @@ static PyObject *ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     for (;;) {
         const unsigned char *k;
         Py_ssize_t kn;
-        if ((rc = j_member(&c, &k, &kn)) != J_OK) goto fail_rc;
+        if ((rc = al_member(&c, &k, &kn)) != J_OK) goto fail_rc;
         long long *iv = j_header_int(k, kn, &code, &opaque, &flag, &version);
         if (iv != NULL) {
             have_code |= iv == &code;
@@ -10276,6 +10294,69 @@ out:
     return res;
 }
 /* ============================ end of THE POP READ ===================================================== */
+
+/* ============================ THE ACK BATCH (branch ack-batch) ======================================== */
+/* A POP of 32 acked by one BATCH_ACK_MESSAGE: THE ACK LANE's al_entry read the body's 32-number bit list with    */
+/* two calls a number (j_ws, j_int) and each of its ten keys with j_member + j_string. These read the shape our   */
+/* clients write (`"key":` with the ':' right after the quote; `0,1,...,31]`) inline, and hand anything else back */
+/* to those general readers at the same place, so what they take is read as before. al_member also reads the    */
+/* header keys of ack_frame and pop_frame. Tests: tests/test_ack_lane.py (the C against loads_text +            */
+/* BatchAck.from_dict, hypothesis on the bit list's text, the frame readers against the decoder) and           */
+/* tests/test_pop_lane.py (pop_frame's declines, the twin brokers).                                              */
+/* ============================================================================================================== */
+/* al_bits_plain: the bit list of a BATCH_ACK entry as our clients write it, `0,1,...,31]`
+ * after its '[' (non-negative integers in canonical decimal, no white space, consecutive ascending), read
+ * without a call per number. 1 with *first / *count set and c->p after the ']'; 0 for anything else (white
+ * space, a sign, a gap, a leading zero, more than 18 digits, an empty list, a float...), c->p untouched: the
+ * general loop below reads it from the same place, so what this takes is what that loop takes. */
+static int al_bits_plain(jcur *c, long long *first, long long *count) {
+    const unsigned char *p = c->p, *e = c->end;
+    long long n = 0, f = 0;
+    for (;;) {
+        if (p >= e) return 0;
+        long long x = *p - '0';
+        if ((unsigned long long)x > 9) return 0;
+        const unsigned char *d = p++;
+        if (x) {
+            while (p < e && (unsigned)(*p - '0') <= 9) {
+                if (p - d >= 18) return 0;  /* j_int's limit */
+                x = x * 10 + (*p++ - '0');
+            }
+        }
+        if (n == 0) f = x;
+        else if (x != f + n) return 0;
+        n++;
+        if (p >= e) return 0;
+        if (*p == ',') { p++; continue; }
+        if (*p == ']') break;
+        return 0;
+    }
+    c->p = p + 1;
+    *first = f;
+    *count = n;
+    return 1;
+}
+
+/* j_member for a plain key written as our clients write it ("key": its ':' right after the quote), with the
+ * table scan inline; any other key (white space before the ':', an escape, a byte j_scan stops at) is
+ * j_member's, from the same place */
+static int al_member(jcur *c, const unsigned char **k, Py_ssize_t *kn) {
+    const unsigned char *p = c->p;
+    if (p < c->end && *p == '"') {
+        const unsigned char *s = p + 1, *q = s;
+        while (q < c->end && !j_scan[*q]) q++;
+        if (q + 1 < c->end && *q == '"' && q[1] == ':') {
+            *k = s;
+            *kn = q - s;
+            c->p = q + 2;
+            j_ws(c);
+            return c->p < c->end ? J_OK : J_GIVE_WAY;
+        }
+    }
+    return j_member(c, k, kn);
+}
+
+/* ============================ end of THE ACK BATCH ===================================================== */
 
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},

@@ -158,6 +158,47 @@ def test_the_body_reader_takes_every_plain_body(acks: list, separators: tuple) -
     assert check_body(json.dumps({"acks": acks}, separators=separators).encode()) is not None
 
 
+# the bit list's own text, as our clients write it (`0,1,...,31]`: the C reader's quick scan) and every near miss
+# (white space, signs, leading zeros, 18 / 19 digits, floats, gaps, a trailing comma, a cut): the reader takes
+# exactly what the reference reads as a run of consecutive ascending integers, with the same first bit and count
+_bit_text = st.one_of(
+    st.builds(lambda a, n: ",".join(map(str, range(a, a + n))), st.integers(0, 10**18 - 50), st.integers(1, 40)),
+    st.builds(lambda a, n: ",".join(map(str, range(a, a + n))), st.integers(0, 40), st.integers(1, 40)),
+    st.builds(lambda a, n: ",".join(map(str, range(a, a + n))), st.integers(10**18 - 40, 10**18 + 3),
+              st.integers(1, 40)),  # across 18 -> 19 digits
+    st.lists(st.sampled_from(["0", "1", "2", "3", "9", "10", "11", "00", "01", "-0", "-1", "1.0", "1e1", " 1", "1 ",
+                              "999999999999999999", "1000000000000000000", "999999999999999998", ""]), max_size=5
+             ).map(",".join))
+
+
+@settings(max_examples=600, deadline=None)
+@given(_bit_text, st.sampled_from(["", ",", " ", "]", ",]", "x"]), st.booleans())
+def test_the_bit_list_scan_reads_what_the_reference_reads(bits: str, tail: str, cut: bool) -> None:
+    head = BatchAck.json_head(G, T, False, 5, 1, 3, PT, 60000)
+    text = bits + tail
+    if cut and text:
+        text = text[:len(text) // 2]
+    body = ('{"acks":[' + head + text + "]}" + "]}").encode()
+    got = check_body(body)
+    ref = reference_entries(body)
+    raw = loads_text(body.decode())["acks"][0]["b"] if ref is not None else None  # the list as written
+    plain = bool(raw) and all(type(b) is int and -(10**18) < b < 10**18 for b in raw) and raw == list(
+        range(raw[0], raw[0] + len(raw)))
+    assert (got is not None) == plain, body
+
+
+def test_the_bit_list_scan_on_our_client_s_batch() -> None:
+    head = BatchAck.json_head(G, T, False, 5, 1, 3, PT, 60000)
+    for first, n in ((0, 32), (7, 1), (10**18 - 33, 32), (99, 2)):
+        bits = ",".join(map(str, range(first, first + n)))
+        assert check_body(('{"acks":[' + head + bits + "]}]}").encode()) == [(G, T, False, 5, 1, 3, PT, 60000, first, n)]
+    for bits in ("0,1,2,4", "0,1,1", "1,0", "01,2", "0,1,", "10000000000000000000", "1000000000000000000",
+                 "999999999999999999,1000000000000000000", "1.0", ""):
+        assert check_body(('{"acks":[' + head + bits + "]}]}").encode()) is None, bits
+    for bits, first, n in (("0, 1", 0, 2), ("-1,0", -1, 2), (" 3 ,4", 3, 2), ("-0", 0, 1)):  # the general loop's
+        assert check_body(('{"acks":[' + head + bits + "]}]}").encode()) == [(G, T, False, 5, 1, 3, PT, 60000, first, n)]
+
+
 # -- the frame reader ----------------------------------------------------------------------------------------------
 def ack_cmd(queue_id: Any = 1, offset: Any = 6, extra: str | None = None, **ext: Any) -> RemotingCommand:
     fields = {"consumerGroup": G, "topic": T, "queueId": queue_id,

@@ -452,6 +452,25 @@ def test_the_frame_reader_declines_what_is_not_plain(mutate: object) -> None:
     assert fields(req.encode()) is None
 
 
+def rewrite_header(frame: bytes, text: str) -> bytes:
+    """`frame` with its JSON header replaced by `text` (the same frame, its header written another way)."""
+    head = text.encode()
+    body = frame[8 + (int.from_bytes(frame[4:8], "big") & 0xFFFFFF):]
+    return (4 + len(head) + len(body)).to_bytes(4, "big") + len(head).to_bytes(4, "big") + head + body
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": "), (",", " : "), (" ,", " :"), ("\n,", "\t:")])
+def test_the_frame_reader_reads_a_header_written_any_way(separators: tuple) -> None:
+    """The header's keys as our peers write them (`"key":`) are read inline (THE ACK BATCH's al_member), any other
+    spacing by the general reader: the same fields either way."""
+    frame = pop_request(queue_id=2, max_nums=32).encode()
+    head = json.loads(frame[8:8 + (int.from_bytes(frame[4:8], "big") & 0xFFFFFF)])
+    text = json.dumps(head, separators=separators)
+    assert fields(rewrite_header(frame, text)) == fields(frame) == (4711, 435, "g", "jobs", 2, 32, 60000, 0, "*", "TAG")
+    escaped = text.replace('"code"', '"\\u0063ode"')  # an escaped key: the decoder's
+    assert fields(rewrite_header(frame, escaped)) is None
+
+
 def test_the_frame_reader_declines_a_binary_header() -> None:
     frame = bytearray(pop_request().encode())
     frame[4] = SerializeType.ROCKETMQ  # the serialize type byte of the header length word

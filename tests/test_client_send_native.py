@@ -24,7 +24,6 @@ from rmq_eventstore.client import (
     PullConsumer,
 )
 from rmq_eventstore.client import producer as producer_mod
-from rmq_eventstore.client.remoting_client import RemotingClient, RemotingError, RemotingTimeoutError
 from rmq_eventstore.remoting import (
     FrameDecoder,
     FrameError,
@@ -32,7 +31,6 @@ from rmq_eventstore.remoting import (
     RequestCode,
     ResponseCode,
     SerializeType,
-    next_opaque,
 )
 from rmq_eventstore.remoting import command as command_mod
 from tests.conftest import import_native
@@ -375,43 +373,6 @@ def test_many_threads_mix_fast_sends_and_other_requests_on_one_connection(broker
         offsets = sorted((r.queue_id, r.queue_offset) for r in results)  # type: ignore[attr-defined]
         assert len(set(offsets)) == 450
         assert not p._base.remoting._conns[addr]._pending
-
-
-def _frame(opaque: int) -> bytes:
-    return RemotingCommand(RequestCode.SEND_MESSAGE_V2, {"a": "g"}, b"x", opaque).encode_py()
-
-
-def test_a_lone_frame_caller_times_out_on_time_and_closes_the_connection(silent_peer: str) -> None:
-    with RemotingClient() as rc:
-        for timeout in (0.5, 0.2):
-            conn = rc.connection(silent_peer)
-            t0 = time.monotonic()
-            with pytest.raises(RemotingTimeoutError, match=f"to request {int(RequestCode.SEND_MESSAGE_V2)} in"):
-                conn.invoke_frame(_frame(next_opaque()), 0, RequestCode.SEND_MESSAGE_V2, timeout,
-                                  lambda b, n, o: ("never",))
-            assert timeout - 0.01 <= time.monotonic() - t0 < timeout + 1.0
-            assert conn.closed and not conn._pending
-
-
-def test_close_wakes_a_frame_caller_blocked_in_its_first_read(silent_peer: str) -> None:
-    rc = RemotingClient()
-    conn = rc.connection(silent_peer)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            conn.invoke_frame(_frame(7), 7, RequestCode.SEND_MESSAGE_V2, 30, lambda b, n, o: ("never",))
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    rc.close()
-    t.join(10)
-    assert not t.is_alive() and time.monotonic() - t0 < 5
-    assert len(errors) == 1 and isinstance(errors[0], RemotingError) and "closed" in str(errors[0]), errors
 
 
 # -- the general request path's C pieces: RemotingCommand.request and a lone caller's response ----------------

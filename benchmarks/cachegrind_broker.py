@@ -43,6 +43,19 @@ running.close()
 """
 
 
+def pop_and_ack(c, size: int, n: int) -> None:  # type: ignore[no-untyped-def]
+    """Pop `n` messages of "Profile", `size` a POP: each acked alone (size 1) or one BATCH_ACK a POP."""
+    got = 0
+    while got < n:
+        popped = c.pop("Profile", max_nums=size, invisible_time=60_000)
+        if size == 1:
+            for m in popped:
+                c.ack(m)
+        else:
+            c.ack_batch(popped)
+        got += len(popped) or 1
+
+
 def instructions(out_file: Path) -> int:
     """The total of a cachegrind output file (its `summary:` line)."""
     for line in out_file.read_text().splitlines():
@@ -87,15 +100,7 @@ def run_once(phase: str, n: int, root: Path, keep: Path | None = None) -> int:
                     p.send_batch(msgs[i:i + 100], queue_id=0)
                 size = int(phase[3:])
                 with PopConsumer(namesrv, "cg-pop", timeout_ms=60_000) as c:
-                    got = 0
-                    while got < n:
-                        popped = c.pop("Profile", max_nums=size, invisible_time=60_000)
-                        if size == 1:
-                            for m in popped:
-                                c.ack(m)
-                        else:
-                            c.ack_batch(popped)
-                        got += len(popped) or 1
+                    pop_and_ack(c, size, n)
             elif phase == "tx":  # a half message and its END_TRANSACTION COMMIT (one-way), as a Django append
                 from rmq_eventstore.client import TransactionProducer, TransactionState
 

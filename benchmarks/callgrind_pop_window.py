@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_broker import BODIES, BROKER_CONFIG, TAG  # noqa: E402
-from benchmarks.cachegrind_broker import BROKER_CHILD  # noqa: E402
+from benchmarks.cachegrind_broker import BROKER_CHILD, pop_and_ack  # noqa: E402
 
 
 def run(phase: str, n: int, keep: str | None = None) -> int:
@@ -52,20 +52,10 @@ def run(phase: str, n: int, keep: str | None = None) -> int:
             for i in range(0, len(msgs), 100):
                 p.send_batch(msgs[i:i + 100], queue_id=0)
             with PopConsumer(namesrv, "cg-pop", timeout_ms=60_000) as c:
-                def pops(k: int) -> None:
-                    got = 0
-                    while got < k:
-                        popped = c.pop("Profile", max_nums=size, invisible_time=60_000)
-                        if size == 1:
-                            for m in popped:
-                                c.ack(m)
-                        else:
-                            c.ack_batch(popped)
-                        got += len(popped) or 1
-                pops(32 * size)
+                pop_and_ack(c, size, 32 * size)
                 time.sleep(2)  # the fill's dispatch done before the counters start
                 subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-                pops(n)
+                pop_and_ack(c, size, n)
                 subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         proc.stdin.write("quit\n")
         proc.stdin.flush()

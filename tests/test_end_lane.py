@@ -832,3 +832,50 @@ def test_a_served_broker_ends_a_transaction_producers_halves_from_their_frames(
         assert len(recent) == 31 and all(op for _, op in recent.values())
     if server_module.END_FRAME is not None:
         assert len(served) == 31
+
+
+def test_an_end_the_lane_fails_on_split_across_reads_is_left_to_the_decoder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When `end_frame` raises (its one-time set-up failing) on an END that the read holds only in part, the
+    server leaves the bytes to the decoder rather than skipping past the read by the frame's length: the END is
+    served when its rest arrives, and the requests after it are read in step."""
+    import socket
+
+    from rmq_eventstore.broker import server as server_module
+
+    raised: list[int] = []
+
+    def failing(data: bytes, at: int, args: tuple) -> int | None:
+        if data[at + 8:at + 19] == b'{"code":37,':
+            raised.append(at)
+            raise RuntimeError("set-up failed")
+        return END_FRAME(data, at, args) if END_FRAME is not None else None
+
+    monkeypatch.setattr(server_module, "END_FRAME", failing)
+    with server_module.serve_in_thread(tmp_path / "s", announce=False, **SMALL_GEOMETRY) as running:
+        b = running.broker
+        if running.server._end_frame is None:
+            pytest.skip("ENDs are served from their bytes only with the native core")
+        b.create_topic("Tx", 1, 1)
+        offsets = _prepare_on(b, "UNIQ_KEY\x01S0\x02PGROUP\x01g\x02", "Tx", 0)
+        end = _end_frame(offsets)
+        probe = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Tx", "queueId": 0})
+        host, port = running.broker_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(end[:30])
+            deadline = time.monotonic() + 5
+            while not raised and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.1)  # the loop has read the part
+            s.sendall(end[30:] + probe.encode())
+            dec, got = FrameDecoder(), []
+            while not got:
+                data = s.recv(1 << 16)
+                assert data, "the broker closed the connection"
+                got = dec.feed(data)
+        assert raised == [0]
+        assert got[0].opaque == probe.opaque and got[0].code == ResponseCode.SUCCESS
+        deadline = time.monotonic() + 5
+        while not b.transaction_service._recent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(b.transaction_service._recent) == 1  # the END, decoded, was served by the Python path

@@ -196,7 +196,11 @@ class Connection(asyncio.Protocol):
                         got = end(data, at, self._end_args)
                     except Exception:  # as `Broker.process_now` fails: logged, no answer to a one-way request
                         log.exception("request %d failed", _END)
+                        # skipped by its length only when the read holds it whole (end_frame raises before it
+                        # has checked that only in its one-time set-up); else the decoder's, which keeps the rest
                         got = at + 4 + int.from_bytes(data[at:at + 4], "big")
+                        if got > len(data):
+                            break
                     if got is None:
                         break
                     at = got

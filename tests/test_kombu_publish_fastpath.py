@@ -128,6 +128,7 @@ def _stored(broker: RunningBroker, ns: str) -> dict[str, list[tuple[Any, ...]]]:
     out: dict[str, list[tuple[Any, ...]]] = {}
     timey = {"UNIQ_KEY", PROPERTY_EXPIRE_AT, "__CRC32#", "TIMER_DELIVER_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS",
              "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "REAL_QID", "MSG_REGION", "TRACE_ON", "CLUSTER"}
+    assert broker.store.wait_for_dispatch(10)
     with PullConsumer(broker.namesrv_address, f"cmp-{ns}") as pc:
         for queue in QUEUES:
             topic = topic_name(queue, ns)
@@ -293,6 +294,7 @@ def test_an_explicit_queue_takes_the_c_frame_and_lands_where_the_general_path_pu
     assert [(r.status, r.queue_id, r.topic) for r in fast] == [(r.status, r.queue_id, r.topic) for r in slow]
     assert [r.queue_offset + 2 for r in fast] == [r.queue_offset for r in slow]  # queue i: fast twice, slow twice
     strip = {"UNIQ_KEY", "__CRC32#"}
+    assert send_broker.store.wait_for_dispatch(10)  # stored is not yet pullable: the reput may lag under load
     with PullConsumer(send_broker.namesrv_address, "pq-read") as pc:
         for q in range(4):
             ms = pc.pull("Q", q, 0, max_nums=64, suspend_timeout_ms=0).messages
@@ -341,6 +343,7 @@ def test_a_route_that_predates_the_lanes_is_asked_again(
         ch.clients.admin.create_topic(topic, transport_mod.LANES)  # what another process's declare does
         ch.clients.shared.declare_queue("late", {"x-max-priority": 9})
         Producer(ch).publish({"n": 1}, exchange="", routing_key="late", priority=5)
+    assert broker.store.wait_for_dispatch(10)
     with PullConsumer(broker.namesrv_address, f"late-{ns}") as pc:
         lanes = {q: [json.loads(bytes(m.body))["body"] for m in
                      pc.pull(topic, q, 0, max_nums=8, suspend_timeout_ms=0).messages] for q in (0, 5)}

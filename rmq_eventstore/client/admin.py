@@ -174,10 +174,12 @@ class Admin:
         return int(r.ext_fields.get("offset", -1)) if r.code == ResponseCode.SUCCESS else -1
 
     def query_message(self, topic: str, key: str, max_num: int = 32, begin_timestamp: int = 0,
-                      end_timestamp: int | None = None) -> list[MessageExt]:
-        """Messages of `topic` whose KEYS (or UNIQ_KEY) hold `key`, from every broker (QUERY_MESSAGE)."""
+                      end_timestamp: int | None = None, *, brokers_of: str | None = None) -> list[MessageExt]:
+        """Messages of `topic` whose KEYS (or UNIQ_KEY) hold `key`, from every broker (QUERY_MESSAGE): the
+        brokers serving `topic`, or `brokers_of` (a system topic has no route of its own: the timer topic
+        `rmq_sys_wheel_timer` is asked of the brokers of the topic its messages are for)."""
         out: list[MessageExt] = []
-        route = self._base.route(topic)
+        route = self._base.route(brokers_of or topic)
         for addr in route.broker_addrs.values():
             r = self._base.invoke(addr, RemotingCommand.request(RequestCode.QUERY_MESSAGE, {
                 "topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin_timestamp,

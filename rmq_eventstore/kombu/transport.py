@@ -72,7 +72,7 @@ from ..client import (
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
 from ..common.pop import ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK, PROPERTY_TIMER_DELIVER_MS
-from ..common.topic import TopicValidationError
+from ..common.topic import RMQ_SYS_WHEEL_TIMER_TOPIC, TopicValidationError
 from ..remoting import ResponseCode
 from .bindings import SharedState
 from .names import queue_name, system_topic, topic_name, validate_namespace
@@ -100,6 +100,13 @@ _MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
 # ensure_ascii, check_circular, allow_nan, no sort) writes the same text and is shared (encode keeps no state)
 _MESSAGE_JSON = json.JSONEncoder(separators=(",", ":")).encode
 _QUEUE_TOPICS_MAX = 4096  # queue -> topic names a connection remembers (then it starts over: reply queues)
+
+
+def _hop_key(m: Any) -> str | None:
+    """The KEYS of the hop sent on from the popped hop `m`: named after `m`'s message id (its UNIQ_KEY, which
+    a pop retry keeps), so the broker's index tells whether it was sent already (`Channel._hop_sent`)."""
+    uniq = m.properties.get("UNIQ_KEY")
+    return f"kombu-hop-{uniq}" if uniq else None
 
 
 def _as_bool(value: Any) -> bool:
@@ -698,7 +705,8 @@ class Channel(virtual.Channel):
         eta = celery_eta(message)
         return None if eta is None else eta - t.eta_lead
 
-    def _send(self, topic: str, body: bytes, props: dict[str, str], lane: int, due_at: float | None) -> bool:
+    def _send(self, topic: str, body: bytes, props: dict[str, str], lane: int, due_at: float | None,
+              keys: str | None = None) -> bool:
         """Send to `topic`'s queue `lane`; as a timer message when `due_at` is more than a tick away (no
         farther than the broker's maximum: a farther one is a hop of a chain, see `_forward_hops`). Whether it
         was sent as a timer message. A broker that refuses the delay with its `timerMaxDelaySec` (a lower
@@ -707,7 +715,7 @@ class Channel(virtual.Channel):
         c = t.clients()
         for _ in range(2):
             due = t.timer_due(due_at)
-            msg = Message(topic, body, properties=props or None)
+            msg = Message(topic, body, keys=keys, properties=props or None)
             try:
                 try:
                     c.producer.send(msg, queue_id=lane, deliver_at=due)
@@ -854,8 +862,13 @@ class Channel(virtual.Channel):
         hops = sorted(hops, key=lambda h: int(h[0].properties[PROPERTY_DUE_AT]))  # the nearest first
         for m, lane, receipt in hops:
             props = {k: m.properties[k] for k in (PROPERTY_EXPIRE_AT, PROPERTY_DUE_AT) if m.properties.get(k)}
+            key = _hop_key(m)
             try:
-                self._send(topic, bytes(m.body), props, lane, int(m.properties[PROPERTY_DUE_AT]) / 1000.0)
+                if m.reconsume_times > 0 and key is not None and self._hop_sent(topic, key):
+                    log.info("kombu: the next hop of timer message %s was sent before; not sent again", key)
+                else:
+                    self._send(topic, bytes(m.body), props, lane, int(m.properties[PROPERTY_DUE_AT]) / 1000.0,
+                               keys=key)
                 sent.append(receipt)
             except Exception:
                 log.warning("kombu: could not send the next hop of a timer message; it comes back in %s s",
@@ -869,6 +882,14 @@ class Channel(virtual.Channel):
         except Exception:
             log.warning("kombu: could not settle forwarded hops; they come back after the visibility timeout "
                         "(then a task may run twice)", exc_info=True)
+
+    def _hop_sent(self, topic: str, key: str) -> bool:
+        """Whether the broker holds a next hop keyed `key` (`_hop_key`): a timer message waiting in the timer
+        topic, or one it delivered to `topic`. Asked only of a hop that came back (a send that timed out and
+        may have been stored, or a worker gone between the send and the ack), so it is not sent on twice."""
+        admin = self._transport.clients().admin
+        return any(m.properties.get("KEYS") == key
+                   for t in (RMQ_SYS_WHEEL_TIMER_TOPIC, topic) for m in admin.query_message(t, key, 4, brokers_of=topic))
 
     def settle_no_ack(self, queue: str, raws: list[dict[str, Any]]) -> None:
         """Ack at once what a no-ack consumer of `queue` gets."""

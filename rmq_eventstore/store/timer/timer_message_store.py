@@ -50,6 +50,7 @@ from ...common.properties import (
 )
 from ...common.status import PutMessageStatus
 from ...common.tags import java_string_hash
+from ...common.topic import RMQ_SYS_WHEEL_TIMER_TOPIC
 from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DEFAULT, TimerLog, TimerUnit
 from .timer_wheel import TimerWheel
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TIMER_TOPIC = "rmq_sys_wheel_timer"
+TIMER_TOPIC = RMQ_SYS_WHEEL_TIMER_TOPIC
 TIMER_GROUP = "CID_RMQ_SYS_TIMER"  # reads the timer topic's consume queue (its offset is in timercheck)
 ENQUEUE_BATCH = 256
 

@@ -16,17 +16,47 @@ import pytest
 from kombu import Connection, Producer, Queue
 
 from rmq_eventstore.broker import serve_in_thread
+from rmq_eventstore.cli.app import main as cli_main
 from rmq_eventstore.client.remoting_client import RemotingTimeoutError
 from rmq_eventstore.kombu import transport as transport_mod
+from rmq_eventstore.kombu.names import system_topic, topic_name
 from rmq_eventstore.kombu.transport import Channel
 
+ACL = """\
+accounts:
+  - accessKey: opsKey
+    secretKey: opsSecret1
+    admin: true
+  - accessKey: celeryKey
+    secretKey: celerySecret1
+    defaultTopicPerm: PUB|SUB
+    defaultGroupPerm: PUB|SUB
+    topicPerms: [rmq_sys_wheel_timer=DENY]
+"""
 
-@pytest.mark.parametrize("stored", [True, False], ids=["stored", "lost"])
+
+def _acl_broker(tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """A broker under ACL whose Celery account may neither create topics nor read the timer topic: the
+    queue's topics made by an operator with `rmq-eventstore topic-create` (a real admin account)."""
+    (tmp_path / "plain_acl.yml").write_text(ACL)
+    return {"acl_enable": True, "acl_file": str(tmp_path / "plain_acl.yml")}, "celeryKey:celerySecret1@"
+
+
+def _create_topics(namesrv: str, topics: list[str]) -> None:
+    for topic in topics:
+        assert cli_main(["topic-create", topic, "--queues", "1", "--namesrv", namesrv,
+                         "--access-key", "opsKey", "--secret-key", "opsSecret1"]) == 0
+
+
+@pytest.mark.parametrize("stored, acl", [(True, False), (False, False), (False, True)],
+                         ids=["stored", "lost", "lost-acl"])
 def test_a_hop_whose_send_timed_out_is_sent_on_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture, stored: bool) -> None:
+                                                   caplog: pytest.LogCaptureFixture, stored: bool,
+                                                   acl: bool) -> None:
     """The first forwarding of a hop times out: after the message was stored (`stored`: the broker answered
     too late) or before it was (`lost`: never sent). Either way the task reaches the consumer once, after its
-    eta less the lead, and the hop came back to be looked up."""
+    eta less the lead, and the hop came back to be looked up. An account the ACL does not let read the timer
+    topic cannot look it up: the hop is sent on again (at least once) rather than held back for ever."""
     monkeypatch.setattr(transport_mod, "HOP_RETRY", 0.5)
     send = Channel._send
     faults: list[str] = []
@@ -42,9 +72,13 @@ def test_a_hop_whose_send_timed_out_is_sent_on_once(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(Channel, "_send", flaky)
     caplog.set_level(logging.INFO, logger="rmq_eventstore.kombu.transport")
-    with serve_in_thread(tmp_path / "s", announce=False) as running, \
-            Connection(f"rocketmq://{running.namesrv_address}//",
+    acl_kw, user = _acl_broker(tmp_path) if acl else ({}, "")
+    with serve_in_thread(tmp_path / "s", announce=False, **acl_kw) as running, \
+            Connection(f"rocketmq://{user}{running.namesrv_address}//",
                        transport_options={"eta_max_delay": 2, "eta_lead": 0.5}) as conn:
+        if acl:
+            _create_topics(running.namesrv_address, [system_topic("bindings"), system_topic("bindings_snapshot"),
+                                                     topic_name("hops")])
         queue = Queue("hops", routing_key="hops")
         eta = time.time() + 6
         Producer(conn).publish({"n": 1}, routing_key="hops", declare=[queue],
@@ -63,3 +97,28 @@ def test_a_hop_whose_send_timed_out_is_sent_on_once(tmp_path: Path, monkeypatch:
     assert got[0][0] >= eta - 0.5 - 1.0  # no earlier than its lead and a timer tick
     looked_up = [r for r in caplog.records if "was sent before" in r.getMessage()]
     assert len(looked_up) == (1 if stored else 0)
+    refused = [r for r in caplog.records if "could not look up hop" in r.getMessage()]
+    assert len(refused) == (1 if acl else 0)
+
+
+def test_an_account_that_may_not_create_topics_uses_the_ones_made_for_it(tmp_path: Path) -> None:
+    """Under ACL a Celery account need not be an admin: a queue whose topic an operator made works; one whose
+    topic is missing (a broker that does not create topics on first use) fails with the command that makes
+    it."""
+    acl_kw, user = _acl_broker(tmp_path)
+    with serve_in_thread(tmp_path / "s", announce=False, auto_create_topic_enable=False, **acl_kw) as running:
+        url = f"rocketmq://{user}{running.namesrv_address}//"
+        with Connection(url) as conn, pytest.raises(Exception) as e:
+            conn.SimpleQueue("made").put({"n": 1})
+        assert f"rmq-eventstore topic-create {system_topic('bindings')} --queues 1" in str(e.value)
+        _create_topics(running.namesrv_address, [system_topic("bindings"), system_topic("bindings_snapshot"),
+                                                 topic_name("made")])
+        with Connection(url) as conn:
+            with conn.SimpleQueue("made") as q:
+                q.put({"n": 1})
+                m = q.get(timeout=10)
+                assert m.payload == {"n": 1}
+                m.ack()
+            with pytest.raises(Exception) as e:
+                conn.SimpleQueue("missing").put({"n": 2})
+            assert f"rmq-eventstore topic-create {topic_name('missing')} --queues 1" in str(e.value)

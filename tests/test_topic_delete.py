@@ -156,6 +156,39 @@ def test_cli_topic_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert "cannot delete" in capsys.readouterr().err
 
 
+def test_cli_topic_create(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`topic-create` makes a topic (or widens it), with an admin account under ACL; a non-admin account, a bad
+    name or a bad count is refused in one line."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(textwrap.dedent("""\
+        accounts:
+          - accessKey: adminKey
+            secretKey: adminSecret12
+            admin: true
+          - accessKey: userKey
+            secretKey: userSecret12
+            defaultTopicPerm: PUB|SUB
+        """))
+    with serve_in_thread(tmp_path / "s", acl_enable=True, acl_file=str(acl)) as rb:
+        ns = rb.namesrv_address
+        admin = ["--namesrv", ns, "--access-key", "adminKey", "--secret-key", "adminSecret12"]
+        assert cli_main(["topic-create", "Made", "--queues", "2", *admin]) == 0
+        assert "created topic Made (2 queues)" in capsys.readouterr().out
+        assert rb.broker.topic_manager.get("Made").write_queue_nums == 2
+        assert cli_main(["topic-create", "Made", "--queues", "10", *admin]) == 0
+        assert rb.broker.topic_manager.get("Made").write_queue_nums == 10
+        capsys.readouterr()
+        user = ["--namesrv", ns, "--access-key", "userKey", "--secret-key", "userSecret12"]
+        assert cli_main(["topic-create", "Other", *user]) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert "refused to create 'Other'" in err and "NO_PERMISSION" in err
+        assert rb.broker.topic_manager.get("Other") is None
+        assert cli_main(["topic-create", "bad name", *admin]) == EXIT_ERROR
+        assert "cannot create" in capsys.readouterr().err
+        assert cli_main(["topic-create", "Made", "--queues", "0", *admin]) == EXIT_ERROR
+        assert "1 to 1024 queues" in capsys.readouterr().err
+
+
 CHILD = textwrap.dedent("""\
     import functools, os, signal, sys
     from rmq_eventstore.broker import serve_in_thread

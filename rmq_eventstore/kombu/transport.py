@@ -469,12 +469,35 @@ class _Clients:
         with self._topics_lock:
             if self._topics.get(topic, 0) >= lanes:
                 return
-            self.admin.create_topic(topic, queue_nums=lanes)
+            try:
+                self.admin.create_topic(topic, queue_nums=lanes)
+            except MQBrokerError as e:
+                if e.code != ResponseCode.NO_PERMISSION:
+                    raise
+                lanes = self._existing_lanes(topic, lanes, e)
             if len(self._topics) >= 4096:  # a cache only (creating again is harmless): bounded, many reply queues
                 keep = {t: n for t, n in self._topics.items() if t in (self.bindings_topic, self.snapshot_topic)}
                 self._topics = keep
             self._topics[topic] = lanes
         self.producer.refresh_route(topic)
+
+    def _existing_lanes(self, topic: str, lanes: int, refused: MQBrokerError) -> int:
+        """The queues of `topic` when this account may not create topics (an ACL account without admin rights):
+        the topic an operator made for it is used as it is; one that does not exist is an error saying how to
+        make it. Fewer queues than a priority queue's lanes: the higher priorities share the first queue."""
+        try:
+            have = len(self.admin.topic_route(topic).queues)
+        except (MQBrokerError, RemotingError, LookupError):
+            have = 0
+        if have < 1:
+            raise MQBrokerError(refused.code, (
+                f"topic {topic} does not exist and this account may not create it ({refused.remark}); create it "
+                f"with an admin account: rmq-eventstore topic-create {topic} --queues {lanes} --namesrv HOST:PORT "
+                "--access-key ... --secret-key ..."), refused.address) from None
+        if have < lanes:
+            log.warning("kombu: topic %s has %d queues, fewer than the %d lanes of a priority queue, and this account "
+                        "may not add queues: priorities above %d share queue 0", topic, have, lanes, have - 1)
+        return have
 
     def delete_topic(self, topic: str) -> bool:
         """Delete a queue's topic (and, in the broker, its pop retry topic): DELETE_TOPIC_IN_BROKER. Without
@@ -888,8 +911,15 @@ class Channel(virtual.Channel):
         topic, or one it delivered to `topic`. Asked only of a hop that came back (a send that timed out and
         may have been stored, or a worker gone between the send and the ack), so it is not sent on twice."""
         admin = self._transport.clients().admin
-        return any(m.properties.get("KEYS") == key
-                   for t in (RMQ_SYS_WHEEL_TIMER_TOPIC, topic) for m in admin.query_message(t, key, 4, brokers_of=topic))
+        for t in (RMQ_SYS_WHEEL_TIMER_TOPIC, topic):
+            try:
+                found = admin.query_message(t, key, 4, brokers_of=topic)
+            except MQBrokerError as e:  # refused (an ACL without SUB on the topic): not known, so sent again
+                log.warning("kombu: could not look up hop %s in %s (%s); it is sent on again", key, t, e)
+                return False
+            if any(m.properties.get("KEYS") == key for m in found):
+                return True
+        return False
 
     def settle_no_ack(self, queue: str, raws: list[dict[str, Any]]) -> None:
         """Ack at once what a no-ack consumer of `queue` gets."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import base64
 import concurrent.futures
+import difflib
 import json
 import logging
 import os
@@ -100,6 +101,34 @@ _MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
 # ensure_ascii, check_circular, allow_nan, no sort) writes the same text and is shared (encode keeps no state)
 _MESSAGE_JSON = json.JSONEncoder(separators=(",", ":")).encode
 _QUEUE_TOPICS_MAX = 4096  # queue -> topic names a connection remembers (then it starts over: reply queues)
+
+
+# the transport options this transport reads (`Transport.__init__`, `Channel.from_transport_options`), and the
+# ones kombu itself reads from the same dict (`Connection._extract_failover_opts`, a publish's retry policy that
+# `Producer.publish` copies in, `virtual.Transport`'s polling_interval)
+OWN_OPTIONS = frozenset({
+    "namespace", "group", "max_poll", "retry_max_times", "broker_options", "expiry_sweep_interval", "eta_timers",
+    "eta_lead", "eta_max_delay", "restore_on_connection_loss", "ack_batching", "visibility_timeout", "batch_size",
+    "requeue_wait", "publish_wait", "body_encoding", "deadletter_queue", "polling_interval"})
+KOMBU_OPTIONS = frozenset({"max_retries", "interval_start", "interval_step", "interval_max",
+                           "connect_retries_timeout", "errback", "callback", "retry_errors", "timeout"})
+_warned_options: set[frozenset[str]] = set()
+
+
+def _warn_unknown_options(opts: dict[str, Any]) -> None:
+    """Warn once per process about transport options this transport does not read (a typo, or another
+    broker's option kept from a migration: Redis's `fanout_prefix`, `global_keyprefix`...), which kombu would
+    otherwise ignore in silence (celery/celery#7651: "visibility_timeout doesn't work")."""
+    unknown = frozenset(str(k) for k in opts) - OWN_OPTIONS - KOMBU_OPTIONS
+    if not unknown or unknown in _warned_options:
+        return
+    _warned_options.add(unknown)
+    hints = []
+    for name in sorted(unknown):
+        near = difflib.get_close_matches(name, OWN_OPTIONS, 1, 0.8)
+        hints.append(f"{name} (did you mean {near[0]}?)" if near else name)
+    log.warning("kombu: transport options the rocketmq transport does not read, ignored: %s; it reads %s",
+                ", ".join(hints), ", ".join(sorted(OWN_OPTIONS)))
 
 
 def _hop_key(m: Any) -> str | None:
@@ -1052,6 +1081,7 @@ class Transport(virtual.Transport):
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         opts = client.transport_options or {}
+        _warn_unknown_options(opts)
         self.namespace = validate_namespace(opts.get("namespace", ""))
         group = opts.get("group", "kombu")
         self.group = f"{self.namespace}%{group}" if self.namespace else group

@@ -50,13 +50,30 @@ class JSONCodec:
     _encoder = DjangoJSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
     def encode(self, data: Any) -> bytes:
-        return self._encoder.encode(data).encode()
+        """``data`` as UTF-8 JSON: what ``_encoder.encode(data)`` makes. For anything but a str, the C encoder
+        `JSONEncoder.iterencode` makes for a one-shot call (a fresh circular-reference check per call) is made
+        here directly, without ``encode`` / ``iterencode``'s Python frames."""
+        e = self._encoder
+        if _c_make_encoder is None or data.__class__ is str:
+            return e.encode(data).encode()
+        return "".join(_c_make_encoder({}, e.default, _encode_basestring, None, e.key_separator, e.item_separator,
+                                       e.sort_keys, e.skipkeys, e.allow_nan)(data, 0)).encode()
 
     def decode(self, body: bytes) -> Any:
+        """The JSON value of ``body`` (``json.loads``), or None when it is not JSON. A body whose first two
+        bytes make ``json.detect_encoding`` say UTF-8 (no BOM, no NUL among them) is decoded as UTF-8 here,
+        as ``json.loads`` would decode it."""
         try:
+            if body.__class__ is bytes and len(body) > 1 and body[0] not in _NOT_PLAIN_UTF8 and body[1]:
+                return json.loads(body.decode("utf-8", "surrogatepass"))
             return json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return None  # not JSON (written by another producer): `body` still has the bytes
+
+
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_encode_basestring = json.encoder.encode_basestring  # ensure_ascii=False's string encoder (C when built)
+_NOT_PLAIN_UTF8 = frozenset((0, 0xEF, 0xFE, 0xFF))  # the first bytes of a BOM or of UTF-16/32 text
 
 
 class RawCodec:
@@ -254,8 +271,7 @@ class EventModel(models.Model, metaclass=EventModelBase):
             state.db = db
             d = obj.__dict__
             d["_state"] = state
-            for a in names:
-                d[a] = row[a]
+            d.update(zip(names, map(row.__getitem__, names), strict=True))
             d["topic"] = cls.topic
             return obj
         obj = cls.from_db(db, attnames, [row[a] for a in attnames])

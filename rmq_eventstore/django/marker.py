@@ -40,8 +40,13 @@ def _insert_on_pgconn(conn: Any, sql: str, values: tuple) -> bool:
         parts = sql.split("%s")
         text = _PG_SQL[sql] = "".join(p + (f"${i + 1}" if i < len(parts) - 1 else "")
                                       for i, p in enumerate(parts)).encode()
-    params = [None if v is None else (v.isoformat() if v.__class__ is datetime else str(v)).encode()
-              for v in values]
+    a, b, c, d, when = values if len(values) == 5 else (None,) * 5  # the marker's row (`EventTransaction.insert`)
+    if (when.__class__ is datetime and a.__class__ is str and b.__class__ is str and c.__class__ is str
+            and d.__class__ is str):  # the usual row: the same texts, written out
+        params = [a.encode(), b.encode(), c.encode(), d.encode(), when.isoformat().encode()]
+    else:
+        params = [None if v is None else (v.isoformat() if v.__class__ is datetime else str(v)).encode()
+                  for v in values]
     with raw.lock:
         result = pgconn.exec_params(text, params)
     if result.status != _COMMAND_OK:

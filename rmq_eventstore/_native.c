@@ -52,6 +52,8 @@
  *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
  *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
  *   pop_queue           buffer's lock (THE POP READ, block above the table)
+ *   PopEntry            the base type of the POP buffer's entry (pop_buffer._Entry): its fields in C, the checkpoint
+ *                       of an entry pop_register made built when first read (THE POP ENTRY, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -7981,6 +7983,13 @@ static int pcore_set(PyObject *o, PyObject *name, PyObject *v) {
     return r;
 }
 
+static PyTypeObject PopEntry_Type;  /* THE POP ENTRY (branch pop-ck), above the method table */
+static PyObject *pe_make(PyTypeObject *et, PyObject *ck_cls, PyObject *group, PyObject *topic, PyObject *q_obj,
+                         PyObject *offset_obj, PyObject *pop_time_obj, PyObject *invisible, PyObject *broker_name,
+                         long long offset, long long n, PyObject *revive_qid, PyObject *next_offset, PyObject *full,
+                         PyObject *flush_at);
+static int pe_settle_fields(PyObject *o, long long *so, long long *n, long long *acked, long long *full);
+
 /* pop_register(PopCheckPoint, _Entry, deque, by_key, queues, qkey, fd, group, topic, q, offset, end, pop_time,
  *              invisible, broker_name, revive_qid, stay_ms, margin_ms, retry)
  * -> (journal bytes written, scan needed, startOffsetInfo item, msgOffsetInfo item), or None (nothing changed) */
@@ -8015,6 +8024,30 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
     char *buf = NULL;
     size_t cap = (size_t)glen + (size_t)tlen + 256 + (size_t)n * 21;
     /* every object first: an allocation failure changes nothing */
+    PyTypeObject *ct = (PyTypeObject *)ck_cls, *et = (PyTypeObject *)entry_cls;
+    if (PyType_IsSubtype(et, &PopEntry_Type)) {  /* THE POP ENTRY: the checkpoint kept as its fields (pe_make) */
+        PyObject *fl = PyLong_FromLongLong(flush_at);
+        full = fl != NULL ? PyLong_FromLongLong((1LL << (n < 63 ? n : 0)) - 1) : NULL;
+        if (full == NULL || n >= 63) {  /* n >= 63: `full` as below */
+            Py_CLEAR(full);
+            if (fl != NULL && n >= 63) {
+                PyObject *one = PyLong_FromLong(1), *sh = PyLong_FromLongLong(n), *big = NULL;
+                if (one != NULL && sh != NULL && (big = PyNumber_Lshift(one, sh)) != NULL)
+                    full = PyNumber_Subtract(big, one);
+                Py_XDECREF(one); Py_XDECREF(sh); Py_XDECREF(big);
+            }
+            if (full == NULL) {
+                Py_XDECREF(fl);
+                goto out;
+            }
+        }
+        entry = pe_make(et, ck_cls, group, topic, q_obj, offset_obj, pop_time_obj, a[13], broker_name, offset, n, a[15],
+                        a[11], full, fl);  /* takes full and fl */
+        full = NULL;
+        if (entry == NULL)
+            goto out;
+        goto made;
+    }
     if ((diffs = PyList_New((Py_ssize_t)n)) == NULL)
         goto out;
     for (long long i = 0; i < n; i++) {
@@ -8023,7 +8056,6 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
             goto out;
         PyList_SET_ITEM(diffs, (Py_ssize_t)i, v);
     }
-    PyTypeObject *ct = (PyTypeObject *)ck_cls, *et = (PyTypeObject *)entry_cls;
     if ((ck = ct->tp_new(ct, pcore_empty, NULL)) == NULL)
         goto out;
     Py_INCREF(offset_obj); Py_INCREF(pop_time_obj); Py_INCREF(a[13]); Py_INCREF(q_obj); Py_INCREF(topic);
@@ -8053,6 +8085,7 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
         || pcore_set(entry, pcore_n_stored, Py_False) < 0
         || pcore_set(entry, pcore_n_flush_at, PyLong_FromLongLong(flush_at)) < 0)
         goto out;
+made:
     if ((key = PyTuple_Pack(5, group, topic, q_obj, offset_obj, pop_time_obj)) == NULL)
         goto out;
     if ((buf = PyMem_Malloc(cap)) == NULL) {
@@ -8151,22 +8184,27 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
              *full_obj = NULL, *new_acked = NULL;
     char *buf = NULL;
     int decline = 1;
-    long long so, acked, full;
-    if ((stored = sf_get_any(entry, pcore_n_stored)) == NULL
-        || (contiguous = sf_get_any(entry, pcore_n_contiguous)) == NULL)
-        goto out;
-    if (stored != Py_False || contiguous != Py_True)
-        goto out;
-    if ((ck = sf_get_any(entry, pcore_n_ck)) == NULL || (acked_obj = sf_get_any(entry, pcore_n_acked)) == NULL
-        || (full_obj = sf_get_any(entry, pcore_n_full)) == NULL)
-        goto out;
-    if ((so_obj = sf_get_any(ck, pcore_n_start_offset)) == NULL
-        || (diffs = sf_get_any(ck, pcore_n_queue_offset_diff)) == NULL)
-        goto out;
-    if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
-        || !pcore_int(full_obj, &full))
-        goto out;
-    Py_ssize_t n = PyList_GET_SIZE(diffs);
+    long long so, acked, full, pn;
+    Py_ssize_t n;
+    if (pe_settle_fields(entry, &so, &pn, &acked, &full)) {  /* an entry pop_register made (THE POP ENTRY) */
+        n = (Py_ssize_t)pn;
+    } else {
+        if ((stored = sf_get_any(entry, pcore_n_stored)) == NULL
+            || (contiguous = sf_get_any(entry, pcore_n_contiguous)) == NULL)
+            goto out;
+        if (stored != Py_False || contiguous != Py_True)
+            goto out;
+        if ((ck = sf_get_any(entry, pcore_n_ck)) == NULL || (acked_obj = sf_get_any(entry, pcore_n_acked)) == NULL
+            || (full_obj = sf_get_any(entry, pcore_n_full)) == NULL)
+            goto out;
+        if ((so_obj = sf_get_any(ck, pcore_n_start_offset)) == NULL
+            || (diffs = sf_get_any(ck, pcore_n_queue_offset_diff)) == NULL)
+            goto out;
+        if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
+            || !pcore_int(full_obj, &full))
+            goto out;
+        n = PyList_GET_SIZE(diffs);
+    }
     if (n > 62 || acked < 0 || full < 0)
         goto out;
     Py_ssize_t glen, tlen;
@@ -10358,6 +10396,169 @@ static int al_member(jcur *c, const unsigned char **k, Py_ssize_t *kn) {
 
 /* ============================ end of THE ACK BATCH ===================================================== */
 
+/* ============================ THE POP ENTRY (branch pop-ck) ============================================ */
+/* PopEntry: the base of pop_buffer._Entry (a Python subclass with __slots__ = ()): its fields revive_qid,   */
+/* next_offset, acked, full, stored, flush_at and contiguous as T_OBJECT_EX slots (what _Entry's __slots__   */
+/* were), and `ck`, the PopCheckPoint, made when first read for an entry pop_register made (pe_make): such    */
+/* an entry keeps the checkpoint's fields (its class, group, topic, queue id, start offset, pop time,       */
+/* invisible time, broker name, count) and builds `ck_cls(start, pop_time, invisible, n, queue_id, topic,    */
+/* group, broker_name, list(range(n)))` then, as pop_now's Python lines build it; ack_settle reads a made     */
+/* entry's fields without building it (pe_settle_fields). Setting `ck` (what _Entry.__init__ does) drops    */
+/* the kept fields. No cycle can go through an entry (ints, bools, strs, a class, a checkpoint): not GC.    */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ck, *revive_qid, *next_offset, *acked, *full, *stored, *flush_at, *contiguous;
+    PyObject *ck_cls, *group, *topic, *queue_id, *start_offset, *pop_time, *invisible_time, *broker_name;
+    long long so, n;  /* the start offset and message count, when ck_cls is set */
+} PopEntryObject;
+
+static void pe_clear_fields(PopEntryObject *e) {
+    Py_CLEAR(e->ck_cls); Py_CLEAR(e->group); Py_CLEAR(e->topic); Py_CLEAR(e->queue_id); Py_CLEAR(e->start_offset);
+    Py_CLEAR(e->pop_time); Py_CLEAR(e->invisible_time); Py_CLEAR(e->broker_name);
+}
+
+static void pe_dealloc(PyObject *o) {
+    PopEntryObject *e = (PopEntryObject *)o;
+    Py_XDECREF(e->ck); Py_XDECREF(e->revive_qid); Py_XDECREF(e->next_offset); Py_XDECREF(e->acked);
+    Py_XDECREF(e->full); Py_XDECREF(e->stored); Py_XDECREF(e->flush_at); Py_XDECREF(e->contiguous);
+    pe_clear_fields(e);
+    Py_TYPE(o)->tp_free(o);
+}
+
+static PyObject *pe_get_ck(PyObject *o, void *closure) {
+    PopEntryObject *e = (PopEntryObject *)o;
+    if (e->ck == NULL && e->ck_cls != NULL) {
+        PyObject *diffs = PyList_New((Py_ssize_t)e->n);
+        if (diffs == NULL)
+            return NULL;
+        for (long long i = 0; i < e->n; i++) {
+            PyObject *v = PyLong_FromLongLong(i);
+            if (v == NULL) {
+                Py_DECREF(diffs);
+                return NULL;
+            }
+            PyList_SET_ITEM(diffs, (Py_ssize_t)i, v);
+        }
+        PyObject *num = PyLong_FromLongLong(e->n);
+        if (num == NULL) {
+            Py_DECREF(diffs);
+            return NULL;
+        }
+        PyObject *args[9] = {e->start_offset, e->pop_time, e->invisible_time, num, e->queue_id, e->topic, e->group,
+                             e->broker_name, diffs};
+        PyObject *ck = PyObject_Vectorcall(e->ck_cls, args, 9, NULL);
+        Py_DECREF(num);
+        Py_DECREF(diffs);
+        if (ck == NULL)
+            return NULL;
+        e->ck = ck;
+    }
+    if (e->ck == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "'ck'");
+        return NULL;
+    }
+    return Py_NewRef(e->ck);
+}
+
+static int pe_set_ck(PyObject *o, PyObject *v, void *closure) {
+    PopEntryObject *e = (PopEntryObject *)o;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "ck cannot be deleted");
+        return -1;
+    }
+    Py_XSETREF(e->ck, Py_NewRef(v));
+    pe_clear_fields(e);  /* the checkpoint given is the one from now on */
+    return 0;
+}
+
+static PyMemberDef pe_members[] = {
+    {"revive_qid", T_OBJECT_EX, offsetof(PopEntryObject, revive_qid), 0, NULL},
+    {"next_offset", T_OBJECT_EX, offsetof(PopEntryObject, next_offset), 0, NULL},
+    {"acked", T_OBJECT_EX, offsetof(PopEntryObject, acked), 0, NULL},
+    {"full", T_OBJECT_EX, offsetof(PopEntryObject, full), 0, NULL},
+    {"stored", T_OBJECT_EX, offsetof(PopEntryObject, stored), 0, NULL},
+    {"flush_at", T_OBJECT_EX, offsetof(PopEntryObject, flush_at), 0, NULL},
+    {"contiguous", T_OBJECT_EX, offsetof(PopEntryObject, contiguous), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef pe_getset[] = {
+    {"ck", pe_get_ck, pe_set_ck, "the PopCheckPoint (made when first read, for an entry pop_register made)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PopEntry_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rmq_eventstore._native.PopEntry",
+    .tp_basicsize = sizeof(PopEntryObject),
+    .tp_dealloc = pe_dealloc,
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The fields of a POP buffer entry (pop_buffer._Entry's base); `ck` made when first read.",
+    .tp_members = pe_members,
+    .tp_getset = pe_getset,
+    .tp_new = PyType_GenericNew,
+};
+
+/* pop_register's entry when its class is a PopEntry subclass: the fields set, the checkpoint kept as its fields
+ * (n > 0); a new reference, or NULL with an error set. `Full` and `flush_at` are new references given to it. */
+static PyObject *pe_make(PyTypeObject *et, PyObject *ck_cls, PyObject *group, PyObject *topic, PyObject *q_obj,
+                         PyObject *offset_obj, PyObject *pop_time_obj, PyObject *invisible, PyObject *broker_name,
+                         long long offset, long long n, PyObject *revive_qid, PyObject *next_offset, PyObject *full,
+                         PyObject *flush_at) {
+    PyObject *acked = PyLong_FromLong(0);
+    PyObject *o = acked != NULL ? et->tp_alloc(et, 0) : NULL;
+    if (o == NULL) {
+        Py_XDECREF(acked); Py_DECREF(full); Py_DECREF(flush_at);
+        return NULL;
+    }
+    PopEntryObject *e = (PopEntryObject *)o;
+    e->revive_qid = Py_NewRef(revive_qid); e->next_offset = Py_NewRef(next_offset); e->acked = acked;
+    e->full = full; e->stored = Py_NewRef(Py_False); e->flush_at = flush_at; e->contiguous = Py_NewRef(Py_True);
+    e->ck_cls = Py_NewRef(ck_cls); e->group = Py_NewRef(group); e->topic = Py_NewRef(topic);
+    e->queue_id = Py_NewRef(q_obj); e->start_offset = Py_NewRef(offset_obj); e->pop_time = Py_NewRef(pop_time_obj);
+    e->invisible_time = Py_NewRef(invisible); e->broker_name = Py_NewRef(broker_name);
+    e->so = offset;
+    e->n = n;
+    return o;
+}
+
+/* ack_settle's read of an entry pop_register made and nobody re-pointed: 1 with its start offset, count, acked and
+ * full bits (stored False, contiguous True, acked / full exact ints in 0..2**53); 0 when it is not such an entry */
+static int pe_settle_fields(PyObject *o, long long *so, long long *n, long long *acked, long long *full) {
+    if (!PyType_IsSubtype(Py_TYPE(o), &PopEntry_Type))
+        return 0;
+    PopEntryObject *e = (PopEntryObject *)o;
+    if (e->ck_cls == NULL || e->stored != Py_False || e->contiguous != Py_True || e->acked == NULL || e->full == NULL
+        || !PyLong_CheckExact(e->acked) || !PyLong_CheckExact(e->full))
+        return 0;
+    int o1 = 0, o2 = 0;
+    long long a = PyLong_AsLongLongAndOverflow(e->acked, &o1), f = PyLong_AsLongLongAndOverflow(e->full, &o2);
+    if (o1 || o2 || a < 0 || f < 0 || a > (1LL << 53) || f > (1LL << 53)) {  /* pcore_int's bounds, as the other way */
+        PyErr_Clear();
+        return 0;
+    }
+    *so = e->so;
+    *n = e->n;
+    *acked = a;
+    *full = f;
+    return 1;
+}
+
+/* the type, added to the module by PyInit__native: 0, or -1 with an error set */
+static int pe_add_type(PyObject *m) {
+    if (PyType_Ready(&PopEntry_Type) < 0)
+        return -1;
+    Py_INCREF(&PopEntry_Type);
+    if (PyModule_AddObject(m, "PopEntry", (PyObject *)&PopEntry_Type) < 0) {
+        Py_DECREF(&PopEntry_Type);
+        return -1;
+    }
+    return 0;
+}
+/* ============================ end of THE POP ENTRY ===================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -10533,5 +10734,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     /* THE BATCH SEND: decode_batch_messages sets this many Message slots (codec checks the dataclass has no more) */
     if (m != NULL && PyModule_AddIntConstant(m, "MESSAGE_FIELD_COUNT", F_COUNT) < 0) Py_CLEAR(m);
+    if (m != NULL && pe_add_type(m) < 0) Py_CLEAR(m);  /* THE POP ENTRY */
     return m;
 }

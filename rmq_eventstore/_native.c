@@ -10559,6 +10559,387 @@ static int pe_add_type(PyObject *m) {
 }
 /* ============================ end of THE POP ENTRY ===================================================== */
 
+/* ============================ THE ACK ONE (branch pop-ck) =============================================== */
+/* AckMessageProcessor.lane for the usual ack in one call: an ACK_MESSAGE (ack_frame's 14-tuple) or a         */
+/* BATCH_ACK_MESSAGE of one entry (ack_frame's / ack_body's (frame, [entry])), checked as the lane checks it    */
+/* (TopicManager.get from its cache as ConfigCache.entries keeps it, the queue's bounds, _lane_run's retry    */
+/* naming) and settled as PopBufferMergeService.ack_one settles it under the buffer's lock: ack_settle (its   */
+/* bits, journal line, _by_key entry), journal.size, and for a settled checkpoint `settled += 1` and          */
+/* _scan_commit (the queue's settled-or-stored prefix dropped, its offset committed through the buffer's own  */
+/* committed / commit callables, _committed_by_me). True when settled there; None, before anything changed,  */
+/* for everything else (a cache out of date, a retry topic to name, a check that fails, an entry ack_settle  */
+/* leaves alone): the caller then takes the lane's Python, which answers as before. Reference: lane + ack_one */
+/* + _scan_commit (broker/processor/pop.py, broker/pop_buffer.py; tests/test_pop_lane.py's twins).             */
+static PyObject *ak1_n_file, *ak1_n_dv, *ak1_n_counter, *ak1_n_timestamp, *ak1_n_key, *ak1_n_entries, *ak1_n_rqn,
+    *ak1_n_settled, *ak1_n_count, *ak1_n_popleft, *ak1_n_fd, *ak1_n_size, *ak1_n_acquire, *ak1_n_release,
+    *ak1_n_stored, *ak1_n_acked, *ak1_n_full, *ak1_n_next, *ak1_n_min_logic, *ak1_n_journal, *ak1_n_table, *ak1_n_lock,
+    *ak1_n_commits, *ak1_n_step, *ak1_n_next_version, *ak1_sep, *ak1_one, *ak1_minus_one, *ak1_zero;
+
+static int ak1_init(void) {
+    if (ak1_zero != NULL)
+        return 0;
+#define AK1_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    AK1_NAME(ak1_n_file, "file"); AK1_NAME(ak1_n_dv, "data_version"); AK1_NAME(ak1_n_counter, "counter");
+    AK1_NAME(ak1_n_timestamp, "timestamp"); AK1_NAME(ak1_n_key, "_key"); AK1_NAME(ak1_n_entries, "_entries");
+    AK1_NAME(ak1_n_rqn, "read_queue_nums"); AK1_NAME(ak1_n_settled, "settled"); AK1_NAME(ak1_n_count, "_count");
+    AK1_NAME(ak1_n_popleft, "popleft"); AK1_NAME(ak1_n_fd, "_fd"); AK1_NAME(ak1_n_size, "size");
+    AK1_NAME(ak1_n_acquire, "acquire"); AK1_NAME(ak1_n_release, "release"); AK1_NAME(ak1_n_stored, "stored");
+    AK1_NAME(ak1_n_acked, "acked"); AK1_NAME(ak1_n_full, "full"); AK1_NAME(ak1_n_next, "next_offset");
+    AK1_NAME(ak1_n_min_logic, "_min_logic_offset"); AK1_NAME(ak1_n_journal, "journal");
+    AK1_NAME(ak1_n_table, "_offset_table"); AK1_NAME(ak1_n_lock, "_lock"); AK1_NAME(ak1_n_commits, "_commits");
+    AK1_NAME(ak1_n_step, "update_version_step"); AK1_NAME(ak1_n_next_version, "next_version"); AK1_NAME(ak1_sep, "@");
+#undef AK1_NAME
+    if ((ak1_one = PyLong_FromLong(1)) == NULL || (ak1_minus_one = PyLong_FromLong(-1)) == NULL)
+        return -1;
+    ak1_zero = PyLong_FromLong(0);
+    return ak1_zero == NULL ? -1 : 0;
+}
+
+/* an attribute that is an exact int within +-2**53: 1 (*out); 0 otherwise or on a look-up error (cleared) */
+static int ak1_int(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = pcore_int(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* TopicManager.get(topic)'s read_queue_nums when the topic is in its cache and the cache is the current one
+ * (ConfigCache.entries would keep it): 1 (*rqn); 0 otherwise (nothing changed, no error set) */
+static int ak1_topic(PyObject *cache, PyObject *absent, PyObject *topic, long long *rqn) {
+    PyObject *file = NULL, *dv = NULL, *key = NULL, *entries = NULL;
+    long long counter, ts, k0, k1;
+    int ok = 0;
+    if ((file = PyObject_GetAttr(cache, ak1_n_file)) == NULL || (dv = PyObject_GetAttr(file, ak1_n_dv)) == NULL
+        || (key = PyObject_GetAttr(cache, ak1_n_key)) == NULL || (entries = PyObject_GetAttr(cache, ak1_n_entries)) == NULL)
+        goto out;
+    if (!ak1_int(dv, ak1_n_counter, &counter) || !ak1_int(dv, ak1_n_timestamp, &ts) || !PyTuple_CheckExact(key)
+        || PyTuple_GET_SIZE(key) != 2 || !pcore_int(PyTuple_GET_ITEM(key, 0), &k0)
+        || !pcore_int(PyTuple_GET_ITEM(key, 1), &k1) || k0 != counter || k1 != ts || !PyDict_CheckExact(entries))
+        goto out;
+    PyObject *tc = PyDict_GetItemWithError(entries, topic);  /* borrowed */
+    if (tc == NULL || tc == absent)
+        goto out;
+    ok = ak1_int(tc, ak1_n_rqn, rqn);
+out:
+    PyErr_Clear();
+    Py_XDECREF(file); Py_XDECREF(dv); Py_XDECREF(key); Py_XDECREF(entries);
+    return ok;
+}
+
+/* the store's queue (find_consume_queue(topic, q, create=False)) with its min and max offsets: a new reference,
+ * or NULL (no error set) when it is not there or its fields are not what the methods read */
+static PyObject *ak1_queue(PyObject *table, PyObject *topic, PyObject *q_obj, long long *lo, long long *hi) {
+    if (!PyDict_CheckExact(table))
+        return NULL;
+    PyObject *queues = PyDict_GetItemWithError(table, topic);
+    if (queues == NULL || !PyDict_CheckExact(queues)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *cq = PyDict_GetItemWithError(queues, q_obj);
+    long long min_logic;
+    if (cq == NULL || !ak1_int(cq, ak1_n_min_logic, &min_logic)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    *lo = prd_floordiv(min_logic, 20);  /* ConsumeQueue.get_min_offset_in_queue */
+    PyObject *top = queue_max(NULL, cq);
+    if (top == NULL || !pcore_int(top, hi)) {
+        PyErr_Clear();
+        Py_XDECREF(top);
+        return NULL;
+    }
+    Py_DECREF(top);
+    return Py_NewRef(cq);
+}
+
+/* ConsumerOffsetFile.query_offset(group, topic, q) (no lock, as it reads): a new reference, or NULL with an error set */
+static PyObject *ak1_query(PyObject *file, PyObject *group, PyObject *topic, PyObject *q_obj) {
+    PyObject *table = PyObject_GetAttr(file, ak1_n_table), *key = NULL, *res = NULL;
+    if (table == NULL)
+        return NULL;
+    PyObject *tk = PyUnicode_Concat(topic, ak1_sep);  /* topic + TOPIC_GROUP_SEPARATOR + group */
+    if (tk == NULL || (key = PyUnicode_Concat(tk, group)) == NULL)
+        goto out;
+    if (!PyDict_CheckExact(table)) {  /* not the table the method reads: its own answer */
+        res = PyObject_CallMethod(file, "query_offset", "OOO", group, topic, q_obj);
+        goto out;
+    }
+    PyObject *offsets = PyDict_GetItemWithError(table, key);
+    if (offsets == NULL) {
+        if (!PyErr_Occurred())
+            res = Py_NewRef(ak1_minus_one);
+        goto out;
+    }
+    if (!PyDict_CheckExact(offsets)) {
+        res = PyObject_CallMethod(file, "query_offset", "OOO", group, topic, q_obj);
+        goto out;
+    }
+    PyObject *off = PyDict_GetItemWithError(offsets, q_obj);
+    if (off != NULL)
+        res = Py_NewRef(off);
+    else if (!PyErr_Occurred())
+        res = Py_NewRef(ak1_minus_one);
+out:
+    Py_DECREF(table); Py_XDECREF(tk); Py_XDECREF(key);
+    return res;
+}
+
+/* ConsumerOffsetFile.commit_offset(group, topic, q, offset) for a pair its table has and an offset not below the one
+ * there (no warning to log): 1 done; 0 not that case, nothing changed (the caller calls the method); -1 error */
+static int ak1_commit(PyObject *file, PyObject *group, PyObject *topic, PyObject *q_obj, PyObject *offset) {
+    PyObject *table = PyObject_GetAttr(file, ak1_n_table), *tk = NULL, *key = NULL, *lock = NULL;
+    if (table == NULL)
+        return -1;
+    int rc = -1;
+    if ((tk = PyUnicode_Concat(topic, ak1_sep)) == NULL || (key = PyUnicode_Concat(tk, group)) == NULL
+        || (lock = PyObject_GetAttr(file, ak1_n_lock)) == NULL)
+        goto out;
+    rc = 0;
+    if (!PyDict_CheckExact(table))
+        goto out;
+    PyObject *ok = PyObject_CallMethodNoArgs(lock, ak1_n_acquire);
+    if (ok == NULL) {
+        rc = -1;
+        goto out;
+    }
+    Py_DECREF(ok);
+    PyObject *offsets = PyDict_GetItemWithError(table, key), *previous = NULL;
+    int le = 0;
+    if (offsets != NULL && PyDict_CheckExact(offsets)) {  /* a pair the table has (validated when added) */
+        previous = PyDict_GetItemWithError(offsets, q_obj);
+        le = previous == NULL ? (PyErr_Occurred() ? -1 : 1) : PyObject_RichCompareBool(previous, offset, Py_LE);
+    }
+    if (le == 1) {  /* offsets[queue_id] = offset; self._commits += 1; the version step */
+        PyObject *commits = NULL, *step = NULL, *m = NULL;
+        int next = 0;
+        if (PyDict_SetItem(offsets, q_obj, offset) < 0 || prd_add(file, ak1_n_commits, ak1_one) < 0
+            || (commits = PyObject_GetAttr(file, ak1_n_commits)) == NULL
+            || (step = PyObject_GetAttr(file, ak1_n_step)) == NULL || (next = PyObject_RichCompareBool(step, ak1_zero, Py_GT)) < 0)
+            le = -1;
+        else if (next && ((m = PyNumber_Remainder(commits, step)) == NULL || (next = PyObject_RichCompareBool(m, ak1_zero, Py_EQ)) < 0))
+            le = -1;
+        if (le == 1 && next) {
+            PyObject *dv = PyObject_GetAttr(file, ak1_n_dv), *r = NULL;
+            if (dv == NULL || (r = PyObject_CallMethodNoArgs(dv, ak1_n_next_version)) == NULL)
+                le = -1;
+            Py_XDECREF(dv); Py_XDECREF(r);
+        }
+        Py_XDECREF(commits); Py_XDECREF(step); Py_XDECREF(m);
+    }
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyObject *rel = PyObject_CallMethodNoArgs(lock, ak1_n_release);
+        if (rel == NULL) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+            le = -1;
+        } else {
+            Py_DECREF(rel);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    rc = le < 0 ? -1 : le;
+out:
+    Py_DECREF(table); Py_XDECREF(tk); Py_XDECREF(key); Py_XDECREF(lock);
+    return rc;
+}
+
+/* PopBufferMergeService._scan_commit(qkey), lock held: 0, or -1 with an error set */
+static int ak1_scan(PyObject *buffer, PyObject *queues, PyObject *qkey, PyObject *by_me, PyObject *commit,
+                    PyObject *committed, PyObject *file) {
+    PyObject *q = PyDict_GetItemWithError(queues, qkey);
+    if (q == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(q);
+    PyObject *offset = Py_NewRef(ak1_minus_one);
+    int rc = -1;
+    Py_ssize_t len = PyObject_Size(q);
+    if (len < 0)
+        goto out;
+    if (len == 0) {
+        rc = 0;
+        goto out;
+    }
+    while (len > 0) {  /* while q and (q[0].stored or q[0].acked == q[0].full) */
+        PyObject *head = PySequence_GetItem(q, 0);
+        if (head == NULL)
+            goto out;
+        PyObject *st = sf_get_any(head, ak1_n_stored);
+        int take = st == NULL ? -1 : PyObject_IsTrue(st);
+        Py_XDECREF(st);
+        if (take == 0) {
+            PyObject *ac = sf_get_any(head, ak1_n_acked), *fu = ac != NULL ? sf_get_any(head, ak1_n_full) : NULL;
+            take = fu != NULL ? PyObject_RichCompareBool(ac, fu, Py_EQ) : -1;
+            Py_XDECREF(ac); Py_XDECREF(fu);
+        }
+        Py_DECREF(head);
+        if (take < 0)
+            goto out;
+        if (!take)
+            break;
+        PyObject *popped = PyObject_CallMethodNoArgs(q, ak1_n_popleft);
+        if (popped == NULL)
+            goto out;
+        PyObject *nxt = sf_get_any(popped, ak1_n_next);
+        Py_DECREF(popped);
+        if (nxt == NULL)
+            goto out;
+        Py_SETREF(offset, nxt);
+        if (prd_add(buffer, ak1_n_count, ak1_minus_one) < 0 || (len = PyObject_Size(q)) < 0)
+            goto out;
+    }
+    int ge = PyObject_RichCompareBool(offset, ak1_zero, Py_GE);  /* offset >= 0 and offset > committed(*qkey) */
+    if (ge < 0)
+        goto out;
+    if (ge) {
+        PyObject *c = file != Py_None  /* committed is file.query_offset: read here */
+            ? ak1_query(file, PyTuple_GET_ITEM(qkey, 0), PyTuple_GET_ITEM(qkey, 1), PyTuple_GET_ITEM(qkey, 2))
+            : PyObject_Call(committed, qkey, NULL);
+        if (c == NULL)
+            goto out;
+        int gt = PyObject_RichCompareBool(offset, c, Py_GT);
+        Py_DECREF(c);
+        if (gt < 0)
+            goto out;
+        if (gt) {
+            PyObject *cargs[4] = {PyTuple_GET_ITEM(qkey, 0), PyTuple_GET_ITEM(qkey, 1), PyTuple_GET_ITEM(qkey, 2), offset};
+            int done = file != Py_None ? ak1_commit(file, cargs[0], cargs[1], cargs[2], offset) : 0;
+            if (done < 0)
+                goto out;
+            if (!done) {  /* commit's own call (a new pair, an offset below the committed one: its checks, its warning) */
+                PyObject *r = PyObject_Vectorcall(commit, cargs, 4, NULL);
+                if (r == NULL)
+                    goto out;
+                Py_DECREF(r);
+            }
+            if (PyDict_SetItem(by_me, qkey, offset) < 0)
+                goto out;
+        }
+    }
+    if (len == 0 && PyDict_DelItem(queues, qkey) < 0)
+        goto out;
+    rc = 0;
+out:
+    Py_DECREF(offset);
+    Py_DECREF(q);
+    return rc;
+}
+
+/* ack_one(got, ctx): ctx = (topic cache, _ABSENT, consume_queue_table, buffer, buffer lock, _by_key, _queues,
+ * _committed_by_me, commit, committed, offset file: the ConsumerOffsetFile whose query_offset `committed` is and
+ * whose commit_offset `commit` calls, else None) -> True, or None (nothing changed), or NULL with an error set */
+static PyObject *ack_one(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 2 || !PyTuple_CheckExact(a[1]) || PyTuple_GET_SIZE(a[1]) != 11) {
+        PyErr_SetString(PyExc_TypeError, "ack_one(got, ctx): ctx a tuple of 11");
+        return NULL;
+    }
+    if (ak1_init() < 0 || pcore_init_names() < 0 || prd_init() < 0)
+        return NULL;
+    PyObject *got = a[0];
+    PyObject *const *c = &PyTuple_GET_ITEM(a[1], 0);
+    PyObject *group, *topic, *q_obj, *key_q, *start_obj, *pop_time_obj;
+    long long first, stop, q, tmp, lo, hi;
+    if (!PyTuple_CheckExact(got))
+        Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(got) == 14) {  /* ACK_MESSAGE: the lane's checks (_check_target's) */
+        group = PyTuple_GET_ITEM(got, 2); topic = PyTuple_GET_ITEM(got, 3); q_obj = PyTuple_GET_ITEM(got, 4);
+        start_obj = PyTuple_GET_ITEM(got, 6); pop_time_obj = PyTuple_GET_ITEM(got, 7); key_q = PyTuple_GET_ITEM(got, 12);
+        if (!pcore_int(PyTuple_GET_ITEM(got, 5), &first) || !pcore_int(q_obj, &q))
+            Py_RETURN_NONE;
+        stop = first + 1;
+    } else if (PyTuple_GET_SIZE(got) == 2 && PyList_CheckExact(PyTuple_GET_ITEM(got, 1))
+               && PyList_GET_SIZE(PyTuple_GET_ITEM(got, 1)) == 1) {  /* BATCH_ACK_MESSAGE of one entry: _lane_run's */
+        PyObject *e = PyList_GET_ITEM(PyTuple_GET_ITEM(got, 1), 0);
+        long long so, fb, cnt;
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 10 || PyTuple_GET_ITEM(e, 2) != Py_False)
+            Py_RETURN_NONE;  /* a retry entry: its topic named by pop_retry_topic, in Python */
+        group = PyTuple_GET_ITEM(e, 0); topic = PyTuple_GET_ITEM(e, 1); q_obj = key_q = PyTuple_GET_ITEM(e, 4);
+        start_obj = PyTuple_GET_ITEM(e, 3); pop_time_obj = PyTuple_GET_ITEM(e, 6);
+        if (!pcore_int(start_obj, &so) || !pcore_int(PyTuple_GET_ITEM(e, 8), &fb) || !pcore_int(PyTuple_GET_ITEM(e, 9), &cnt)
+            || !pcore_int(q_obj, &q) || cnt < 1)
+            Py_RETURN_NONE;
+        first = so + fb;
+        stop = first + cnt;
+    } else {
+        Py_RETURN_NONE;
+    }
+    if (!PyUnicode_CheckExact(group) || !PyUnicode_CheckExact(topic) || !pcore_int(key_q, &tmp)
+        || !pcore_int(start_obj, &tmp) || !pcore_int(pop_time_obj, &tmp))
+        Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(got) == 14) {
+        long long rqn;
+        if (!ak1_topic(c[0], c[1], topic, &rqn) || q < 0 || q >= rqn)
+            Py_RETURN_NONE;
+    }
+    PyObject *cq = ak1_queue(c[2], topic, q_obj, &lo, &hi);
+    if (cq == NULL)
+        Py_RETURN_NONE;
+    Py_DECREF(cq);  /* only its bounds are read */
+    if (lo < 0 || first < lo || stop - 1 > hi)  /* (an ACK_MESSAGE's lo >= 0 too: its offset >= lo, a min >= 0) */
+        Py_RETURN_NONE;
+    PyObject *buffer = c[3], *blk = c[4], *journal = PyObject_GetAttr(buffer, ak1_n_journal);
+    if (journal == NULL)
+        return NULL;
+    if (journal == Py_None) {  /* ack_one's Python writes no journal line */
+        Py_DECREF(journal);
+        Py_RETURN_NONE;
+    }
+    PyObject *key = PyTuple_Pack(5, group, topic, key_q, start_obj, pop_time_obj), *qkey = NULL, *fd = NULL;
+    PyObject *lo_obj = NULL, *hi_obj = NULL, *settle = NULL, *res = NULL;
+    if (key == NULL) {
+        Py_DECREF(journal);
+        return NULL;
+    }
+    PyObject *ok = PyObject_CallMethodNoArgs(blk, ak1_n_acquire);
+    if (ok == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(journal);
+        return NULL;
+    }
+    Py_DECREF(ok);
+    if ((fd = PyObject_GetAttr(journal, ak1_n_fd)) == NULL || (lo_obj = PyLong_FromLongLong(first)) == NULL
+        || (hi_obj = PyLong_FromLongLong(stop)) == NULL)
+        goto out;
+    PyObject *sargs[5] = {c[5], key, lo_obj, hi_obj, fd};
+    if ((settle = ack_settle(NULL, sargs, 5)) == NULL)
+        goto out;
+    if (settle == Py_None) {  /* not its case: nothing changed */
+        res = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (prd_add(journal, ak1_n_size, PyTuple_GET_ITEM(settle, 0)) < 0)
+        goto out;
+    if (PyTuple_GET_ITEM(settle, 1) == Py_True) {
+        if (prd_add(buffer, ak1_n_settled, ak1_one) < 0 || (qkey = PyTuple_GetSlice(key, 0, 3)) == NULL
+            || ak1_scan(buffer, c[6], qkey, c[7], c[8], c[9], c[10]) < 0)
+            goto out;
+    }
+    res = Py_NewRef(Py_True);
+out:
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);  /* the release whatever happened, as `with` does */
+        PyObject *rel = PyObject_CallMethodNoArgs(blk, ak1_n_release);
+        if (rel == NULL) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+            Py_CLEAR(res);
+        } else {
+            Py_DECREF(rel);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    if (PyErr_Occurred())
+        Py_CLEAR(res);
+    Py_DECREF(key); Py_DECREF(journal); Py_XDECREF(qkey); Py_XDECREF(fd); Py_XDECREF(lo_obj); Py_XDECREF(hi_obj); Py_XDECREF(settle);
+    return res;
+}
+/* ============================ end of THE ACK ONE ====================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -10721,6 +11102,9 @@ static PyMethodDef methods[] = {
     {"pop_queue", (PyCFunction)(void (*)(void))pop_queue, METH_FASTCALL,
      "pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's read and "
      "registration of one queue: None, (offset, max_offset, lo[, read]) or (start, info, body, n, end, max_offset)."},
+    {"ack_one", (PyCFunction)(void (*)(void))ack_one, METH_FASTCALL,
+     "ack_one(got, ctx): AckMessageProcessor.lane + PopBufferMergeService.ack_one for an ACK_MESSAGE or a one-entry "
+     "BATCH_ACK settled in the buffer: True, or None (nothing changed: the Python lane decides)."},
     {NULL, NULL, 0, NULL},
 };
 

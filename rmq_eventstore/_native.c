@@ -52,6 +52,9 @@
  *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
  *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
  *   pop_queue           buffer's lock (THE POP READ, block above the table)
+ *   ack_one,            AckMessageProcessor.lane + the buffer's ack_one + _scan_commit for the usual ack (THE ACK ONE);
+ *   config_cached,      a current ConfigCache's entry, and PopBufferMergeService.pop_offset (THE POP LOOK-UPS),
+ *   pop_offset          all in blocks above the table
  *   PopEntry            the base type of the POP buffer's entry (pop_buffer._Entry): its fields in C, the checkpoint
  *                       of an entry pop_register made built when first read (THE POP ENTRY, block above the table)
  *
@@ -10940,6 +10943,90 @@ out:
 }
 /* ============================ end of THE ACK ONE ====================================================== */
 
+/* ============================ THE POP LOOK-UPS (branch pop-ck) ========================================== */
+/* Two reads a POP makes in Python, in C: config_cached(cache, name), ConfigCache.entries().get(name) when the */
+/* cache is the current one (its file's data version is the one it was filled at), else None (the caller's   */
+/* look-up then starts it afresh / reads the file, as before); and pop_offset(ctx, qkey),                    */
+/* PopBufferMergeService.pop_offset under the buffer's lock, ctx = (lock, _queues, committed, offset file or  */
+/* None: as THE ACK ONE's, the file whose query_offset `committed` is).                                       */
+static PyObject *config_cached(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 2) {
+        PyErr_SetString(PyExc_TypeError, "config_cached(cache, name)");
+        return NULL;
+    }
+    if (ak1_init() < 0)
+        return NULL;
+    PyObject *file = NULL, *dv = NULL, *key = NULL, *entries = NULL, *res = NULL;
+    long long counter, ts, k0, k1;
+    if ((file = PyObject_GetAttr(a[0], ak1_n_file)) == NULL || (dv = PyObject_GetAttr(file, ak1_n_dv)) == NULL
+        || (key = PyObject_GetAttr(a[0], ak1_n_key)) == NULL || (entries = PyObject_GetAttr(a[0], ak1_n_entries)) == NULL)
+        goto out;
+    if (!ak1_int(dv, ak1_n_counter, &counter) || !ak1_int(dv, ak1_n_timestamp, &ts) || !PyTuple_CheckExact(key)
+        || PyTuple_GET_SIZE(key) != 2 || !pcore_int(PyTuple_GET_ITEM(key, 0), &k0)
+        || !pcore_int(PyTuple_GET_ITEM(key, 1), &k1) || k0 != counter || k1 != ts || !PyDict_CheckExact(entries)
+        || !PyUnicode_CheckExact(a[1]))
+        goto out;
+    res = PyDict_GetItemWithError(entries, a[1]);  /* borrowed */
+    Py_XINCREF(res);
+out:
+    PyErr_Clear();
+    Py_XDECREF(file); Py_XDECREF(dv); Py_XDECREF(key); Py_XDECREF(entries);
+    return res != NULL ? res : Py_NewRef(Py_None);
+}
+
+static PyObject *pop_offset(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 2 || !PyTuple_CheckExact(a[0]) || PyTuple_GET_SIZE(a[0]) != 4 || !PyTuple_CheckExact(a[1])
+        || PyTuple_GET_SIZE(a[1]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "pop_offset(ctx, qkey): ctx a tuple of 4, qkey of 3");
+        return NULL;
+    }
+    if (ak1_init() < 0)
+        return NULL;
+    PyObject *lock = PyTuple_GET_ITEM(a[0], 0), *queues = PyTuple_GET_ITEM(a[0], 1);
+    PyObject *committed_fn = PyTuple_GET_ITEM(a[0], 2), *file = PyTuple_GET_ITEM(a[0], 3), *qkey = a[1];
+    if (!PyDict_CheckExact(queues)) {
+        PyErr_SetString(PyExc_TypeError, "pop_offset: the buffer's queues are a dict");
+        return NULL;
+    }
+    PyObject *ok = PyObject_CallMethodNoArgs(lock, ak1_n_acquire);
+    if (ok == NULL)
+        return NULL;
+    Py_DECREF(ok);
+    PyObject *res = NULL, *committed = file != Py_None
+        ? ak1_query(file, PyTuple_GET_ITEM(qkey, 0), PyTuple_GET_ITEM(qkey, 1), PyTuple_GET_ITEM(qkey, 2))
+        : PyObject_Call(committed_fn, qkey, NULL);
+    if (committed != NULL) {
+        PyObject *q = PyDict_GetItemWithError(queues, qkey);  /* borrowed */
+        Py_ssize_t len = q == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_Size(q);
+        if (len == 0) {
+            res = Py_NewRef(committed);
+        } else if (len > 0) {  /* nxt = q[-1].next_offset; nxt if nxt > committed else committed */
+            Py_INCREF(q);
+            PyObject *last = PySequence_GetItem(q, len - 1);
+            PyObject *nxt = last != NULL ? sf_get_any(last, ak1_n_next) : NULL;
+            int gt = nxt != NULL ? PyObject_RichCompareBool(nxt, committed, Py_GT) : -1;
+            if (gt >= 0)
+                res = Py_NewRef(gt ? nxt : committed);
+            Py_XDECREF(last); Py_XDECREF(nxt); Py_DECREF(q);
+        }
+        Py_DECREF(committed);
+    }
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);  /* the release whatever happened, as `with` does */
+    PyObject *rel = PyObject_CallMethodNoArgs(lock, ak1_n_release);
+    if (rel == NULL) {
+        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        Py_CLEAR(res);
+        return NULL;
+    }
+    Py_DECREF(rel);
+    PyErr_Restore(et, ev, etb);
+    if (PyErr_Occurred())
+        Py_CLEAR(res);
+    return res;
+}
+/* ============================ end of THE POP LOOK-UPS ================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -11105,6 +11192,11 @@ static PyMethodDef methods[] = {
     {"ack_one", (PyCFunction)(void (*)(void))ack_one, METH_FASTCALL,
      "ack_one(got, ctx): AckMessageProcessor.lane + PopBufferMergeService.ack_one for an ACK_MESSAGE or a one-entry "
      "BATCH_ACK settled in the buffer: True, or None (nothing changed: the Python lane decides)."},
+    {"config_cached", (PyCFunction)(void (*)(void))config_cached, METH_FASTCALL,
+     "config_cached(cache, name): ConfigCache.entries().get(name) when the cache is the current one, else None."},
+    {"pop_offset", (PyCFunction)(void (*)(void))pop_offset, METH_FASTCALL,
+     "pop_offset(ctx, qkey): PopBufferMergeService.pop_offset under the buffer's lock; ctx (lock, queues, committed, "
+     "offset file or None)."},
     {NULL, NULL, 0, NULL},
 };
 

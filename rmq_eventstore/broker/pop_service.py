@@ -62,9 +62,11 @@ from ..common.properties import (
 )
 from ..common.rng import rng
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
-from ..common.topic_config import PermName
+from ..common.topic_config import PermName, TopicConfig
+from ..store.config_files import ConsumerOffsetManager as ConsumerOffsetFile
 from ..store.message_store import _READ_STATUS, _RECORD_LAYOUT, MAX_PULL_MSG_SIZE
 from .pop_buffer import PopBufferMergeService, PopJournal, _Entry
+from .topic_manager import _ABSENT, TopicManager
 
 if TYPE_CHECKING:
     from ..store.consume_queue import ConsumeQueue
@@ -83,6 +85,19 @@ _POP_READ = getattr(native, "pop_read", None)
 _QUEUE_MAX = getattr(native, "queue_max", None)
 _QUEUE_LIVE = getattr(native, "queue_live", None)
 _POP_QUEUE = getattr(native, "pop_queue", None)
+# THE POP LOOK-UPS of `_native`: a current ConfigCache's entry (None: not cached, or the cache is stale: the manager's
+# own look-up then), and PopBufferMergeService.pop_offset; None without the native core
+_CONFIG_CACHED = getattr(native, "config_cached", None)
+_POP_OFFSET = getattr(native, "pop_offset", None)
+
+
+def topic_config(tm: TopicManager, topic: str) -> TopicConfig | None:
+    """`tm.get(topic)`, a cached config read in C (`_native.config_cached`) when it can be."""
+    if _CONFIG_CACHED is not None:
+        tc = _CONFIG_CACHED(tm._cache, topic)
+        if tc is not None:
+            return None if tc is _ABSENT else tc
+    return tm.get(topic)
 
 
 def queue_live_py(cq_table: dict, plan: list[tuple[str, int, bool]],
@@ -169,6 +184,7 @@ class PopService:
         self.revived = 0
         cfg = broker.config
         offsets = broker.offset_manager
+        self._pop_offset_ctx: tuple | None = None  # _POP_OFFSET's (_make_pop_offset_ctx)
         self.buffer = PopBufferMergeService(
             lambda ck, qid: self._put_revive(ck.to_json(), CK_TAG, qid), offsets.commit, offsets.file.query_offset,
             enabled=cfg.enable_pop_buffer_merge, stay_ms=cfg.pop_ck_stay_buffer_time,
@@ -389,6 +405,16 @@ class PopService:
             rest += max(max_offset - end, 0)
         return PopResult(pop_time, invisible_time, revive_qid, bodies, starts, infos, rest, count)
 
+    def _make_pop_offset_ctx(self) -> tuple:
+        """`_native.pop_offset`'s context, made once: the buffer's lock, queues and committed-offset read, and the
+        ConsumerOffsetFile whose `query_offset` that read is (then read in C), else None."""
+        buffer = self.buffer
+        file = self.broker.offset_manager.file
+        if type(file) is not ConsumerOffsetFile or buffer._committed != file.query_offset:
+            file = None
+        ctx = self._pop_offset_ctx = (buffer._lock, buffer._queues, buffer._committed, file)
+        return ctx
+
     def pop_now(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
                 expression: str, read_queue_nums: int | None = None) -> tuple[int, int, int, int, bytes, str, str] | None:
         """`_pop_once` for the common case, flattened: a filter that matches everything (`*`), the buffer
@@ -438,7 +464,7 @@ class PopService:
             first = int(draw * 1_000_003) % n if n > 1 else 0
             plan = self._topic_queues.get((topic, n))
             retry_topic = self._retry_names.get((group, topic))
-            if plan is None or retry_topic is None or self.broker.topic_manager.get(retry_topic) is not None:
+            if plan is None or retry_topic is None or topic_config(self.broker.topic_manager, retry_topic) is not None:
                 plan = self._queues(group, topic, queue_id, draw)
                 first = 0
         # the queues the store has that hold something, with their max offset (the others add nothing below)
@@ -463,7 +489,9 @@ class PopService:
                                buffer, blk, journal, PopCheckPoint, _Entry, deque, buffer._by_key, bqueues, group,
                                pop_time, invisible_time, broker_name, revive_qid)
                     try:
-                        got = pop_queue(cq, top, buffer.pop_offset(group, t, q), want, t, q, qkey, retry, ctx)
+                        got = pop_queue(cq, top, buffer.pop_offset(group, t, q) if _POP_OFFSET is None
+                                        else _POP_OFFSET(self._pop_offset_ctx or self._make_pop_offset_ctx(), qkey),
+                                        want, t, q, qkey, retry, ctx)
                     except ValueError:
                         if store._shutdown:
                             continue

@@ -8151,7 +8151,9 @@ made:
                 goto out;
         }
     }
-    res = Py_BuildValue("(nOOO)", line, scan ? Py_True : Py_False, starts, infos);
+    PyObject *ln = PyLong_FromSsize_t(line);  /* Py_BuildValue("(nOOO)", ...) without its format's parse */
+    res = ln != NULL ? PyTuple_Pack(4, ln, scan ? Py_True : Py_False, starts, infos) : NULL;
+    Py_XDECREF(ln);
 out:
     PyMem_Free(buf);
     Py_XDECREF(ck); Py_XDECREF(entry); Py_XDECREF(diffs); Py_XDECREF(key); Py_XDECREF(full); Py_XDECREF(starts);
@@ -8243,7 +8245,9 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     int settled = acked == full;
     if (settled && PyDict_DelItem(by_key, key) < 0)
         goto out;
-    res = Py_BuildValue("(nO)", line, settled ? Py_True : Py_False);
+    PyObject *ln = PyLong_FromSsize_t(line);  /* Py_BuildValue("(nO)", ...) without its format's parse */
+    res = ln != NULL ? PyTuple_Pack(2, ln, settled ? Py_True : Py_False) : NULL;
+    Py_XDECREF(ln);
 out:
     PyMem_Free(buf);
     Py_XDECREF(stored); Py_XDECREF(contiguous); Py_XDECREF(ck); Py_XDECREF(so_obj); Py_XDECREF(diffs);
@@ -10324,9 +10328,12 @@ static PyObject *pop_queue(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         goto out;
     if (got == Py_None)
         res = Py_BuildValue("(LLLO)", offset, max_offset, lo, r);
-    else
-        res = Py_BuildValue("(OOOnOL)", PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3), body, n, end_obj,
-                            max_offset);
+    else {  /* Py_BuildValue("(OOOnOL)", ...) without its format's parse */
+        PyObject *n_obj = PyLong_FromSsize_t(n), *mo_obj = n_obj != NULL ? PyLong_FromLongLong(max_offset) : NULL;
+        res = mo_obj != NULL ? PyTuple_Pack(6, PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3), body, n_obj, end_obj,
+                                            mo_obj) : NULL;
+        Py_XDECREF(n_obj); Py_XDECREF(mo_obj);
+    }
 out:
     Py_XDECREF(got);
     Py_DECREF(off_obj);
@@ -10662,12 +10669,11 @@ static PyObject *ak1_queue(PyObject *table, PyObject *topic, PyObject *q_obj, lo
 
 /* ConsumerOffsetFile.query_offset(group, topic, q) (no lock, as it reads): a new reference, or NULL with an error set */
 static PyObject *ak1_query(PyObject *file, PyObject *group, PyObject *topic, PyObject *q_obj) {
-    PyObject *table = PyObject_GetAttr(file, ak1_n_table), *key = NULL, *res = NULL;
+    PyObject *table = PyObject_GetAttr(file, ak1_n_table), *key = NULL, *res = NULL, *tk = NULL;
     if (table == NULL)
         return NULL;
-    PyObject *tk = PyUnicode_Concat(topic, ak1_sep);  /* topic + TOPIC_GROUP_SEPARATOR + group */
-    if (tk == NULL || (key = PyUnicode_Concat(tk, group)) == NULL)
-        goto out;
+    if ((tk = PyUnicode_Concat(topic, ak1_sep)) == NULL || (key = PyUnicode_Concat(tk, group)) == NULL)
+        goto out;  /* the table's key: topic + TOPIC_GROUP_SEPARATOR + group */
     if (!PyDict_CheckExact(table)) {  /* not the table the method reads: its own answer */
         res = PyObject_CallMethod(file, "query_offset", "OOO", group, topic, q_obj);
         goto out;

@@ -52,9 +52,8 @@
  *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
  *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
  *   pop_queue           buffer's lock (THE POP READ, block above the table)
- *   ack_one,            AckMessageProcessor.lane + the buffer's ack_one + _scan_commit for the usual ack (THE ACK ONE);
- *   config_cached,      a current ConfigCache's entry, and PopBufferMergeService.pop_offset (THE POP LOOK-UPS),
- *   pop_offset          all in blocks above the table
+ *   ack_one             AckMessageProcessor.lane + the buffer's ack_one + _scan_commit for the usual ack (THE ACK ONE)
+ *   pop_offset          PopBufferMergeService.pop_offset (THE POP OFFSET; both blocks above the table)
  *   PopEntry            the base type of the POP buffer's entry (pop_buffer._Entry): its fields in C, the checkpoint
  *                       of an entry pop_register made built when first read (THE POP ENTRY, block above the table)
  *
@@ -10954,37 +10953,12 @@ out:
 }
 /* ============================ end of THE ACK ONE ====================================================== */
 
-/* ============================ THE POP LOOK-UPS (branch pop-ck) ========================================== */
-/* Two reads a POP makes in Python, in C: config_cached(cache, name), ConfigCache.entries().get(name) when the */
-/* cache is the current one (its file's data version is the one it was filled at), else None (the caller's   */
-/* look-up then starts it afresh / reads the file, as before); and pop_offset(ctx, qkey),                    */
-/* PopBufferMergeService.pop_offset under the buffer's lock, ctx = (lock, _queues, committed, offset file or  */
-/* None: as THE ACK ONE's, the file whose query_offset `committed` is).                                       */
-static PyObject *config_cached(PyObject *self, PyObject *const *a, Py_ssize_t na) {
-    if (na != 2) {
-        PyErr_SetString(PyExc_TypeError, "config_cached(cache, name)");
-        return NULL;
-    }
-    if (ak1_init() < 0)
-        return NULL;
-    PyObject *file = NULL, *dv = NULL, *key = NULL, *entries = NULL, *res = NULL;
-    long long counter, ts, k0, k1;
-    if ((file = PyObject_GetAttr(a[0], ak1_n_file)) == NULL || (dv = PyObject_GetAttr(file, ak1_n_dv)) == NULL
-        || (key = PyObject_GetAttr(a[0], ak1_n_key)) == NULL || (entries = PyObject_GetAttr(a[0], ak1_n_entries)) == NULL)
-        goto out;
-    if (!ak1_int(dv, ak1_n_counter, &counter) || !ak1_int(dv, ak1_n_timestamp, &ts) || !PyTuple_CheckExact(key)
-        || PyTuple_GET_SIZE(key) != 2 || !pcore_int(PyTuple_GET_ITEM(key, 0), &k0)
-        || !pcore_int(PyTuple_GET_ITEM(key, 1), &k1) || k0 != counter || k1 != ts || !PyDict_CheckExact(entries)
-        || !PyUnicode_CheckExact(a[1]))
-        goto out;
-    res = PyDict_GetItemWithError(entries, a[1]);  /* borrowed */
-    Py_XINCREF(res);
-out:
-    PyErr_Clear();
-    Py_XDECREF(file); Py_XDECREF(dv); Py_XDECREF(key); Py_XDECREF(entries);
-    return res != NULL ? res : Py_NewRef(Py_None);
-}
-
+/* ============================ THE POP OFFSET (branch pop-ck) ============================================ */
+/* pop_offset(ctx, qkey): PopBufferMergeService.pop_offset (where a queue's next pop starts) under the        */
+/* buffer's lock, without its two Python frames (it and the offset file's query_offset); ctx = (lock, _queues, */
+/* committed, offset file or None: as THE ACK ONE's, the file whose query_offset `committed` is, read in C).   */
+/* (A C read of the POP's ConfigCache look-ups was tried here and dropped: its generic attribute look-ups     */
+/* cost as much as the Python they replaced.)                                                                */
 static PyObject *pop_offset(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (na != 2 || !PyTuple_CheckExact(a[0]) || PyTuple_GET_SIZE(a[0]) != 4 || !PyTuple_CheckExact(a[1])
         || PyTuple_GET_SIZE(a[1]) != 3) {
@@ -11036,7 +11010,7 @@ static PyObject *pop_offset(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         Py_CLEAR(res);
     return res;
 }
-/* ============================ end of THE POP LOOK-UPS ================================================== */
+/* ============================ end of THE POP OFFSET =================================================== */
 
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
@@ -11203,8 +11177,6 @@ static PyMethodDef methods[] = {
     {"ack_one", (PyCFunction)(void (*)(void))ack_one, METH_FASTCALL,
      "ack_one(got, ctx): AckMessageProcessor.lane + PopBufferMergeService.ack_one for an ACK_MESSAGE or a one-entry "
      "BATCH_ACK settled in the buffer: True, or None (nothing changed: the Python lane decides)."},
-    {"config_cached", (PyCFunction)(void (*)(void))config_cached, METH_FASTCALL,
-     "config_cached(cache, name): ConfigCache.entries().get(name) when the cache is the current one, else None."},
     {"pop_offset", (PyCFunction)(void (*)(void))pop_offset, METH_FASTCALL,
      "pop_offset(ctx, qkey): PopBufferMergeService.pop_offset under the buffer's lock; ctx (lock, queues, committed, "
      "offset file or None)."},

@@ -661,35 +661,7 @@ def test_ack_one_declines_before_anything_changed(pair: Pair, monkeypatch: pytes
     pair.ack(got, "all", lane=True)  # the lane (its Python after ack_one's None, or ack_one) as the reference
 
 
-# -- THE POP LOOK-UPS: a current ConfigCache's entry, PopBufferMergeService.pop_offset (_native.config_cached / pop_offset)
-def test_config_cached_reads_only_a_current_cache(pair: Pair) -> None:
-    """config_cached answers what `entries().get(name)` would from a cache that is current, and None (the manager's
-    own look-up then) for a name not cached, a stale cache (left as it is: entries() starts it afresh) or odd input."""
-    if not hasattr(_native, "config_cached"):
-        pytest.skip("without the native core")
-    b = pair.brokers[0]
-    tm, gm = b.topic_manager, b.group_manager
-    tc = tm.get("jobs")
-    assert tc is not None and _native.config_cached(tm._cache, "jobs") is tc
-    assert tm.get("nope") is None and _native.config_cached(tm._cache, "nope") is pop_processor._ABSENT
-    assert pop_service.topic_config(tm, "nope") is None and pop_service.topic_config(tm, "jobs") is tc
-    assert _native.config_cached(tm._cache, "other") is None
-    assert _native.config_cached(tm._cache, 5) is None
-    gm.find("g")  # (a group made by its first find moves the file's version: cached by the next find)
-    g = gm.find("g")
-    assert g is not None and _native.config_cached(gm._cache, "g") is g
-    cache = tm._cache
-    entries, key = cache._entries, cache._key
-    cache._key = (key[0] - 1, key[1])
-    assert _native.config_cached(cache, "jobs") is None and cache._entries is entries
-    cache._key = key
-    b.topic_manager.ensure("jobs2", 2)  # a change of topics.json: the cache is stale until entries() renews it
-    assert _native.config_cached(tm._cache, "jobs") is None
-    assert pop_service.topic_config(tm, "jobs") == tc and _native.config_cached(tm._cache, "jobs") is not None
-    with pytest.raises(TypeError):
-        _native.config_cached(cache)
-
-
+# -- THE POP OFFSET: PopBufferMergeService.pop_offset in C (_native.pop_offset) --------------------------------------
 def test_pop_offset_is_the_buffers(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
     """pop_offset(ctx, qkey) answers PopBufferMergeService.pop_offset: nothing buffered (the committed offset, or
     -1), a queue's pops buffered (past them, or the committed offset when that is further), with the offset file

@@ -62,11 +62,10 @@ from ..common.properties import (
 )
 from ..common.rng import rng
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
-from ..common.topic_config import PermName, TopicConfig
+from ..common.topic_config import PermName
 from ..store.config_files import ConsumerOffsetManager as ConsumerOffsetFile
 from ..store.message_store import _READ_STATUS, _RECORD_LAYOUT, MAX_PULL_MSG_SIZE
 from .pop_buffer import PopBufferMergeService, PopJournal, _Entry
-from .topic_manager import _ABSENT, TopicManager
 
 if TYPE_CHECKING:
     from ..store.consume_queue import ConsumeQueue
@@ -85,19 +84,8 @@ _POP_READ = getattr(native, "pop_read", None)
 _QUEUE_MAX = getattr(native, "queue_max", None)
 _QUEUE_LIVE = getattr(native, "queue_live", None)
 _POP_QUEUE = getattr(native, "pop_queue", None)
-# THE POP LOOK-UPS of `_native`: a current ConfigCache's entry (None: not cached, or the cache is stale: the manager's
-# own look-up then), and PopBufferMergeService.pop_offset; None without the native core
-_CONFIG_CACHED = getattr(native, "config_cached", None)
+# THE POP OFFSET of `_native`: PopBufferMergeService.pop_offset in C; None without the native core
 _POP_OFFSET = getattr(native, "pop_offset", None)
-
-
-def topic_config(tm: TopicManager, topic: str) -> TopicConfig | None:
-    """`tm.get(topic)`, a cached config read in C (`_native.config_cached`) when it can be."""
-    if _CONFIG_CACHED is not None:
-        tc = _CONFIG_CACHED(tm._cache, topic)
-        if tc is not None:
-            return None if tc is _ABSENT else tc
-    return tm.get(topic)
 
 
 def queue_live_py(cq_table: dict, plan: list[tuple[str, int, bool]],
@@ -464,7 +452,7 @@ class PopService:
             first = int(draw * 1_000_003) % n if n > 1 else 0
             plan = self._topic_queues.get((topic, n))
             retry_topic = self._retry_names.get((group, topic))
-            if plan is None or retry_topic is None or topic_config(self.broker.topic_manager, retry_topic) is not None:
+            if plan is None or retry_topic is None or self.broker.topic_manager.get(retry_topic) is not None:
                 plan = self._queues(group, topic, queue_id, draw)
                 first = 0
         # the queues the store has that hold something, with their max offset (the others add nothing below)

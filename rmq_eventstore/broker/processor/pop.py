@@ -20,7 +20,6 @@ from ...common.topic_config import PermName
 from ...remoting import FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode, loads_text
 from ...store.config_files import ConsumerOffsetManager as ConsumerOffsetFile
 from ..consumer_offset_manager import ConsumerOffsetManager
-from ..pop_service import topic_config
 from ..topic_manager import _ABSENT
 
 if TYPE_CHECKING:
@@ -38,7 +37,6 @@ ACK_BODY = native.ack_body if native is not None and hasattr(native, "ack_body")
 ACK_FRAME = native.ack_frame if native is not None and hasattr(native, "ack_frame") else None
 
 _QUEUE_MAX = getattr(native, "queue_max", None)  # THE POP READ's ConsumeQueue.get_max_offset_in_queue in C
-_CONFIG_CACHED = getattr(native, "config_cached", None)  # THE POP LOOK-UPS: a current ConfigCache's entry in C
 # THE ACK ONE of `_native`: `lane` + the buffer's `ack_one` for an ACK_MESSAGE or a one-entry BATCH_ACK settled in the
 # buffer, in one call (True; None: nothing changed, the lines below decide); None without the native core
 _ACK_ONE = getattr(native, "ack_one", None)
@@ -131,10 +129,9 @@ class PopMessageProcessor:
         if exp_type is not None and exp_type != "TAG" and exp_type != "" and exp_type.upper() != "TAG":
             return None
         b = self.broker
-        if (_CONFIG_CACHED is None or _CONFIG_CACHED(b.group_manager._cache, group) is None) \
-                and b.group_manager.find(group) is None:  # a cached group in C (None: the manager's own find)
+        if b.group_manager.find(group) is None:
             return None
-        tc = topic_config(b.topic_manager, topic)
+        tc = b.topic_manager.get(topic)
         queue_id = -1 if queue_id is None else queue_id  # as `int(x.get("queueId") or -1)` reads the texts
         if tc is None or not PermName.is_readable(tc.perm) or queue_id >= tc.read_queue_nums:
             return None

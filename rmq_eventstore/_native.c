@@ -52,6 +52,10 @@
  *   pop_read, queue_max PopService.pop_now's read of a queue (get_units_raw + read_runs + _file_span), the queues it
  *   queue_live,         reads (cq table, max offsets), and its per-queue bounds + read + pop_register under the
  *   pop_queue           buffer's lock (THE POP READ, block above the table)
+ *   ack_one             AckMessageProcessor.lane + the buffer's ack_one + _scan_commit for the usual ack (THE ACK ONE)
+ *   pop_offset          PopBufferMergeService.pop_offset (THE POP OFFSET; both blocks above the table)
+ *   PopEntry            the base type of the POP buffer's entry (pop_buffer._Entry): its fields in C, the checkpoint
+ *                       of an entry pop_register made built when first read (THE POP ENTRY, block above the table)
  *
  * Plain CPython C API. CRC-32 comes from zlib when its header is there at build time (setup.py defines
  * RMQ_HAVE_ZLIB), else from the slice-by-8 loop below (the same values, about half as fast).
@@ -2891,7 +2895,12 @@ static PyObject *rr_core(const unsigned char *ubuf, Py_ssize_t ulen, long long o
     }
     layout = PyBytes_FromStringAndSize((const char *)lay, (Py_ssize_t)(sizeof(int64_t) * 3 * count));
     if (layout == NULL) goto done;
-    result = Py_BuildValue("iLLLOO", status, taken, total, max_pulled, body, layout);
+    {   /* Py_BuildValue("iLLLOO", ...) without its format's parse (branch pop-ck: ~900 instructions a read) */
+        PyObject *st = PyLong_FromLong(status), *tk = PyLong_FromLongLong(taken), *to = PyLong_FromLongLong(total),
+                 *mp = PyLong_FromLongLong(max_pulled);
+        result = st && tk && to && mp ? PyTuple_Pack(6, st, tk, to, mp, body, layout) : NULL;
+        Py_XDECREF(st); Py_XDECREF(tk); Py_XDECREF(to); Py_XDECREF(mp);
+    }
 done:
     for (Py_ssize_t k = 0; k < nruns; k++) Py_DECREF(runs[k].view);
     PyMem_Free(runs);
@@ -7981,6 +7990,13 @@ static int pcore_set(PyObject *o, PyObject *name, PyObject *v) {
     return r;
 }
 
+static PyTypeObject PopEntry_Type;  /* THE POP ENTRY (branch pop-ck), above the method table */
+static PyObject *pe_make(PyTypeObject *et, PyObject *ck_cls, PyObject *group, PyObject *topic, PyObject *q_obj,
+                         PyObject *offset_obj, PyObject *pop_time_obj, PyObject *invisible, PyObject *broker_name,
+                         long long offset, long long n, PyObject *revive_qid, PyObject *next_offset, PyObject *full,
+                         PyObject *flush_at);
+static int pe_settle_fields(PyObject *o, long long *so, long long *n, long long *acked, long long *full);
+
 /* pop_register(PopCheckPoint, _Entry, deque, by_key, queues, qkey, fd, group, topic, q, offset, end, pop_time,
  *              invisible, broker_name, revive_qid, stay_ms, margin_ms, retry)
  * -> (journal bytes written, scan needed, startOffsetInfo item, msgOffsetInfo item), or None (nothing changed) */
@@ -8015,6 +8031,30 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
     char *buf = NULL;
     size_t cap = (size_t)glen + (size_t)tlen + 256 + (size_t)n * 21;
     /* every object first: an allocation failure changes nothing */
+    PyTypeObject *ct = (PyTypeObject *)ck_cls, *et = (PyTypeObject *)entry_cls;
+    if (PyType_IsSubtype(et, &PopEntry_Type)) {  /* THE POP ENTRY: the checkpoint kept as its fields (pe_make) */
+        PyObject *fl = PyLong_FromLongLong(flush_at);
+        full = fl != NULL ? PyLong_FromLongLong((1LL << (n < 63 ? n : 0)) - 1) : NULL;
+        if (full == NULL || n >= 63) {  /* n >= 63: `full` as below */
+            Py_CLEAR(full);
+            if (fl != NULL && n >= 63) {
+                PyObject *one = PyLong_FromLong(1), *sh = PyLong_FromLongLong(n), *big = NULL;
+                if (one != NULL && sh != NULL && (big = PyNumber_Lshift(one, sh)) != NULL)
+                    full = PyNumber_Subtract(big, one);
+                Py_XDECREF(one); Py_XDECREF(sh); Py_XDECREF(big);
+            }
+            if (full == NULL) {
+                Py_XDECREF(fl);
+                goto out;
+            }
+        }
+        entry = pe_make(et, ck_cls, group, topic, q_obj, offset_obj, pop_time_obj, a[13], broker_name, offset, n, a[15],
+                        a[11], full, fl);  /* takes full and fl */
+        full = NULL;
+        if (entry == NULL)
+            goto out;
+        goto made;
+    }
     if ((diffs = PyList_New((Py_ssize_t)n)) == NULL)
         goto out;
     for (long long i = 0; i < n; i++) {
@@ -8023,7 +8063,6 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
             goto out;
         PyList_SET_ITEM(diffs, (Py_ssize_t)i, v);
     }
-    PyTypeObject *ct = (PyTypeObject *)ck_cls, *et = (PyTypeObject *)entry_cls;
     if ((ck = ct->tp_new(ct, pcore_empty, NULL)) == NULL)
         goto out;
     Py_INCREF(offset_obj); Py_INCREF(pop_time_obj); Py_INCREF(a[13]); Py_INCREF(q_obj); Py_INCREF(topic);
@@ -8053,6 +8092,7 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
         || pcore_set(entry, pcore_n_stored, Py_False) < 0
         || pcore_set(entry, pcore_n_flush_at, PyLong_FromLongLong(flush_at)) < 0)
         goto out;
+made:
     if ((key = PyTuple_Pack(5, group, topic, q_obj, offset_obj, pop_time_obj)) == NULL)
         goto out;
     if ((buf = PyMem_Malloc(cap)) == NULL) {
@@ -8115,7 +8155,9 @@ static PyObject *pop_register(PyObject *self, PyObject *const *a, Py_ssize_t na)
                 goto out;
         }
     }
-    res = Py_BuildValue("(nOOO)", line, scan ? Py_True : Py_False, starts, infos);
+    PyObject *ln = PyLong_FromSsize_t(line);  /* Py_BuildValue("(nOOO)", ...) without its format's parse */
+    res = ln != NULL ? PyTuple_Pack(4, ln, scan ? Py_True : Py_False, starts, infos) : NULL;
+    Py_XDECREF(ln);
 out:
     PyMem_Free(buf);
     Py_XDECREF(ck); Py_XDECREF(entry); Py_XDECREF(diffs); Py_XDECREF(key); Py_XDECREF(full); Py_XDECREF(starts);
@@ -8151,22 +8193,27 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
              *full_obj = NULL, *new_acked = NULL;
     char *buf = NULL;
     int decline = 1;
-    long long so, acked, full;
-    if ((stored = sf_get_any(entry, pcore_n_stored)) == NULL
-        || (contiguous = sf_get_any(entry, pcore_n_contiguous)) == NULL)
-        goto out;
-    if (stored != Py_False || contiguous != Py_True)
-        goto out;
-    if ((ck = sf_get_any(entry, pcore_n_ck)) == NULL || (acked_obj = sf_get_any(entry, pcore_n_acked)) == NULL
-        || (full_obj = sf_get_any(entry, pcore_n_full)) == NULL)
-        goto out;
-    if ((so_obj = sf_get_any(ck, pcore_n_start_offset)) == NULL
-        || (diffs = sf_get_any(ck, pcore_n_queue_offset_diff)) == NULL)
-        goto out;
-    if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
-        || !pcore_int(full_obj, &full))
-        goto out;
-    Py_ssize_t n = PyList_GET_SIZE(diffs);
+    long long so, acked, full, pn;
+    Py_ssize_t n;
+    if (pe_settle_fields(entry, &so, &pn, &acked, &full)) {  /* an entry pop_register made (THE POP ENTRY) */
+        n = (Py_ssize_t)pn;
+    } else {
+        if ((stored = sf_get_any(entry, pcore_n_stored)) == NULL
+            || (contiguous = sf_get_any(entry, pcore_n_contiguous)) == NULL)
+            goto out;
+        if (stored != Py_False || contiguous != Py_True)
+            goto out;
+        if ((ck = sf_get_any(entry, pcore_n_ck)) == NULL || (acked_obj = sf_get_any(entry, pcore_n_acked)) == NULL
+            || (full_obj = sf_get_any(entry, pcore_n_full)) == NULL)
+            goto out;
+        if ((so_obj = sf_get_any(ck, pcore_n_start_offset)) == NULL
+            || (diffs = sf_get_any(ck, pcore_n_queue_offset_diff)) == NULL)
+            goto out;
+        if (!pcore_int(so_obj, &so) || !PyList_CheckExact(diffs) || !pcore_int(acked_obj, &acked)
+            || !pcore_int(full_obj, &full))
+            goto out;
+        n = PyList_GET_SIZE(diffs);
+    }
     if (n > 62 || acked < 0 || full < 0)
         goto out;
     Py_ssize_t glen, tlen;
@@ -8202,7 +8249,9 @@ static PyObject *ack_settle(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     int settled = acked == full;
     if (settled && PyDict_DelItem(by_key, key) < 0)
         goto out;
-    res = Py_BuildValue("(nO)", line, settled ? Py_True : Py_False);
+    PyObject *ln = PyLong_FromSsize_t(line);  /* Py_BuildValue("(nO)", ...) without its format's parse */
+    res = ln != NULL ? PyTuple_Pack(2, ln, settled ? Py_True : Py_False) : NULL;
+    Py_XDECREF(ln);
 out:
     PyMem_Free(buf);
     Py_XDECREF(stored); Py_XDECREF(contiguous); Py_XDECREF(ck); Py_XDECREF(so_obj); Py_XDECREF(diffs);
@@ -10283,9 +10332,12 @@ static PyObject *pop_queue(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         goto out;
     if (got == Py_None)
         res = Py_BuildValue("(LLLO)", offset, max_offset, lo, r);
-    else
-        res = Py_BuildValue("(OOOnOL)", PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3), body, n, end_obj,
-                            max_offset);
+    else {  /* Py_BuildValue("(OOOnOL)", ...) without its format's parse */
+        PyObject *n_obj = PyLong_FromSsize_t(n), *mo_obj = n_obj != NULL ? PyLong_FromLongLong(max_offset) : NULL;
+        res = mo_obj != NULL ? PyTuple_Pack(6, PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3), body, n_obj, end_obj,
+                                            mo_obj) : NULL;
+        Py_XDECREF(n_obj); Py_XDECREF(mo_obj);
+    }
 out:
     Py_XDECREF(got);
     Py_DECREF(off_obj);
@@ -10357,6 +10409,608 @@ static int al_member(jcur *c, const unsigned char **k, Py_ssize_t *kn) {
 }
 
 /* ============================ end of THE ACK BATCH ===================================================== */
+
+/* ============================ THE POP ENTRY (branch pop-ck) ============================================ */
+/* PopEntry: the base of pop_buffer._Entry (a Python subclass with __slots__ = ()): its fields revive_qid,   */
+/* next_offset, acked, full, stored, flush_at and contiguous as T_OBJECT_EX slots (what _Entry's __slots__   */
+/* were), and `ck`, the PopCheckPoint, made when first read for an entry pop_register made (pe_make): such    */
+/* an entry keeps the checkpoint's fields (its class, group, topic, queue id, start offset, pop time,       */
+/* invisible time, broker name, count) and builds `ck_cls(start, pop_time, invisible, n, queue_id, topic,    */
+/* group, broker_name, list(range(n)))` then, as pop_now's Python lines build it; ack_settle reads a made     */
+/* entry's fields without building it (pe_settle_fields). Setting `ck` (what _Entry.__init__ does) drops    */
+/* the kept fields. No cycle can go through an entry (ints, bools, strs, a class, a checkpoint): not GC.    */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ck, *revive_qid, *next_offset, *acked, *full, *stored, *flush_at, *contiguous;
+    PyObject *ck_cls, *group, *topic, *queue_id, *start_offset, *pop_time, *invisible_time, *broker_name;
+    long long so, n;  /* the start offset and message count, when ck_cls is set */
+} PopEntryObject;
+
+static void pe_clear_fields(PopEntryObject *e) {
+    Py_CLEAR(e->ck_cls); Py_CLEAR(e->group); Py_CLEAR(e->topic); Py_CLEAR(e->queue_id); Py_CLEAR(e->start_offset);
+    Py_CLEAR(e->pop_time); Py_CLEAR(e->invisible_time); Py_CLEAR(e->broker_name);
+}
+
+static void pe_dealloc(PyObject *o) {
+    PopEntryObject *e = (PopEntryObject *)o;
+    Py_XDECREF(e->ck); Py_XDECREF(e->revive_qid); Py_XDECREF(e->next_offset); Py_XDECREF(e->acked);
+    Py_XDECREF(e->full); Py_XDECREF(e->stored); Py_XDECREF(e->flush_at); Py_XDECREF(e->contiguous);
+    pe_clear_fields(e);
+    Py_TYPE(o)->tp_free(o);
+}
+
+static PyObject *pe_get_ck(PyObject *o, void *closure) {
+    PopEntryObject *e = (PopEntryObject *)o;
+    if (e->ck == NULL && e->ck_cls != NULL) {
+        PyObject *diffs = PyList_New((Py_ssize_t)e->n);
+        if (diffs == NULL)
+            return NULL;
+        for (long long i = 0; i < e->n; i++) {
+            PyObject *v = PyLong_FromLongLong(i);
+            if (v == NULL) {
+                Py_DECREF(diffs);
+                return NULL;
+            }
+            PyList_SET_ITEM(diffs, (Py_ssize_t)i, v);
+        }
+        PyObject *num = PyLong_FromLongLong(e->n);
+        if (num == NULL) {
+            Py_DECREF(diffs);
+            return NULL;
+        }
+        PyObject *args[9] = {e->start_offset, e->pop_time, e->invisible_time, num, e->queue_id, e->topic, e->group,
+                             e->broker_name, diffs};
+        PyObject *ck = PyObject_Vectorcall(e->ck_cls, args, 9, NULL);
+        Py_DECREF(num);
+        Py_DECREF(diffs);
+        if (ck == NULL)
+            return NULL;
+        e->ck = ck;
+    }
+    if (e->ck == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "'ck'");
+        return NULL;
+    }
+    return Py_NewRef(e->ck);
+}
+
+static int pe_set_ck(PyObject *o, PyObject *v, void *closure) {
+    PopEntryObject *e = (PopEntryObject *)o;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "ck cannot be deleted");
+        return -1;
+    }
+    Py_XSETREF(e->ck, Py_NewRef(v));
+    pe_clear_fields(e);  /* the checkpoint given is the one from now on */
+    return 0;
+}
+
+static PyMemberDef pe_members[] = {
+    {"revive_qid", T_OBJECT_EX, offsetof(PopEntryObject, revive_qid), 0, NULL},
+    {"next_offset", T_OBJECT_EX, offsetof(PopEntryObject, next_offset), 0, NULL},
+    {"acked", T_OBJECT_EX, offsetof(PopEntryObject, acked), 0, NULL},
+    {"full", T_OBJECT_EX, offsetof(PopEntryObject, full), 0, NULL},
+    {"stored", T_OBJECT_EX, offsetof(PopEntryObject, stored), 0, NULL},
+    {"flush_at", T_OBJECT_EX, offsetof(PopEntryObject, flush_at), 0, NULL},
+    {"contiguous", T_OBJECT_EX, offsetof(PopEntryObject, contiguous), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef pe_getset[] = {
+    {"ck", pe_get_ck, pe_set_ck, "the PopCheckPoint (made when first read, for an entry pop_register made)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PopEntry_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rmq_eventstore._native.PopEntry",
+    .tp_basicsize = sizeof(PopEntryObject),
+    .tp_dealloc = pe_dealloc,
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The fields of a POP buffer entry (pop_buffer._Entry's base); `ck` made when first read.",
+    .tp_members = pe_members,
+    .tp_getset = pe_getset,
+    .tp_new = PyType_GenericNew,
+};
+
+/* pop_register's entry when its class is a PopEntry subclass: the fields set, the checkpoint kept as its fields
+ * (n > 0); a new reference, or NULL with an error set. `Full` and `flush_at` are new references given to it. */
+static PyObject *pe_make(PyTypeObject *et, PyObject *ck_cls, PyObject *group, PyObject *topic, PyObject *q_obj,
+                         PyObject *offset_obj, PyObject *pop_time_obj, PyObject *invisible, PyObject *broker_name,
+                         long long offset, long long n, PyObject *revive_qid, PyObject *next_offset, PyObject *full,
+                         PyObject *flush_at) {
+    PyObject *acked = PyLong_FromLong(0);
+    PyObject *o = acked != NULL ? et->tp_alloc(et, 0) : NULL;
+    if (o == NULL) {
+        Py_XDECREF(acked); Py_DECREF(full); Py_DECREF(flush_at);
+        return NULL;
+    }
+    PopEntryObject *e = (PopEntryObject *)o;
+    e->revive_qid = Py_NewRef(revive_qid); e->next_offset = Py_NewRef(next_offset); e->acked = acked;
+    e->full = full; e->stored = Py_NewRef(Py_False); e->flush_at = flush_at; e->contiguous = Py_NewRef(Py_True);
+    e->ck_cls = Py_NewRef(ck_cls); e->group = Py_NewRef(group); e->topic = Py_NewRef(topic);
+    e->queue_id = Py_NewRef(q_obj); e->start_offset = Py_NewRef(offset_obj); e->pop_time = Py_NewRef(pop_time_obj);
+    e->invisible_time = Py_NewRef(invisible); e->broker_name = Py_NewRef(broker_name);
+    e->so = offset;
+    e->n = n;
+    return o;
+}
+
+/* ack_settle's read of an entry pop_register made and nobody re-pointed: 1 with its start offset, count, acked and
+ * full bits (stored False, contiguous True, acked / full exact ints in 0..2**53); 0 when it is not such an entry */
+static int pe_settle_fields(PyObject *o, long long *so, long long *n, long long *acked, long long *full) {
+    if (!PyType_IsSubtype(Py_TYPE(o), &PopEntry_Type))
+        return 0;
+    PopEntryObject *e = (PopEntryObject *)o;
+    if (e->ck_cls == NULL || e->stored != Py_False || e->contiguous != Py_True || e->acked == NULL || e->full == NULL
+        || !PyLong_CheckExact(e->acked) || !PyLong_CheckExact(e->full))
+        return 0;
+    int o1 = 0, o2 = 0;
+    long long a = PyLong_AsLongLongAndOverflow(e->acked, &o1), f = PyLong_AsLongLongAndOverflow(e->full, &o2);
+    if (o1 || o2 || a < 0 || f < 0 || a > (1LL << 53) || f > (1LL << 53)) {  /* pcore_int's bounds, as the other way */
+        PyErr_Clear();
+        return 0;
+    }
+    *so = e->so;
+    *n = e->n;
+    *acked = a;
+    *full = f;
+    return 1;
+}
+
+/* the type, added to the module by PyInit__native: 0, or -1 with an error set */
+static int pe_add_type(PyObject *m) {
+    if (PyType_Ready(&PopEntry_Type) < 0)
+        return -1;
+    Py_INCREF(&PopEntry_Type);
+    if (PyModule_AddObject(m, "PopEntry", (PyObject *)&PopEntry_Type) < 0) {
+        Py_DECREF(&PopEntry_Type);
+        return -1;
+    }
+    return 0;
+}
+/* ============================ end of THE POP ENTRY ===================================================== */
+
+/* ============================ THE ACK ONE (branch pop-ck) =============================================== */
+/* AckMessageProcessor.lane for the usual ack in one call: an ACK_MESSAGE (ack_frame's 14-tuple) or a         */
+/* BATCH_ACK_MESSAGE of one entry (ack_frame's / ack_body's (frame, [entry])), checked as the lane checks it    */
+/* (TopicManager.get from its cache as ConfigCache.entries keeps it, the queue's bounds, _lane_run's retry    */
+/* naming) and settled as PopBufferMergeService.ack_one settles it under the buffer's lock: ack_settle (its   */
+/* bits, journal line, _by_key entry), journal.size, and for a settled checkpoint `settled += 1` and          */
+/* _scan_commit (the queue's settled-or-stored prefix dropped, its offset committed through the buffer's own  */
+/* committed / commit callables, _committed_by_me). True when settled there; None, before anything changed,  */
+/* for everything else (a cache out of date, a retry topic to name, a check that fails, an entry ack_settle  */
+/* leaves alone): the caller then takes the lane's Python, which answers as before. Reference: lane + ack_one */
+/* + _scan_commit (broker/processor/pop.py, broker/pop_buffer.py; tests/test_pop_lane.py's twins).             */
+static PyObject *ak1_n_file, *ak1_n_dv, *ak1_n_counter, *ak1_n_timestamp, *ak1_n_key, *ak1_n_entries, *ak1_n_rqn,
+    *ak1_n_settled, *ak1_n_count, *ak1_n_popleft, *ak1_n_fd, *ak1_n_size, *ak1_n_acquire, *ak1_n_release,
+    *ak1_n_stored, *ak1_n_acked, *ak1_n_full, *ak1_n_next, *ak1_n_min_logic, *ak1_n_journal, *ak1_n_table, *ak1_n_lock,
+    *ak1_n_commits, *ak1_n_step, *ak1_n_next_version, *ak1_sep, *ak1_one, *ak1_minus_one, *ak1_zero;
+
+static int ak1_init(void) {
+    if (ak1_zero != NULL)
+        return 0;
+#define AK1_NAME(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+    AK1_NAME(ak1_n_file, "file"); AK1_NAME(ak1_n_dv, "data_version"); AK1_NAME(ak1_n_counter, "counter");
+    AK1_NAME(ak1_n_timestamp, "timestamp"); AK1_NAME(ak1_n_key, "_key"); AK1_NAME(ak1_n_entries, "_entries");
+    AK1_NAME(ak1_n_rqn, "read_queue_nums"); AK1_NAME(ak1_n_settled, "settled"); AK1_NAME(ak1_n_count, "_count");
+    AK1_NAME(ak1_n_popleft, "popleft"); AK1_NAME(ak1_n_fd, "_fd"); AK1_NAME(ak1_n_size, "size");
+    AK1_NAME(ak1_n_acquire, "acquire"); AK1_NAME(ak1_n_release, "release"); AK1_NAME(ak1_n_stored, "stored");
+    AK1_NAME(ak1_n_acked, "acked"); AK1_NAME(ak1_n_full, "full"); AK1_NAME(ak1_n_next, "next_offset");
+    AK1_NAME(ak1_n_min_logic, "_min_logic_offset"); AK1_NAME(ak1_n_journal, "journal");
+    AK1_NAME(ak1_n_table, "_offset_table"); AK1_NAME(ak1_n_lock, "_lock"); AK1_NAME(ak1_n_commits, "_commits");
+    AK1_NAME(ak1_n_step, "update_version_step"); AK1_NAME(ak1_n_next_version, "next_version"); AK1_NAME(ak1_sep, "@");
+#undef AK1_NAME
+    if ((ak1_one = PyLong_FromLong(1)) == NULL || (ak1_minus_one = PyLong_FromLong(-1)) == NULL)
+        return -1;
+    ak1_zero = PyLong_FromLong(0);
+    return ak1_zero == NULL ? -1 : 0;
+}
+
+/* an attribute that is an exact int within +-2**53: 1 (*out); 0 otherwise or on a look-up error (cleared) */
+static int ak1_int(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = pcore_int(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* TopicManager.get(topic)'s read_queue_nums when the topic is in its cache and the cache is the current one
+ * (ConfigCache.entries would keep it): 1 (*rqn); 0 otherwise (nothing changed, no error set) */
+static int ak1_topic(PyObject *cache, PyObject *absent, PyObject *topic, long long *rqn) {
+    PyObject *file = NULL, *dv = NULL, *key = NULL, *entries = NULL;
+    long long counter, ts, k0, k1;
+    int ok = 0;
+    if ((file = PyObject_GetAttr(cache, ak1_n_file)) == NULL || (dv = PyObject_GetAttr(file, ak1_n_dv)) == NULL
+        || (key = PyObject_GetAttr(cache, ak1_n_key)) == NULL || (entries = PyObject_GetAttr(cache, ak1_n_entries)) == NULL)
+        goto out;
+    if (!ak1_int(dv, ak1_n_counter, &counter) || !ak1_int(dv, ak1_n_timestamp, &ts) || !PyTuple_CheckExact(key)
+        || PyTuple_GET_SIZE(key) != 2 || !pcore_int(PyTuple_GET_ITEM(key, 0), &k0)
+        || !pcore_int(PyTuple_GET_ITEM(key, 1), &k1) || k0 != counter || k1 != ts || !PyDict_CheckExact(entries))
+        goto out;
+    PyObject *tc = PyDict_GetItemWithError(entries, topic);  /* borrowed */
+    if (tc == NULL || tc == absent)
+        goto out;
+    ok = ak1_int(tc, ak1_n_rqn, rqn);
+out:
+    PyErr_Clear();
+    Py_XDECREF(file); Py_XDECREF(dv); Py_XDECREF(key); Py_XDECREF(entries);
+    return ok;
+}
+
+/* the store's queue (find_consume_queue(topic, q, create=False)) with its min and max offsets: a new reference,
+ * or NULL (no error set) when it is not there or its fields are not what the methods read */
+static PyObject *ak1_queue(PyObject *table, PyObject *topic, PyObject *q_obj, long long *lo, long long *hi) {
+    if (!PyDict_CheckExact(table))
+        return NULL;
+    PyObject *queues = PyDict_GetItemWithError(table, topic);
+    if (queues == NULL || !PyDict_CheckExact(queues)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *cq = PyDict_GetItemWithError(queues, q_obj);
+    long long min_logic;
+    if (cq == NULL || !ak1_int(cq, ak1_n_min_logic, &min_logic)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    *lo = prd_floordiv(min_logic, 20);  /* ConsumeQueue.get_min_offset_in_queue */
+    PyObject *top = queue_max(NULL, cq);
+    if (top == NULL || !pcore_int(top, hi)) {
+        PyErr_Clear();
+        Py_XDECREF(top);
+        return NULL;
+    }
+    Py_DECREF(top);
+    return Py_NewRef(cq);
+}
+
+/* ConsumerOffsetFile.query_offset(group, topic, q) (no lock, as it reads): a new reference, or NULL with an error set */
+static PyObject *ak1_query(PyObject *file, PyObject *group, PyObject *topic, PyObject *q_obj) {
+    PyObject *table = PyObject_GetAttr(file, ak1_n_table), *key = NULL, *res = NULL, *tk = NULL;
+    if (table == NULL)
+        return NULL;
+    if ((tk = PyUnicode_Concat(topic, ak1_sep)) == NULL || (key = PyUnicode_Concat(tk, group)) == NULL)
+        goto out;  /* the table's key: topic + TOPIC_GROUP_SEPARATOR + group */
+    if (!PyDict_CheckExact(table)) {  /* not the table the method reads: its own answer */
+        res = PyObject_CallMethod(file, "query_offset", "OOO", group, topic, q_obj);
+        goto out;
+    }
+    PyObject *offsets = PyDict_GetItemWithError(table, key);
+    if (offsets == NULL) {
+        if (!PyErr_Occurred())
+            res = Py_NewRef(ak1_minus_one);
+        goto out;
+    }
+    if (!PyDict_CheckExact(offsets)) {
+        res = PyObject_CallMethod(file, "query_offset", "OOO", group, topic, q_obj);
+        goto out;
+    }
+    PyObject *off = PyDict_GetItemWithError(offsets, q_obj);
+    if (off != NULL)
+        res = Py_NewRef(off);
+    else if (!PyErr_Occurred())
+        res = Py_NewRef(ak1_minus_one);
+out:
+    Py_DECREF(table); Py_XDECREF(tk); Py_XDECREF(key);
+    return res;
+}
+
+/* ConsumerOffsetFile.commit_offset(group, topic, q, offset) for a pair its table has and an offset not below the one
+ * there (no warning to log): 1 done; 0 not that case, nothing changed (the caller calls the method); -1 error */
+static int ak1_commit(PyObject *file, PyObject *group, PyObject *topic, PyObject *q_obj, PyObject *offset) {
+    PyObject *table = PyObject_GetAttr(file, ak1_n_table), *tk = NULL, *key = NULL, *lock = NULL;
+    if (table == NULL)
+        return -1;
+    int rc = -1;
+    if ((tk = PyUnicode_Concat(topic, ak1_sep)) == NULL || (key = PyUnicode_Concat(tk, group)) == NULL
+        || (lock = PyObject_GetAttr(file, ak1_n_lock)) == NULL)
+        goto out;
+    rc = 0;
+    if (!PyDict_CheckExact(table))
+        goto out;
+    PyObject *ok = PyObject_CallMethodNoArgs(lock, ak1_n_acquire);
+    if (ok == NULL) {
+        rc = -1;
+        goto out;
+    }
+    Py_DECREF(ok);
+    PyObject *offsets = PyDict_GetItemWithError(table, key), *previous = NULL;
+    int le = 0;
+    if (offsets != NULL && PyDict_CheckExact(offsets)) {  /* a pair the table has (validated when added) */
+        previous = PyDict_GetItemWithError(offsets, q_obj);
+        le = previous == NULL ? (PyErr_Occurred() ? -1 : 1) : PyObject_RichCompareBool(previous, offset, Py_LE);
+    }
+    if (le == 1) {  /* offsets[queue_id] = offset; self._commits += 1; the version step */
+        PyObject *commits = NULL, *step = NULL, *m = NULL;
+        int next = 0;
+        if (PyDict_SetItem(offsets, q_obj, offset) < 0 || prd_add(file, ak1_n_commits, ak1_one) < 0
+            || (commits = PyObject_GetAttr(file, ak1_n_commits)) == NULL
+            || (step = PyObject_GetAttr(file, ak1_n_step)) == NULL || (next = PyObject_RichCompareBool(step, ak1_zero, Py_GT)) < 0)
+            le = -1;
+        else if (next && ((m = PyNumber_Remainder(commits, step)) == NULL || (next = PyObject_RichCompareBool(m, ak1_zero, Py_EQ)) < 0))
+            le = -1;
+        if (le == 1 && next) {
+            PyObject *dv = PyObject_GetAttr(file, ak1_n_dv), *r = NULL;
+            if (dv == NULL || (r = PyObject_CallMethodNoArgs(dv, ak1_n_next_version)) == NULL)
+                le = -1;
+            Py_XDECREF(dv); Py_XDECREF(r);
+        }
+        Py_XDECREF(commits); Py_XDECREF(step); Py_XDECREF(m);
+    }
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyObject *rel = PyObject_CallMethodNoArgs(lock, ak1_n_release);
+        if (rel == NULL) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+            le = -1;
+        } else {
+            Py_DECREF(rel);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    rc = le < 0 ? -1 : le;
+out:
+    Py_DECREF(table); Py_XDECREF(tk); Py_XDECREF(key); Py_XDECREF(lock);
+    return rc;
+}
+
+/* PopBufferMergeService._scan_commit(qkey), lock held: 0, or -1 with an error set */
+static int ak1_scan(PyObject *buffer, PyObject *queues, PyObject *qkey, PyObject *by_me, PyObject *commit,
+                    PyObject *committed, PyObject *file) {
+    PyObject *q = PyDict_GetItemWithError(queues, qkey);
+    if (q == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(q);
+    PyObject *offset = Py_NewRef(ak1_minus_one);
+    int rc = -1;
+    Py_ssize_t len = PyObject_Size(q);
+    if (len < 0)
+        goto out;
+    if (len == 0) {
+        rc = 0;
+        goto out;
+    }
+    while (len > 0) {  /* while q and (q[0].stored or q[0].acked == q[0].full) */
+        PyObject *head = PySequence_GetItem(q, 0);
+        if (head == NULL)
+            goto out;
+        PyObject *st = sf_get_any(head, ak1_n_stored);
+        int take = st == NULL ? -1 : PyObject_IsTrue(st);
+        Py_XDECREF(st);
+        if (take == 0) {
+            PyObject *ac = sf_get_any(head, ak1_n_acked), *fu = ac != NULL ? sf_get_any(head, ak1_n_full) : NULL;
+            take = fu != NULL ? PyObject_RichCompareBool(ac, fu, Py_EQ) : -1;
+            Py_XDECREF(ac); Py_XDECREF(fu);
+        }
+        Py_DECREF(head);
+        if (take < 0)
+            goto out;
+        if (!take)
+            break;
+        PyObject *popped = PyObject_CallMethodNoArgs(q, ak1_n_popleft);
+        if (popped == NULL)
+            goto out;
+        PyObject *nxt = sf_get_any(popped, ak1_n_next);
+        Py_DECREF(popped);
+        if (nxt == NULL)
+            goto out;
+        Py_SETREF(offset, nxt);
+        if (prd_add(buffer, ak1_n_count, ak1_minus_one) < 0 || (len = PyObject_Size(q)) < 0)
+            goto out;
+    }
+    int ge = PyObject_RichCompareBool(offset, ak1_zero, Py_GE);  /* offset >= 0 and offset > committed(*qkey) */
+    if (ge < 0)
+        goto out;
+    if (ge) {
+        PyObject *c = file != Py_None  /* committed is file.query_offset: read here */
+            ? ak1_query(file, PyTuple_GET_ITEM(qkey, 0), PyTuple_GET_ITEM(qkey, 1), PyTuple_GET_ITEM(qkey, 2))
+            : PyObject_Call(committed, qkey, NULL);
+        if (c == NULL)
+            goto out;
+        int gt = PyObject_RichCompareBool(offset, c, Py_GT);
+        Py_DECREF(c);
+        if (gt < 0)
+            goto out;
+        if (gt) {
+            PyObject *cargs[4] = {PyTuple_GET_ITEM(qkey, 0), PyTuple_GET_ITEM(qkey, 1), PyTuple_GET_ITEM(qkey, 2), offset};
+            int done = file != Py_None ? ak1_commit(file, cargs[0], cargs[1], cargs[2], offset) : 0;
+            if (done < 0)
+                goto out;
+            if (!done) {  /* commit's own call (a new pair, an offset below the committed one: its checks, its warning) */
+                PyObject *r = PyObject_Vectorcall(commit, cargs, 4, NULL);
+                if (r == NULL)
+                    goto out;
+                Py_DECREF(r);
+            }
+            if (PyDict_SetItem(by_me, qkey, offset) < 0)
+                goto out;
+        }
+    }
+    if (len == 0 && PyDict_DelItem(queues, qkey) < 0)
+        goto out;
+    rc = 0;
+out:
+    Py_DECREF(offset);
+    Py_DECREF(q);
+    return rc;
+}
+
+/* ack_one(got, ctx): ctx = (topic cache, _ABSENT, consume_queue_table, buffer, buffer lock, _by_key, _queues,
+ * _committed_by_me, commit, committed, offset file: the ConsumerOffsetFile whose query_offset `committed` is and
+ * whose commit_offset `commit` calls, else None) -> True, or None (nothing changed), or NULL with an error set */
+static PyObject *ack_one(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 2 || !PyTuple_CheckExact(a[1]) || PyTuple_GET_SIZE(a[1]) != 11) {
+        PyErr_SetString(PyExc_TypeError, "ack_one(got, ctx): ctx a tuple of 11");
+        return NULL;
+    }
+    if (ak1_init() < 0 || pcore_init_names() < 0 || prd_init() < 0)
+        return NULL;
+    PyObject *got = a[0];
+    PyObject *const *c = &PyTuple_GET_ITEM(a[1], 0);
+    PyObject *group, *topic, *q_obj, *key_q, *start_obj, *pop_time_obj;
+    long long first, stop, q, tmp, lo, hi;
+    if (!PyTuple_CheckExact(got))
+        Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(got) == 14) {  /* ACK_MESSAGE: the lane's checks (_check_target's) */
+        group = PyTuple_GET_ITEM(got, 2); topic = PyTuple_GET_ITEM(got, 3); q_obj = PyTuple_GET_ITEM(got, 4);
+        start_obj = PyTuple_GET_ITEM(got, 6); pop_time_obj = PyTuple_GET_ITEM(got, 7); key_q = PyTuple_GET_ITEM(got, 12);
+        if (!pcore_int(PyTuple_GET_ITEM(got, 5), &first) || !pcore_int(q_obj, &q))
+            Py_RETURN_NONE;
+        stop = first + 1;
+    } else if (PyTuple_GET_SIZE(got) == 2 && PyList_CheckExact(PyTuple_GET_ITEM(got, 1))
+               && PyList_GET_SIZE(PyTuple_GET_ITEM(got, 1)) == 1) {  /* BATCH_ACK_MESSAGE of one entry: _lane_run's */
+        PyObject *e = PyList_GET_ITEM(PyTuple_GET_ITEM(got, 1), 0);
+        long long so, fb, cnt;
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 10 || PyTuple_GET_ITEM(e, 2) != Py_False)
+            Py_RETURN_NONE;  /* a retry entry: its topic named by pop_retry_topic, in Python */
+        group = PyTuple_GET_ITEM(e, 0); topic = PyTuple_GET_ITEM(e, 1); q_obj = key_q = PyTuple_GET_ITEM(e, 4);
+        start_obj = PyTuple_GET_ITEM(e, 3); pop_time_obj = PyTuple_GET_ITEM(e, 6);
+        if (!pcore_int(start_obj, &so) || !pcore_int(PyTuple_GET_ITEM(e, 8), &fb) || !pcore_int(PyTuple_GET_ITEM(e, 9), &cnt)
+            || !pcore_int(q_obj, &q) || cnt < 1)
+            Py_RETURN_NONE;
+        first = so + fb;
+        stop = first + cnt;
+    } else {
+        Py_RETURN_NONE;
+    }
+    if (!PyUnicode_CheckExact(group) || !PyUnicode_CheckExact(topic) || !pcore_int(key_q, &tmp)
+        || !pcore_int(start_obj, &tmp) || !pcore_int(pop_time_obj, &tmp))
+        Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(got) == 14) {
+        long long rqn;
+        if (!ak1_topic(c[0], c[1], topic, &rqn) || q < 0 || q >= rqn)
+            Py_RETURN_NONE;
+    }
+    PyObject *cq = ak1_queue(c[2], topic, q_obj, &lo, &hi);
+    if (cq == NULL)
+        Py_RETURN_NONE;
+    Py_DECREF(cq);  /* only its bounds are read */
+    if (lo < 0 || first < lo || stop - 1 > hi)  /* (an ACK_MESSAGE's lo >= 0 too: its offset >= lo, a min >= 0) */
+        Py_RETURN_NONE;
+    PyObject *buffer = c[3], *blk = c[4], *journal = PyObject_GetAttr(buffer, ak1_n_journal);
+    if (journal == NULL)
+        return NULL;
+    if (journal == Py_None) {  /* ack_one's Python writes no journal line */
+        Py_DECREF(journal);
+        Py_RETURN_NONE;
+    }
+    PyObject *key = PyTuple_Pack(5, group, topic, key_q, start_obj, pop_time_obj), *qkey = NULL, *fd = NULL;
+    PyObject *lo_obj = NULL, *hi_obj = NULL, *settle = NULL, *res = NULL;
+    if (key == NULL) {
+        Py_DECREF(journal);
+        return NULL;
+    }
+    PyObject *ok = PyObject_CallMethodNoArgs(blk, ak1_n_acquire);
+    if (ok == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(journal);
+        return NULL;
+    }
+    Py_DECREF(ok);
+    if ((fd = PyObject_GetAttr(journal, ak1_n_fd)) == NULL || (lo_obj = PyLong_FromLongLong(first)) == NULL
+        || (hi_obj = PyLong_FromLongLong(stop)) == NULL)
+        goto out;
+    PyObject *sargs[5] = {c[5], key, lo_obj, hi_obj, fd};
+    if ((settle = ack_settle(NULL, sargs, 5)) == NULL)
+        goto out;
+    if (settle == Py_None) {  /* not its case: nothing changed */
+        res = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (prd_add(journal, ak1_n_size, PyTuple_GET_ITEM(settle, 0)) < 0)
+        goto out;
+    if (PyTuple_GET_ITEM(settle, 1) == Py_True) {
+        if (prd_add(buffer, ak1_n_settled, ak1_one) < 0 || (qkey = PyTuple_GetSlice(key, 0, 3)) == NULL
+            || ak1_scan(buffer, c[6], qkey, c[7], c[8], c[9], c[10]) < 0)
+            goto out;
+    }
+    res = Py_NewRef(Py_True);
+out:
+    {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);  /* the release whatever happened, as `with` does */
+        PyObject *rel = PyObject_CallMethodNoArgs(blk, ak1_n_release);
+        if (rel == NULL) {
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+            Py_CLEAR(res);
+        } else {
+            Py_DECREF(rel);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    if (PyErr_Occurred())
+        Py_CLEAR(res);
+    Py_DECREF(key); Py_DECREF(journal); Py_XDECREF(qkey); Py_XDECREF(fd); Py_XDECREF(lo_obj); Py_XDECREF(hi_obj); Py_XDECREF(settle);
+    return res;
+}
+/* ============================ end of THE ACK ONE ====================================================== */
+
+/* ============================ THE POP OFFSET (branch pop-ck) ============================================ */
+/* pop_offset(ctx, qkey): PopBufferMergeService.pop_offset (where a queue's next pop starts) under the        */
+/* buffer's lock, without its two Python frames (it and the offset file's query_offset); ctx = (lock, _queues, */
+/* committed, offset file or None: as THE ACK ONE's, the file whose query_offset `committed` is, read in C).   */
+/* (A C read of the POP's ConfigCache look-ups was tried here and dropped: its generic attribute look-ups     */
+/* cost as much as the Python they replaced.)                                                                */
+static PyObject *pop_offset(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 2 || !PyTuple_CheckExact(a[0]) || PyTuple_GET_SIZE(a[0]) != 4 || !PyTuple_CheckExact(a[1])
+        || PyTuple_GET_SIZE(a[1]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "pop_offset(ctx, qkey): ctx a tuple of 4, qkey of 3");
+        return NULL;
+    }
+    if (ak1_init() < 0)
+        return NULL;
+    PyObject *lock = PyTuple_GET_ITEM(a[0], 0), *queues = PyTuple_GET_ITEM(a[0], 1);
+    PyObject *committed_fn = PyTuple_GET_ITEM(a[0], 2), *file = PyTuple_GET_ITEM(a[0], 3), *qkey = a[1];
+    if (!PyDict_CheckExact(queues)) {
+        PyErr_SetString(PyExc_TypeError, "pop_offset: the buffer's queues are a dict");
+        return NULL;
+    }
+    PyObject *ok = PyObject_CallMethodNoArgs(lock, ak1_n_acquire);
+    if (ok == NULL)
+        return NULL;
+    Py_DECREF(ok);
+    PyObject *res = NULL, *committed = file != Py_None
+        ? ak1_query(file, PyTuple_GET_ITEM(qkey, 0), PyTuple_GET_ITEM(qkey, 1), PyTuple_GET_ITEM(qkey, 2))
+        : PyObject_Call(committed_fn, qkey, NULL);
+    if (committed != NULL) {
+        PyObject *q = PyDict_GetItemWithError(queues, qkey);  /* borrowed */
+        Py_ssize_t len = q == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_Size(q);
+        if (len == 0) {
+            res = Py_NewRef(committed);
+        } else if (len > 0) {  /* nxt = q[-1].next_offset; nxt if nxt > committed else committed */
+            Py_INCREF(q);
+            PyObject *last = PySequence_GetItem(q, len - 1);
+            PyObject *nxt = last != NULL ? sf_get_any(last, ak1_n_next) : NULL;
+            int gt = nxt != NULL ? PyObject_RichCompareBool(nxt, committed, Py_GT) : -1;
+            if (gt >= 0)
+                res = Py_NewRef(gt ? nxt : committed);
+            Py_XDECREF(last); Py_XDECREF(nxt); Py_DECREF(q);
+        }
+        Py_DECREF(committed);
+    }
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);  /* the release whatever happened, as `with` does */
+    PyObject *rel = PyObject_CallMethodNoArgs(lock, ak1_n_release);
+    if (rel == NULL) {
+        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        Py_CLEAR(res);
+        return NULL;
+    }
+    Py_DECREF(rel);
+    PyErr_Restore(et, ev, etb);
+    if (PyErr_Occurred())
+        Py_CLEAR(res);
+    return res;
+}
+/* ============================ end of THE POP OFFSET =================================================== */
 
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
@@ -10520,6 +11174,12 @@ static PyMethodDef methods[] = {
     {"pop_queue", (PyCFunction)(void (*)(void))pop_queue, METH_FASTCALL,
      "pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's read and "
      "registration of one queue: None, (offset, max_offset, lo[, read]) or (start, info, body, n, end, max_offset)."},
+    {"ack_one", (PyCFunction)(void (*)(void))ack_one, METH_FASTCALL,
+     "ack_one(got, ctx): AckMessageProcessor.lane + PopBufferMergeService.ack_one for an ACK_MESSAGE or a one-entry "
+     "BATCH_ACK settled in the buffer: True, or None (nothing changed: the Python lane decides)."},
+    {"pop_offset", (PyCFunction)(void (*)(void))pop_offset, METH_FASTCALL,
+     "pop_offset(ctx, qkey): PopBufferMergeService.pop_offset under the buffer's lock; ctx (lock, queues, committed, "
+     "offset file or None)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -10533,5 +11193,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     /* THE BATCH SEND: decode_batch_messages sets this many Message slots (codec checks the dataclass has no more) */
     if (m != NULL && PyModule_AddIntConstant(m, "MESSAGE_FIELD_COUNT", F_COUNT) < 0) Py_CLEAR(m);
+    if (m != NULL && pe_add_type(m) < 0) Py_CLEAR(m);  /* THE POP ENTRY */
     return m;
 }

@@ -334,14 +334,19 @@ def test_the_buffer_off_is_declined(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 # -- the POP core: pop_now's registration and ack_one's settling in C (_native.pop_register / ack_settle) -----
+@pytest.mark.parametrize("one", [True, False], ids=["ack_one", "ack_settle"])
 @pytest.mark.parametrize("batch", [1, 2, 5, 32])
 def test_pops_acked_by_the_ack_lane_as_the_reference_acks_them(pair: Pair, monkeypatch: pytest.MonkeyPatch,
-                                                               batch: int) -> None:
-    """Entries the lane's POP registered (`pop_register`), settled by the ACK lane (`ack_settle`) on one broker
-    and by the reference's pop and ack on the other: every frame, journal byte and buffer field the same."""
-    calls = {"register": 0, "settle": 0}
+                                                               batch: int, one: bool) -> None:
+    """Entries the lane's POP registered (`pop_register`), settled by the ACK lane (`ack_settle`; with `one`, THE
+    ACK ONE's `ack_one`: the lane's checks, ack_settle and the offset commit in one C call) on one broker and by
+    the reference's pop and ack on the other: every frame, journal byte and buffer field the same."""
+    calls = {"register": 0, "settle": 0, "one": 0}
+    if not one:
+        monkeypatch.setattr(pop_processor, "_ACK_ONE", None)
     for module, name, what in ((pop_service, "_POP_REGISTER", "register"), (pop_buffer, "_ACK_SETTLE", "settle"),
-                               (pop_service, "_POP_QUEUE", "register")):  # pop_queue registers by pop_register
+                               (pop_service, "_POP_QUEUE", "register"),  # pop_queue registers by pop_register
+                               (pop_processor, "_ACK_ONE", "one")):
         real = getattr(module, name)
         if real is not None:
             def counted(*args: object, _real: Any = real, _what: str = what, _queue: bool = name == "_POP_QUEUE") -> Any:
@@ -359,7 +364,7 @@ def test_pops_acked_by_the_ack_lane_as_the_reference_acks_them(pair: Pair, monke
             pair.ack_batch(got)
         else:
             pair.ack(got, "odd" if i % 4 == 1 else "all", lane=True)
-    assert (calls["register"] > 0 and calls["settle"] > 0) == LANE, calls  # the pure loops: neither C half
+    assert (calls["register"] > 0 and calls["settle" if not one else "one"] > 0) == LANE, calls  # pure: no C half
 
 
 def test_a_pop_of_many_and_its_acks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -578,3 +583,109 @@ def test_pop_now_with_and_without_the_pop_read(pair: Pair, monkeypatch: pytest.M
         assert got is not None
         if decode_frame(got[4:]).code == ResponseCode.SUCCESS and i % 2:
             pair.ack(got, "odd" if i % 3 else "all", lane=bool(i % 5))
+
+
+# -- THE ACK ONE: the ACK lane's checks, ack_settle and the offset commit in one C call (_native.ack_one) ----------
+def test_ack_one_commits_as_commit_offset_does(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ack_one's commits through the offset file (commit_offset / query_offset read in C) on every step they take:
+    a version step every 2 commits (DataVersion.next_version), a pair the table does not hold yet (commit's own
+    call, its name checks); the table, its commit count and data version the reference's."""
+    if pop_processor._ACK_ONE is None:
+        pytest.skip("without the native core")
+    for b in pair.brokers:
+        b.offset_manager.file.update_version_step = 2
+        b.offset_manager.file._offset_table.pop("jobs@g", None)
+    used = {"one": 0}
+    real = pop_processor._ACK_ONE
+
+    def counted(*args: object) -> Any:
+        got = real(*args)
+        used["one"] += got is not None
+        return got
+
+    monkeypatch.setattr(pop_processor, "_ACK_ONE", counted)
+    pair.pop(pop_request(max_nums=1, queue_id=0), monkeypatch, served=False)  # the "*" filter is made here
+    for i in range(12):
+        got = pair.pop(pop_request(max_nums=1 + i % 3, queue_id=0 if i % 2 else 2), monkeypatch)
+        assert got is not None
+        if decode_frame(got[4:]).code == ResponseCode.NO_MESSAGE:
+            continue
+        if i % 3 == 2:
+            pair.ack_batch(got)
+        else:
+            pair.ack(got, "all", lane=True)
+        files = [b.offset_manager.file for b in pair.brokers]
+        assert [(f._commits, f.data_version.counter) for f in files][0] == \
+               [(f._commits, f.data_version.counter) for f in files][1]
+    assert used["one"] > 0 and pair.brokers[0].offset_manager.file._commits > 2
+
+
+def test_ack_one_declines_before_anything_changed(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ack_one does not take (None) changes nothing: another shape, a retry entry, a topic not in the topic
+    cache or a cache gone stale, a queue the store has not, an offset outside the queue, an ack of no buffered
+    checkpoint; the lane then answers as before (the reference's state after all of them)."""
+    if pop_processor._ACK_ONE is None:
+        pytest.skip("without the native core")
+    lane = pair.brokers[0]
+    one = pop_processor._ACK_ONE
+    proc = pair.lane_ack
+    pair.pop(pop_request(max_nums=1, queue_id=0), monkeypatch, served=False)
+    got = pair.pop(pop_request(max_nums=2, queue_id=2), monkeypatch)
+    x = decode_frame(got[4:]).ext_fields
+    pt, rq = int(x["popTime"]), int(x["reviveQid"])
+    bn = lane.config.broker_name
+    ctx = proc._ack_one_ctx()
+    assert ctx[-1] is lane.offset_manager.file
+
+    def ack_msg(topic: str = "jobs", q: int = 2, offset: int = 0, ck: int = 0, extra_q: int = 2) -> tuple:
+        return (b"", None, "g", topic, q, offset, ck, pt, 60_000, rq, False, bn, extra_q, offset)
+
+    def batch(topic: str = "jobs", retry: bool = False, q: int = 2, first: int = 0, count: int = 1) -> tuple:
+        return (b"", [("g", topic, retry, 0, q, rq, pt, 60_000, first, count)])
+
+    journal = Path(lane.pop_service.buffer.journal.path).read_bytes()
+    state = (dict(lane.pop_service.buffer._by_key), lane.offset_manager.file.offset_table())
+    with pytest.raises(TypeError):
+        one(ack_msg(), ctx[:-1])
+    for bad in (ack_msg()[:13], (b"", None), (b"", [batch()[1][0]] * 2), batch(retry=True),
+                batch(topic="nope"), batch(q=3), batch(first=5), batch(first=1, count=2), batch(count=0),
+                ack_msg(topic="nope"), ack_msg(q=9), ack_msg(offset=9), ack_msg(ck=1), ack_msg(extra_q=1),
+                ack_msg(offset=-1), [ack_msg()], (b"", None, b"g", *ack_msg()[3:])):
+        assert one(bad, ctx) is None, bad
+    tm_cache = lane.topic_manager._cache
+    tm_cache._key = (tm_cache._key[0] - 1, tm_cache._key[1])  # stale: entries() would start afresh
+    assert one(ack_msg(), ctx) is None
+    tm_cache._key = (-1, -1)
+    assert Path(lane.pop_service.buffer.journal.path).read_bytes() == journal
+    assert (dict(lane.pop_service.buffer._by_key), lane.offset_manager.file.offset_table()) == state
+    pair.ack(got, "all", lane=True)  # the lane (its Python after ack_one's None, or ack_one) as the reference
+
+
+# -- THE POP OFFSET: PopBufferMergeService.pop_offset in C (_native.pop_offset) --------------------------------------
+def test_pop_offset_is_the_buffers(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pop_offset(ctx, qkey) answers PopBufferMergeService.pop_offset: nothing buffered (the committed offset, or
+    -1), a queue's pops buffered (past them, or the committed offset when that is further), with the offset file
+    read in C and with the buffer's own `committed` callable."""
+    if not hasattr(_native, "pop_offset"):
+        pytest.skip("without the native core")
+    svc = pair.brokers[0].pop_service
+    buffer = svc.buffer
+    ctx = svc._make_pop_offset_ctx()
+    assert ctx[3] is pair.brokers[0].offset_manager.file
+    plain = ctx[:3] + (None,)
+
+    def check() -> None:
+        for qkey in (("g", "jobs", 0), ("g", "jobs", 2), ("g", "jobs", 3), ("h", "jobs", 0), ("g", "x", 0)):
+            want = buffer.pop_offset(*qkey)
+            assert _native.pop_offset(ctx, qkey) == want == _native.pop_offset(plain, qkey), qkey
+
+    check()
+    pair.pop(pop_request(max_nums=1, queue_id=0), monkeypatch, served=False)
+    for q in (0, 2, 0):
+        pair.pop(pop_request(max_nums=2, queue_id=q), monkeypatch)
+        check()
+    buffer._commit("g", "jobs", 2, 100)  # committed past what is buffered
+    check()
+    with pytest.raises(TypeError):
+        _native.pop_offset(ctx, ("g", "jobs"))
+    assert not buffer._lock.locked()

@@ -235,3 +235,98 @@ def test_register_and_settle_texts(tmp_path_factory: pytest.TempPathFactory, sta
             assert path.read_text() == line + f"A g t 1 {start} 5 {run}\n"
     finally:
         os.close(fd)
+
+
+class _SlotEntry:
+    """pop_buffer's pure-Python `_Entry` layout (its __slots__, no PopEntry base): what pop_register fills by name."""
+
+    __slots__ = ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at", "contiguous")
+
+
+def _fields(e: object) -> tuple:
+    vals = tuple(getattr(e, f) for f in ("next_offset", "acked", "full", "stored", "contiguous", "revive_qid",
+                                         "flush_at", "ck"))
+    return vals, [type(v).__name__ for v in vals], [type(v).__name__ for v in vars(vals[-1]).values()]
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=st.integers(0, 10**12), n=st.integers(1, 70), pop_time=st.integers(0, 2**41),
+       invisible=st.integers(1, 10**6), retry=st.booleans(),
+       acks=st.lists(st.tuples(st.integers(-3, 72), st.integers(1, 8)), max_size=12), touch=st.booleans())
+def test_pop_entry_is_the_slot_entry(tmp_path_factory: pytest.TempPathFactory, start: int, n: int, pop_time: int,
+                                     invisible: int, retry: bool, acks: list, touch: bool) -> None:
+    """THE POP ENTRY: pop_register with pop_buffer's `_Entry` on the native PopEntry (the checkpoint kept as its
+    fields, made when first read) and with the pure layout (a PopCheckPoint and every field set by name) registers
+    the same: same answer, journal bytes, _by_key keys, queue, field values and types, checkpoint; then ack_settle
+    settles both alike, whether or not the checkpoint was read (made) first."""
+    import os
+    from collections import deque
+
+    from rmq_eventstore.common.pop import PopCheckPoint
+
+    if not hasattr(_native, "PopEntry"):
+        pytest.skip("the native core has no PopEntry")
+
+    class CEntry(_native.PopEntry):
+        __slots__ = ()
+
+    d = tmp_path_factory.mktemp("pop-entry")
+    fds = [os.open(d / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) for name in ("c", "py")]
+    try:
+        states = []
+        for cls, fd in zip((CEntry, _SlotEntry), fds, strict=True):
+            by_key: dict = {}
+            queues: dict = {}
+            got = _native.pop_register(PopCheckPoint, cls, deque, by_key, queues, ("g", "t", 1), fd, "g", "t", 1,
+                                       start, start + n, pop_time, invisible, "b", 2, 10_000, 500, retry)
+            states.append((got, by_key, queues))
+        (gc, kc, qc), (gp, kp, qp) = states
+        assert gc == gp and kc.keys() == kp.keys()
+        key = next(iter(kc))
+        ec, ep = kc[key], kp[key]
+        assert type(ec) is CEntry and list(qc[("g", "t", 1)]) == [ec] and list(qp[("g", "t", 1)]) == [ep]
+        if touch:
+            assert _fields(ec) == _fields(ep)
+        for first, length in acks:
+            a, b = start + first, start + first + length
+            assert _native.ack_settle(kc, key, a, b, fds[0]) == _native.ack_settle(kp, key, a, b, fds[1])
+            assert kc.keys() == kp.keys()
+        assert _fields(ec) == _fields(ep)
+        assert (d / "c").read_bytes() == (d / "py").read_bytes()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_pop_entry_fields() -> None:
+    """PopEntry's slots as __slots__ behave (unset: AttributeError), `ck` set by hand is the one kept (the made
+    one's fields dropped: ack_settle then reads it as any entry), and it cannot be deleted."""
+    from rmq_eventstore.common.pop import PopCheckPoint
+
+    if not hasattr(_native, "PopEntry"):
+        pytest.skip("the native core has no PopEntry")
+
+    class CEntry(_native.PopEntry):
+        __slots__ = ()
+
+    e = CEntry()
+    for name in ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at", "contiguous"):
+        with pytest.raises(AttributeError):
+            getattr(e, name)
+    with pytest.raises(AttributeError):
+        e.other = 1  # type: ignore[attr-defined]
+    ck = PopCheckPoint(5, 1, 2, 1, 0, "t", "g", "b", [0])
+    e.ck = ck
+    assert e.ck is ck
+    with pytest.raises(AttributeError):
+        del e.ck
+    e.stored, e.contiguous, e.acked, e.full = False, True, 0, 1
+    by_key = {("g", "t", 0, 5, 1): e}
+    import os
+    r, w = os.pipe()
+    try:
+        assert _native.ack_settle(by_key, ("g", "t", 0, 5, 1), 5, 6, w) == (len(b"A g t 0 5 1 5\n"), True)
+        assert os.read(r, 100) == b"A g t 0 5 1 5\n" and not by_key and e.acked == 1
+    finally:
+        os.close(r)
+        os.close(w)

@@ -63,11 +63,17 @@ def _ack_mask(diffs: list[int], start: int, offsets: list[int], contiguous: bool
     return mask
 
 
-class _Entry:
+# THE POP ENTRY of `_native`: the base of `_Entry` (its fields as C slots; `ck` made when first read for an entry
+# `pop_register` made, so a pop registered in C builds no PopCheckPoint); None without the native core
+_ENTRY_BASES = (native.PopEntry,) if native is not None and hasattr(native, "PopEntry") else ()
+
+
+class _Entry(*_ENTRY_BASES):  # type: ignore[misc]
     """One pop of a queue in the buffer: its checkpoint (None: an offset move only, e.g. filtered
     messages skipped), the offset after it, the acked bits, and whether it is stored."""
 
-    __slots__ = ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at", "contiguous")
+    __slots__ = () if _ENTRY_BASES else ("ck", "revive_qid", "next_offset", "acked", "full", "stored", "flush_at",
+                                         "contiguous")
 
     def __init__(self, ck: PopCheckPoint | None, revive_qid: int, next_offset: int, flush_at: int,
                  stored: bool = False) -> None:

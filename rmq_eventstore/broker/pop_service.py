@@ -63,6 +63,7 @@ from ..common.properties import (
 from ..common.rng import rng
 from ..common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ..common.topic_config import PermName
+from ..store.config_files import ConsumerOffsetManager as ConsumerOffsetFile
 from ..store.message_store import _READ_STATUS, _RECORD_LAYOUT, MAX_PULL_MSG_SIZE
 from .pop_buffer import PopBufferMergeService, PopJournal, _Entry
 
@@ -83,6 +84,8 @@ _POP_READ = getattr(native, "pop_read", None)
 _QUEUE_MAX = getattr(native, "queue_max", None)
 _QUEUE_LIVE = getattr(native, "queue_live", None)
 _POP_QUEUE = getattr(native, "pop_queue", None)
+# THE POP OFFSET of `_native`: PopBufferMergeService.pop_offset in C; None without the native core
+_POP_OFFSET = getattr(native, "pop_offset", None)
 
 
 def queue_live_py(cq_table: dict, plan: list[tuple[str, int, bool]],
@@ -169,6 +172,7 @@ class PopService:
         self.revived = 0
         cfg = broker.config
         offsets = broker.offset_manager
+        self._pop_offset_ctx: tuple | None = None  # _POP_OFFSET's (_make_pop_offset_ctx)
         self.buffer = PopBufferMergeService(
             lambda ck, qid: self._put_revive(ck.to_json(), CK_TAG, qid), offsets.commit, offsets.file.query_offset,
             enabled=cfg.enable_pop_buffer_merge, stay_ms=cfg.pop_ck_stay_buffer_time,
@@ -389,6 +393,16 @@ class PopService:
             rest += max(max_offset - end, 0)
         return PopResult(pop_time, invisible_time, revive_qid, bodies, starts, infos, rest, count)
 
+    def _make_pop_offset_ctx(self) -> tuple:
+        """`_native.pop_offset`'s context, made once: the buffer's lock, queues and committed-offset read, and the
+        ConsumerOffsetFile whose `query_offset` that read is (then read in C), else None."""
+        buffer = self.buffer
+        file = self.broker.offset_manager.file
+        if type(file) is not ConsumerOffsetFile or buffer._committed != file.query_offset:
+            file = None
+        ctx = self._pop_offset_ctx = (buffer._lock, buffer._queues, buffer._committed, file)
+        return ctx
+
     def pop_now(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
                 expression: str, read_queue_nums: int | None = None) -> tuple[int, int, int, int, bytes, str, str] | None:
         """`_pop_once` for the common case, flattened: a filter that matches everything (`*`), the buffer
@@ -463,7 +477,9 @@ class PopService:
                                buffer, blk, journal, PopCheckPoint, _Entry, deque, buffer._by_key, bqueues, group,
                                pop_time, invisible_time, broker_name, revive_qid)
                     try:
-                        got = pop_queue(cq, top, buffer.pop_offset(group, t, q), want, t, q, qkey, retry, ctx)
+                        got = pop_queue(cq, top, buffer.pop_offset(group, t, q) if _POP_OFFSET is None
+                                        else _POP_OFFSET(self._pop_offset_ctx or self._make_pop_offset_ctx(), qkey),
+                                        want, t, q, qkey, retry, ctx)
                     except ValueError:
                         if store._shutdown:
                             continue

@@ -18,6 +18,9 @@ from ...common.pop import BatchAck, ExtraInfo, pop_retry_topic
 from ...common.topic import RETRY_GROUP_TOPIC_PREFIX
 from ...common.topic_config import PermName
 from ...remoting import FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode, loads_text
+from ...store.config_files import ConsumerOffsetManager as ConsumerOffsetFile
+from ..consumer_offset_manager import ConsumerOffsetManager
+from ..topic_manager import _ABSENT
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -34,6 +37,9 @@ ACK_BODY = native.ack_body if native is not None and hasattr(native, "ack_body")
 ACK_FRAME = native.ack_frame if native is not None and hasattr(native, "ack_frame") else None
 
 _QUEUE_MAX = getattr(native, "queue_max", None)  # THE POP READ's ConsumeQueue.get_max_offset_in_queue in C
+# THE ACK ONE of `_native`: `lane` + the buffer's `ack_one` for an ACK_MESSAGE or a one-entry BATCH_ACK settled in the
+# buffer, in one call (True; None: nothing changed, the lines below decide); None without the native core
+_ACK_ONE = getattr(native, "ack_one", None)
 
 
 MAX_POP_NUMS = 32 * 32
@@ -192,6 +198,22 @@ class AckMessageProcessor:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self._ack_ctx: tuple | None = None  # _ACK_ONE's fixed arguments (_ack_one_ctx), for the buffer they name
+
+    def _ack_one_ctx(self) -> tuple:
+        """`_native.ack_one`'s context, made once: the topic cache, the consume-queue table and the checkpoint buffer's
+        parts (objects its owners keep for good; the journal, set at start, is read from the buffer per call), and
+        the ConsumerOffsetFile when the buffer's commit / committed are the stock ones over it (then its table is
+        read and written in C as commit_offset / query_offset do), else None."""
+        b = self.broker
+        buffer = b.pop_service.buffer
+        om = b.offset_manager
+        file = om.file if (type(om) is ConsumerOffsetManager and type(om.file) is ConsumerOffsetFile
+                           and buffer._commit == om.commit and buffer._committed == om.file.query_offset) else None
+        ctx = self._ack_ctx = (b.topic_manager._cache, _ABSENT, b.store.consume_queue_table, buffer, buffer._lock,
+                               buffer._by_key, buffer._queues, buffer._committed_by_me, buffer._commit,
+                               buffer._committed, file)
+        return ctx
 
     def process(self, req: RemotingCommand, channel: Any) -> RemotingCommand:
         if req.code == RequestCode.BATCH_ACK_MESSAGE:
@@ -227,6 +249,8 @@ class AckMessageProcessor:
         a record to write, an error to answer): the caller then serves the request with `process`. The checks
         are `process`'s, in its order: the retry-topic naming of `_in_queue`, its queue bounds (all of an
         entry's offsets in the queue, else the reference filters them), `_check_target`'s for ACK_MESSAGE."""
+        if _ACK_ONE is not None and _ACK_ONE(got, self._ack_ctx or self._ack_one_ctx()):
+            return True  # the lines below in one C call (THE ACK ONE); None: not its case, nothing changed
         b = self.broker
         if len(got) == 2:  # BATCH_ACK_MESSAGE: (frame, [(c, t, retry, so, q, rq, pt, it, first bit, bit count)])
             entries = got[1]

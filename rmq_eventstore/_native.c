@@ -11012,6 +11012,245 @@ static PyObject *pop_offset(PyObject *self, PyObject *const *a, Py_ssize_t na) {
 }
 /* ============================ end of THE POP OFFSET =================================================== */
 
+/* ============================================================================================== */
+/* THE KOMBU JSON (branch celery-prod): the kombu transport's message body,                       */
+/* json.JSONEncoder(separators=(",", ":")).encode(message).encode() in one pass into one buffer    */
+/* ============================================================================================== */
+/* `Channel._put` sends kombu's message dict as its JSON text (rmq_eventstore/kombu/transport.py,
+ * `_MESSAGE_JSON`). The stdlib's C encoder makes a list of items per dict, a new str per key and string
+ * and joins the pieces (~90k instructions for a Celery task message of ~900 bytes); this writes the same
+ * bytes straight into one buffer. Only the exact types json's C encoder treats as itself are taken: None,
+ * True, False, str, int, float, list, tuple, dict with str keys, nested at most KJ_DEPTH deep. Anything
+ * else (a subclass, a non-str key, `default`'s objects, a cycle's depth) declines: None, and the caller
+ * runs json's encoder, which stays the definition (tests/test_kombu_publish_fastpath.py compares them). */
+
+#define KJ_DEPTH 48
+
+typedef struct {
+    char *p;       /* the buffer: `stack` until it outgrows it */
+    Py_ssize_t n;  /* bytes written */
+    Py_ssize_t cap;
+    char *heap;    /* the buffer once on the heap (PyMem), else NULL */
+} kjbuf;
+
+static int kj_grow_slow(kjbuf *b, Py_ssize_t need) {
+    Py_ssize_t cap = b->cap;
+    while (cap < b->n + need) {
+        if (cap > PY_SSIZE_T_MAX / 2) return -1;
+        cap *= 2;
+    }
+    char *q = b->heap != NULL ? PyMem_Realloc(b->heap, (size_t)cap) : PyMem_Malloc((size_t)cap);
+    if (q == NULL) return -1;
+    if (b->heap == NULL) memcpy(q, b->p, (size_t)b->n);
+    b->heap = b->p = q;
+    b->cap = cap;
+    return 0;
+}
+
+/* room for `need` more bytes: 0, or -1 (no memory) */
+static inline int kj_grow(kjbuf *b, Py_ssize_t need) {
+    return b->n + need <= b->cap ? 0 : kj_grow_slow(b, need);
+}
+
+static inline int kj_put(kjbuf *b, const char *s, Py_ssize_t n) {
+    if (kj_grow(b, n) < 0) return -1;
+    memcpy(b->p + b->n, s, (size_t)n);
+    b->n += n;
+    return 0;
+}
+
+static inline int kj_ch(kjbuf *b, char c) {
+    if (kj_grow(b, 1) < 0) return -1;
+    b->p[b->n++] = c;
+    return 0;
+}
+
+/* json's S_CHAR: written as it is (printable ASCII but '"' and '\\') */
+static unsigned char kj_plain[256];
+static int kj_plain_ready = 0;
+
+static void kj_init(void) {
+    for (int c = 0; c < 256; c++) kj_plain[c] = c >= ' ' && c <= '~' && c != '"' && c != '\\';
+    kj_plain_ready = 1;
+}
+
+/* whether the 8 bytes at p are all S_CHAR: none below ' ', none '"', '\\', 0x7f or above */
+static inline int kj_plain8(const unsigned char *p) {
+    const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+    uint64_t x;
+    memcpy(&x, p, 8);
+    uint64_t q = x ^ (ones * '"'), s = x ^ (ones * '\\'), d = x + ones;  /* d: 0x7f becomes 0x80 */
+    uint64_t bad = ((x - ones * ' ') & ~x) | ((q - ones) & ~q) | ((s - ones) & ~s) | x | d;
+    return (bad & high) == 0;
+}
+
+/* one char that is not S_CHAR, as ascii_escape_unichar writes it (lower-case hex, a surrogate pair above
+ * U+FFFF), at w (room for 12 bytes): where it ends */
+static inline char *kj_escape(char *w, Py_UCS4 c) {
+    static const char hex[] = "0123456789abcdef";
+    *w++ = '\\';
+    switch (c) {
+    case '\\': *w++ = '\\'; return w;
+    case '"': *w++ = '"'; return w;
+    case '\b': *w++ = 'b'; return w;
+    case '\f': *w++ = 'f'; return w;
+    case '\n': *w++ = 'n'; return w;
+    case '\r': *w++ = 'r'; return w;
+    case '\t': *w++ = 't'; return w;
+    default:
+        if (c >= 0x10000) {
+            Py_UCS4 v = Py_UNICODE_HIGH_SURROGATE(c);
+            *w++ = 'u';
+            *w++ = hex[(v >> 12) & 0xf];
+            *w++ = hex[(v >> 8) & 0xf];
+            *w++ = hex[(v >> 4) & 0xf];
+            *w++ = hex[v & 0xf];
+            c = Py_UNICODE_LOW_SURROGATE(c);
+            *w++ = '\\';
+        }
+        *w++ = 'u';
+        *w++ = hex[(c >> 12) & 0xf];
+        *w++ = hex[(c >> 8) & 0xf];
+        *w++ = hex[(c >> 4) & 0xf];
+        *w++ = hex[c & 0xf];
+        return w;
+    }
+}
+
+#define KJ_SPAN 4096  /* chars of a string written per reservation of the worst case (12 bytes a char) */
+
+/* an exact str as py_encode_basestring_ascii writes it: quoted, plain ASCII copied 8 bytes at a time */
+static int kj_str(kjbuf *b, PyObject *s) {
+    Py_ssize_t len = PyUnicode_GET_LENGTH(s), i = 0;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    if (kj_ch(b, '"') < 0) return -1;
+    while (i < len) {
+        Py_ssize_t stop = len - i > KJ_SPAN ? i + KJ_SPAN : len;
+        if (kj_grow(b, (stop - i) * (kind == PyUnicode_1BYTE_KIND ? 6 : 12)) < 0) return -1;
+        char *w = b->p + b->n;
+        if (kind == PyUnicode_1BYTE_KIND) {
+            const unsigned char *d = (const unsigned char *)data + i, *e = (const unsigned char *)data + stop;
+            while (d < e) {
+                if (e - d >= 8) {
+                    if (kj_plain8(d)) {
+                        memcpy(w, d, 8);
+                        w += 8;
+                        d += 8;
+                        continue;
+                    }
+                } else if (e - (const unsigned char *)data >= 8 && kj_plain8(e - 8)) {
+                    /* the tail of a string of 8 or more: its last 8 bytes are plain, so those before d went out
+                     * as they are, just before w: write the 8 again, ending where the tail ends */
+                    w += e - d;
+                    memcpy(w - 8, e - 8, 8);
+                    break;
+                }
+                unsigned char c = *d++;
+                if (kj_plain[c]) *w++ = (char)c;
+                else w = kj_escape(w, c);
+            }
+        } else {
+            for (Py_ssize_t j = i; j < stop; j++) {
+                Py_UCS4 c = PyUnicode_READ(kind, data, j);
+                if (c < 128 && kj_plain[c]) *w++ = (char)c;
+                else w = kj_escape(w, c);
+            }
+        }
+        b->n = w - b->p;
+        i = stop;
+    }
+    return kj_ch(b, '"');
+}
+
+/* 1 written, 0 declined (nothing the caller may keep), -1 error set */
+static int kj_value(kjbuf *b, PyObject *o, int depth) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (o == Py_None) return kj_put(b, "null", 4) < 0 ? -1 : 1;
+    if (o == Py_True) return kj_put(b, "true", 4) < 0 ? -1 : 1;
+    if (o == Py_False) return kj_put(b, "false", 5) < 0 ? -1 : 1;
+    if (t == &PyUnicode_Type) return kj_str(b, o) < 0 ? -1 : 1;
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (!overflow) {
+            char tmp[24], *q = tmp + sizeof tmp;
+            unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+            do { *--q = (char)('0' + u % 10); u /= 10; } while (u);
+            if (v < 0) *--q = '-';
+            return kj_put(b, q, tmp + sizeof tmp - q) < 0 ? -1 : 1;
+        }
+        PyObject *r = PyLong_Type.tp_repr(o);  /* what json writes: int.__repr__ */
+        if (r == NULL) { PyErr_Clear(); return 0; }  /* too many digits, say: json's encoder raises its error */
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+        int rc = s == NULL ? -1 : (kj_put(b, s, n) < 0 ? -1 : 1);
+        Py_DECREF(r);
+        return rc;
+    }
+    if (t == &PyFloat_Type) {
+        double x = PyFloat_AS_DOUBLE(o);
+        if (!Py_IS_FINITE(x)) {  /* allow_nan */
+            if (Py_IS_NAN(x)) return kj_put(b, "NaN", 3) < 0 ? -1 : 1;
+            return (x > 0 ? kj_put(b, "Infinity", 8) : kj_put(b, "-Infinity", 9)) < 0 ? -1 : 1;
+        }
+        char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);  /* float.__repr__ */
+        if (s == NULL) return -1;
+        int rc = kj_put(b, s, (Py_ssize_t)strlen(s)) < 0 ? -1 : 1;
+        PyMem_Free(s);
+        return rc;
+    }
+    if (depth >= KJ_DEPTH) return 0;
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        int list = t == &PyList_Type;
+        Py_ssize_t n = list ? PyList_GET_SIZE(o) : PyTuple_GET_SIZE(o);
+        if (n == 0) return kj_put(b, "[]", 2) < 0 ? -1 : 1;
+        if (kj_ch(b, '[') < 0) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            /* a list cannot change under us: no Python code runs here (only exact types are read) */
+            PyObject *v = list ? PyList_GET_ITEM(o, i) : PyTuple_GET_ITEM(o, i);
+            if (i && kj_ch(b, ',') < 0) return -1;
+            int rc = kj_value(b, v, depth + 1);
+            if (rc <= 0) return rc;
+        }
+        return kj_ch(b, ']') < 0 ? -1 : 1;
+    }
+    if (t == &PyDict_Type) {
+        if (PyDict_GET_SIZE(o) == 0) return kj_put(b, "{}", 2) < 0 ? -1 : 1;
+        if (kj_ch(b, '{') < 0) return -1;
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            if (Py_TYPE(k) != &PyUnicode_Type) return 0;  /* json's key conversions: its encoder's */
+            if (i++ && kj_ch(b, ',') < 0) return -1;
+            if (kj_str(b, k) < 0 || kj_ch(b, ':') < 0) return -1;
+            int rc = kj_value(b, v, depth + 1);
+            if (rc <= 0) return rc;
+        }
+        return kj_ch(b, '}') < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* kombu_json(message): json.JSONEncoder(separators=(",", ":")).encode(message).encode() for a dict of the exact
+ * types above, or None (declined: json's encoder decides) */
+static PyObject *kombu_json(PyObject *self, PyObject *msg) {
+    if (!kj_plain_ready) kj_init();
+    if (Py_TYPE(msg) != &PyDict_Type) Py_RETURN_NONE;
+    char stack[2048];
+    kjbuf b = {stack, 0, (Py_ssize_t)sizeof stack, NULL};
+    int rc = kj_value(&b, msg, 0);
+    PyObject *r = NULL;
+    if (rc > 0) r = PyBytes_FromStringAndSize(b.p, b.n);
+    else if (rc == 0) r = Py_NewRef(Py_None);
+    else if (!PyErr_Occurred()) PyErr_NoMemory();
+    if (b.heap != NULL) PyMem_Free(b.heap);
+    return r;
+}
+
+/* ============================ end of THE KOMBU JSON ================================================== */
+
 static PyMethodDef methods[] = {
     {"java_hash", java_hash_py, METH_O, "Java's String.hashCode of a str (None: a lone surrogate)."},
     {"count_missing_uniq", count_missing_uniq, METH_O, "CommitLog._uniq_keys's count (None: not all Messages)."},
@@ -11171,6 +11410,10 @@ static PyMethodDef methods[] = {
     {"queue_live", (PyCFunction)(void (*)(void))queue_live, METH_FASTCALL,
      "queue_live(cq_table, plan, first): the queues of plan (rotated by first) that exist and hold something, "
      "[(topic, queue_id, retry, cq, max offset)], or None."},
+    /* THE KOMBU JSON (branch celery-prod): the block above the table */
+    {"kombu_json", (PyCFunction)kombu_json, METH_O,
+     "kombu_json(message): json.JSONEncoder(separators=(',', ':')).encode(message).encode() for a dict of exact "
+     "JSON types, or None (json's encoder decides)."},
     {"pop_queue", (PyCFunction)(void (*)(void))pop_queue, METH_FASTCALL,
      "pop_queue(cq, top, pop_offset, want, topic, queue_id, qkey, retry, ctx): PopService.pop_now's read and "
      "registration of one queue: None, (offset, max_offset, lo[, read]) or (start, info, body, n, end, max_offset)."},

@@ -74,6 +74,7 @@ def fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The producer's C frame on, whichever pass of the suite this is (RMQ_EVENTSTORE_PURE=1 leaves it off)."""
     monkeypatch.setattr(producer_mod, "_send_frame", native.client_send_frame)
     monkeypatch.setattr(producer_mod, "_send_take", native.client_send_take)
+    monkeypatch.setattr(transport_mod, "_message_json_bytes", native.kombu_json)
 
 
 def _tags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,11 +180,20 @@ def test_the_fast_publish_stores_and_delivers_what_the_reference_does(
         frames.append(got)
         return got
 
+    bodies: list[object] = []
+
+    def counting_json(message: object) -> object:
+        got = native.kombu_json(message)
+        bodies.append(got)
+        return got
+
     _tags(monkeypatch)
     monkeypatch.setattr(producer_mod, "_send_frame", counting_frame)
+    monkeypatch.setattr(transport_mod, "_message_json_bytes", counting_json)
     _publish_all(namesrv, fast_ns, eta)
     fast_frames = len([f for f in frames if f is not None])
     assert fast_frames >= 18  # every publish but the timer one went through the C frame
+    assert len(bodies) == 17 and all(b is not None for b in bodies)  # every body written by kombu_json
 
     _tags(monkeypatch)  # the same tags again
     with monkeypatch.context() as m:
@@ -216,6 +226,66 @@ kombu_values = st.recursive(
 @given(message=st.dictionaries(st.text(max_size=10), kombu_values, max_size=6))
 def test_the_shared_encoder_writes_json_dumps_text(message: dict[str, Any]) -> None:
     assert transport_mod._MESSAGE_JSON(message) == json.dumps(message, separators=(",", ":"))
+
+
+# what kombu_json must write as json does: every escape ascii_escape_unichar makes (control characters, '"',
+# '\\', DEL, Latin-1, BMP, astral: a surrogate pair, lone surrogates), runs of 8 around them, long strings
+odd_text = (st.text() | st.text(alphabet='ab"\\\x7f\x1f \x00\x80~\xff\u2028\ud800\udfff\U0001f600', max_size=40)
+            | st.text(alphabet=st.characters(max_codepoint=0x17f), min_size=7, max_size=70))
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=-2**70, max_value=2**70)
+    | st.sampled_from([2**63 - 1, -2**63, 2**63, -2**63 - 1, 10**30]) | st.floats(allow_nan=True) | odd_text,
+    lambda inner: (st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                   | st.dictionaries(odd_text, inner, max_size=4)),
+    max_leaves=30)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(message=st.dictionaries(odd_text, json_values, max_size=8))
+def test_kombu_json_writes_the_shared_encoders_bytes(message: dict[str, Any]) -> None:
+    assert native.kombu_json(message) == transport_mod._MESSAGE_JSON(message).encode()
+
+
+def test_kombu_json_writes_every_character_as_json_does() -> None:
+    for c in range(0x110000):
+        if 0xD800 <= c < 0xE000 and c % 61:
+            continue
+        for s in (chr(c), chr(c) * 9 + "abcdefghij" + chr(c), "abcdefgh" + chr(c) + "ijklmno"):
+            assert native.kombu_json({s: [s]}) == transport_mod._MESSAGE_JSON({s: [s]}).encode(), hex(c)
+    big = {"body": "x" * 100_000 + "\u00e9" * 5000 + "\U0001f600" * 5000, "n": [10**400, -(10**400)]}
+    assert native.kombu_json(big) == transport_mod._MESSAGE_JSON(big).encode()
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+def test_kombu_json_declines_what_it_leaves_to_json() -> None:
+    """None (json's encoder decides: its key conversions, subclasses, its errors) for anything but exact JSON
+    types with str keys, nested at most KJ_DEPTH deep."""
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    deep: Any = "x"
+    for _ in range(60):
+        deep = [deep]
+    for message in ({1: "a"}, {"a": {None: 1}}, {"a": _Str("s")}, {"a": _Int(1)}, {"a": 1.5j},
+                    {"a": _Dict()}, {"a": object()}, {"a": b"bytes"}, {"a": {"b": cyclic}}, {"a": deep},
+                    {"a": 10**5000}, _Dict(a=1), ["list"], "text", None):
+        assert native.kombu_json(message) is None, message
+    with pytest.raises(ValueError):  # what json makes of the int kombu_json left to it
+        transport_mod._MESSAGE_JSON({"a": 10**5000})
+    shallow: Any = "x"
+    for _ in range(23):  # 46 deep
+        shallow = {"k": [shallow]}
+    assert native.kombu_json(shallow) == transport_mod._MESSAGE_JSON(shallow).encode()
 
 
 def _clients_stub(namespace: str) -> transport_mod._Clients:

@@ -71,6 +71,7 @@ from ..client import (
     find_local_broker,
 )
 from ..client.consumer import FOUND, OFFSET_ILLEGAL
+from ..common import codec
 from ..common.pop import ExtraInfo, pop_retry_topic
 from ..common.properties import PROPERTY_POP_CK, PROPERTY_TIMER_DELIVER_MS
 from ..common.topic import RMQ_SYS_WHEEL_TIMER_TOPIC, TopicValidationError
@@ -100,6 +101,9 @@ _MAX_DELAY_RE = re.compile(r"timerMaxDelaySec (\d+)")
 # json.dumps(message, separators=(",", ":")) makes a JSONEncoder per call; this one encoder (the same options:
 # ensure_ascii, check_circular, allow_nan, no sort) writes the same text and is shared (encode keeps no state)
 _MESSAGE_JSON = json.JSONEncoder(separators=(",", ":")).encode
+# _MESSAGE_JSON(message).encode() in one C pass (THE KOMBU JSON): bytes, or None when the message holds a type it
+# leaves to json (then _MESSAGE_JSON writes it); None without the extension or under RMQ_EVENTSTORE_PURE=1
+_message_json_bytes = getattr(codec.native, "kombu_json", None)
 _QUEUE_TOPICS_MAX = 4096  # queue -> topic names a connection remembers (then it starts over: reply queues)
 
 
@@ -713,25 +717,39 @@ class Channel(virtual.Channel):
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         """Send kombu's message dict to `queue`'s topic: its JSON as the body, the expiry and due time as
         properties, on the lane of its priority (a priority queue) or queue 0."""
-        c = self.clients
-        topic = c.queue_topic(queue)
+        t = self.connection
+        c = t._clients  # `self.clients` (t.clients()) without its two calls once the clients exist
+        if c is None:
+            c = t.clients()
+        topic = c._queue_topics.get(queue) if queue.__class__ is str else None  # c.queue_topic's remembered
+        if topic is None:
+            topic = c.queue_topic(queue)
         shared = c.shared
         args = shared.queue(queue, refresh=False)
         if args is None:  # not declared as far as this process knows: catch up with the log first
             args = shared.queue(queue, refresh=True)
         lanes = LANES if args and args.get("x-max-priority") else 1
-        c.ensure_topic(topic, 1)
+        if c._topics.get(topic, 0) < 1:  # ensure_topic's own first test, without the call
+            c.ensure_topic(topic, 1)
         props: dict[str, str] = {}
-        expiration = (message.get("properties") or {}).get("expiration")
+        mprops = message.get("properties") or {}
+        expiration = mprops.get("expiration")
         if expiration not in (None, ""):
             try:
                 props[PROPERTY_EXPIRE_AT] = str(int(time.time() * 1000) + int(float(expiration)))
             except ValueError:
                 pass
-        due_at = self._due_at(message)
+        headers = message.get("headers")
+        if (mprops.get("deliver_at") in (None, "") and headers.__class__ is dict and "task" in headers
+                and not headers.get("eta")):
+            due_at = None  # `_due_at`'s answer for a Celery task (protocol 2) without an eta, without the calls
+        else:
+            due_at = self._due_at(message)
         if due_at is not None:
             props[PROPERTY_DUE_AT] = str(int(due_at * 1000))
-        body = _MESSAGE_JSON(message).encode()
+        body = _message_json_bytes(message) if _message_json_bytes is not None else None
+        if body is None:
+            body = _MESSAGE_JSON(message).encode()
         lane = _clamp_priority(message) if lanes > 1 else 0
         if due_at is None:  # `_send`'s case of a message due now, inline (the same steps)
             msg = Message(topic, body, properties=props or None)

@@ -115,7 +115,8 @@ def test_delete_topic_over_the_wire(tmp_path: Path) -> None:
         store.shutdown()
 
 
-def test_delete_topic_needs_admin(tmp_path: Path) -> None:
+def _acl_file(tmp_path: Path) -> Path:
+    """An ACL with an admin account and a user that may publish and subscribe but not administer."""
     acl = tmp_path / "plain_acl.yml"
     acl.write_text(textwrap.dedent("""\
         accounts:
@@ -127,6 +128,11 @@ def test_delete_topic_needs_admin(tmp_path: Path) -> None:
             defaultTopicPerm: PUB|SUB
             defaultGroupPerm: PUB|SUB
         """))
+    return acl
+
+
+def test_delete_topic_needs_admin(tmp_path: Path) -> None:
+    acl = _acl_file(tmp_path)
     with serve_in_thread(tmp_path / "s", acl_enable=True, acl_file=str(acl)) as rb:
         ns = rb.namesrv_address
         with Admin(ns, access_key="adminKey", secret_key="adminSecret12") as admin:
@@ -159,16 +165,7 @@ def test_cli_topic_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_cli_topic_create(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`topic-create` makes a topic (or widens it), with an admin account under ACL; a non-admin account, a bad
     name or a bad count is refused in one line."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(textwrap.dedent("""\
-        accounts:
-          - accessKey: adminKey
-            secretKey: adminSecret12
-            admin: true
-          - accessKey: userKey
-            secretKey: userSecret12
-            defaultTopicPerm: PUB|SUB
-        """))
+    acl = _acl_file(tmp_path)
     with serve_in_thread(tmp_path / "s", acl_enable=True, acl_file=str(acl)) as rb:
         ns = rb.namesrv_address
         admin = ["--namesrv", ns, "--access-key", "adminKey", "--secret-key", "adminSecret12"]

@@ -11,6 +11,7 @@ the `group-*` commands (`--url file:///path/to/store` or `rmq://host:9876`, or `
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..client import Admin, MQBrokerError, RemotingError
 from ..common.topic import TopicValidationError
@@ -25,19 +26,24 @@ def configure_create(p: argparse.ArgumentParser) -> None:
     _add_broker(p)
 
 
-def run_create(args: argparse.Namespace) -> int:
-    if not 1 <= args.queues <= 1024:
-        raise CliError(f"--queues {args.queues}: a topic has 1 to 1024 queues", EXIT_ERROR)
+def _on_broker(args: argparse.Namespace, verb: str, call: Callable[[Admin], None]) -> None:
+    """`call` with an `Admin` of the named broker; a refusal or an unreachable broker is one line (`CliError`)."""
     namesrv = _namesrv(args)
     try:
         with Admin(namesrv, access_key=args.access_key, secret_key=args.secret_key) as admin:
-            admin.create_topic(args.topic, queue_nums=args.queues)
+            call(admin)
     except (TopicValidationError, ValueError) as e:
-        raise CliError(f"cannot create {args.topic!r}: {e}", EXIT_ERROR) from None
+        raise CliError(f"cannot {verb} {args.topic!r}: {e}", EXIT_ERROR) from None
     except MQBrokerError as e:
-        raise CliError(f"the broker refused to create {args.topic!r}: {e}", EXIT_ERROR) from None
+        raise CliError(f"the broker refused to {verb} {args.topic!r}: {e}", EXIT_ERROR) from None
     except RemotingError as e:
         raise CliError(f"no broker reachable at {namesrv}: {e}", EXIT_ERROR) from None
+
+
+def run_create(args: argparse.Namespace) -> int:
+    if not 1 <= args.queues <= 1024:
+        raise CliError(f"--queues {args.queues}: a topic has 1 to 1024 queues", EXIT_ERROR)
+    _on_broker(args, "create", lambda admin: admin.create_topic(args.topic, queue_nums=args.queues))
     stdout().write(f"created topic {args.topic} ({args.queues} queues)\n")
     return EXIT_OK
 
@@ -48,16 +54,7 @@ def configure_delete(p: argparse.ArgumentParser) -> None:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    namesrv = _namesrv(args)
-    try:
-        with Admin(namesrv, access_key=args.access_key, secret_key=args.secret_key) as admin:
-            admin.delete_topic(args.topic)
-    except (TopicValidationError, ValueError) as e:
-        raise CliError(f"cannot delete {args.topic!r}: {e}", EXIT_ERROR) from None
-    except MQBrokerError as e:
-        raise CliError(f"the broker refused to delete {args.topic!r}: {e}", EXIT_ERROR) from None
-    except RemotingError as e:
-        raise CliError(f"no broker reachable at {namesrv}: {e}", EXIT_ERROR) from None
+    _on_broker(args, "delete", lambda admin: admin.delete_topic(args.topic))
     stdout().write(f"deleted topic {args.topic}\n")
     return EXIT_OK
 

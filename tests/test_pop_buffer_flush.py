@@ -110,3 +110,31 @@ def test_many_never_acked_pops_with_mixed_invisible_times(seed: int) -> None:
     r.buffer.flush_due(now + 60_000)
     assert r.stored == [(o, p) for o, p, _ in pops] and r.buffer.size() == 0
     assert r.offsets[("g", "jobs", 0)] == 5_000
+
+
+def test_a_journal_whose_live_entries_outgrow_its_bound_is_not_rewritten_every_round(tmp_path) -> None:
+    # never-acked pops whose live lines alone pass the journal's bound: the rewrite leaves a journal over the
+    # bound, which must not make every later round rewrite it again (O(live) under the buffer's lock each 100 ms)
+    from rmq_eventstore.broker.pop_buffer import PopJournal
+
+    path = tmp_path / "ckbuffer.journal"
+    r = Recorder()
+    journal = r.buffer.journal = PopJournal(str(path), max_bytes=4096)
+    rewrites: list[int] = []
+    rewrite = journal.reset
+    journal.reset = lambda live, offsets: (rewrites.append(len(live)), rewrite(live, offsets))  # type: ignore
+    for i in range(200):  # ~60 bytes a C line: 12 KB live
+        r.pop(i, T0 + i, 60_000)
+    r.buffer.flush_due(T0)  # nothing due; the journal is past its bound: rewritten once
+    assert rewrites == [200] and path.stat().st_size > 4096
+    for k in range(1, 20):  # rounds with nothing new: no rewrite
+        r.buffer.flush_due(T0 + k * 100)
+    assert rewrites == [200]
+    for i in range(200, 600):  # the journal doubles past what the rewrite left: rewritten again, once
+        r.pop(i, T0 + 2_000 + i, 60_000)
+    r.buffer.flush_due(T0 + 2_000)
+    r.buffer.flush_due(T0 + 2_100)
+    assert rewrites == [200, 600]
+    # what a restart reads back is every live pop, once
+    cks, _ = PopJournal.recover(str(path), "b")
+    assert sorted(c[0].start_offset for c in cks) == list(range(600))

@@ -31,8 +31,8 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from itertools import islice
 from dataclasses import replace
+from itertools import islice
 
 from ..common.native import native
 from ..common.pop import PopCheckPoint, offsets_text
@@ -123,6 +123,13 @@ class PopJournal:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
+        self.rewritten = 0  # the size the last rewrite left (its live entries)
+
+    def bound(self) -> int:
+        """The size past which the journal is rewritten although entries are live: `max_bytes`, or twice what
+        the last rewrite left when its live entries alone passed `max_bytes` (pops nobody acks): the rewrite
+        costs O(live), so it may come only after as many new bytes again, not at every round."""
+        return max(self.max_bytes, 2 * self.rewritten)
 
     def _write(self, line: str) -> None:
         data = line.encode()
@@ -149,7 +156,7 @@ class PopJournal:
         entries (buffered, not stored, not settled)."""
         if not live and not offsets:
             os.ftruncate(self._fd, 0)
-            self.size = 0
+            self.size = self.rewritten = 0
             return
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -167,7 +174,7 @@ class PopJournal:
         os.replace(tmp, self.path)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        self.size = os.fstat(self._fd).st_size
+        self.size = self.rewritten = os.fstat(self._fd).st_size
 
     @staticmethod
     def recover(path: str, broker_name: str) -> tuple[list[tuple[PopCheckPoint, int, int, int, bool]],
@@ -401,7 +408,7 @@ class PopBufferMergeService:
             for qkey in list(self._queues):
                 n += self._flush_queue(qkey, now_ms)
             j = self.journal
-            if j is not None and j.size and (not self._by_key or j.size > j.max_bytes):
+            if j is not None and j.size and (not self._by_key or j.size > j.bound()):
                 j.reset(list(self._by_key.values()), self._committed_by_me)
         return n
 

@@ -26,6 +26,8 @@ does in both cases), so revive needs no timer store.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import os
@@ -166,6 +168,10 @@ class PopService:
         # revive state per revive queue: read position and pending checkpoints by key
         self._read: dict[int, int] = {}
         self._pending: dict[int, OrderedDict[tuple, tuple[PopCheckPoint, int]]] = {}
+        # per revive queue, the pending checkpoints by revive time (heap of (revive time, seq, key, ck); an item
+        # whose key no longer maps to that ck is stale, skipped when it comes up): a round takes only what is due
+        self._due: dict[int, list[tuple[int, int, tuple, PopCheckPoint]]] = {}
+        self._due_seq = itertools.count()
         self._revive_lock = threading.Lock()  # a revive round, or a deleted topic's checkpoints being dropped
         self._deleted_at: dict[str, int] = {}  # topic -> when it was deleted (ms): older checkpoints are void
         self._deleted_limit = 1024
@@ -686,6 +692,7 @@ class PopService:
     def _revive_queue_locked(self, qid: int, now: int) -> int:
         offsets = self.broker.offset_manager
         pending = self._pending.setdefault(qid, OrderedDict())
+        due = self._due.setdefault(qid, [])
         if qid not in self._read:
             self._read[qid] = max(offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid), 0)
         while True:
@@ -697,7 +704,10 @@ class PopService:
                 try:
                     if m.tags == CK_TAG:
                         ck = PopCheckPoint.from_json(bytes(m.body))
-                        pending[(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)] = (ck, m.queue_offset)
+                        key = (ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time)
+                        pending[key] = (ck, m.queue_offset)
+                        pending.move_to_end(key)  # kept in revive-topic order: the first is the oldest position
+                        heapq.heappush(due, (ck.revive_time, next(self._due_seq), key, ck))
                     elif m.tags == ACK_TAG:
                         ack = AckMsg.from_json(bytes(m.body))
                         self._mark(pending, (ack.group, ack.topic, ack.queue_id, ack.start_offset, ack.pop_time),
@@ -709,8 +719,12 @@ class PopService:
                 except (ValueError, KeyError) as e:
                     log.warning("revive queue %d offset %d: unreadable record skipped (%s)", qid, m.queue_offset, e)
         n = 0
-        for key, (ck, _) in list(pending.items()):
-            if ck.revive_time > now:
+        retry: list[tuple[int, int, tuple, PopCheckPoint]] = []
+        while due and due[0][0] <= now:  # the due ones, by revive time; O(due · log pending), not O(pending)
+            item = heapq.heappop(due)
+            key, ck = item[2], item[3]
+            entry = pending.get(key)
+            if entry is None or entry[0] is not ck:  # acked, dropped or read again since: stale
                 continue
             if self._void(ck):
                 log.info("revive: %s was deleted, checkpoint of queue %d offset %d dropped", ck.topic, ck.queue_id,
@@ -729,7 +743,14 @@ class PopService:
                 n += done
             if not failed:
                 del pending[key]
-        settled = min((pos for _, pos in pending.values()), default=self._read[qid])
+            else:
+                retry.append(item)
+        for item in retry:
+            heapq.heappush(due, item)
+        if len(due) > 2 * len(pending) + 1024:  # stale items (acked checkpoints) outnumber live ones: rebuild
+            due[:] = [item for item in due if (e := pending.get(item[2])) is not None and e[0] is item[3]]
+            heapq.heapify(due)
+        settled = next(iter(pending.values()))[1] if pending else self._read[qid]
         if settled > offsets.file.query_offset(REVIVE_GROUP, self.revive_topic, qid):
             offsets.commit(REVIVE_GROUP, self.revive_topic, qid, settled)
         self.revived += n

@@ -315,6 +315,8 @@ class ConsumerOffsetManager(ConfigManager):
         self.data_version = DataVersion()
         self._offset_table: dict[str, dict[int, int]] = {}
         self._commits = 0
+        self._changes = 0  # every change of the table (under the lock); `persist` writes only when it moved
+        self._persisted: int | None = None  # `_changes` the file holds (None: not written by this manager yet)
 
     def config_file_path(self) -> str:
         """`<config_dir>/consumerOffset.json`."""
@@ -333,12 +335,32 @@ class ConsumerOffsetManager(ConfigManager):
     def encode(self, pretty: bool = True) -> str:
         """`dataVersion`, `groupTopicMap`, `offsetTable` (integer queue ids as unquoted keys)."""
         with self._lock:
-            doc = Bean(
-                dataVersion=self.data_version,
-                groupTopicMap=self.group_topic_map(),
-                offsetTable={key: dict(offsets) for key, offsets in self._offset_table.items()},
-            )
-            return fastjson_dumps(doc, pretty)
+            table, version = self.offset_table(), self.data_version.copy()
+        return self._encode(table, version, pretty)
+
+    @staticmethod
+    def _encode(table: dict[str, dict[int, int]], version: DataVersion, pretty: bool) -> str:
+        groups: dict[str, dict[str, None]] = {}
+        for key in table:
+            parts = key.split(TOPIC_GROUP_SEPARATOR)
+            if len(parts) == 2:
+                groups.setdefault(parts[1], {})[parts[0]] = None
+        doc = Bean(dataVersion=version, groupTopicMap={g: list(topics) for g, topics in groups.items()},
+                   offsetTable=table)
+        return fastjson_dumps(doc, pretty)
+
+    def persist(self) -> None:
+        """Write the file when an offset changed since the last write (the broker calls this every 5 s: an
+        idle broker no longer rewrites a table of every group's queues each time). The table is copied
+        under the lock and encoded outside it: a commit (one per POP) waits for the copy only."""
+        with self._persist_lock:
+            with self._lock:
+                changes = self._changes
+                if changes == self._persisted:
+                    return
+                table, version = self.offset_table(), self.data_version.copy()
+            write_config_file(self.config_file_path(), self._encode(table, version, True))
+            self._persisted = changes
 
     def decode(self, text: str) -> None:
         """Replace the offset table (4.x: `offsetTable` only); `groupTopicMap` is ignored."""
@@ -354,6 +376,7 @@ class ConsumerOffsetManager(ConfigManager):
         with self._lock:
             self._offset_table = table
             self.data_version = version
+            self._changes += 1
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Record the next offset `group` will consume from `topic`/`queue_id` (not persisted here). The
@@ -378,6 +401,7 @@ class ConsumerOffsetManager(ConfigManager):
                     previous,
                 )
             self._commits += 1
+            self._changes += 1
             if self.update_version_step > 0 and self._commits % self.update_version_step == 0:
                 self.data_version.next_version()
 
@@ -405,6 +429,7 @@ class ConsumerOffsetManager(ConfigManager):
         with self._lock:
             for key in [k for k in self._offset_table if k.endswith(suffix)]:
                 del self._offset_table[key]
+                self._changes += 1
 
     def clean_offset_by_topic(self, topic: str) -> int:
         """Forget every group's offsets in `topic` (`cleanOffsetByTopic`, a deleted topic); returns how many
@@ -416,6 +441,7 @@ class ConsumerOffsetManager(ConfigManager):
                 del self._offset_table[key]
             if keys:
                 self.data_version.next_version()
+                self._changes += 1
         return len(keys)
 
     def which_topic_by_consumer(self, group: str) -> set[str]:

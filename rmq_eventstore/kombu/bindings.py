@@ -68,7 +68,10 @@ class SharedState:
     def _reset(self) -> None:
         self._offset = 0
         self.exchanges: dict[str, dict[str, Any]] = {}
-        self.tables: dict[str, list[Binding]] = {}
+        # exchange -> its bindings in binding order (a dict: kombu's table order, found and removed in O(1)),
+        # and queue -> the (exchange, binding) pairs naming it: a record costs what it touches, not the state
+        self.tables: dict[str, dict[Binding, None]] = {}
+        self._by_queue: dict[str, set[tuple[str, Binding]]] = {}
         self.queues: dict[str, dict[str, Any]] = {}
         self.used: dict[str, int] = {}  # queue -> last declare or lease (epoch ms)
         self._snapshot_upto = 0
@@ -77,7 +80,11 @@ class SharedState:
     # -- snapshots ----------------------------------------------------------------------------------------
     def _load_snapshot(self, doc: dict[str, Any]) -> None:
         self.exchanges = doc["exchanges"]
-        self.tables = {ex: [(b[0], b[1], b[2]) for b in table] for ex, table in doc["tables"].items()}
+        self.tables = {ex: {(b[0], b[1], b[2]): None for b in table} for ex, table in doc["tables"].items()}
+        self._by_queue = {}
+        for ex, table in self.tables.items():
+            for b in table:
+                self._by_queue.setdefault(b[2], set()).add((ex, b))
         self.queues = doc["queues"]
         self.used = {q: int(t) for q, t in doc.get("used", {}).items()}
         self._offset = self._snapshot_upto = int(doc["upto"])
@@ -140,7 +147,8 @@ class SharedState:
                                            "arguments": rec.get("arguments") or {}}
         elif op == "exchange.delete":
             self.exchanges.pop(rec["name"], None)
-            self.tables.pop(rec["name"], None)
+            for b in self.tables.pop(rec["name"], {}):
+                self._unindex(rec["name"], b)
         elif op == "queue":
             q = rec["name"]
             self.queues[q] = rec.get("arguments") or {}
@@ -156,19 +164,37 @@ class SharedState:
                 return  # used again after the sweeper looked: the delete is void
             self.queues.pop(q, None)
             self.used.pop(q, None)
-            for ex, table in list(self.tables.items()):
-                table[:] = [b for b in table if b[2] != q]
-                if not table:
-                    del self.tables[ex]
+            for ex, b in self._by_queue.pop(q, ()):
+                table = self.tables.get(ex)
+                if table is not None:
+                    table.pop(b, None)
+                    if not table:
+                        del self.tables[ex]
         elif op in ("bind", "unbind"):
             b: Binding = (rec["routing_key"], rec.get("pattern"), rec["queue"])
-            table = self.tables.setdefault(rec["exchange"], [])
+            ex = rec["exchange"]
+            table = self.tables.setdefault(ex, {})
             if op == "bind" and b not in table:
-                table.append(b)
+                table[b] = None
+                self._by_queue.setdefault(b[2], set()).add((ex, b))
             elif op == "unbind" and b in table:
-                table.remove(b)
+                del table[b]
+                self._unindex(ex, b)
         else:
             log.debug("kombu bindings: unknown record %r ignored", op)
+
+    def _unindex(self, exchange: str, b: Binding) -> None:
+        pairs = self._by_queue.get(b[2])
+        if pairs is not None:
+            pairs.discard((exchange, b))
+            if not pairs:
+                del self._by_queue[b[2]]
+
+    def _bound(self, exchange: str, b: Binding) -> bool:
+        """Whether `b` is in `exchange`'s table, after catching up with the log."""
+        self.refresh()
+        with self._lock:
+            return b in self.tables.get(exchange, ())
 
     def table(self, exchange: str) -> list[Binding]:
         """The bindings of `exchange` (a copy), after catching up with the log."""
@@ -239,11 +265,11 @@ class SharedState:
         return self.queue(name, refresh=False) is None
 
     def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        if (routing_key, pattern, queue) not in self.table(exchange):
+        if not self._bound(exchange, (routing_key, pattern, queue)):
             self.append({"op": "bind", "exchange": exchange, "routing_key": routing_key, "pattern": pattern,
                          "queue": queue})
 
     def unbind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        if (routing_key, pattern, queue) in self.table(exchange):
+        if self._bound(exchange, (routing_key, pattern, queue)):
             self.append({"op": "unbind", "exchange": exchange, "routing_key": routing_key, "pattern": pattern,
                          "queue": queue})

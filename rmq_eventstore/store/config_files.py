@@ -23,10 +23,12 @@ from typing import Any
 from ..common.fastjson import (
     Bean,
     ConfigFileError,
+    Encoded,
     as_int,
     as_object,
     as_str,
     fastjson_dumps,
+    fastjson_encode_at,
     fastjson_loads,
     int_long_map,
     opt_object,
@@ -222,6 +224,30 @@ class ConfigManager(ABC):
                 write_config_file(self.config_file_path(), text)
 
 
+class _EntryTexts:
+    """The entries of a config table (topics, groups) as the file writes them, each encoded once and kept while
+    the table holds the same object (a change puts a new one), so writing the file after one change encodes
+    that one entry, not the table (10,000 topics: 230 ms of encoding per topic created or deleted)."""
+
+    LEVEL = 2  # an entry's nesting in the file: {"<table>": {"<name>": <entry>}}
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[str, bool], tuple[Any, Encoded]] = {}
+
+    def table(self, table: dict[str, Any], pretty: bool) -> dict[str, Encoded]:
+        """(under the manager's lock) name -> the entry's text."""
+        texts = self._texts
+        out: dict[str, Encoded] = {}
+        for name, entry in table.items():
+            hit = texts.get((name, pretty))
+            if hit is None or hit[0] is not entry:  # the kept entry is referenced: its id is not reused
+                hit = texts[(name, pretty)] = (entry, fastjson_encode_at(entry.to_bean(), self.LEVEL, pretty))
+            out[name] = hit[1]
+        if len(texts) > 2 * len(table) + 64:  # entries deleted since: forget their texts
+            self._texts = {k: v for k, v in texts.items() if table.get(k[0]) is v[0]}
+        return out
+
+
 class TopicConfigManager(ConfigManager):
     """topics.json (`TopicConfigManager`): the topic table; every change bumps the data version and
     persists, so topic metadata survives restarts."""
@@ -231,6 +257,7 @@ class TopicConfigManager(ConfigManager):
         self.config_dir = os.fspath(config_dir)
         self.data_version = DataVersion()
         self._table: dict[str, TopicConfig] = {}
+        self._texts = _EntryTexts()
 
     def config_file_path(self) -> str:
         """`<config_dir>/topics.json`."""
@@ -241,7 +268,7 @@ class TopicConfigManager(ConfigManager):
         with self._lock:
             doc = Bean(
                 dataVersion=self.data_version,
-                topicConfigTable={name: config.to_bean() for name, config in self._table.items()},
+                topicConfigTable=self._texts.table(self._table, pretty),
             )
             return fastjson_dumps(doc, pretty)
 
@@ -465,6 +492,7 @@ class SubscriptionGroupManager(ConfigManager):
         self.data_version = DataVersion()
         self._table: dict[str, SubscriptionGroupConfig] = {}
         self._forbidden: dict[str, dict[str, int]] = {}
+        self._texts = _EntryTexts()
 
     def config_file_path(self) -> str:
         """`<config_dir>/subscriptionGroup.json`."""
@@ -476,7 +504,7 @@ class SubscriptionGroupManager(ConfigManager):
             doc = Bean(
                 dataVersion=self.data_version,
                 forbiddenTable={group: dict(topics) for group, topics in self._forbidden.items()},
-                subscriptionGroupTable={name: config.to_bean() for name, config in self._table.items()},
+                subscriptionGroupTable=self._texts.table(self._table, pretty),
             )
             return fastjson_dumps(doc, pretty)
 

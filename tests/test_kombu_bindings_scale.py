@@ -26,7 +26,8 @@ class MemoryLog:
         return len(self.records) - 1
 
     def pull(self, offset: int, wait_ms: int) -> tuple[int, list[bytes]]:
-        return len(self.records), self.records[offset:offset + 1000]
+        batch = self.records[offset:offset + 1000]  # a pull answers at most so many
+        return offset + len(batch), batch
 
     def state(self) -> SharedState:
         return SharedState(self.send, self.pull, self.snapshots.append,
@@ -59,10 +60,41 @@ def test_many_queues_bound_declared_and_deleted() -> None:
     # another process: from the newest snapshot (one every 1,000 records) and the records after it
     other = log.state()
     other.refresh()
-    assert log.snapshots and other.replayed < 1000
+    assert log.snapshots and other.replayed < len(log.records) / 2
     for name in ("q1", "q3", "q4", "q7", f"q{n - 1}"):
         assert other.table(name) == s.table(name) and other.queue(name) == s.queue(name)
     assert other.table("reply.celery.pidbox") == []
     # the snapshot is written as before: every exchange's bindings as lists, in table order
     doc = json.loads(log.snapshots[-1])
     assert doc["tables"]["q7"] == [["q7", None, "q7"]]
+
+
+def test_a_snapshot_is_written_at_most_once_per_state_size_of_records() -> None:
+    """A snapshot is the whole state: one every 1,000 records cost O(state) per 1,000 records, and one the broker
+    refuses (past its max message size, 4 MiB: ~12,000 queues) was tried again by every refresh, i.e. every
+    publish encoded the whole state. Now a snapshot, written or refused, waits for max(1,000, queues +
+    exchanges) more records."""
+    log = MemoryLog()
+    limit = 64 * 1024  # the broker's max message size, small here
+    tried: list[int] = []
+
+    def send_snapshot(raw: bytes) -> None:
+        tried.append(len(raw))
+        if len(raw) > limit:
+            raise ValueError(f"MESSAGE_ILLEGAL: the message body size {len(raw)} is over {limit}")
+        log.snapshots.append(raw)
+
+    s = SharedState(log.send, log.pull, send_snapshot, lambda: log.snapshots[-1] if log.snapshots else None)
+    n = 3000
+    for i in range(n):
+        s.declare_queue(f"queue-with-a-celery-sized-name-{i}", {})  # past the limit after ~1,000
+    refused = len([t for t in tried if t > limit])
+    assert 1 <= refused <= 2, tried  # was one per refresh after the first refused one (1,900 here)
+    assert len(tried) <= 3, tried
+    for _ in range(500):  # publishes: each refreshes; nothing new, nothing to write
+        s.table("x")
+    assert len(tried) <= 3
+    # a process starting now replays from the last snapshot written (or the start): the same state
+    other = log.state()
+    other.refresh()
+    assert other.queues == s.queues and other.used == s.used

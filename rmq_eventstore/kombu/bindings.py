@@ -17,9 +17,11 @@ pattern, queue). Replaying them in log order gives the same state in every proce
 a thing wins.
 
 Compaction: the whole state after the record at offset N-1 is written as one snapshot message to a second
-topic (`kombu_sys_bindings_snapshot`) with `upto` N, by whichever process has applied `SNAPSHOT_EVERY`
-records since the last snapshot it knows of (or finds the last one older than `SNAPSHOT_MAX_AGE`, so the
-snapshot outlives the store's retention). A process starts from the newest snapshot and replays only the
+topic (`kombu_sys_bindings_snapshot`) with `upto` N, by whichever process has applied max(`SNAPSHOT_EVERY`,
+queues + exchanges at the last snapshot) records since the last snapshot it knows of or tried (or finds the last one older than
+`SNAPSHOT_MAX_AGE`, so the snapshot outlives the store's retention): a snapshot costs the state's size, so
+writing one per that many records keeps its cost per record constant, and one the broker refused (the state
+past its max message size) is not tried again by the next refresh. A process starts from the newest snapshot and replays only the
 records from its `upto` on, so declaring and deleting a reply queue 10,000 times leaves nothing to replay.
 Two processes writing a snapshot at once is harmless: each is the exact state at its own `upto`.
 """
@@ -76,6 +78,8 @@ class SharedState:
         self.used: dict[str, int] = {}  # queue -> last declare or lease (epoch ms)
         self._snapshot_upto = 0
         self._snapshot_at = 0
+        self._snapshot_tried = (0, 0)  # (upto, at) of the last snapshot this process tried to write
+        self._snapshot_size = 0  # queues + exchanges in the last snapshot tried or loaded
 
     # -- snapshots ----------------------------------------------------------------------------------------
     def _load_snapshot(self, doc: dict[str, Any]) -> None:
@@ -89,6 +93,7 @@ class SharedState:
         self.used = {q: int(t) for q, t in doc.get("used", {}).items()}
         self._offset = self._snapshot_upto = int(doc["upto"])
         self._snapshot_at = int(doc.get("at", 0))
+        self._snapshot_size = len(self.queues) + len(self.exchanges)
 
     def _snapshot_doc(self) -> dict[str, Any]:
         return {"upto": self._offset, "at": int(time.time() * 1000), "exchanges": self.exchanges,
@@ -100,15 +105,19 @@ class SharedState:
         if self._snapshot_send is None:
             return
         now = int(time.time() * 1000)
-        if self._offset - self._snapshot_upto < SNAPSHOT_EVERY and now - self._snapshot_at <= SNAPSHOT_MAX_AGE:
+        every = max(SNAPSHOT_EVERY, self._snapshot_size)
+        upto, at = max(self._snapshot_upto, self._snapshot_tried[0]), max(self._snapshot_at, self._snapshot_tried[1])
+        if self._offset - upto < every and now - at <= SNAPSHOT_MAX_AGE:
             return
         if self._offset == 0:
             return  # nothing to keep
         doc = self._snapshot_doc()
+        self._snapshot_tried = (doc["upto"], doc["at"])
+        self._snapshot_size = len(self.queues) + len(self.exchanges)
         try:
             self._snapshot_send(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
-        except Exception as e:  # the next refresh tries again; replaying a longer log is only slower
-            log.warning("kombu bindings: could not write a snapshot (%s)", e)
+        except Exception as e:  # tried again after as many records; replaying a longer log is only slower
+            log.warning("kombu bindings: could not write a snapshot of %d queues (%s)", len(self.queues), e)
             return
         self._snapshot_upto, self._snapshot_at = doc["upto"], doc["at"]
 

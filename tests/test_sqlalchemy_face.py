@@ -556,3 +556,32 @@ def test_async_killed_between_commit_and_end(aes: tuple[AsyncEventStore, Any], e
     time.sleep(1.2)
     assert len(asyncio.run(store.find(TOPIC, n))) == 1
     assert wait_for(lambda: not markers(engine, txid), 5)
+
+
+def test_marker_cleanup_asks_the_broker_once_per_topic(make_store: Callable[..., EventStore], engine: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settler deletes the markers of committed events after one QUERY_TRANSACTION_ENDS per topic (the
+    broker remembers the ends it made), not one QUERY_MESSAGE per transaction each cleanup round (a marker whose
+    event is not visible yet was asked about again every round, for up to 10 minutes)."""
+    es = make_store()
+    looked_up: list[str] = []
+    monkeypatch.setattr(es, "visible", lambda topic, txid: looked_up.append(txid) or False)
+    asked: list[str] = []
+    real = type(es.admin).transaction_ends
+
+    def spy(self: Any, topic: str, ids: list[str]) -> Any:
+        asked.extend(ids)
+        return real(self, topic, ids)
+
+    monkeypatch.setattr(type(es.admin), "transaction_ends", spy)
+    events, keys = [], [uid() for _ in range(5)]
+    for n in keys:
+        with Session(engine) as session, session.begin():
+            session.add(Order(number=n))
+            events.append(es.append(session, TOPIC, {"number": n}, keys=n))
+    ids = {e.msg_id for e in events}
+    assert wait_for(lambda: all(es.find(TOPIC, n) for n in keys), 10)
+    time.sleep(0.1)
+    es.clean_markers()
+    assert not any(markers(engine, txid) for txid in ids)
+    assert ids <= set(asked) and not ids & set(looked_up)

@@ -161,8 +161,11 @@ class PopService:
         self._filters: dict[str, MessageFilter] = {}  # by expression: a filter is read-only once made
         self._retry_names: dict[tuple[str, str], str] = {}  # (group, topic) -> its pop retry topic
         self._topic_queues: dict[tuple[str, int], list[tuple[str, int, bool]]] = {}  # see _queues
-        self._arrival = threading.Condition()
-        self._arrival_waiting = 0  # pops waiting on _arrival (changed under its lock)
+        # pops waiting for an arrival: topic -> the events of the pops that read it (their topic and its pop
+        # retry topic), so a dispatched batch wakes the pops of its topics only, not every waiting pop
+        self._arrival = threading.Lock()
+        self._arrival_waiters: dict[str, set[threading.Event]] = {}
+        self._arrival_waiting = 0  # pops waiting (changed under _arrival)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # revive state per revive queue: read position and pending checkpoints by key
@@ -203,7 +206,9 @@ class PopService:
     def shutdown(self) -> None:
         self._stop.set()
         with self._arrival:
-            self._arrival.notify_all()
+            for events in self._arrival_waiters.values():
+                for ev in events:
+                    ev.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.buffer.flush_all()  # what is in flight comes back at its revive time after the restart too
@@ -275,8 +280,13 @@ class PopService:
 
     def _on_arrival(self, batch: dict[tuple[str, int], int]) -> None:
         if self._arrival_waiting:  # read without the lock: a waiting pop looks again every 0.5 s anyway
+            waiters = self._arrival_waiters
             with self._arrival:
-                self._arrival.notify_all()
+                for topic, _ in batch:
+                    events = waiters.get(topic)
+                    if events:
+                        for ev in events:
+                            ev.set()
 
     def _lock(self, group: str, topic: str, queue_id: int) -> threading.Lock:
         key = (group, topic, queue_id)
@@ -295,6 +305,8 @@ class PopService:
             return self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
         deadline = time.monotonic() + poll_time_ms / 1000.0
         reput = self.store.reput_message_service
+        woken = threading.Event()
+        topics = (topic, self._retry_name(group, topic))  # what this pop reads: an arrival there wakes it
         while True:
             seen = reput.dispatched_offset
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
@@ -303,17 +315,27 @@ class PopService:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return result
+            woken.clear()
             with self._arrival:
                 self._arrival_waiting += 1
-                try:
-                    # Records dispatched since the look above came before this pop was counted as waiting, so
-                    # their pass did not wake it (`_on_arrival` calls nobody when no pop waits): look again
-                    # at once instead of waiting out the 0.5 s. A pass after this point sees the count and
-                    # wakes it (the dispatcher moves `dispatched_offset` before it calls the listeners).
-                    if reput.dispatched_offset == seen:
-                        self._arrival.wait(min(remaining, 0.5))
-                finally:
+                for t in topics:
+                    self._arrival_waiters.setdefault(t, set()).add(woken)
+            try:
+                # Records dispatched since the look above came before this pop was counted as waiting, so
+                # their pass did not wake it (`_on_arrival` calls nobody when no pop waits): look again
+                # at once instead of waiting out the 0.5 s. A pass after this point sees the count and
+                # wakes it (the dispatcher moves `dispatched_offset` before it calls the listeners).
+                if reput.dispatched_offset == seen and not self._stop.is_set():
+                    woken.wait(min(remaining, 0.5))
+            finally:
+                with self._arrival:
                     self._arrival_waiting -= 1
+                    for t in topics:
+                        events = self._arrival_waiters.get(t)
+                        if events is not None:
+                            events.discard(woken)
+                            if not events:
+                                del self._arrival_waiters[t]
             if alive is not None and not alive():
                 return result
 
@@ -332,16 +354,20 @@ class PopService:
                     self._topic_queues.clear()
                 queues = self._topic_queues[(topic, n)] = [(topic, i, False) for i in range(n)]
             normal = queues[first:] + queues[:first] if first else queues
-        retry = self._retry_names.get((group, topic))
-        if retry is None:
-            if len(self._retry_names) >= 4096:
-                self._retry_names.clear()
-            retry = self._retry_names[(group, topic)] = pop_retry_topic(group, topic)
+        retry = self._retry_name(group, topic)
         if self.broker.topic_manager.get(retry) is None:
             return normal  # read-only: iterated, never changed
         if draw * 100 < POP_FROM_RETRY_PROBABILITY:  # the queue start above is uniform within this too
             return [(retry, 0, True), *normal]
         return [*normal, (retry, 0, True)]
+
+    def _retry_name(self, group: str, topic: str) -> str:
+        retry = self._retry_names.get((group, topic))
+        if retry is None:
+            if len(self._retry_names) >= 4096:
+                self._retry_names.clear()
+            retry = self._retry_names[(group, topic)] = pop_retry_topic(group, topic)
+        return retry
 
     def _pop_once(self, group: str, topic: str, queue_id: int, max_nums: int, invisible_time: int,
                   expression: str) -> PopResult:

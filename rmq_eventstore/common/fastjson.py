@@ -49,6 +49,13 @@ class Bean(dict):
     __slots__ = ()
 
 
+class Encoded(str):
+    """Text already in the fastjson dialect, written as it is: a value encoded once by `fastjson_encode_at`
+    at the nesting level it is written at, and kept (a config file's entries: see `store.config_files`)."""
+
+    __slots__ = ()
+
+
 # ---------------------------------------------------------------------------------------------------
 # fastjson writer
 # ---------------------------------------------------------------------------------------------------
@@ -89,7 +96,9 @@ class _Writer:
 
     def value(self, obj: Any, level: int) -> None:
         out = self.out
-        if obj is None:
+        if obj.__class__ is Encoded:
+            out.append(obj)
+        elif obj is None:
             out.append("null")
         elif obj is True:
             out.append("true")
@@ -187,6 +196,13 @@ def fastjson_dumps(obj: Any, pretty: bool = True) -> str:
     writer = _Writer(pretty)
     writer.value(obj, 0)
     return "".join(writer.out)
+
+
+def fastjson_encode_at(obj: Any, level: int, pretty: bool = True) -> Encoded:
+    """`obj` as `fastjson_dumps` writes it nested `level` deep (its indentation), to be written as it is."""
+    writer = _Writer(pretty)
+    writer.value(obj, level)
+    return Encoded("".join(writer.out))
 
 
 # ---------------------------------------------------------------------------------------------------

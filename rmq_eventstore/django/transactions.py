@@ -377,11 +377,18 @@ class _Watcher:
         with self._lock:
             return len(self._pending)
 
-    def _discarded(self, p: _Pending) -> bool:
+    @staticmethod
+    def _discarded(p: _Pending, queued: dict[int, tuple[Any, set[int]]]) -> bool:
+        """Whether Django dropped `p`'s ``on_commit`` callback; `queued`: per connection (by id), the ids of
+        the callbacks in its ``run_on_commit``, read once per sweep (one atomic block appending n events holds
+        n pending appends: looking each up in the list was n * n a sweep)."""
         conn = p.conn_ref()
         if conn is None:
             return True
-        return not any(cb is p.callback for _, cb, _ in list(conn.run_on_commit))
+        seen = queued.get(id(conn))
+        if seen is None:  # the connection is kept with its ids: no other takes its id during the sweep
+            seen = queued[id(conn)] = (conn, {id(cb) for _, cb, _ in list(conn.run_on_commit)})
+        return id(p.callback) not in seen[1]
 
     def _run(self) -> None:
         while True:
@@ -400,8 +407,9 @@ class _Watcher:
         now = time.monotonic()
         with self._lock:
             pending = [(t, p) for t, p in self._pending.items() if now - p.created > 0.05]
+        queued: dict[int, tuple[Any, set[int]]] = {}  # connection id -> (it, its callbacks' ids), per sweep
         for txid, p in pending:
-            if p.done or not self._discarded(p):
+            if p.done or not self._discarded(p, queued):
                 continue
             self._end(txid, _settled(p.db, txid))
         if now - self._cleaned >= CLEANUP_INTERVAL:

@@ -17,9 +17,11 @@ pattern, queue). Replaying them in log order gives the same state in every proce
 a thing wins.
 
 Compaction: the whole state after the record at offset N-1 is written as one snapshot message to a second
-topic (`kombu_sys_bindings_snapshot`) with `upto` N, by whichever process has applied `SNAPSHOT_EVERY`
-records since the last snapshot it knows of (or finds the last one older than `SNAPSHOT_MAX_AGE`, so the
-snapshot outlives the store's retention). A process starts from the newest snapshot and replays only the
+topic (`kombu_sys_bindings_snapshot`) with `upto` N, by whichever process has applied max(`SNAPSHOT_EVERY`,
+queues + exchanges at the last snapshot) records since the last snapshot it knows of or tried (or finds the last one older than
+`SNAPSHOT_MAX_AGE`, so the snapshot outlives the store's retention): a snapshot costs the state's size, so
+writing one per that many records keeps its cost per record constant, and one the broker refused (the state
+past its max message size) is not tried again by the next refresh. A process starts from the newest snapshot and replays only the
 records from its `upto` on, so declaring and deleting a reply queue 10,000 times leaves nothing to replay.
 Two processes writing a snapshot at once is harmless: each is the exact state at its own `upto`.
 """
@@ -68,20 +70,30 @@ class SharedState:
     def _reset(self) -> None:
         self._offset = 0
         self.exchanges: dict[str, dict[str, Any]] = {}
-        self.tables: dict[str, list[Binding]] = {}
+        # exchange -> its bindings in binding order (a dict: kombu's table order, found and removed in O(1)),
+        # and queue -> the (exchange, binding) pairs naming it: a record costs what it touches, not the state
+        self.tables: dict[str, dict[Binding, None]] = {}
+        self._by_queue: dict[str, set[tuple[str, Binding]]] = {}
         self.queues: dict[str, dict[str, Any]] = {}
         self.used: dict[str, int] = {}  # queue -> last declare or lease (epoch ms)
         self._snapshot_upto = 0
         self._snapshot_at = 0
+        self._snapshot_tried = (0, 0)  # (upto, at) of the last snapshot this process tried to write
+        self._snapshot_size = 0  # queues + exchanges in the last snapshot tried or loaded
 
     # -- snapshots ----------------------------------------------------------------------------------------
     def _load_snapshot(self, doc: dict[str, Any]) -> None:
         self.exchanges = doc["exchanges"]
-        self.tables = {ex: [(b[0], b[1], b[2]) for b in table] for ex, table in doc["tables"].items()}
+        self.tables = {ex: {(b[0], b[1], b[2]): None for b in table} for ex, table in doc["tables"].items()}
+        self._by_queue = {}
+        for ex, table in self.tables.items():
+            for b in table:
+                self._by_queue.setdefault(b[2], set()).add((ex, b))
         self.queues = doc["queues"]
         self.used = {q: int(t) for q, t in doc.get("used", {}).items()}
         self._offset = self._snapshot_upto = int(doc["upto"])
         self._snapshot_at = int(doc.get("at", 0))
+        self._snapshot_size = len(self.queues) + len(self.exchanges)
 
     def _snapshot_doc(self) -> dict[str, Any]:
         return {"upto": self._offset, "at": int(time.time() * 1000), "exchanges": self.exchanges,
@@ -93,15 +105,19 @@ class SharedState:
         if self._snapshot_send is None:
             return
         now = int(time.time() * 1000)
-        if self._offset - self._snapshot_upto < SNAPSHOT_EVERY and now - self._snapshot_at <= SNAPSHOT_MAX_AGE:
+        every = max(SNAPSHOT_EVERY, self._snapshot_size)
+        upto, at = max(self._snapshot_upto, self._snapshot_tried[0]), max(self._snapshot_at, self._snapshot_tried[1])
+        if self._offset - upto < every and now - at <= SNAPSHOT_MAX_AGE:
             return
         if self._offset == 0:
             return  # nothing to keep
         doc = self._snapshot_doc()
+        self._snapshot_tried = (doc["upto"], doc["at"])
+        self._snapshot_size = len(self.queues) + len(self.exchanges)
         try:
             self._snapshot_send(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
-        except Exception as e:  # the next refresh tries again; replaying a longer log is only slower
-            log.warning("kombu bindings: could not write a snapshot (%s)", e)
+        except Exception as e:  # tried again after as many records; replaying a longer log is only slower
+            log.warning("kombu bindings: could not write a snapshot of %d queues (%s)", len(self.queues), e)
             return
         self._snapshot_upto, self._snapshot_at = doc["upto"], doc["at"]
 
@@ -140,7 +156,8 @@ class SharedState:
                                            "arguments": rec.get("arguments") or {}}
         elif op == "exchange.delete":
             self.exchanges.pop(rec["name"], None)
-            self.tables.pop(rec["name"], None)
+            for b in self.tables.pop(rec["name"], {}):
+                self._unindex(rec["name"], b)
         elif op == "queue":
             q = rec["name"]
             self.queues[q] = rec.get("arguments") or {}
@@ -156,19 +173,37 @@ class SharedState:
                 return  # used again after the sweeper looked: the delete is void
             self.queues.pop(q, None)
             self.used.pop(q, None)
-            for ex, table in list(self.tables.items()):
-                table[:] = [b for b in table if b[2] != q]
-                if not table:
-                    del self.tables[ex]
+            for ex, b in self._by_queue.pop(q, ()):
+                table = self.tables.get(ex)
+                if table is not None:
+                    table.pop(b, None)
+                    if not table:
+                        del self.tables[ex]
         elif op in ("bind", "unbind"):
             b: Binding = (rec["routing_key"], rec.get("pattern"), rec["queue"])
-            table = self.tables.setdefault(rec["exchange"], [])
+            ex = rec["exchange"]
+            table = self.tables.setdefault(ex, {})
             if op == "bind" and b not in table:
-                table.append(b)
+                table[b] = None
+                self._by_queue.setdefault(b[2], set()).add((ex, b))
             elif op == "unbind" and b in table:
-                table.remove(b)
+                del table[b]
+                self._unindex(ex, b)
         else:
             log.debug("kombu bindings: unknown record %r ignored", op)
+
+    def _unindex(self, exchange: str, b: Binding) -> None:
+        pairs = self._by_queue.get(b[2])
+        if pairs is not None:
+            pairs.discard((exchange, b))
+            if not pairs:
+                del self._by_queue[b[2]]
+
+    def _bound(self, exchange: str, b: Binding) -> bool:
+        """Whether `b` is in `exchange`'s table, after catching up with the log."""
+        self.refresh()
+        with self._lock:
+            return b in self.tables.get(exchange, ())
 
     def table(self, exchange: str) -> list[Binding]:
         """The bindings of `exchange` (a copy), after catching up with the log."""
@@ -239,11 +274,11 @@ class SharedState:
         return self.queue(name, refresh=False) is None
 
     def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        if (routing_key, pattern, queue) not in self.table(exchange):
+        if not self._bound(exchange, (routing_key, pattern, queue)):
             self.append({"op": "bind", "exchange": exchange, "routing_key": routing_key, "pattern": pattern,
                          "queue": queue})
 
     def unbind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        if (routing_key, pattern, queue) in self.table(exchange):
+        if self._bound(exchange, (routing_key, pattern, queue)):
             self.append({"op": "unbind", "exchange": exchange, "routing_key": routing_key, "pattern": pattern,
                          "queue": queue})

@@ -445,17 +445,32 @@ class Settler:
             self.rolled_back(txid)
 
     def clean(self) -> None:
-        """Delete, in one statement, the markers of committed events now visible and the ROLLBACK markers."""
+        """Delete, in one statement, the markers of committed events the broker has ended (one
+        QUERY_TRANSACTION_ENDS per topic; a transaction it does not remember ending is looked up by its event,
+        one QUERY_MESSAGE each) and the ROLLBACK markers."""
         with self._lock:
             committed = list(self._committed.items())
             rolled = list(self._rolled_back)
         now = time.monotonic()
         done = list(rolled)
         forget = []
-        for txid, (topic, since) in committed:
-            if now - since < 0.05:
-                continue
-            if self.store.visible(topic, txid):
+        ripe = [(txid, topic, since) for txid, (topic, since) in committed if now - since >= 0.05]
+        by_topic: dict[str, list[str]] = {}
+        for txid, topic, _ in ripe:
+            by_topic.setdefault(topic, []).append(txid)
+        ended: dict[str, str] = {}
+        for topic, txids in by_topic.items():  # one request per topic: how the broker ended them
+            try:
+                ends = self.store.admin.transaction_ends(topic, txids)
+            except Exception as e:  # looked up one by one below
+                log.info("transaction ends of %s not asked (%s); looked up one by one", topic, e)
+                ends = None
+            if ends:
+                ended.update(ends)
+        for txid, topic, since in ripe:
+            outcome = ended.get(txid)
+            # the broker remembers the end (COMMIT: its record is written); else, as before, the event itself
+            if outcome == "COMMIT" or (outcome is None and self.store.visible(topic, txid)):
                 done.append(txid)
             elif now - since > self.FORGET_AFTER:
                 forget.append(txid)

@@ -86,3 +86,28 @@ def test_persist_writes_once_per_change_and_never_loses_a_commit(tmp_path: Path)
     m.remove_offset("g")
     m.persist()
     assert offsets_on_disk(m.config_file_path()) == {}
+
+
+def test_an_offset_the_native_ack_lane_commits_is_written(tmp_path: Path) -> None:
+    # THE ACK ONE (`_native.ack_one`) settles a buffered pop and commits its queue's offset in C, straight into the
+    # manager's table (its `_commits` counted, not through `commit_offset`): persist must still see the change
+    from rmq_eventstore.client import Message, PopConsumer, Producer
+
+    with serve_in_thread(tmp_path / "store", flush_consumer_offset_interval=3_600_000, **SMALL) as rb:
+        ns = rb.namesrv_address
+        with Producer(ns, "p") as p:
+            for i in range(6):
+                p.send(Message("jobs", f"m{i}".encode()), queue_id=0)
+        rb.store.wait_for_dispatch()
+        om = rb.broker.offset_manager
+        with PopConsumer(ns, "g") as c:
+            for m in c.pop("jobs", max_nums=3, invisible_time=60_000, queue_id=0):
+                c.ack(m)
+            om.persist()
+            path = om.file.config_file_path()
+            assert offsets_on_disk(path)["jobs@g"][0] == 3
+            for m in c.pop("jobs", max_nums=3, invisible_time=60_000, queue_id=0):
+                c.ack(m)
+            assert om.file.query_offset("g", "jobs", 0) == 6
+            om.persist()
+            assert offsets_on_disk(path)["jobs@g"][0] == 6

@@ -342,8 +342,10 @@ class ConsumerOffsetManager(ConfigManager):
         self.data_version = DataVersion()
         self._offset_table: dict[str, dict[int, int]] = {}
         self._commits = 0
-        self._changes = 0  # every change of the table (under the lock); `persist` writes only when it moved
-        self._persisted: int | None = None  # `_changes` the file holds (None: not written by this manager yet)
+        # every change of the table but a commit (under the lock); `persist` writes only when it or `_commits`
+        # moved: the native ACK lane (`_native.ack_one`) commits straight into the table and counts `_commits` only
+        self._changes = 0
+        self._persisted: tuple[int, int] | None = None  # (`_changes`, `_commits`) the file holds; None: not written
 
     def config_file_path(self) -> str:
         """`<config_dir>/consumerOffset.json`."""
@@ -382,7 +384,7 @@ class ConsumerOffsetManager(ConfigManager):
         under the lock and encoded outside it: a commit (one per POP) waits for the copy only."""
         with self._persist_lock:
             with self._lock:
-                changes = self._changes
+                changes = (self._changes, self._commits)
                 if changes == self._persisted:
                     return
                 table, version = self.offset_table(), self.data_version.copy()
@@ -428,7 +430,6 @@ class ConsumerOffsetManager(ConfigManager):
                     previous,
                 )
             self._commits += 1
-            self._changes += 1
             if self.update_version_step > 0 and self._commits % self.update_version_step == 0:
                 self.data_version.next_version()
 

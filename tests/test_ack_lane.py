@@ -39,11 +39,6 @@ G, T = "g", "jobs"
 RETRY = pop_retry_topic(G, T)
 PT = 1_700_000_000_000
 
-# Every test here reads the native core's lane; the pure pass (RMQ_EVENTSTORE_PURE=1) has none to read, and the
-# native pass (RMQ_EVENTSTORE_REQUIRE_NATIVE=1) fails at import if the core did not build, so this skips nothing there.
-pytestmark = pytest.mark.skipif(ACK_BODY is None or ACK_FRAME is None,
-                                reason="the ACK lane is the native core's; without it acks take process()")
-
 
 # -- the body reader ---------------------------------------------------------------------------------------------
 def reference_entries(body: bytes) -> list[BatchAck] | None:

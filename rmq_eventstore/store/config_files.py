@@ -353,12 +353,16 @@ class ConsumerOffsetManager(ConfigManager):
 
     def group_topic_map(self) -> dict[str, list[str]]:
         """group → topics with a committed offset (written as `groupTopicMap`, never read back)."""
-        result: dict[str, dict[str, None]] = {}
         with self._lock:
-            for key in self._offset_table:
-                parts = key.split(TOPIC_GROUP_SEPARATOR)
-                if len(parts) == 2:
-                    result.setdefault(parts[1], {})[parts[0]] = None
+            return self._group_topic_map(self._offset_table)
+
+    @staticmethod
+    def _group_topic_map(table: dict[str, dict[int, int]]) -> dict[str, list[str]]:
+        result: dict[str, dict[str, None]] = {}
+        for key in table:
+            parts = key.split(TOPIC_GROUP_SEPARATOR)
+            if len(parts) == 2:
+                result.setdefault(parts[1], {})[parts[0]] = None
         return {group: list(topics) for group, topics in result.items()}
 
     def encode(self, pretty: bool = True) -> str:
@@ -369,12 +373,7 @@ class ConsumerOffsetManager(ConfigManager):
 
     @staticmethod
     def _encode(table: dict[str, dict[int, int]], version: DataVersion, pretty: bool) -> str:
-        groups: dict[str, dict[str, None]] = {}
-        for key in table:
-            parts = key.split(TOPIC_GROUP_SEPARATOR)
-            if len(parts) == 2:
-                groups.setdefault(parts[1], {})[parts[0]] = None
-        doc = Bean(dataVersion=version, groupTopicMap={g: list(topics) for g, topics in groups.items()},
+        doc = Bean(dataVersion=version, groupTopicMap=ConsumerOffsetManager._group_topic_map(table),
                    offsetTable=table)
         return fastjson_dumps(doc, pretty)
 

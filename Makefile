@@ -68,7 +68,7 @@ PURE_TESTS := tests/test_codec_golden.py tests/test_codec_properties.py tests/te
 	tests/test_batch_native.py tests/test_single_put_net.py tests/test_pop.py tests/test_pop_native.py \
 	tests/test_pop_lane.py tests/test_pop_client_native.py tests/test_client_send_native.py tests/test_kombu_publish_fastpath.py \
 	tests/test_half_lane.py tests/test_half_lane_client.py tests/test_end_lane.py tests/test_send_core_net.py \
-	tests/test_producer_send_budget.py tests/test_client_lone.py tests/test_pop_read.py tests/test_pop_buffer_flush.py tests/test_pop_revive_due.py
+	tests/test_producer_send_budget.py tests/test_client_lone.py tests/test_pop_read.py tests/test_pop_buffer_flush.py tests/test_pop_revive_due.py tests/test_pop_hold.py
 
 ## test: lint, then every test (the Django face on SQLite, then again on the local PostgreSQL), then the
 ## codec and crash tests again on the pure-Python loops (the first pass requires the native core), and the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from rmq_eventstore.broker import RunningBroker, serve_in_thread
 from rmq_eventstore.broker.acl import AclConfigError, AclError, PlainAccessValidator, RemoteAddressStrategy
-from rmq_eventstore.client import Admin, Message, MQBrokerError, Producer, PullConsumer
+from rmq_eventstore.client import Admin, Message, MQBrokerError, PopConsumer, Producer, PullConsumer
 from rmq_eventstore.remoting import RemotingCommand, RequestCode, ResponseCode
 from rmq_eventstore.remoting.acl import (
     SessionCredentials,
@@ -295,6 +296,35 @@ def test_our_clients_sign_when_given_credentials(broker: RunningBroker) -> None:
     with PullConsumer(ns, "cg", **READER) as c:
         assert any(c.pull("orders", q, 0, suspend_timeout_ms=0).messages for q in range(4))
     assert Admin(ns, **BOSS).query_message("orders", "nothing") == []
+
+
+def test_a_signed_long_poll_is_checked_once_and_held_on_the_loop(broker: RunningBroker) -> None:
+    """Under ACL a POP is checked (and looked at) on a worker thread; one that must wait is then held on the event
+    loop like any other (`BrokerServer._pop_hold`), woken by the arrival; an unsigned one is refused at once."""
+    ns = broker.namesrv_address
+    with Producer(ns, "pg", **WRITER) as p:
+        p.send(Message("orders", b"first"))
+    with PopConsumer(ns, "cg", **READER) as c:
+        got = c.pop("orders", invisible_time=30_000, poll_time=2000)
+        assert [m.body for m in got] == [b"first"]
+        c.ack(got[0])
+        later: list = []
+        t = threading.Thread(target=lambda: later.extend(c.pop("orders", invisible_time=30_000, poll_time=8000)))
+        t.start()
+        deadline = time.monotonic() + 5
+        while broker.server.pop_held < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert broker.server.pop_held == 1
+        sent = time.monotonic()
+        with Producer(ns, "pg", **WRITER) as p:
+            p.send(Message("orders", b"second"))
+        t.join(10)
+        assert [m.body for m in later] == [b"second"] and time.monotonic() - sent < 1.5
+        c.ack(later[0])
+    with PopConsumer(ns, "cg") as c, pytest.raises(MQBrokerError) as e:
+        c.pop("orders", invisible_time=30_000, poll_time=8000)
+    assert e.value.code == ResponseCode.NO_PERMISSION
+    assert broker.server.pop_held == 0
 
 
 def test_ali_ons_signs_with_its_access_key(broker: RunningBroker, tmp_path: Path) -> None:

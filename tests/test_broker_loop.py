@@ -115,7 +115,7 @@ def test_responses_of_one_read_are_written_at_once(tmp_path: Path, monkeypatch: 
 
 def test_pop_with_messages_is_served_on_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A POP that finds messages is answered on the event loop (no worker thread); one that must wait for
-    an arrival goes to a worker thread and is woken by the arrival."""
+    an arrival is held on the loop too (`_pop_hold`, no worker thread) and is woken by the arrival."""
     from rmq_eventstore.client import PopConsumer
 
     offloaded: list[int] = []
@@ -126,6 +126,14 @@ def test_pop_with_messages_is_served_on_the_loop(tmp_path: Path, monkeypatch: py
         await real(self, conn, cmd)
 
     monkeypatch.setattr(server_module.BrokerServer, "_offloaded", counting)
+    held: list[bool] = []
+    real_hold = server_module.BrokerServer._pop_hold
+
+    async def holding(self, conn, cmd, seen, in_thread):  # noqa: ANN001, ANN202
+        held.append(in_thread)
+        await real_hold(self, conn, cmd, seen, in_thread)
+
+    monkeypatch.setattr(server_module.BrokerServer, "_pop_hold", holding)
     with serve_in_thread(tmp_path / "s", announce=False, **SMALL) as rb:
         ns = rb.namesrv_address
         with Producer(ns, "pg") as p, PopConsumer(ns, "popg") as c:
@@ -143,7 +151,7 @@ def test_pop_with_messages_is_served_on_the_loop(tmp_path: Path, monkeypatch: py
             p.send(Message("popped", b"late"), queue_id=0)
             t.join(10)
             assert later and [m.body for m in later[0]] == [b"late"]
-            assert offloaded.count(RequestCode.POP_MESSAGE) == 1  # the waiting one
+            assert RequestCode.POP_MESSAGE not in offloaded and held == [False]  # the waiting one: held on the loop
 
 
 def test_short_stream_reads_are_served_on_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

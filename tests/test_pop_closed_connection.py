@@ -62,7 +62,7 @@ def test_a_long_poll_whose_client_closed_pops_nothing(broker: RunningBroker) -> 
     host, port = broker.broker_address.rsplit(":", 1)
     s = socket.create_connection((host, int(port)))
     s.sendall(_pop_request(20_000).encode())
-    time.sleep(0.5)  # the POP found nothing and is held on a worker thread
+    time.sleep(0.5)  # the POP found nothing and is held (on the event loop)
     s.close()
     time.sleep(0.3)  # the broker has seen the close
     with Producer(broker.namesrv_address, "p") as p:

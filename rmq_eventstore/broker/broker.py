@@ -202,10 +202,11 @@ class Broker:
                 self.client_manager.scan_not_active_channels()
 
     # -- dispatch -------------------------------------------------------------------------------------
-    def process(self, request: RemotingCommand, channel: Any) -> RemotingCommand | PullHold:
+    def process(self, request: RemotingCommand, channel: Any, wait: bool = True) -> RemotingCommand | PullHold | None:
         """Serve one broker request; errors become SYSTEM_ERROR responses with the reason as remark. With
         ACL on, a request from a connection (not an in-process call) is validated first and a refused one
-        answers NO_PERMISSION before any processor sees it."""
+        answers NO_PERMISSION before any processor sees it. With `wait` False, a POP_MESSAGE, QUERY_STREAM or
+        END_TRANSACTION that would wait answers None instead (as `process_now`, after the ACL check)."""
         if self.acl is not None and channel is not None:
             try:
                 self.acl.validate(request, getattr(channel, "remote_address", ""))
@@ -216,6 +217,8 @@ class Broker:
             except Exception as e:  # a malformed request the checks did not foresee: refused, never served
                 log.exception("ACL check of request %d failed", request.code)
                 return request.response(ResponseCode.NO_PERMISSION, f"ACL check failed: {type(e).__name__}")
+        if not wait and request.code in self._quick_processors:
+            return self._serve_quick(request, channel)
         return self._run(self._processors, request, channel)
 
     def process_now(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
@@ -225,6 +228,9 @@ class Broker:
         then serve it with `process`, on a thread that may block."""
         if self.acl is not None and channel is not None:
             return None  # checked and served on the blocking path, as every request under ACL
+        return self._serve_quick(request, channel)
+
+    def _serve_quick(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
         processor = self._quick_processors.get(request.code)
         if processor is None:
             return None

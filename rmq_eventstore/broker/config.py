@@ -48,6 +48,10 @@ class BrokerConfig:
     pop_ck_stay_buffer_time: int = 10_000
     pop_ck_stay_buffer_time_out: int = 500
     pop_ck_max_buffer_size: int = 200_000
+    # POP long polls held at once (RocketMQ's popPollingSize, maxPopPollingSize): per topic, group and queue id, and
+    # in all; a POP that finds nothing past either answers POLLING_FULL at once (our client then waits out a second)
+    pop_polling_size: int = 1024
+    max_pop_polling_size: int = 100_000
     # the statistics history (ours, GET_BROKER_STATS_HISTORY): one sample every interval (ms), this many kept
     stats_sample_interval: int = 5000
     stats_history_size: int = 720

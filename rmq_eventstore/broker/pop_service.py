@@ -36,7 +36,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..common import GetMessageStatus, Message, MessageExt, codec
 from ..common.filter import MessageFilter
@@ -164,7 +164,7 @@ class PopService:
         # pops waiting for an arrival: topic -> the events of the pops that read it (their topic and its pop
         # retry topic), so a dispatched batch wakes the pops of its topics only, not every waiting pop
         self._arrival = threading.Lock()
-        self._arrival_waiters: dict[str, set[threading.Event]] = {}
+        self._arrival_waiters: dict[str, set[Any]] = {}  # objects with .set() (add_arrival_waiter)
         self._arrival_waiting = 0  # pops waiting (changed under _arrival)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -306,7 +306,6 @@ class PopService:
         deadline = time.monotonic() + poll_time_ms / 1000.0
         reput = self.store.reput_message_service
         woken = threading.Event()
-        topics = (topic, self._retry_name(group, topic))  # what this pop reads: an arrival there wakes it
         while True:
             seen = reput.dispatched_offset
             result = self._pop_once(group, topic, queue_id, max_nums, invisible_time, expression)
@@ -316,10 +315,7 @@ class PopService:
             if remaining <= 0:
                 return result
             woken.clear()
-            with self._arrival:
-                self._arrival_waiting += 1
-                for t in topics:
-                    self._arrival_waiters.setdefault(t, set()).add(woken)
+            topics = self.add_arrival_waiter(group, topic, woken)
             try:
                 # Records dispatched since the look above came before this pop was counted as waiting, so
                 # their pass did not wake it (`_on_arrival` calls nobody when no pop waits): look again
@@ -328,16 +324,37 @@ class PopService:
                 if reput.dispatched_offset == seen and not self._stop.is_set():
                     woken.wait(min(remaining, 0.5))
             finally:
-                with self._arrival:
-                    self._arrival_waiting -= 1
-                    for t in topics:
-                        events = self._arrival_waiters.get(t)
-                        if events is not None:
-                            events.discard(woken)
-                            if not events:
-                                del self._arrival_waiters[t]
+                self.remove_arrival_waiter(topics, woken)
             if alive is not None and not alive():
                 return result
+
+    def add_arrival_waiter(self, group: str, topic: str, waker: Any) -> tuple[str, str]:
+        """Count a pop of `group` on `topic` as waiting: a dispatched batch of the topic or of its pop retry topic
+        calls `waker.set()` (on the dispatching thread, under a lock: it must not block), until
+        `remove_arrival_waiter(<the topics returned>, waker)`. `pop` waits on a `threading.Event`; the server's
+        POP hold (`BrokerServer._pop_hold`) on its event loop, with no thread per waiting pop."""
+        topics = (topic, self._retry_name(group, topic))  # what this pop reads: an arrival there wakes it
+        with self._arrival:
+            self._arrival_waiting += 1
+            for t in topics:
+                self._arrival_waiters.setdefault(t, set()).add(waker)
+        return topics
+
+    def remove_arrival_waiter(self, topics: tuple[str, str], waker: Any) -> None:
+        """Undo `add_arrival_waiter`."""
+        with self._arrival:
+            self._arrival_waiting -= 1
+            for t in topics:
+                events = self._arrival_waiters.get(t)
+                if events is not None:
+                    events.discard(waker)
+                    if not events:
+                        del self._arrival_waiters[t]
+
+    @property
+    def stopped(self) -> bool:
+        """The service is shutting down: a waiting pop answers now."""
+        return self._stop.is_set()
 
     def _queues(self, group: str, topic: str, queue_id: int, draw: float | None = None) -> list[tuple[str, int, bool]]:
         if draw is None:

@@ -5,9 +5,10 @@ Requests on one connection are served concurrently, as Netty's broker does: a pu
 is parked (`PullHold`) as a task woken by the store's dispatcher, so a send behind it on the same
 connection is answered at once. Quick requests run inline on the event loop (an ASYNC_FLUSH put is a
 memory copy); with SYNC_FLUSH, sends, acks and POPs (which write records) run in a thread pool so that
-the fsync wait never stalls the loop. A POP is first tried on the loop without waiting; only one that
-found nothing and may wait (`pollTime`) goes to a thread. So does a QUERY_STREAM (our stream read) unless
-the dispatcher is caught up and the stream is known to be short.
+the fsync wait never stalls the loop. A POP is first tried on the loop without waiting; one that found
+nothing and may wait (`pollTime`) is held on the loop (`_pop_hold`, RocketMQ's PopLongPollingService), woken by
+an arrival on its topic or its pop retry topic, with no thread per waiting POP. A QUERY_STREAM (our stream
+read) goes to a thread unless the dispatcher is caught up and the stream is known to be short.
 A frame that cannot be decoded closes its connection with one warning line; other connections go on.
 Responses are written in the order they complete (those answered while one read's requests are
 served are written together, with one write); backpressure: when a client does not read its
@@ -70,6 +71,9 @@ _BLOCKING_CODES = frozenset({RequestCode.DELETE_TOPIC_IN_BROKER})
 # tried on the loop first (`Broker.process_now`), on a thread when they would wait
 _QUICK_FIRST_CODES = frozenset({RequestCode.POP_MESSAGE, RequestCode.QUERY_STREAM, RequestCode.END_TRANSACTION})
 _END = RequestCode.END_TRANSACTION
+_POP = RequestCode.POP_MESSAGE
+_POLLING_TIMEOUT, _POLLING_FULL = int(ResponseCode.POLLING_TIMEOUT), int(ResponseCode.POLLING_FULL)
+POP_RELOOK_SECONDS = 0.5  # a held POP looks again this often even unwoken (as `PopService.pop` waits)
 MAX_WRITE_BUFFER = 256 * 1024 * 1024  # a client that reads nothing while its responses pile up is dropped
 EVENT_LOOP_ENV = "RMQ_EVENTSTORE_EVENT_LOOP"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -327,7 +331,7 @@ class BrokerServer:
         # commitlog on the loop; an END that would wait for a lock or the dispatcher goes to a thread.
         self._offload = (_WRITE_CODES | {RequestCode.POP_MESSAGE, _END} if sync else frozenset()) | _BLOCKING_CODES
         self._executor: concurrent.futures.ThreadPoolExecutor | None = concurrent.futures.ThreadPoolExecutor(
-            64, "broker-blocking")  # POP long polls wait here
+            64, "broker-blocking")  # deletions, SYNC_FLUSH writes, ACL-checked requests; never a POP's wait
         # writes served on the loop dispatch their records on the loop too, once the responses of that loop
         # iteration are written (`_hold_dispatch`), instead of waking the dispatch thread for each
         self._reput = broker.store.reput_message_service
@@ -343,6 +347,11 @@ class BrokerServer:
         self._lane_answer = broker.send_processor.lane_answer
         # the POP lane (Connection.data_received): POPs served on the loop (not SYNC_FLUSH), the native reader there
         self._pop_processor = broker.processor_for(RequestCode.POP_MESSAGE)
+        # a POP that must wait is held on the loop (`_pop_hold`) when the stock processor serves POPs both ways
+        self._pop_holds = (type(self._pop_processor) is PopMessageProcessor
+                           and broker.quick_processor_for(_POP) is self._pop_processor)
+        self.pop_held = 0  # POPs held now (`_pop_hold`; read and changed on the loop only)
+        self._pop_held_by: dict[tuple[str, str, str], int] = {}  # ... by (topic, group, queue id)
         self._pop_lane = (POP_FRAME if RequestCode.POP_MESSAGE not in self._offload
                           and isinstance(self._pop_processor, PopMessageProcessor) else None)
         # acks served on the loop (not SYNC_FLUSH): the usual ones by `AckMessageProcessor.lane`, from the frame's
@@ -462,9 +471,13 @@ class BrokerServer:
         elif cmd.code in _QUICK_FIRST_CODES:  # at once when that cannot block, else on a thread
             if cmd.code == _END and not self._dispatch_held:  # its records are dispatched here too, as a send's
                 self._hold_dispatch()
+            seen = self._reput.dispatched_offset  # before the look: a POP held below compares it
             result = broker.process_now(cmd, conn)
             if result is None:
-                self._spawn(conn, self._offloaded(conn, cmd))
+                if cmd.code == _POP and self._pop_holds and broker.acl is None:
+                    self._spawn(conn, self._pop_hold(conn, cmd, seen, False))
+                else:
+                    self._spawn(conn, self._offloaded(conn, cmd))
             elif not cmd.is_oneway:
                 conn.write(result)
         else:
@@ -506,17 +519,105 @@ class BrokerServer:
         task.add_done_callback(conn.tasks.discard)
 
     async def _offloaded(self, conn: Connection, cmd: RemotingCommand) -> None:
-        fut = self.loop.run_in_executor(self._executor, self.broker.process, cmd, conn)
-        try:
-            result = await asyncio.shield(fut)  # the request goes on if the connection closes meanwhile
-        except asyncio.CancelledError:  # it closed (`connection_lost`): its answer will find nobody
-            fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
-                                  else self._undelivered(cmd, f.result()))
-            raise
+        if cmd.code == _POP and self._pop_holds:  # looked at on a thread, held (if it must wait) on the loop
+            seen = self._reput.dispatched_offset
+            result = await self._in_thread(cmd, self.broker.process, cmd, conn, False)
+            if result is None:
+                await self._pop_hold(conn, cmd, seen, True)
+                return
+        else:
+            result = await self._in_thread(cmd, self.broker.process, cmd, conn)
         if conn.closed or conn.transport is None or conn.transport.is_closing():
             self._undelivered(cmd, result)
             return
         self._respond(conn, cmd, result)
+
+    async def _in_thread(self, cmd: RemotingCommand, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on a worker thread. The request goes on if its connection closes meanwhile (this task is
+        cancelled, `connection_lost`): its answer then finds nobody and goes to `_undelivered`."""
+        fut = self.loop.run_in_executor(self._executor, fn, *args)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None
+                                  else self._undelivered(cmd, f.result()))
+            raise
+
+    def _pop_look(self, cmd: RemotingCommand, conn: Connection, final: bool) -> RemotingCommand | None:
+        """A held POP looked at again (no ACL check: its first look had it): its answer, or None when it found
+        nothing and its poll time goes on; `final`: POLLING_TIMEOUT then."""
+        try:
+            return self._pop_processor.process(cmd, conn, wait=False, final=final)
+        except (HeaderError, TopicValidationError) as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
+        except Exception as e:  # as Broker.process answers a processor's failure
+            log.exception("request %d failed", cmd.code)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+
+    async def _pop_hold(self, conn: Connection, cmd: RemotingCommand, seen: int, in_thread: bool) -> None:
+        """A POP that found nothing and may wait (`pollTime`), held on the loop until its poll time ends: it is
+        counted as waiting on its topic and its pop retry topic (`PopService.add_arrival_waiter`), and each
+        arrival there (or every POP_RELOOK_SECONDS) looks again, on the loop, or on a worker thread when
+        `in_thread` (SYNC_FLUSH: a pop writes with the flush wait). No thread waits, so any number of POPs may
+        be held (RocketMQ's PopLongPollingService parks them likewise). `seen`: the dispatched offset before
+        the look that found nothing; records dispatched since then are looked for at once. A connection gone
+        stops the hold before anything more is popped for it; a POP answered after it closed is given back."""
+        loop = self.loop
+        pops = self.broker.pop_service
+        reput = self._reput
+        cfg = self.broker.config
+        deadline = loop.time() + self._pop_processor.poll_ms(cmd) / 1000.0
+        x = cmd.ext_fields
+        group, topic = str(x.get("consumerGroup")), str(x.get("topic"))
+        key = (topic, group, str(x.get("queueId")))
+        held = self._pop_held_by.get(key, 0)
+        if self.pop_held >= cfg.max_pop_polling_size or held >= cfg.pop_polling_size:
+            # full (RocketMQ's POLLING_FULL): looked at once more, answered at once
+            result = await self._in_thread(cmd, self._pop_look, cmd, conn, True) if in_thread \
+                else self._pop_look(cmd, conn, True)
+            if result is not None and result.code == _POLLING_TIMEOUT:
+                result.code, result.remark = _POLLING_FULL, (
+                    f"{self.pop_held} POPs held in all (max_pop_polling_size {cfg.max_pop_polling_size}), "
+                    f"{held} on this queue (pop_polling_size {cfg.pop_polling_size})")
+                log.info("POP of %s on %s answered POLLING_FULL: %s", group, topic, result.remark)
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                self._undelivered(cmd, result)
+            elif result is not None:
+                conn.write(result)
+            return
+        self.pop_held += 1
+        self._pop_held_by[key] = held + 1
+        waker = _LoopWaker(loop)
+        topics = pops.add_arrival_waiter(group, topic, waker)
+        result = None
+        try:
+            look_now = reput.dispatched_offset != seen  # dispatched before the waiter was counted
+            while result is None:
+                if not look_now and not waker.fut.done():
+                    remaining = deadline - loop.time()
+                    if remaining > 0 and not pops.stopped:
+                        await asyncio.wait([waker.fut], timeout=min(remaining, POP_RELOOK_SECONDS))
+                look_now = False
+                if conn.closed:
+                    return  # nothing popped for a client that left
+                waker.rearm()  # an arrival from here on wakes the next wait
+                final = loop.time() >= deadline or pops.stopped
+                if in_thread:
+                    result = await self._in_thread(cmd, self._pop_look, cmd, conn, final)
+                else:
+                    result = self._pop_look(cmd, conn, final)
+        finally:
+            pops.remove_arrival_waiter(topics, waker)
+            self.pop_held -= 1
+            n = self._pop_held_by[key] - 1
+            if n:
+                self._pop_held_by[key] = n
+            else:
+                del self._pop_held_by[key]
+        if conn.closed or conn.transport is None or conn.transport.is_closing():
+            self._undelivered(cmd, result)
+            return
+        conn.write(result)
 
     def _undelivered(self, cmd: RemotingCommand, result: Any) -> None:
         """A response that cannot be written (its connection closed while the request was served, e.g. a
@@ -560,6 +661,35 @@ class BrokerServer:
         result = self.broker.process_pull(hold.request, conn, allow_suspend=False)
         if isinstance(result, RemotingCommand):
             conn.write(result)
+
+
+class _LoopWaker:
+    """What a POP held on the loop waits on: `set()` (any thread: `PopService._on_arrival` on the dispatching
+    thread, under its lock) completes `fut` on the loop; `rearm()` makes a new `fut` once that one is done.
+    Arrivals while a wake is already on its way to the loop schedule nothing more."""
+
+    __slots__ = ("loop", "fut", "_queued")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.fut: asyncio.Future = loop.create_future()
+        self._queued = False
+
+    def set(self) -> None:
+        if self._queued:
+            return
+        self._queued = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        self._queued = False
+        if not self.fut.done():
+            self.fut.set_result(None)
+
+    def rearm(self) -> None:
+        if self.fut.done():
+            self.fut = self.loop.create_future()
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -10,6 +10,8 @@ property; the message keeps the topic it was popped for, even when it came from 
 
 from __future__ import annotations
 
+import logging
+import time
 from functools import partial
 from time import monotonic as _monotonic
 
@@ -29,7 +31,11 @@ from .base import ROUTE_TTL_SECONDS, ClientBase, decode_records
 from .remoting_client import MQBrokerError, client_lone
 from .remoting_client import _take_response as _take_response  # the connection's lone-caller response read
 
-_POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT)
+_POP_OK = (ResponseCode.SUCCESS, ResponseCode.NO_MESSAGE, ResponseCode.POLLING_TIMEOUT, ResponseCode.POLLING_FULL)
+_POLLING_FULL = ResponseCode.POLLING_FULL
+log = logging.getLogger(__name__)
+_full_warned = [0.0]  # when POLLING_FULL was last logged (once a minute at most)
+POLLING_FULL_PAUSE = 1.0  # seconds (at most the poll time) a pop waits when the broker holds too many long polls
 _POP_MESSAGE, _BATCH_ACK_MESSAGE = RequestCode.POP_MESSAGE, RequestCode.BATCH_ACK_MESSAGE
 
 
@@ -209,7 +215,7 @@ class PopConsumer:
                         return r
                     if r.code not in _POP_OK:
                         raise MQBrokerError(r.code, r.remark, addr)
-                    return self._popped(r, topic, broker_name)
+                    return self._popped(r, topic, broker_name, poll_time)
         addr = self._base.broker_for(topic)
         if (queue_id.__class__ is int and max_nums.__class__ is int and invisible_time.__class__ is int
                 and poll_time.__class__ is int and tags.__class__ is str):  # the extFields as `request` makes them
@@ -236,12 +242,20 @@ class PopConsumer:
         else:
             r = self._base.invoke(addr, cmd, timeout, ok=_POP_OK)
         names = list(self._base.route(topic).broker_addrs)
-        return self._popped(r, topic, names[0] if names else "")
+        return self._popped(r, topic, names[0] if names else "", poll_time)
 
-    def _popped(self, r: RemotingCommand, topic: str, broker_name: str) -> list[MessageExt]:
-        """The messages of a POP response (SUCCESS, NO_MESSAGE or POLLING_TIMEOUT), each with its receipt
-        handle (`POP_CK`, ExtraInfo's text on `broker_name`) and the topic it was popped for."""
+    def _popped(self, r: RemotingCommand, topic: str, broker_name: str, poll_time: int = 0) -> list[MessageExt]:
+        """The messages of a POP response (SUCCESS, NO_MESSAGE, POLLING_TIMEOUT or POLLING_FULL), each with its
+        receipt handle (`POP_CK`, ExtraInfo's text on `broker_name`) and the topic it was popped for. POLLING_FULL
+        (the broker holds as many long polls as it may, `pop_polling_size`) waits out the rest of the long poll, at
+        most POLLING_FULL_PAUSE, so that a consumer loop does not spin on it, and gives nothing."""
         if r.code != ResponseCode.SUCCESS or not r.body:
+            if r.code == _POLLING_FULL and poll_time > 0:
+                if _monotonic() - _full_warned[0] > 60:
+                    _full_warned[0] = _monotonic()
+                    log.warning("the broker holds too many long polls (%s): a pop waits %.1f s instead (logged "
+                                "once a minute)", r.remark, min(poll_time / 1000.0, POLLING_FULL_PAUSE))
+                time.sleep(min(poll_time / 1000.0, POLLING_FULL_PAUSE))
             return []
         x = r.ext_fields
         pop_time, invisible, revive_qid = int(x["popTime"]), int(x["invisibleTime"]), int(x["reviveQid"])

@@ -56,9 +56,10 @@ class PopMessageProcessor:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
-    def process(self, req: RemotingCommand, channel: Any, wait: bool = True) -> RemotingCommand | None:
+    def process(self, req: RemotingCommand, channel: Any, wait: bool = True, final: bool = False) -> RemotingCommand | None:
         """The POP's response; with `wait` False, None instead of waiting when nothing is there now and the
-        request may wait (`pollTime` > 0): the server then serves it again on a worker thread."""
+        request may wait (`pollTime` > 0): the server then holds it on its event loop (`BrokerServer._pop_hold`)
+        and serves it again on each arrival; `final` (its poll time is over) answers POLLING_TIMEOUT instead."""
         b = self.broker
         x = req.ext_fields
         group = x.get("consumerGroup")
@@ -101,7 +102,7 @@ class PopMessageProcessor:
         else:
             r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression)
         if not r.count:
-            if poll and not wait:
+            if poll and not wait and not final:
                 return None
             code = _POLLING_TIMEOUT if poll else _NO_MESSAGE
             remark: str | None = "no new message"
@@ -114,6 +115,15 @@ class PopMessageProcessor:
                                       "startOffsetInfo": ";".join(r.start_offset_info),
                                       "msgOffsetInfo": ";".join(r.msg_offset_info)},
                                body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
+
+    @staticmethod
+    def poll_ms(req: RemotingCommand) -> int:
+        """The request's `pollTime` as `process` reads it (ms, 0 to MAX_POLL_TIME_MS)."""
+        try:
+            poll = int(req.ext_fields.get("pollTime") or 0)
+        except (ValueError, TypeError):
+            poll = req.get_int("pollTime", 0)
+        return max(0, min(poll, MAX_POLL_TIME_MS))
 
     def serve_frame(self, f: tuple) -> bytes | None:
         """The POP lane (`Connection.data_received`): a POP read straight from its frame (`_native.pop_frame`'s

@@ -103,6 +103,7 @@ class Pair:
             self.brokers.append(b)
         self.draws = [random.Random(7), random.Random(7)]
         self.lane_pop, self.ref_pop = (PopMessageProcessor(b) for b in self.brokers)
+        self.ref_pop.now = False  # the reference: `_pop_once` only
         self.lane_ack, self.ref_ack = (AckMessageProcessor(b) for b in self.brokers)
 
     def close(self) -> None:
@@ -537,8 +538,39 @@ def test_pops_over_a_socket_take_the_lane(monkeypatch: pytest.MonkeyPatch) -> No
                 for m in msgs:
                     c.ack(m)
             assert sorted(m.body for m in got) == [f"m{i}".encode() for i in range(6)]
-            assert c.pop("lane", max_nums=1, invisible_time=60_000, poll_time=200) == []  # waited, on a thread
+            assert c.pop("lane", max_nums=1, invisible_time=60_000, poll_time=200) == []  # held on the loop
         assert counts["served"] >= 6 if LANE else counts["served"] == 0
+    finally:
+        running.close()
+        shutil.rmtree(running.store_path, ignore_errors=True)
+
+
+def test_a_decoded_pop_takes_pop_now_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A POP the lane does not take whole (here pipelined behind its ack: two frames in one read, decoded) is
+    served by `process`, which takes `PopService.pop_now` first, as the lane does, not the reference `_pop_once`
+    (which only the first pop, making the "*" filter, and the pure build take)."""
+    calls = {"once": 0}
+    real = pop_service.PopService._pop_once
+
+    def counted(self: pop_service.PopService, *a: Any) -> Any:
+        calls["once"] += 1
+        return real(self, *a)
+
+    monkeypatch.setattr(pop_service.PopService, "_pop_once", counted)
+    running, counts = serve_counted(monkeypatch)
+    try:
+        with Producer(running.namesrv_address, "p") as p:
+            for i in range(6):
+                p.send(Message("piped", f"m{i}".encode()), queue_id=0)
+        assert running.store.wait_for_dispatch()
+        with PopConsumer(running.namesrv_address, "g") as c:
+            got = c.pop("piped", max_nums=1, invisible_time=60_000)
+            seen = list(got)
+            for _ in range(6):
+                got = c.pop("piped", max_nums=1, invisible_time=60_000, ack=got)  # ack + pop in one write
+                seen += got
+            assert [m.body for m in seen] == [f"m{i}".encode() for i in range(6)] and got == []
+        assert calls["once"] == (1 if LANE else 7)
     finally:
         running.close()
         shutil.rmtree(running.store_path, ignore_errors=True)

@@ -4,6 +4,7 @@ retry and DLQ after failures, delay levels, admin look-ups."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -305,3 +306,36 @@ def test_delayed_message_survives_a_restart_before_it_is_due(tmp_path: Path) -> 
             assert res.messages[0].store_timestamp - res.messages[0].born_timestamp >= 2000
         time.sleep(0.3)  # nothing is delivered twice
         assert rb.store.get_max_offset_in_queue("later", 0) == 1
+
+
+def test_shutdown_does_not_wait_for_a_heartbeat_stuck_on_a_silent_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that accepts and never answers (a stalled network): the heartbeat thread is inside its request
+    (up to the client's timeout) when the client shuts down. Shutdown closes the connections first, which ends
+    that request at once, then joins the thread: it returns at once and leaves no thread behind (before, it
+    waited 5 s for the thread and returned with it still blocked)."""
+    from rmq_eventstore.client import base as client_base
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    acceptor = threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True)
+    acceptor.start()
+    addr = f"127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setattr(client_base, "HEARTBEAT_INTERVAL_SECONDS", 0.05)
+    c = client_base.ClientBase(addr, timeout=20.0)
+    c._pinned.add(addr)  # heartbeated like a broker of a route
+    try:
+        c.start()
+        acceptor.join(5)
+        assert accepted, "the heartbeat did not connect"
+        time.sleep(0.3)  # its request is written and waits for an answer that never comes
+        thread = c._heartbeat_thread
+        assert thread is not None and thread.is_alive()
+        t0 = time.monotonic()
+        c.shutdown()
+        took = time.monotonic() - t0
+        assert took < 1.0, f"shutdown took {took:.2f} s"
+        assert not thread.is_alive()
+    finally:
+        for s in accepted:
+            s.close()
+        silent.close()

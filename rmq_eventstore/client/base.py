@@ -112,9 +112,11 @@ class ClientBase:
             self._unregister()
         except Exception:
             pass
-        if self._heartbeat_thread is not None:
-            self._heartbeat_thread.join(timeout=5)
+        # connections first: a heartbeat waiting on a silent broker (a stalled network) is failed at once rather
+        # than waited for (up to the timeout), and finds the client shut down for the brokers left
         self.remoting.close()
+        if self._heartbeat_thread is not None and self._heartbeat_thread is not threading.current_thread():
+            self._heartbeat_thread.join(timeout=5)
 
     def __enter__(self) -> Any:
         self.start()

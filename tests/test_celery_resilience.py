@@ -47,6 +47,17 @@ class Worker(CeleryWorker):
                          pool, concurrency)
 
 
+@pytest.fixture(autouse=True)
+def _no_settlers_left() -> Iterator[None]:
+    """The kombu transport keeps one settling POP consumer per name server and group for the process's life (it
+    settles what a lost connection delivered; shut down at exit). Each test here has its own broker, so each
+    would leave its own behind in this process, heartbeating a broker long gone: shut them down after it."""
+    yield
+    from rmq_eventstore.kombu import transport
+
+    transport._shutdown_settlers()
+
+
 @pytest.fixture
 def cleanup() -> Iterator[list[Callable[[], object]]]:
     """Functions to call at teardown, last registered first (workers before the broker)."""
@@ -165,6 +176,7 @@ class Publisher(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        app = None
         try:
             app = producer_app(self.url)
             task = app.signature("tests.celery_resilience_app.record")
@@ -182,6 +194,11 @@ class Publisher(threading.Thread):
                 time.sleep(self.pace)
         except BaseException as e:  # reported by the test
             self.error = e
+        finally:
+            if app is not None:  # its pools' connections (the transport's clients and their threads)
+                app.amqp.producer_pool.force_close_all()
+                app.pool.force_close_all()
+                app.close()
 
 
 SMALL_BROKER = {"mapped_file_size_commit_log": 4 << 20, "mapped_file_size_consume_queue": 200_000,

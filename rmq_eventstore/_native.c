@@ -10843,7 +10843,7 @@ out:
     return rc;
 }
 
-/* ack_one(got, ctx): ctx = (topic cache, _ABSENT, consume_queue_table, buffer, buffer lock, _by_key, _queues,
+/* ack_one(got, ctx): ctx = (topic cache, topic_manager.ABSENT, consume_queue_table, buffer, buffer lock, _by_key, _queues,
  * _committed_by_me, commit, committed, offset file: the ConsumerOffsetFile whose query_offset `committed` is and
  * whose commit_offset `commit` calls, else None) -> True, or None (nothing changed), or NULL with an error set */
 static PyObject *ack_one(PyObject *self, PyObject *const *a, Py_ssize_t na) {

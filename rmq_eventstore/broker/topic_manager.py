@@ -21,7 +21,7 @@ from .config_cache import ConfigCache
 from .subscription_group_manager import SubscriptionGroupManager
 
 log = logging.getLogger(__name__)
-_ABSENT: TopicConfig = TopicConfig("%ABSENT%")  # cached for a name topics.json does not hold
+ABSENT: TopicConfig = TopicConfig("%ABSENT%")  # cached for a name topics.json does not hold (the native ACK lane compares it)
 
 
 class TopicManager:
@@ -41,9 +41,9 @@ class TopicManager:
         tc = cache.get(topic)
         if tc is None:
             tc = self.file.get(topic)
-            ConfigCache.remember(cache, topic, tc if tc is not None else _ABSENT)
+            ConfigCache.remember(cache, topic, tc if tc is not None else ABSENT)
             return tc
-        return None if tc is _ABSENT else tc
+        return None if tc is ABSENT else tc
 
     def ensure(self, topic: str, queue_nums: int, perm: int = PermName.PERM_READ | PermName.PERM_WRITE,
                topic_sys_flag: int = 0) -> TopicConfig:

@@ -20,7 +20,7 @@ from ...common.topic_config import PermName
 from ...remoting import FLAG_RESPONSE, RemotingCommand, RequestCode, ResponseCode, loads_text
 from ...store.config_files import ConsumerOffsetManager as ConsumerOffsetFile
 from ..consumer_offset_manager import ConsumerOffsetManager
-from ..topic_manager import _ABSENT
+from ..topic_manager import ABSENT
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -239,7 +239,7 @@ class AckMessageProcessor:
         om = b.offset_manager
         file = om.file if (type(om) is ConsumerOffsetManager and type(om.file) is ConsumerOffsetFile
                            and buffer._commit == om.commit and buffer._committed == om.file.query_offset) else None
-        ctx = self._ack_ctx = (b.topic_manager._cache, _ABSENT, b.store.consume_queue_table, buffer, buffer._lock,
+        ctx = self._ack_ctx = (b.topic_manager._cache, ABSENT, b.store.consume_queue_table, buffer, buffer._lock,
                                buffer._by_key, buffer._queues, buffer._committed_by_me, buffer._commit,
                                buffer._committed, file)
         return ctx

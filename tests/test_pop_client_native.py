@@ -425,6 +425,44 @@ def test_pop_and_ack_batch_against_a_broker(broker: RunningBroker, path: str, mo
         assert "_pop_lone:list" in calls and "_ack_lone:bool" in calls
 
 
+def test_piped_pop_and_ack_against_a_broker(broker: RunningBroker, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pop(..., ack=prev)`: the BATCH_ACK and the POP in one write. On the C path both frames are made in C
+    (`_pop_piped`, then `invoke_frames`); acks of another topic than the pop's go the general way. Either way
+    every ack lands (nothing comes back past the invisible time) and every message is popped once."""
+    ns = broker.namesrv_address
+    piped: list[object] = []
+    real = pop_mod.PopConsumer._pop_piped
+
+    def spy(self: PopConsumer, *a: object) -> object:
+        r = real(self, *a)
+        piped.append(r is not None)
+        return r
+
+    monkeypatch.setattr(pop_mod.PopConsumer, "_pop_piped", spy)
+    with Producer(ns, "p") as p:
+        for i in range(30):
+            p.send(Message("piped", f"m{i}".encode(), tags="t"))
+        p.send(Message("other", b"o"))
+    broker.store.wait_for_dispatch()
+    with PopConsumer(ns, "workers") as c:
+        other = c.pop("other", invisible_time=1500, poll_time=1000)
+        assert [m.body for m in other] == [b"o"]
+        got: list[MessageExt] = []
+        prev: list[MessageExt] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 30 and time.monotonic() < deadline:
+            prev = c.pop("piped", max_nums=4, invisible_time=1500, poll_time=200, ack=prev or None)
+            got += prev
+        assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(30))
+        # the last batch rides on a pop of another topic with the other topic's message: the general path
+        assert c.pop("other", invisible_time=1500, poll_time=100, ack=prev + other) == []
+        time.sleep(1.8)  # past the invisible time: nothing comes back, all were acked
+        assert c.pop("piped", max_nums=32, invisible_time=1000, poll_time=300) == []
+        assert c.pop("other", max_nums=32, invisible_time=1000, poll_time=300) == []
+    fast = path == "fast"
+    assert piped and all(piped) if fast else not piped  # the C frames on the C path, never declined here
+
+
 def test_errors_and_retry_messages_end_as_the_general_path(broker: RunningBroker, path: str) -> None:
     ns = broker.namesrv_address
     with Producer(ns, "p") as p:

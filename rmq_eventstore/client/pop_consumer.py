@@ -183,6 +183,11 @@ class PopConsumer:
                 _valid_topics.clear()
             _valid_topics.add(topic)
         base = self._base
+        if (ack and _ack_frame is not None and ack.__class__ is list and ack[0].topic == topic
+                and base.__class__ is ClientBase and base.remoting._sign is None):
+            got = self._pop_piped(topic, max_nums, invisible_time, poll_time, tags, queue_id, ack)
+            if got is not None:
+                return got
         if not ack and _pop_frame is not None and base.__class__ is ClientBase and base.remoting._sign is None:
             # the lone caller's pop: the POP_MESSAGE frame made in C (byte for byte the general path's) and, when
             # the connection's first read is exactly its SUCCESS response, the messages made of it in C
@@ -243,6 +248,42 @@ class PopConsumer:
             r = self._base.invoke(addr, cmd, timeout, ok=_POP_OK)
         names = list(self._base.route(topic).broker_addrs)
         return self._popped(r, topic, names[0] if names else "", poll_time)
+
+    def _pop_piped(self, topic: str, max_nums: int, invisible_time: int, poll_time: int, tags: str, queue_id: int,
+                   ack: list[MessageExt]) -> list[MessageExt] | None:
+        """`pop(..., ack=...)` when `ack` holds plain handles of `topic` popped from its broker: the BATCH_ACK and
+        POP frames made in C (the bytes `_ack_requests` and the POP's encode make, as `ack_batch` and the lone
+        pop make them) and sent with one write, the two responses read in order. None, having sent nothing,
+        when either frame is declined (another topic's or a retry topic's handle, an odd argument type): the
+        general path then does it."""
+        base = self._base
+        route = base._routes.get(topic)  # route(topic), its cached case inline
+        if route is None or _monotonic() - route.fetched >= ROUTE_TTL_SECONDS:
+            route = base.route(topic)
+        brokers = route.broker_addrs
+        if not brokers:
+            return None
+        broker_name, addr = next(iter(brokers.items()))  # broker_for's, and ack_batch's broker for `topic`
+        ack_opaque = next(OPAQUES) & 0x7FFFFFFF
+        ack_frame = _ack_frame(ack, MessageExt, topic, self.group, ack_opaque)
+        if ack_frame is None:
+            return None
+        pop_opaque = next(OPAQUES) & 0x7FFFFFFF
+        pop_frame = _pop_frame(self.group, topic, queue_id, max_nums, invisible_time, poll_time, tags, pop_opaque)
+        if pop_frame is None:
+            return None
+        remoting = base.remoting
+        conn = remoting._conns.get(addr)
+        if conn is None or conn.closed:
+            conn = remoting.connection(addr)
+        acked, r = conn.invoke_frames(ack_frame + pop_frame, [(ack_opaque, _BATCH_ACK_MESSAGE),
+                                                              (pop_opaque, _POP_MESSAGE)],
+                                      base.timeout + poll_time / 1000.0)
+        if r.code not in _POP_OK:
+            raise MQBrokerError(r.code, r.remark, addr)
+        if acked.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(acked.code, acked.remark, addr)
+        return self._popped(r, topic, broker_name, poll_time)
 
     def _popped(self, r: RemotingCommand, topic: str, broker_name: str, poll_time: int = 0) -> list[MessageExt]:
         """The messages of a POP response (SUCCESS, NO_MESSAGE, POLLING_TIMEOUT or POLLING_FULL), each with its

@@ -484,22 +484,28 @@ class ClientConnection:
     def invoke_many(self, cmds: list[RemotingCommand], timeout: float) -> list[RemotingCommand]:
         """Send several requests with one write (pipelined: the broker serves them in order and answers
         those it can at once with one write too) and wait for their responses, in the order of `cmds`."""
-        slots = [_Pending() for _ in cmds]
+        return self.invoke_frames(b"".join(cmd.encode() for cmd in cmds), [(cmd.opaque, cmd.code) for cmd in cmds],
+                                  timeout)
+
+    def invoke_frames(self, frames: bytes, requests: list[tuple[int, int]], timeout: float) -> list[RemotingCommand]:
+        """`invoke_many` of requests encoded already: `frames` (their frames, one after the other) and each
+        one's (opaque, request code), in order; their responses in that order."""
+        slots = [_Pending() for _ in requests]
         with self._lock:
             if self.closed:
                 raise self._error or RemotingError(f"connection to {self.address} is closed")
-            for cmd, slot in zip(cmds, slots, strict=True):
-                self._pending[cmd.opaque] = slot
+            for (opaque, _), slot in zip(requests, slots, strict=True):
+                self._pending[opaque] = slot
         deadline = time.monotonic() + timeout
         try:
-            self._send(b"".join(cmd.encode() for cmd in cmds))
+            self._send(frames)
         except RemotingError:
             with self._lock:
-                for cmd in cmds:
-                    self._pending.pop(cmd.opaque, None)
+                for opaque, _ in requests:
+                    self._pending.pop(opaque, None)
             raise
-        return [self._finish(cmd.opaque, cmd.code, slot, deadline, timeout)
-                for cmd, slot in zip(cmds, slots, strict=True)]
+        return [self._finish(opaque, code, slot, deadline, timeout)
+                for (opaque, code), slot in zip(requests, slots, strict=True)]
 
     def _finish(self, opaque: int, code: int, slot: _Pending, deadline: float, timeout: float,
                 lead: bool = False, first: int | OSError | RemotingError | None = None) -> RemotingCommand:

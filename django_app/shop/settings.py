@@ -62,8 +62,11 @@ if os.environ.get("SHOP_DATABASE") == "postgres":
         "HOST": os.environ.get("PGHOST", "127.0.0.1"), "PORT": os.environ.get("PGPORT", "5432"),
     }}
 else:
+    # IMMEDIATE: an atomic block takes SQLite's write lock when it begins, waiting up to `timeout` for it. A deferred
+    # one that read first (the order) and then writes (the event's marker) fails at once with "database is locked"
+    # when another connection (the worker's handlers, the transaction watcher) is committing meanwhile.
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR / "shop.sqlite3",
-                             "OPTIONS": {"timeout": 20}}}
+                             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"}}}
 
 RMQ_EVENTSTORE = {
     "default": {

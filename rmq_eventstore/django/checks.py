@@ -1,5 +1,6 @@
 """System checks (``manage.py check``): ``rmq_eventstore.E001``… for settings that cannot work,
-``W001``… for what may (an unreachable broker). Silence them with ``SILENCED_SYSTEM_CHECKS``."""
+``W001``… for what may (an unreachable broker, SQLite's deferred transactions). Silence them with
+``SILENCED_SYSTEM_CHECKS``."""
 
 from __future__ import annotations
 
@@ -71,6 +72,28 @@ def check_brokers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
             out.append(checks.Warning(f"{SETTING}[{alias!r}]: the name server {s.namesrv} is unreachable ({e})",
                                       hint="start the broker (rmq-eventstore serve) or fix the URL",
                                       id="rmq_eventstore.W001"))
+    return out
+
+
+@checks.register(checks.Tags.database, TAG)
+def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W002: a SQLite database whose atomic blocks begin DEFERRED (Django's default). An append in a block that
+    read first takes the write lock only at its first write; if another connection (the transaction watcher
+    of this process, a worker's handlers) is committing then, SQLite answers "database is locked" at once,
+    whatever the timeout, to avoid a deadlock. IMMEDIATE takes the lock at BEGIN and waits for it."""
+    from django.conf import settings
+
+    out: list[checks.CheckMessage] = []
+    for alias, db in (getattr(settings, "DATABASES", None) or {}).items():
+        if not str(db.get("ENGINE", "")).endswith("sqlite3"):
+            continue
+        mode = str((db.get("OPTIONS") or {}).get("transaction_mode") or "DEFERRED").upper()
+        if mode == "DEFERRED":
+            out.append(checks.Warning(
+                f"DATABASES[{alias!r}] is SQLite with deferred transactions: an event appended in an atomic block "
+                "that read first fails with 'database is locked' when another connection commits meanwhile",
+                hint=f"DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' (Django 5.1+)",
+                id="rmq_eventstore.W002"))
     return out
 
 

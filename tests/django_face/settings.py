@@ -54,7 +54,8 @@ else:
     DATABASES = {"default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("RMQ_TEST_DB_NAME") or os.path.join(_db_dir, "db.sqlite3"),
-        "TEST": {"NAME": os.path.join(_db_dir, "test.sqlite3")}, "OPTIONS": {"timeout": 20},
+        "TEST": {"NAME": os.path.join(_db_dir, "test.sqlite3")},
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},  # rmq_eventstore.W002
     }}
 
 RMQ_EVENTSTORE = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import warnings
 
 import pytest
 from django.core.checks import run_checks
@@ -57,6 +58,18 @@ def test_unreachable_broker_is_W001():
     s.close()  # nothing listens there now
     with override_settings(RMQ_EVENTSTORE={"default": {"URL": f"rmq://127.0.0.1:{port}"}}):
         assert ids() == ["rmq_eventstore.W001"]
+
+
+def test_sqlite_with_deferred_transactions_is_W002(settings):
+    db = dict(settings.DATABASES["default"])
+    if not db["ENGINE"].endswith("sqlite3"):
+        pytest.skip("the test database is not SQLite")
+    db["OPTIONS"] = {k: v for k, v in (db.get("OPTIONS") or {}).items() if k != "transaction_mode"}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Overriding setting DATABASES")  # only read by the check here
+        with override_settings(DATABASES={"default": db}):
+            msgs = [m for m in run_checks(tags=["rmq_eventstore"]) if m.id == "rmq_eventstore.W002"]
+    assert len(msgs) == 1 and "IMMEDIATE" in msgs[0].hint
 
 
 def test_event_model_checks(monkeypatch):

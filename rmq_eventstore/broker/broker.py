@@ -218,7 +218,7 @@ class Broker:
                 log.exception("ACL check of request %d failed", request.code)
                 return request.response(ResponseCode.NO_PERMISSION, f"ACL check failed: {type(e).__name__}")
         if not wait and request.code in self._quick_processors:
-            return self._serve_quick(request, channel)
+            return self.serve_quick(request, channel)
         return self._run(self._processors, request, channel)
 
     def process_now(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
@@ -228,14 +228,16 @@ class Broker:
         then serve it with `process`, on a thread that may block."""
         if self.acl is not None and channel is not None:
             return None  # checked and served on the blocking path, as every request under ACL
-        return self._serve_quick(request, channel)
+        return self.serve_quick(request, channel)
 
-    def _serve_quick(self, request: RemotingCommand, channel: Any) -> RemotingCommand | None:
+    def serve_quick(self, request: RemotingCommand, channel: Any, **kwargs: Any) -> RemotingCommand | None:
+        """`process_now` without the ACL check (a request checked already: a held POP looked at again, with
+        `final=True` once its poll time is over); `kwargs` go to the processor."""
         processor = self._quick_processors.get(request.code)
         if processor is None:
             return None
         try:
-            return processor.process(request, channel, wait=False)
+            return processor.process(request, channel, wait=False, **kwargs)
         except (HeaderError, TopicValidationError) as e:
             return request.response(ResponseCode.SYSTEM_ERROR, str(e))
         except Exception as e:

@@ -527,10 +527,15 @@ class BrokerServer:
                 return
         else:
             result = await self._in_thread(cmd, self.broker.process, cmd, conn)
+        self._answer(conn, cmd, result)
+
+    def _answer(self, conn: Connection, cmd: RemotingCommand, result: Any) -> None:
+        """A result served off the loop's first pass: responded, or, its connection gone meanwhile, given back
+        (`_undelivered`)."""
         if conn.closed or conn.transport is None or conn.transport.is_closing():
             self._undelivered(cmd, result)
-            return
-        self._respond(conn, cmd, result)
+        elif result is not None:
+            self._respond(conn, cmd, result)
 
     async def _in_thread(self, cmd: RemotingCommand, fn: Any, *args: Any) -> Any:
         """`fn(*args)` on a worker thread. The request goes on if its connection closes meanwhile (this task is
@@ -546,13 +551,7 @@ class BrokerServer:
     def _pop_look(self, cmd: RemotingCommand, conn: Connection, final: bool) -> RemotingCommand | None:
         """A held POP looked at again (no ACL check: its first look had it): its answer, or None when it found
         nothing and its poll time goes on; `final`: POLLING_TIMEOUT then."""
-        try:
-            return self._pop_processor.process(cmd, conn, wait=False, final=final)
-        except (HeaderError, TopicValidationError) as e:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
-        except Exception as e:  # as Broker.process answers a processor's failure
-            log.exception("request %d failed", cmd.code)
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+        return self.broker.serve_quick(cmd, conn, final=final)
 
     async def _pop_hold(self, conn: Connection, cmd: RemotingCommand, seen: int, in_thread: bool) -> None:
         """A POP that found nothing and may wait (`pollTime`), held on the loop until its poll time ends: it is
@@ -580,10 +579,7 @@ class BrokerServer:
                     f"{self.pop_held} POPs held in all (max_pop_polling_size {cfg.max_pop_polling_size}), "
                     f"{held} on this queue (pop_polling_size {cfg.pop_polling_size})")
                 log.info("POP of %s on %s answered POLLING_FULL: %s", group, topic, result.remark)
-            if conn.closed or conn.transport is None or conn.transport.is_closing():
-                self._undelivered(cmd, result)
-            elif result is not None:
-                conn.write(result)
+            self._answer(conn, cmd, result)
             return
         self.pop_held += 1
         self._pop_held_by[key] = held + 1
@@ -614,10 +610,7 @@ class BrokerServer:
                 self._pop_held_by[key] = n
             else:
                 del self._pop_held_by[key]
-        if conn.closed or conn.transport is None or conn.transport.is_closing():
-            self._undelivered(cmd, result)
-            return
-        conn.write(result)
+        self._answer(conn, cmd, result)
 
     def _undelivered(self, cmd: RemotingCommand, result: Any) -> None:
         """A response that cannot be written (its connection closed while the request was served, e.g. a

@@ -75,14 +75,12 @@ class PopMessageProcessor:
             queue_id = int(x.get("queueId") or -1)
             max_nums = int(x.get("maxMsgNums") or 32)
             invisible = int(x["invisibleTime"])
-            poll = int(x.get("pollTime") or 0)
         except (KeyError, ValueError, TypeError):
             queue_id = req.get_int("queueId", -1)
             max_nums = req.get_int("maxMsgNums", 32)
             invisible = req.get_int("invisibleTime")
-            poll = req.get_int("pollTime", 0)
+        poll = self.poll_ms(req)
         max_nums = max(1, min(max_nums, MAX_POP_NUMS))
-        poll = max(0, min(poll, MAX_POLL_TIME_MS))
         expression = x.get("exp") or "*"
         exp_type = x.get("expType")
         if exp_type and exp_type != "TAG" and exp_type.upper() != "TAG":
@@ -99,41 +97,27 @@ class PopMessageProcessor:
             return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
         if queue_id >= tc.read_queue_nums:
             return req.response(ResponseCode.SYSTEM_ERROR, f"queueId[{queue_id}] is illegal, topic:[{topic}]")
-        if wait and poll:
-            r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll,
-                                  alive=lambda: not getattr(channel, "closed", False))
+        # the flattened pop first (the POP lane's; None: not its case, nothing changed): a POP decoded here is one
+        # the lane did not take whole (pipelined behind its ack, a held one looked at again, ACL on)
+        got = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression,
+                                    tc.read_queue_nums) if self.now and not (wait and poll) else None
+        if got is None:
+            if wait and poll:
+                r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression, poll,
+                                      alive=lambda: not getattr(channel, "closed", False))
+            else:
+                r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression)
+            got = (r.pop_time, r.revive_qid, r.rest_num, r.count, r.body, ";".join(r.start_offset_info),
+                   ";".join(r.msg_offset_info))
+        pop_time, revive_qid, rest, count, body, starts, infos = got
+        if count:
+            code, remark = _SUCCESS, None
+        elif poll and not wait and not final:
+            return None
         else:
-            # the flattened pop first (the POP lane's; None: not its case, nothing changed): a POP decoded here is
-            # one the lane did not take whole (pipelined behind its ack, a held one looked at again, ACL on)
-            got = b.pop_service.pop_now(group, topic, queue_id, max_nums, invisible, expression,
-                                        tc.read_queue_nums) if self.now else None
-            if got is not None:
-                pop_time, revive_qid, rest, count, body, starts, infos = got
-                if count:
-                    code, remark = _SUCCESS, None
-                elif poll and not wait and not final:
-                    return None
-                else:
-                    code, remark, body = _POLLING_TIMEOUT if poll else _NO_MESSAGE, "no new message", b""
-                return RemotingCommand(code, {"popTime": str(pop_time), "invisibleTime": str(invisible),
-                                              "reviveQid": str(revive_qid), "restNum": str(rest),
-                                              "startOffsetInfo": starts, "msgOffsetInfo": infos},
-                                       body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
-            r = b.pop_service.pop(group, topic, queue_id, max_nums, invisible, expression)
-        if not r.count:
-            if poll and not wait and not final:
-                return None
-            code = _POLLING_TIMEOUT if poll else _NO_MESSAGE
-            remark: str | None = "no new message"
-            body = b""
-        else:
-            code, remark, body = _SUCCESS, None, r.body
-        # the response as `req.response` makes it, its extFields already strings (same bytes on the wire)
-        return RemotingCommand(code, {"popTime": str(r.pop_time), "invisibleTime": str(r.invisible_time),
-                                      "reviveQid": str(r.revive_qid), "restNum": str(r.rest_num),
-                                      "startOffsetInfo": ";".join(r.start_offset_info),
-                                      "msgOffsetInfo": ";".join(r.msg_offset_info)},
-                               body, req.opaque, FLAG_RESPONSE, remark, "JAVA", req.version)
+            code, remark, body = _POLLING_TIMEOUT if poll else _NO_MESSAGE, "no new message", b""
+        return _pop_command(code, req.opaque, req.version, remark, pop_time, invisible, revive_qid, rest, starts,
+                            infos, body)
 
     @staticmethod
     def poll_ms(req: RemotingCommand) -> int:
@@ -182,11 +166,19 @@ class PopMessageProcessor:
         frame = _pop_response(code, opaque, version, remark, pop_time, invisible, revive_qid, rest, starts, infos,
                               body) if _pop_response is not None else None
         if frame is None:
-            frame = RemotingCommand(code, {"popTime": str(pop_time), "invisibleTime": str(invisible),
-                                           "reviveQid": str(revive_qid), "restNum": str(rest),
-                                           "startOffsetInfo": starts, "msgOffsetInfo": infos},
-                                    body, opaque, FLAG_RESPONSE, remark, "JAVA", version).encode()
+            frame = _pop_command(code, opaque, version, remark, pop_time, invisible, revive_qid, rest, starts, infos,
+                                 body).encode()
         return frame
+
+
+def _pop_command(code: int, opaque: int, version: int, remark: str | None, pop_time: int, invisible: int,
+                 revive_qid: int, rest: int, starts: str, infos: str, body: bytes) -> RemotingCommand:
+    """A POP's response as `req.response` makes it, its extFields already strings (the same bytes on the wire;
+    `_native.pop_response` builds its frame)."""
+    return RemotingCommand(code, {"popTime": str(pop_time), "invisibleTime": str(invisible),
+                                  "reviveQid": str(revive_qid), "restNum": str(rest),
+                                  "startOffsetInfo": starts, "msgOffsetInfo": infos},
+                           body, opaque, FLAG_RESPONSE, remark, "JAVA", version)
 
 
 def give_back_popped(broker: Broker, req: RemotingCommand, resp: RemotingCommand) -> int:

@@ -91,8 +91,9 @@ lint: $(VENV)/.installed
 
 ## bench: every speed goal in one run, side by side with the peers (bench_all.py: store, sweep, broker, POP,
 ## recovery/verify, Spark; writes benchmarks/results/run-<date>/ and the table in benchmarks/README.md; QUICK=1: short)
+## Two runs back to back (RUNS=N to change; QUICK=1 runs once): the table shows both, met = met in every run
 bench: $(VENV)/.installed
-	$(PY) benchmarks/bench_all.py $(if $(QUICK),--quick)
+	$(PY) benchmarks/bench_all.py $(if $(QUICK),--quick --runs $(or $(RUNS),1),--runs $(or $(RUNS),2))
 
 ## bench-celery: Celery on our transport vs Celery on the local Redis and RabbitMQ, one run (QUICK=1: short)
 bench-celery: $(VENV)/.installed

@@ -8,9 +8,19 @@ header is installed (zlib1g-dev / zlib-devel), else the extension's own (same va
 """
 
 import os
+import sys
 import sysconfig
 
+import setuptools
 from setuptools import Extension, setup
+
+# pyproject.toml's `license = "Apache-2.0"` (an SPDX expression, PEP 639) needs setuptools 77 or newer, which
+# `pip install` / `make native` fetch by themselves (build-system.requires); a direct `python setup.py ...` uses
+# the setuptools installed here, and an older one fails deep in its config validation. Say so instead.
+if int(setuptools.__version__.split(".")[0]) < 77:
+    sys.exit(f"rmq-eventstore's build needs setuptools >= 77 (this Python has {setuptools.__version__}): "
+             "build with `pip install -e .` or `make native`, which fetch it, or upgrade it first "
+             "(`pip install -U 'setuptools>=77'`)")
 
 
 def _have_zlib_header() -> bool:

@@ -189,3 +189,42 @@ def test_a_pop_past_the_polling_caps_answers_polling_full(tmp_path: Path) -> Non
         finally:
             raw.close()
         assert rb.server.pop_held == 0
+
+
+def test_the_loop_waker_wakes_from_the_loop_at_once_and_from_a_thread_once() -> None:
+    """An arrival dispatched on the loop's own thread completes the held POP's future there (no self-pipe
+    write); arrivals from another thread schedule one wake, however many come before the loop runs it."""
+    import asyncio
+
+    from rmq_eventstore.broker.server import _LoopWaker
+
+    loop = asyncio.new_event_loop()
+    scheduled: list[object] = []
+    real = loop.call_soon_threadsafe
+
+    def counting(cb, *args):  # type: ignore[no-untyped-def]
+        scheduled.append(cb)
+        return real(cb, *args)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        async def on_the_loop() -> None:
+            waker = _LoopWaker(loop)
+            waker.set()
+            assert waker.fut.done() and not scheduled
+            waker.set()  # already done: nothing more
+            waker.rearm()
+            assert not waker.fut.done()
+            t = threading.Thread(target=lambda: [waker.set() for _ in range(5)])
+            t.start()
+            t.join()
+            assert len(scheduled) == 1 and not waker.fut.done()
+            await asyncio.wait_for(waker.fut, 2)
+            waker.rearm()
+            threading.Thread(target=waker.set).start()
+            await asyncio.wait_for(waker.fut, 2)  # a later arrival wakes again
+            assert len(scheduled) == 2
+
+        loop.run_until_complete(on_the_loop())
+    finally:
+        loop.close()

@@ -659,17 +659,24 @@ class BrokerServer:
 class _LoopWaker:
     """What a POP held on the loop waits on: `set()` (any thread: `PopService._on_arrival` on the dispatching
     thread, under its lock) completes `fut` on the loop; `rearm()` makes a new `fut` once that one is done.
-    Arrivals while a wake is already on its way to the loop schedule nothing more."""
+    Arrivals while a wake is already on its way to the loop schedule nothing more. An arrival dispatched on the
+    loop's own thread (a send served there, `_dispatch_here`) completes `fut` at once: the waiting task is
+    scheduled by that, without the self-pipe write and extra loop pass `call_soon_threadsafe` costs."""
 
-    __slots__ = ("loop", "fut", "_queued")
+    __slots__ = ("loop", "fut", "_queued", "_thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.fut: asyncio.Future = loop.create_future()
         self._queued = False
+        self._thread = threading.get_ident()  # made on the loop's thread (`_pop_hold`)
 
     def set(self) -> None:
         if self._queued:
+            return
+        if threading.get_ident() == self._thread:
+            if not self.fut.done():
+                self.fut.set_result(None)
             return
         self._queued = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more

@@ -13,6 +13,8 @@ with manual acks), batches of 1 and 32; and how soon an unacked message comes ba
 Each side is measured on N messages (full 20,000, `--quick` 4,000), in `--rounds` alternating rounds (medians
 reported), so that a change of the machine's load hits every side. Redelivery: 20 messages popped with an
 invisible time of 1 s and not acked; latency = when each is popped again - (pop time + 1 s).
+Each round also times the Python echo round trip (benchlib.echo_round_trips): a waited pair is two round trips,
+so echo / 2 × batch is the floor's rate, measured in the same minutes as the sides.
 Only loopback; Redis keys `bench:pop:<pid>:*` and the RabbitMQ queue `bench.pop.<pid>` are deleted afterwards.
 """
 
@@ -31,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import broker_process  # noqa: E402
+from benchlib import broker_process, echo_round_trips  # noqa: E402
 
 from rmq_eventstore.client import Message, PopConsumer, Producer  # noqa: E402
 
@@ -200,6 +202,7 @@ def main() -> None:
     redelivery: list[float] = []
     skipped: set[str] = set()
     conf_args: tuple[str, ...] = ()
+    echoes: list[int] = []
     for rnd in range(args.rounds):  # the sides alternate, so that a load change on the machine hits both
         tmp = Path(tempfile.mkdtemp(prefix="pop-", dir=base))
         try:
@@ -221,7 +224,9 @@ def main() -> None:
             except Exception as e:  # a peer that is not running is reported, not fatal
                 print(f"{name}: skipped ({type(e).__name__}: {e})")
                 skipped.add(name)
-        print(f"round {rnd + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
+        echoes.append(echo_round_trips(10_000))  # the floor of a waited request, in the same round
+        print(f"round {rnd + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f}; Python echo "
+              f"{echoes[-1]:,} round trips/s)", flush=True)
 
     def median(side: str) -> dict:
         rs = runs[side]
@@ -246,6 +251,10 @@ def main() -> None:
         print("\nwithout the checkpoint buffer: " + ", ".join(
             f"batch {b} {'pipelined' if p else 'waited'} {v['rate']:,.0f} msgs/s, {cpu(v)} CPU µs/msg"
             for (b, p), v in unbuffered.items()))
+    echo = statistics.median(echoes)
+    print(f"\nPython echo round trip (median of the rounds): {echo:,.0f}/s; a waited POP + ACK is two round trips a "
+          "batch: " + ", ".join(f"batch {b} ours {100 * mine[(b, False)]['rate'] / (echo / 2 * b):.0f}% of that bound"
+                                for b in batches if (b, False) in mine))
     red = sorted(redelivery)
     if red:
         print(f"\nredelivery after the invisible time: {len(red)} messages, p50 {red[len(red) // 2]:.0f} ms, "
@@ -256,7 +265,7 @@ def main() -> None:
     def flat(d: dict) -> dict:
         return {f"{b}{'-pipelined' if p else ''}": v for (b, p), v in d.items()}
     doc = {"messages": n, "rounds": args.rounds, "ours": flat(mine), "peers": {k: flat(v) for k, v in peers.items()},
-           "redelivery_ms": red, "loadavg": os.getloadavg()}
+           "redelivery_ms": red, "loadavg": os.getloadavg(), "echo_round_trips_per_s": echo, "echoes": echoes}
     if args.compare_unbuffered:
         doc["ours_unbuffered"] = flat(unbuffered)
     out.write_text(json.dumps(doc, indent=1))

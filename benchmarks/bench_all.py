@@ -169,7 +169,8 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
     br = newest(run_dir, "broker")
     if br:
         ours, redis = br["results"].get("ours", {}), br["results"].get("redis", {})
-        echo = bounds.get("python_echo_round_trips_per_s")
+        # the echo timed in bench_broker's own rounds (older runs: the bounds step's, minutes earlier)
+        echo = br.get("echo_round_trips_per_s") or bounds.get("python_echo_round_trips_per_s")
         for key, name, peer, goal, g in (
                 ("send_single", "broker send, one client, single", "Redis XADD single", "≥ 1.0×", 1.0),
                 ("send_batch", "broker send, one client, batched", "Redis XADD pipelined", "≥ 1.5×", 1.5),
@@ -177,7 +178,9 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
                 ("read_x256", "broker pull of 256", "Redis XRANGE 256", "≥ 1.0×", 1.0)):
             if key in ours:
                 row(name, ours[key]["median"], peer, redis.get(key, {}).get("median"), goal, g,
-                    bound=f"Python echo round trip {_fmt(echo)}/s" if key == "send_single" and echo else "")
+                    bound=(f"Python echo round trip {_fmt(echo)}/s (ours {100 * ours[key]['median'] / echo:.0f}% of "
+                           f"it, {peer} {100 * redis[key]['median'] / echo:.0f}%)" if key in redis else
+                           f"Python echo round trip {_fmt(echo)}/s") if key == "send_single" and echo else "")
     pop = newest(run_dir, "pop")
     if pop:
         redis = pop.get("peers", {}).get("redis", {})

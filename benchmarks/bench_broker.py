@@ -43,6 +43,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.benchlib import echo_round_trips  # noqa: E402
+
 TOPIC = "BenchBroker"
 BODY_SIZE = 200
 N_BODIES = 1024
@@ -730,11 +732,13 @@ def main(argv: list[str] | None = None) -> int:
         res: dict = {}
         t_start = time.monotonic()
         with tqdm(total=cfg["reps"] * len(systems) * 4, desc="bench_broker", unit="step") as bar:
+            echoes: list[int] = []
             for rnd in range(cfg["reps"]):
                 order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
                 for s in order:
                     bar.set_postfix_str(f"round {rnd + 1}: {s.name}")
                     run_round(s, cfg, res, bar)
+                echoes.append(echo_round_trips(10_000))  # a single send's floor, timed in the same round
         summary = summarize(res)
         rat = ratios(summary)
         md = markdown(summary, rat, cfg)
@@ -744,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_after": os.getloadavg(), "nproc": os.cpu_count(), "python": sys.version.split()[0],
             "broker": "serve_in_thread in a child process (separate GIL), default StoreConfig (ASYNC_FLUSH)",
             "results": summary, "ratios": rat, "skipped_peers": skipped, "markdown": md,
+            "echo_round_trips_per_s": statistics.median(echoes), "echoes": echoes,
         }
         (out / f"broker-{date}{suffix}.json").write_text(json.dumps(doc, indent=1))
         plot(summary, out / f"broker{suffix}.png", cfg)

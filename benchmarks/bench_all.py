@@ -177,10 +177,13 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
                 ("read_x32", "broker pull of 32", "Redis XRANGE 32", "≥ 1.0×", 1.0),
                 ("read_x256", "broker pull of 256", "Redis XRANGE 256", "≥ 1.0×", 1.0)):
             if key in ours:
-                row(name, ours[key]["median"], peer, redis.get(key, {}).get("median"), goal, g,
-                    bound=(f"Python echo round trip {_fmt(echo)}/s (ours {100 * ours[key]['median'] / echo:.0f}% of "
-                           f"it, {peer} {100 * redis[key]['median'] / echo:.0f}%)" if key in redis else
-                           f"Python echo round trip {_fmt(echo)}/s") if key == "send_single" and echo else "")
+                bound = ""
+                if key == "send_single" and echo:
+                    shares = [f"ours {100 * ours[key]['median'] / echo:.0f}% of it"]
+                    if key in redis:
+                        shares.append(f"{peer} {100 * redis[key]['median'] / echo:.0f}%")
+                    bound = f"Python echo round trip {_fmt(echo)}/s ({', '.join(shares)})"
+                row(name, ours[key]["median"], peer, redis.get(key, {}).get("median"), goal, g, bound=bound)
     pop = newest(run_dir, "pop")
     if pop:
         redis = pop.get("peers", {}).get("redis", {})
@@ -190,8 +193,9 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
             if b in pop["ours"]:
                 ours = pop["ours"][b]["rate"]
                 # a waited pop and a waited ack: two round trips a batch, none faster than the bare Python echo's
-                bound = (f"two Python echo round trips a batch: {_fmt(echo / 2 * int(b))} msgs/s (ours "
-                         f"{100 * ours / (echo / 2 * int(b)):.0f}% of it)" if echo else "")
+                floor = echo / 2 * int(b) if echo else None
+                bound = (f"two Python echo round trips a batch: {_fmt(floor)} msgs/s (ours {100 * ours / floor:.0f}% "
+                         "of it)" if floor else "")
                 row(f"POP + ACK, batch {b}", ours, "Redis XREADGROUP + XACK", redis.get(b, {}).get("rate"), "≥ 1.5×",
                     1.5, bound=bound)
     ce = newest(run_dir, "celery")
@@ -264,15 +268,21 @@ def markdown(run_dir: Path, table: list[dict[str, Any]], meta: dict[str, Any]) -
         ratio = "–" if r["ratio"] is None else f"{r['ratio']:.2f}×"
         lines.append(f"| {r['path']} | {_fmt(r['ours'])} {r['unit']} | {r['peer'] or '–'} | {_fmt(r['peer_value'])} | "
                      f"{ratio} | {r['goal']} | {met} | {r['bound'] or '–'} |")
-    b = meta.get("bounds", {})
-    if b:
-        lines += ["", f"Bounds measured in this run: memcpy {b.get('memcpy_gb_s')} GB/s, CRC32 {b.get('crc32_gb_s')} GB/s, "
-                  f"sequential write + fdatasync {b.get('disk_write_mb_s')} MB/s, {b.get('fdatasync_per_s')} fdatasyncs/s "
-                  f"(4 KiB appends), Python loopback echo {b.get('python_echo_round_trips_per_s')} round trips/s."]
-    failed = [k for k, v in meta.get("steps", {}).items() if v.get("rc") not in (0, None)]
-    if failed:
-        lines += ["", "Steps that failed or timed out (their rows are missing): " + ", ".join(failed) + "."]
+    if meta.get("bounds"):
+        lines += ["", f"Bounds measured in this run: {_bounds_text(meta['bounds'])}"]
+    if _failed(meta):
+        lines += ["", "Steps that failed or timed out (their rows are missing): " + ", ".join(_failed(meta)) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _bounds_text(b: dict[str, Any]) -> str:
+    return (f"memcpy {b.get('memcpy_gb_s')} GB/s, CRC32 {b.get('crc32_gb_s')} GB/s, sequential write + fdatasync "
+            f"{b.get('disk_write_mb_s')} MB/s, {b.get('fdatasync_per_s')} fdatasyncs/s (4 KiB appends), Python loopback "
+            f"echo {b.get('python_echo_round_trips_per_s')} round trips/s.")
+
+
+def _failed(meta: dict[str, Any]) -> list[str]:
+    return [k for k, v in meta.get("steps", {}).items() if v.get("rc") not in (0, None)]
 
 
 def _cell(r: dict[str, Any] | None) -> str:
@@ -310,15 +320,10 @@ def combined_markdown(run_dirs: list[Path], tables: list[list[dict[str, Any]]], 
         lines.append(f"| {path} | {last['goal']} | " + " | ".join(_cell(c) for c in cells)
                      + f" | {met} | {peer} | {last['bound'] or '–'} |")
     for n, m in zip(names, metas, strict=True):
-        b = m.get("bounds", {})
-        if b:
-            lines += ["", f"Bounds in `{n}`: memcpy {b.get('memcpy_gb_s')} GB/s, CRC32 {b.get('crc32_gb_s')} GB/s, "
-                      f"sequential write + fdatasync {b.get('disk_write_mb_s')} MB/s, {b.get('fdatasync_per_s')} "
-                      f"fdatasyncs/s (4 KiB appends), Python loopback echo {b.get('python_echo_round_trips_per_s')} "
-                      "round trips/s."]
-        failed = [k for k, v in m.get("steps", {}).items() if v.get("rc") not in (0, None)]
-        if failed:
-            lines += ["", f"Steps of `{n}` that failed or timed out (their cells are empty): " + ", ".join(failed) + "."]
+        if m.get("bounds"):
+            lines += ["", f"Bounds in `{n}`: {_bounds_text(m['bounds'])}"]
+        if _failed(m):
+            lines += ["", f"Steps of `{n}` that failed or timed out (their cells are empty): " + ", ".join(_failed(m)) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -339,10 +344,9 @@ def summarize_runs(run_dirs: list[Path], readme: bool) -> str:
     last run's directory) into the README."""
     tables, metas = [], []
     for d in run_dirs:
-        summarize(d, False)
-        s = json.loads((d / "summary.json").read_text())
-        tables.append(s["rows"])
-        metas.append(s["meta"])
+        table, meta, _ = _summary(d)
+        tables.append(table)
+        metas.append(meta)
     md = combined_markdown(run_dirs, tables, metas)
     last = run_dirs[-1]
     (last / "combined.md").write_text(md)
@@ -354,6 +358,15 @@ def summarize_runs(run_dirs: list[Path], readme: bool) -> str:
 
 
 def summarize(run_dir: Path, readme: bool) -> str:
+    """The run's table (`summary.md` / `.json` in its directory), and into the README with `readme`."""
+    _, _, md = _summary(run_dir)
+    if readme:
+        _write_readme(md, run_dir / "sweep.png")
+    return md
+
+
+def _summary(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """The run's rows, its meta (with the bounds) and its table; writes `summary.md` / `.json` beside them."""
     meta_path = run_dir / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if (run_dir / "bounds.json").exists():
@@ -362,9 +375,7 @@ def summarize(run_dir: Path, readme: bool) -> str:
     md = markdown(run_dir, table, meta)
     (run_dir / "summary.json").write_text(json.dumps({"meta": meta, "rows": table}, indent=1))
     (run_dir / "summary.md").write_text(md)
-    if readme:
-        _write_readme(md, run_dir / "sweep.png")
-    return md
+    return table, meta, md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs must be at least 1")
     if args.summarize:
         dirs = [Path(d).resolve() for d in args.summarize]
-        print(summarize(dirs[0], not args.no_readme) if len(dirs) == 1 else summarize_runs(dirs, not args.no_readme))
+        print(report(dirs, not args.no_readme))
         return 0
     dirs, ok = [], True
     for n in range(args.runs):
@@ -390,8 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         run_dir, rc = run_once(args.quick, args.skip)
         dirs.append(run_dir)
         ok = ok and rc == 0
-    print(summarize(dirs[0], not args.no_readme) if len(dirs) == 1 else summarize_runs(dirs, not args.no_readme))
+    print(report(dirs, not args.no_readme))
     return 0 if ok else 1
+
+
+def report(dirs: list[Path], readme: bool) -> str:
+    """The table of one run (`summarize`) or of several side by side (`summarize_runs`)."""
+    return summarize(dirs[0], readme) if len(dirs) == 1 else summarize_runs(dirs, readme)
 
 
 def run_once(quick: bool, skip: list[str]) -> tuple[Path, int]:
@@ -425,7 +441,6 @@ def run_once(quick: bool, skip: list[str]) -> tuple[Path, int]:
         log(f"[{i}/{len(todo)}] {step}: {status} in {time.perf_counter() - t0:.0f} s")
         meta["load_after"] = [round(x, 1) for x in os.getloadavg()]
         (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
-    summarize(run_dir, False)
     return run_dir, 0 if all(v["rc"] == 0 for v in meta["steps"].values()) else 1
 
 

@@ -182,7 +182,6 @@ def run(requests: int, rounds: int) -> dict:
         out[k]["cost_vs_row_only"] = out[k]["mean_ms"] / base
     out["row+event"]["vs_outbox"] = out["row+event"]["mean_ms"] / out["row+outbox"]["mean_ms"]
     out["row+event"]["vs_sequential"] = out["row+event"]["mean_ms"] / out["row+event-seq"]["mean_ms"]
-    out["row+event"]["vs_without_marker"] = out["row+event"]["mean_ms"] / out["row+event-nomarker"]["mean_ms"]
     return out
 
 
